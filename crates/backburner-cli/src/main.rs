@@ -1,0 +1,401 @@
+//! `backburner`: run Qwen3.5-family hybrid models on CPU (and, in later releases, with a worker over a link).
+
+mod bench;
+mod default_model;
+mod prompt;
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use backburner_engine::{generate, perplexity, GenerateParams, SamplingParams, SessionOptions};
+use backburner_kernels::kv::KvDtype;
+use backburner_model::{
+    ChatMessage, Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, TextTokenizer,
+};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "backburner", version, about = "Exact CPU inference of Qwen3.5-family hybrid models")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt (streams to stdout, stats to stderr).
+    Run(RunArgs),
+    /// Perplexity of a text file.
+    Perplexity(PplArgs),
+    /// Benchmarks.
+    Bench(bench::BenchArgs),
+}
+
+/// Options shared by every command that loads a model.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// Checkpoint directory (config.json, *.safetensors, tokenizer.json). Default: the bundled model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Tokens per ubatch in prefill.
+    #[arg(long, default_value_t = 512)]
+    pub ubatch: usize,
+    /// Positions per KV cache page.
+    #[arg(long, default_value_t = 4096)]
+    pub kv_page_size: usize,
+    /// KV cache dtype: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: KvDtype,
+    /// Context length in tokens (default: the model's max_position_embeddings).
+    #[arg(long)]
+    pub ctx_size: Option<usize>,
+}
+
+impl ModelArgs {
+    fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            ubatch: self.ubatch,
+            kv: KvOptions {
+                page_size: self.kv_page_size,
+                dtype: self.kv_dtype,
+            },
+            context_length: self.ctx_size,
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt text.
+    #[arg(long, group = "input")]
+    prompt: Option<String>,
+    /// Read the prompt text from a file.
+    #[arg(long, group = "input")]
+    prompt_file: Option<PathBuf>,
+    /// Prompt as token ids: a JSON array or ids separated by commas/whitespace.
+    #[arg(long, group = "input")]
+    prompt_tokens: Option<String>,
+    /// Read prompt token ids from a file (same formats as --prompt-tokens).
+    #[arg(long, group = "input")]
+    prompt_tokens_file: Option<PathBuf>,
+    /// Wrap the prompt text as a user message in the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// RNG seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the output contains this text (repeatable; needs a tokenizer).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Do not stop at the model's eos ids.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct PplArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Text file to score.
+    #[arg(long)]
+    file: PathBuf,
+    /// Window length in tokens; windows do not overlap and each starts from an empty state (default: the whole text).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Print JSON {"ppl","nll","n_tokens",...}.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BACKBURNER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let r = match cli.cmd {
+        Cmd::Run(a) => run(a),
+        Cmd::Perplexity(a) => run_perplexity(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Sets the compute thread count for rayon and candle's gemm (both read `RAYON_NUM_THREADS`). Must run before any
+/// parallel work.
+pub fn set_threads(n: Option<usize>) -> Result<usize> {
+    let n = n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    if n == 0 {
+        bail!("--threads must be ≥ 1");
+    }
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .ok();
+    Ok(n)
+}
+
+fn bar(len: u64, msg: &str) -> ProgressBar {
+    let pb = if std::io::stderr().is_terminal() {
+        ProgressBar::new(len)
+    } else {
+        ProgressBar::hidden()
+    };
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>9} [{bar:30}] {pos}/{len} ({eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+/// A loaded model with its tokenizer (if the checkpoint has one).
+pub struct Loaded {
+    /// The model.
+    pub model: Arc<Model>,
+    /// The tokenizer.
+    pub tokenizer: Option<TextTokenizer>,
+    /// Where it came from.
+    pub dir: PathBuf,
+}
+
+/// Loads `--model` (or the bundled default, generating it on first use), with a progress bar on a TTY.
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let dir = match &args.model {
+        Some(d) => d.clone(),
+        None => default_model::ensure()?,
+    };
+    load_dir(&dir)
+}
+
+fn load_dir(dir: &Path) -> Result<Loaded> {
+    let config = ModelConfig::from_dir(dir)?;
+    let ckpt = Checkpoint::open(dir)?;
+    let n = config.num_hidden_layers;
+    let tokenizer = TextTokenizer::from_dir(dir, config.vocab_size, &config.eos_token_ids)?;
+    let pb = bar(n as u64, "loading");
+    let model = Model::from_checkpoint(
+        config,
+        &ckpt,
+        &LoadOptions {
+            layers: 0..n,
+            ends: true,
+        },
+        |done, _| pb.set_position(done as u64),
+    )?;
+    pb.finish_and_clear();
+    Ok(Loaded {
+        model: Arc::new(model),
+        tokenizer,
+        dir: dir.to_path_buf(),
+    })
+}
+
+fn need_tok<'a>(tok: &'a Option<TextTokenizer>, what: &str) -> Result<&'a TextTokenizer> {
+    tok.as_ref().with_context(|| {
+        format!("{what} needs a tokenizer, and this checkpoint has no tokenizer.json; give token ids with --prompt-tokens or --prompt-tokens-file")
+    })
+}
+
+fn run(a: RunArgs) -> Result<()> {
+    set_threads(a.model.threads)?;
+    let loaded = load(&a.model)?;
+    let tok = &loaded.tokenizer;
+    if !a.stop.is_empty() {
+        need_tok(tok, "--stop")?;
+    }
+    let text = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => Some(p.clone()),
+        (_, Some(f)) => Some(
+            std::fs::read_to_string(f).with_context(|| format!("read prompt file {}", f.display()))?,
+        ),
+        _ => None,
+    };
+    let prompt: Vec<u32> = if let Some(text) = text {
+        let t = need_tok(tok, if a.chat { "--chat" } else { "a text prompt" })?;
+        let text = if a.chat {
+            let mut msgs = Vec::new();
+            if let Some(s) = &a.system {
+                msgs.push(ChatMessage {
+                    role: "system".into(),
+                    content: s.clone(),
+                });
+            }
+            msgs.push(ChatMessage {
+                role: "user".into(),
+                content: text,
+            });
+            t.apply_chat_template(&msgs, true)?
+        } else {
+            text
+        };
+        t.encode(&text)?
+    } else if let Some(ids) = &a.prompt_tokens {
+        if a.chat {
+            bail!("--chat applies to a text prompt (--prompt or --prompt-file), not to token ids");
+        }
+        prompt::parse_token_ids(ids)?
+    } else if let Some(f) = &a.prompt_tokens_file {
+        if a.chat {
+            bail!("--chat applies to a text prompt (--prompt or --prompt-file), not to token ids");
+        }
+        prompt::parse_token_ids(
+            &std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?,
+        )?
+    } else {
+        bail!("give a prompt: --prompt TEXT, --prompt-file F, --prompt-tokens IDS or --prompt-tokens-file F");
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let vocab = loaded.model.config().vocab_size;
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        bail!("prompt token id {bad} is out of range: the model's vocab_size is {vocab}");
+    }
+    let eos_ids = if a.ignore_eos {
+        Vec::new()
+    } else {
+        tok.as_ref()
+            .map(|t| t.eos_ids().to_vec())
+            .unwrap_or_else(|| loaded.model.config().eos_token_ids.clone())
+    };
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams {
+            temperature: a.temp,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            seed: a.seed,
+        },
+        eos_ids,
+        stop: a.stop.clone(),
+    };
+    let mut session = backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
+    let pb = bar(prompt.len() as u64, "prefill");
+    let show_bar = prompt.len() >= 2 * a.model.ubatch;
+    let json = a.json;
+    let mut out = std::io::stdout();
+    let has_tok = tok.is_some();
+    let t_start = Instant::now();
+    let gen = generate(
+        &mut session,
+        &prompt,
+        &params,
+        tok.as_ref(),
+        |done, total| {
+            if show_bar {
+                pb.set_position(done as u64);
+                if done == total {
+                    pb.finish_and_clear();
+                }
+            }
+        },
+        |id| {
+            if !json && !has_tok {
+                let _ = write!(out, "{id} ");
+                let _ = out.flush();
+            }
+        },
+        |piece| {
+            if !json {
+                let _ = write!(std::io::stdout(), "{piece}");
+                let _ = std::io::stdout().flush();
+            }
+        },
+    )?;
+    pb.finish_and_clear();
+    let total_s = t_start.elapsed().as_secs_f64();
+    let tm = &gen.timings;
+    if json {
+        let obj = serde_json::json!({
+            "prompt_tokens": prompt,
+            "tokens": gen.tokens,
+            "text": gen.text,
+            "stop_reason": gen.stop_reason,
+            "timings": {
+                "ttft_ms": tm.ttft_ms,
+                "prefill_tok_s": tm.prefill_tok_s,
+                "decode_tok_s": tm.decode_tok_s,
+                "prefill_ms": tm.prefill_ms,
+                "decode_ms": tm.decode_ms,
+            },
+        });
+        println!("{obj}");
+    } else {
+        println!();
+        eprintln!(
+            "prompt {} tokens | prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.0} ms | generated {} tokens ({:?}) in {:.2} s",
+            prompt.len(),
+            tm.prefill_tok_s,
+            tm.decode_tok_s,
+            tm.ttft_ms,
+            gen.tokens.len(),
+            gen.stop_reason,
+            total_s
+        );
+    }
+    Ok(())
+}
+
+fn run_perplexity(a: PplArgs) -> Result<()> {
+    set_threads(a.model.threads)?;
+    let loaded = load(&a.model)?;
+    let tok = need_tok(&loaded.tokenizer, "perplexity")?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("read {}", a.file.display()))?;
+    let ids = tok.encode(&text)?;
+    let ctx = a.ctx.unwrap_or(ids.len().max(2));
+    let pb = bar(ids.len() as u64, "scoring");
+    let r = perplexity(loaded.model.clone(), &ids, ctx, a.model.session_options(), |d, _| {
+        pb.set_position(d as u64)
+    })?;
+    pb.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "perplexity {:.4} (nll {:.6} nats/token) over {} tokens, {} scored, ctx {}",
+            r.ppl, r.nll, r.n_tokens, r.n_scored, r.ctx
+        );
+    }
+    Ok(())
+}

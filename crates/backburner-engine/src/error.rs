@@ -1,0 +1,28 @@
+//! Engine errors.
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The model failed (a load or tensor error).
+    #[error(transparent)]
+    Model(#[from] backburner_model::ModelError),
+    /// The request does not fit the context window.
+    #[error("context overflow: {have} tokens in the session + {add} new tokens exceed the context length {limit}")]
+    ContextOverflow {
+        /// Tokens already in the session.
+        have: usize,
+        /// Tokens the request adds (prompt, plus max_tokens for generation).
+        add: usize,
+        /// The context length.
+        limit: usize,
+    },
+    /// An empty prompt: there is nothing to condition on.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// A bad setting (ubatch 0, page size 0, ...).
+    #[error("invalid setting: {0}")]
+    InvalidSetting(String),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, EngineError>;

@@ -1,0 +1,216 @@
+//! The generation loop: prefill the prompt, then sample and decode until eos, `max_tokens` or a stop string, streaming
+//! text as it becomes complete UTF-8.
+
+use std::time::Instant;
+
+use backburner_model::TextTokenizer;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::session::{Logits, Session};
+
+/// What to generate.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateParams {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Stop when one of these ids is sampled (it is not part of the output).
+    pub eos_ids: Vec<u32>,
+    /// Stop when the text contains one of these (cut before it; needs a tokenizer).
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// An eos id was sampled.
+    Eos,
+    /// `max_tokens` reached.
+    MaxTokens,
+    /// A stop string appeared.
+    StopString,
+}
+
+/// Timings of one generation, milliseconds and tokens per second.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timings {
+    /// Time to first token: prefill of the prompt plus sampling the first token (ms).
+    pub ttft_ms: f64,
+    /// Prompt tokens processed per second.
+    pub prefill_tok_s: f64,
+    /// Generated tokens per second after the first (0 with fewer than 2 tokens).
+    pub decode_tok_s: f64,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prefill wall time (ms).
+    pub prefill_ms: f64,
+    /// Decode wall time (ms) for the tokens after the first.
+    pub decode_ms: f64,
+}
+
+/// The result of [`generate`].
+#[derive(Clone, Debug, Serialize)]
+pub struct Generation {
+    /// Generated ids (without a final eos).
+    pub tokens: Vec<u32>,
+    /// Generated text (empty without a tokenizer); cut before a stop string.
+    pub text: String,
+    /// Why it stopped.
+    pub stop_reason: StopReason,
+    /// Timings.
+    pub timings: Timings,
+}
+
+/// Incremental detokenizer: emits text only once it is complete UTF-8, and holds back text that might be the start
+/// of a stop string.
+struct TextStream<'a> {
+    tok: &'a TextTokenizer,
+    ids: Vec<u32>,
+    text: String,
+    emitted: usize,
+    stop: &'a [String],
+}
+
+impl<'a> TextStream<'a> {
+    /// Adds one id; returns (new text to emit, whether a stop string was hit).
+    fn push(&mut self, id: u32) -> Result<(String, bool)> {
+        self.ids.push(id);
+        let full = self.tok.decode(&self.ids)?;
+        if full.ends_with('\u{FFFD}') {
+            return Ok((String::new(), false)); // an incomplete UTF-8 sequence: wait for more bytes
+        }
+        self.text = full;
+        if let Some(pos) = self
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text.find(s.as_str()))
+            .min()
+        {
+            self.text.truncate(pos);
+            let out = self.text.get(self.emitted..).unwrap_or("").to_string();
+            self.emitted = self.text.len();
+            return Ok((out, true));
+        }
+        // hold back the longest suffix that is a prefix of a stop string
+        let mut hold = 0;
+        for s in self.stop {
+            for k in (1..s.len()).rev() {
+                if k > hold && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                    hold = k;
+                    break;
+                }
+            }
+        }
+        let upto = self.text.len() - hold;
+        let out = if upto > self.emitted && self.text.is_char_boundary(upto) {
+            let o = self.text[self.emitted..upto].to_string();
+            self.emitted = upto;
+            o
+        } else {
+            String::new()
+        };
+        Ok((out, false))
+    }
+
+    fn finish(&mut self) -> String {
+        let o = self.text.get(self.emitted..).unwrap_or("").to_string();
+        self.emitted = self.text.len();
+        o
+    }
+}
+
+/// Generates a continuation of `prompt` in `session`: prefills the prompt (ubatched), then samples and decodes.
+/// `on_text` receives each complete piece of text as it is produced (nothing without a tokenizer); `on_token` each id;
+/// `on_prefill(done, total)` prefill progress.
+///
+/// Errors: those of [`Session::prefill`]; the context check covers prompt + `max_tokens`.
+pub fn generate(
+    session: &mut Session,
+    prompt: &[u32],
+    params: &GenerateParams,
+    tokenizer: Option<&TextTokenizer>,
+    mut on_prefill: impl FnMut(usize, usize),
+    mut on_token: impl FnMut(u32),
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation> {
+    session.check_fits(prompt.len() + params.max_tokens)?;
+    let mut sampler = Sampler::new(params.sampling.clone());
+    let t0 = Instant::now();
+    let mut logits = session.prefill(prompt, Logits::Last, &mut on_prefill)?;
+    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut stream = tokenizer.map(|tok| TextStream {
+        tok,
+        ids: Vec::new(),
+        text: String::new(),
+        emitted: 0,
+        stop: &params.stop,
+    });
+    let mut tokens = Vec::new();
+    let mut ttft_ms = 0.0;
+    let mut t_first = Instant::now();
+    let mut stop_reason = StopReason::MaxTokens;
+    while tokens.len() < params.max_tokens {
+        let id = sampler.sample(&logits);
+        if tokens.is_empty() {
+            ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
+            t_first = Instant::now();
+        }
+        if params.eos_ids.contains(&id) {
+            stop_reason = StopReason::Eos;
+            break;
+        }
+        tokens.push(id);
+        on_token(id);
+        if let Some(s) = stream.as_mut() {
+            let (piece, hit) = s.push(id)?;
+            if !piece.is_empty() {
+                on_text(&piece);
+            }
+            if hit {
+                stop_reason = StopReason::StopString;
+                break;
+            }
+        }
+        if tokens.len() == params.max_tokens {
+            break;
+        }
+        logits = session.decode(id)?;
+    }
+    if let Some(s) = stream.as_mut() {
+        if stop_reason != StopReason::StopString {
+            let rest = s.finish();
+            if !rest.is_empty() {
+                on_text(&rest);
+            }
+        }
+    }
+    let decode_ms = if tokens.len() > 1 {
+        t_first.elapsed().as_secs_f64() * 1e3
+    } else {
+        0.0
+    };
+    let n_decoded = tokens.len().saturating_sub(1);
+    let timings = Timings {
+        ttft_ms,
+        prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3).max(1e-9),
+        decode_tok_s: if n_decoded > 0 {
+            n_decoded as f64 / (decode_ms / 1e3).max(1e-9)
+        } else {
+            0.0
+        },
+        prompt_tokens: prompt.len(),
+        prefill_ms,
+        decode_ms,
+    };
+    Ok(Generation {
+        text: stream.map(|s| s.text).unwrap_or_default(),
+        tokens,
+        stop_reason,
+        timings,
+    })
+}

@@ -1,0 +1,75 @@
+//! Perplexity of a token sequence under the model.
+
+use std::sync::Arc;
+
+use backburner_model::Model;
+use serde::Serialize;
+
+use crate::error::{EngineError, Result};
+use crate::session::{Logits, Session, SessionOptions};
+
+/// Perplexity result.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Perplexity {
+    /// `exp(nll)`.
+    pub ppl: f64,
+    /// Mean negative log-likelihood per predicted token (nats).
+    pub nll: f64,
+    /// Tokens in the text.
+    pub n_tokens: usize,
+    /// Tokens predicted (each window's tokens after its first).
+    pub n_scored: usize,
+    /// Window length used (tokens).
+    pub ctx: usize,
+}
+
+/// Scores `ids` in non-overlapping windows of `ctx` tokens, each from a fresh state: within a window, token `i`
+/// (i ≥ 1) is predicted from tokens `0..i` of that window; a last window shorter than 2 tokens is skipped. The log
+/// softmax is computed in f64 from the f32 logits.
+///
+/// Errors: [`EngineError::InvalidSetting`] for ctx < 2 or fewer than 2 tokens; those of [`Session::prefill`].
+pub fn perplexity(
+    model: Arc<Model>,
+    ids: &[u32],
+    ctx: usize,
+    opts: SessionOptions,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Perplexity> {
+    if ctx < 2 {
+        return Err(EngineError::InvalidSetting("--ctx must be ≥ 2".into()));
+    }
+    if ids.len() < 2 {
+        return Err(EngineError::InvalidSetting(
+            "perplexity needs a text of at least 2 tokens".into(),
+        ));
+    }
+    let vocab = model.config().vocab_size;
+    let mut session = Session::new(model, opts)?;
+    let mut nll_sum = 0.0f64;
+    let mut n_scored = 0usize;
+    let mut done = 0;
+    for window in ids.chunks(ctx) {
+        if window.len() < 2 {
+            continue;
+        }
+        session.clear();
+        let logits = session.prefill(window, Logits::All, |_, _| {})?;
+        for i in 1..window.len() {
+            let row = &logits[(i - 1) * vocab..i * vocab];
+            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+            nll_sum += lse - row[window[i] as usize] as f64;
+            n_scored += 1;
+        }
+        done += window.len();
+        progress(done, ids.len());
+    }
+    let nll = nll_sum / n_scored as f64;
+    Ok(Perplexity {
+        ppl: nll.exp(),
+        nll,
+        n_tokens: ids.len(),
+        n_scored,
+        ctx,
+    })
+}

@@ -1,0 +1,187 @@
+//! A session: one sequence's token history and model state, with prefill in ubatches and decode.
+
+use std::sync::Arc;
+
+use backburner_model::{KvOptions, Model, ModelState, StateSnapshot};
+
+use crate::error::{EngineError, Result};
+
+/// Session settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Tokens per ubatch in prefill (default 512).
+    pub ubatch: usize,
+    /// KV cache page size and dtype.
+    pub kv: KvOptions,
+    /// Context length in tokens (default: the model's `max_position_embeddings`).
+    pub context_length: Option<usize>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            ubatch: 512,
+            kv: KvOptions::default(),
+            context_length: None,
+        }
+    }
+}
+
+/// Which logits a prefill returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's `[vocab]`.
+    Last,
+    /// Every token's, `[n_tokens, vocab]` (perplexity, tests).
+    All,
+}
+
+/// One sequence: its tokens, its model state and the options it runs with.
+#[derive(Debug)]
+pub struct Session {
+    model: Arc<Model>,
+    state: ModelState,
+    tokens: Vec<u32>,
+    opts: SessionOptions,
+}
+
+impl Session {
+    /// A new empty session on `model` (which must hold every layer and its ends).
+    ///
+    /// Errors: [`EngineError::InvalidSetting`] for ubatch or page size 0.
+    pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Self> {
+        if opts.ubatch == 0 {
+            return Err(EngineError::InvalidSetting("ubatch must be ≥ 1".into()));
+        }
+        if opts.kv.page_size == 0 {
+            return Err(EngineError::InvalidSetting("KV page size must be ≥ 1".into()));
+        }
+        let cfg = model.config();
+        let state = ModelState::new(cfg, 0..cfg.num_hidden_layers, opts.kv);
+        Ok(Session {
+            model,
+            state,
+            tokens: Vec::new(),
+            opts,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Tokens processed so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The model state.
+    pub fn state(&self) -> &ModelState {
+        &self.state
+    }
+
+    /// The options.
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
+    }
+
+    /// Context length in tokens.
+    pub fn context_length(&self) -> usize {
+        self.opts
+            .context_length
+            .unwrap_or(self.model.config().max_position_embeddings)
+    }
+
+    /// Checks that `add` more tokens fit. Errors: [`EngineError::ContextOverflow`].
+    pub fn check_fits(&self, add: usize) -> Result<()> {
+        let limit = self.context_length();
+        if self.tokens.len() + add > limit {
+            return Err(EngineError::ContextOverflow {
+                have: self.tokens.len(),
+                add,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `ids` through the model in ubatches of `ubatch` tokens, appending them to the session, and returns the
+    /// logits per `which` (`[vocab]` or `[ids.len(), vocab]`, f32). `progress(done, total)` is called after each
+    /// ubatch. On error the session is rolled back to where it was.
+    ///
+    /// Errors: [`EngineError::EmptyPrompt`], [`EngineError::ContextOverflow`], [`EngineError::Model`].
+    pub fn prefill(
+        &mut self,
+        ids: &[u32],
+        which: Logits,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_fits(ids.len())?;
+        let snap = self.state.snapshot();
+        let n_before = self.tokens.len();
+        let r = self.prefill_inner(ids, which, &mut progress);
+        if r.is_err() {
+            self.state.restore(&snap);
+            self.tokens.truncate(n_before);
+        }
+        r
+    }
+
+    fn prefill_inner(
+        &mut self,
+        ids: &[u32],
+        which: Logits,
+        progress: &mut impl FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
+        let cfg = self.model.config();
+        let (n_layers, hidden, vocab) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size);
+        let mut out = Vec::new();
+        let mut done = 0;
+        for chunk in ids.chunks(self.opts.ubatch) {
+            let t = chunk.len();
+            let mut x = self.model.embed(chunk)?;
+            self.model
+                .forward_layers(0..n_layers, &mut x, t, &mut self.state)?;
+            self.model.commit_tokens(&mut self.state, t);
+            self.tokens.extend_from_slice(chunk);
+            done += t;
+            match which {
+                Logits::All => out.extend(self.model.logits(&x, t)?),
+                Logits::Last if done == ids.len() => {
+                    out = self.model.logits(&x[(t - 1) * hidden..], 1)?;
+                }
+                Logits::Last => {}
+            }
+            progress(done, ids.len());
+        }
+        debug_assert!(out.len() == vocab || out.len() == vocab * ids.len());
+        Ok(out)
+    }
+
+    /// Runs one token (decode) and returns its logits `[vocab]`.
+    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>> {
+        self.prefill(&[id], Logits::Last, |_, _| {})
+    }
+
+    /// A restorable point (see [`Session::rewind`]).
+    pub fn snapshot(&self) -> StateSnapshot {
+        self.state.snapshot()
+    }
+
+    /// Goes back to a snapshot of this session (drops the tokens after it). Regenerating a reply rewinds to the
+    /// snapshot taken after the prompt.
+    pub fn rewind(&mut self, snap: &StateSnapshot) {
+        self.state.restore(snap);
+        self.tokens.truncate(snap.n_tokens());
+    }
+
+    /// Forgets every token.
+    pub fn clear(&mut self) {
+        self.state.clear();
+        self.tokens.clear();
+    }
+}

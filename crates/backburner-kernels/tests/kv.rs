@@ -1,0 +1,141 @@
+//! Paged KV cache bookkeeping: pages, reads across pages, truncation, byte counts, f16 storage.
+
+mod common;
+
+use backburner_kernels::kv::{KvDtype, KvPage, PagedKvCache};
+use common::*;
+use half::f16;
+
+const HEADS: usize = 2;
+const DIM: usize = 32;
+const ROW: usize = HEADS * DIM;
+
+fn rows(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut r = rng(seed);
+    (uniform(&mut r, n * ROW, -1.0, 1.0), uniform(&mut r, n * ROW, -1.0, 1.0))
+}
+
+#[test]
+fn append_opens_pages_at_boundaries_and_fills_them_in_order() {
+    let mut c = PagedKvCache::new(16, HEADS, DIM, KvDtype::F32);
+    assert!(c.is_empty());
+    let (k, v) = rows(26, 1);
+    c.append(&k[..5 * ROW], &v[..5 * ROW], 5);
+    c.append(&k[5 * ROW..25 * ROW], &v[5 * ROW..25 * ROW], 20);
+    c.append(&k[25 * ROW..], &v[25 * ROW..], 1);
+    assert_eq!(c.len(), 26);
+    let shape: Vec<(usize, usize, bool)> = c.pages().iter().map(|p| (p.start(), p.len(), p.is_full())).collect();
+    assert_eq!(shape, vec![(0, 16, true), (16, 10, false)]);
+    assert!(c.pages().iter().all(|p| p.capacity() == 16));
+    let (rk, rv) = c.read_rows(0, 26);
+    assert_eq!(rk, k);
+    assert_eq!(rv, v);
+}
+
+#[test]
+fn read_rows_spans_several_pages() {
+    let mut c = PagedKvCache::new(16, HEADS, DIM, KvDtype::F32);
+    let (k, v) = rows(50, 2);
+    c.append(&k, &v, 50);
+    for (p0, p1) in [(3, 40), (16, 32), (15, 17), (49, 50), (7, 7)] {
+        let (rk, rv) = c.read_rows(p0, p1);
+        assert_eq!(rk, &k[p0 * ROW..p1 * ROW], "[{p0}, {p1})");
+        assert_eq!(rv, &v[p0 * ROW..p1 * ROW], "[{p0}, {p1})");
+    }
+}
+
+#[test]
+fn truncating_into_a_page_and_appending_again_equals_never_having_appended() {
+    let (k, v) = rows(60, 3);
+    let (k2, v2) = rows(30, 4);
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let mut a = PagedKvCache::new(16, HEADS, DIM, dtype);
+        a.append(&k[..45 * ROW], &v[..45 * ROW], 45);
+        a.truncate(21);
+        assert_eq!(a.len(), 21);
+        assert_eq!(a.pages().len(), 2, "the empty third page is dropped");
+        a.append(&k2, &v2, 30);
+
+        let mut b = PagedKvCache::new(16, HEADS, DIM, dtype);
+        b.append(&k[..21 * ROW], &v[..21 * ROW], 21);
+        b.append(&k2, &v2, 30);
+        assert_eq!(a, b, "{dtype}");
+        assert_eq!(a.read_rows(0, 51), b.read_rows(0, 51));
+    }
+}
+
+#[test]
+fn truncating_at_a_page_boundary_drops_the_pages_after_it() {
+    let mut c = PagedKvCache::new(16, HEADS, DIM, KvDtype::F32);
+    let (k, v) = rows(40, 5);
+    c.append(&k, &v, 40);
+    c.truncate(32);
+    assert_eq!(c.pages().len(), 2);
+    assert!(c.pages().iter().all(KvPage::is_full));
+    c.truncate(100);
+    assert_eq!(c.len(), 32, "truncating past the end changes nothing");
+    c.truncate(0);
+    assert!(c.is_empty());
+    assert!(c.pages().is_empty());
+    assert_eq!(c.bytes(), 0);
+}
+
+#[test]
+fn bytes_count_the_stored_rows_exactly() {
+    let (k, v) = rows(300, 6);
+    let mut h = PagedKvCache::new(64, HEADS, DIM, KvDtype::F16);
+    h.append(&k, &v, 300);
+    assert_eq!(h.bytes(), 300 * 2 * 32 * 2 * 2);
+    let mut f = PagedKvCache::new(64, HEADS, DIM, KvDtype::F32);
+    f.append(&k, &v, 300);
+    assert_eq!(f.bytes(), 300 * 2 * 32 * 2 * 4);
+    assert_eq!(f.pages()[4].bytes(), 44 * 2 * 32 * 2 * 4);
+    f.truncate(100);
+    assert_eq!(f.bytes(), 100 * 2 * 32 * 2 * 4);
+}
+
+#[test]
+fn f16_pages_store_values_rounded_to_nearest_f16() {
+    let (k, v) = rows(20, 7);
+    let mut c = PagedKvCache::new(8, HEADS, DIM, KvDtype::F16);
+    c.append(&k, &v, 20);
+    let (rk, rv) = c.read_rows(0, 20);
+    let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|a| f16::from_f32(*a).to_f32()).collect() };
+    assert_eq!(rk, round(&k));
+    assert_eq!(rv, round(&v));
+    assert_ne!(rk, k, "f16 storage does round");
+}
+
+#[test]
+fn a_page_reports_its_geometry() {
+    let mut p = KvPage::new(4096, 4096, HEADS, DIM, KvDtype::F16);
+    assert_eq!((p.start(), p.len(), p.capacity()), (4096, 0, 4096));
+    assert!(p.is_empty() && !p.is_full());
+    assert_eq!((p.n_kv_heads(), p.head_dim(), p.dtype()), (HEADS, DIM, KvDtype::F16));
+    let (k, v) = rows(3, 8);
+    p.append(&k, &v, 3);
+    let mut ko = vec![0.0; ROW];
+    let mut vo = vec![0.0; ROW];
+    p.read_rows(1, 2, &mut ko, &mut vo);
+    assert_eq!(ko[0], f16::from_f32(k[ROW]).to_f32());
+    p.truncate(1);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p.bytes(), 2 * ROW * 2);
+}
+
+#[test]
+#[should_panic(expected = "overflow the page")]
+fn appending_past_a_page_capacity_panics() {
+    let mut p = KvPage::new(0, 2, HEADS, DIM, KvDtype::F32);
+    let (k, v) = rows(3, 9);
+    p.append(&k, &v, 3);
+}
+
+#[test]
+#[should_panic(expected = "out of range")]
+fn reading_past_the_cache_length_panics() {
+    let mut c = PagedKvCache::new(16, HEADS, DIM, KvDtype::F32);
+    let (k, v) = rows(3, 10);
+    c.append(&k, &v, 3);
+    c.read_rows(2, 4);
+}

@@ -1,0 +1,204 @@
+//! Memory-mapped safetensors checkpoints: single-file or sharded (`model.safetensors.index.json`).
+//!
+//! Tensors are looked up by their on-disk names; stored F32, BF16 or F16 data is converted to f32 on read
+//! (compute is f32 on CPU).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
+
+use crate::error::{ModelError, Result};
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Byte offset of the data section (8 + header length).
+    data_start: usize,
+}
+
+/// An opened checkpoint: every shard mapped and its header validated.
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    tensors: HashMap<String, (usize, TensorInfo)>,
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors.index.json` (sharded) or else `dir/model.safetensors`, memory-maps every shard and
+    /// validates every header (offsets within the file, file length equal to the header's data length).
+    ///
+    /// Errors: [`ModelError::NoWeights`] when neither file exists, [`ModelError::Json`] for a broken index,
+    /// [`ModelError::Io`] for an unreadable shard (including one the index names but that is absent), and
+    /// [`ModelError::CorruptSafetensors`] for a truncated or malformed shard.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+                path: index.clone(),
+                message: e.to_string(),
+            })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Json {
+                    path: index.clone(),
+                    message: "no \"weight_map\" object".into(),
+                })?;
+            let mut names = BTreeSet::new();
+            for (tensor, file) in map {
+                let f = file.as_str().ok_or_else(|| ModelError::Json {
+                    path: index.clone(),
+                    message: format!("weight_map[{tensor:?}] is not a file name"),
+                })?;
+                if f.contains('/') || f.contains('\\') || f.starts_with('.') {
+                    return Err(ModelError::Json {
+                        path: index.clone(),
+                        message: format!("weight_map[{tensor:?}] = {f:?} is not a plain file name"),
+                    });
+                }
+                names.insert(f.to_string());
+            }
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            return Err(ModelError::NoWeights(dir.to_path_buf()));
+        };
+
+        let mut shards = Vec::with_capacity(files.len());
+        let mut tensors = HashMap::new();
+        for (si, path) in files.into_iter().enumerate() {
+            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+            // SAFETY: the map is read-only; a checkpoint modified while we run is outside our contract
+            // (as for every mmap-based loader).
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let (n, meta) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::CorruptSafetensors {
+                    path: path.clone(),
+                    message: describe_st_error(&e, mmap.len()),
+                })?;
+            for (name, info) in meta.tensors() {
+                tensors.insert(name, (si, info.clone()));
+            }
+            shards.push(Shard {
+                path,
+                mmap,
+                data_start: 8 + n,
+            });
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            tensors,
+        })
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether a tensor of this on-disk name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// All on-disk tensor names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.tensors.keys().map(|s| s.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Shape of a tensor as stored. Errors: [`ModelError::MissingTensor`].
+    pub fn shape(&self, name: &str) -> Result<&[usize]> {
+        Ok(&self.info(name)?.1.shape)
+    }
+
+    fn info(&self, name: &str) -> Result<&(usize, TensorInfo)> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            })
+    }
+
+    /// Raw stored bytes of a tensor (little-endian, row-major) and its dtype.
+    pub fn raw(&self, name: &str) -> Result<(Dtype, &[u8])> {
+        let (si, info) = self.info(name)?;
+        let shard = &self.shards[*si];
+        let (a, b) = info.data_offsets;
+        let bytes = shard
+            .mmap
+            .get(shard.data_start + a..shard.data_start + b)
+            .ok_or_else(|| ModelError::CorruptSafetensors {
+                path: shard.path.clone(),
+                message: format!("tensor {name:?} data lies outside the file"),
+            })?;
+        Ok((info.dtype, bytes))
+    }
+
+    /// Reads a tensor as f32, checking its shape against `expected` (elements per dim).
+    ///
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`].
+    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        let (_, info) = self.info(name)?;
+        if info.shape != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: info.shape.clone(),
+            });
+        }
+        let (dtype, bytes) = self.raw(name)?;
+        let out = match dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::UnsupportedDtype {
+                    name: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(out)
+    }
+
+    /// Sum of the stored sizes of all tensors (bytes).
+    pub fn total_bytes(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|(_, i)| i.data_offsets.1 - i.data_offsets.0)
+            .sum()
+    }
+}
+
+fn describe_st_error(e: &safetensors::SafeTensorError, file_len: usize) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::HeaderTooSmall => format!("file is {file_len} bytes, too short for a safetensors header"),
+        E::InvalidHeaderLength => {
+            format!("header length exceeds the file ({file_len} bytes): truncated or not safetensors")
+        }
+        E::MetadataIncompleteBuffer => {
+            format!("data section does not match the header ({file_len} bytes on disk): truncated or padded file")
+        }
+        other => format!("{other}"),
+    }
+}

@@ -1,0 +1,439 @@
+//! `config.json` of Qwen3.5-family hybrid checkpoints, validated once at load.
+//!
+//! Field names mirror Hugging Face `Qwen3_5TextConfig` (transformers 5.23,
+//! `models/qwen3_5/configuration_qwen3_5.py`); defaults are HF's.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+
+/// Model types this build runs.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_5_text", "qwen3_5"];
+/// Model types of the same family that a later release will run (mixture-of-experts MLPs).
+pub const NOT_YET_SUPPORTED_MODEL_TYPES: &[&str] =
+    &["qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"];
+
+/// The kind of token mixer in one decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    /// Gated DeltaNet (linear attention): fixed-size conv and recurrent state.
+    LinearAttention,
+    /// Gated full attention: a KV cache with one row per position.
+    FullAttention,
+}
+
+/// RoPE settings (`rope_parameters` in transformers 5; top-level `rope_theta`/`partial_rotary_factor` in older files).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeParameters {
+    /// Base θ of the inverse frequencies.
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    /// Fraction of `head_dim` that rotates (0.25 → 64 of 256 dims).
+    #[serde(default = "default_partial_rotary")]
+    pub partial_rotary_factor: f64,
+    /// `mrope_section`; for text-only input MRoPE equals plain RoPE (ARCH_SPEC.md), so it is only recorded.
+    #[serde(default)]
+    pub mrope_section: Option<Vec<usize>>,
+}
+
+fn default_rope_theta() -> f64 {
+    10_000.0
+}
+fn default_partial_rotary() -> f64 {
+    0.25
+}
+
+#[derive(Deserialize)]
+struct RawTextConfig {
+    #[serde(default)]
+    model_type: Option<String>,
+    #[serde(default = "d_vocab")]
+    vocab_size: usize,
+    #[serde(default = "d_hidden")]
+    hidden_size: usize,
+    #[serde(default = "d_inter")]
+    intermediate_size: usize,
+    #[serde(default = "d_layers")]
+    num_hidden_layers: usize,
+    #[serde(default = "d_heads")]
+    num_attention_heads: usize,
+    #[serde(default = "d_kv_heads")]
+    num_key_value_heads: usize,
+    #[serde(default = "d_head_dim")]
+    head_dim: usize,
+    #[serde(default = "d_lin_k_heads")]
+    linear_num_key_heads: usize,
+    #[serde(default = "d_lin_v_heads")]
+    linear_num_value_heads: usize,
+    #[serde(default = "d_lin_dim")]
+    linear_key_head_dim: usize,
+    #[serde(default = "d_lin_dim")]
+    linear_value_head_dim: usize,
+    #[serde(default = "d_conv")]
+    linear_conv_kernel_dim: usize,
+    #[serde(default = "d_eps")]
+    rms_norm_eps: f64,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default = "d_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "d_interval")]
+    full_attention_interval: usize,
+    #[serde(default)]
+    rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    partial_rotary_factor: Option<f64>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    eos_token_id: Option<serde_json::Value>,
+}
+
+fn d_vocab() -> usize {
+    248_320
+}
+fn d_hidden() -> usize {
+    4096
+}
+fn d_inter() -> usize {
+    12_288
+}
+fn d_layers() -> usize {
+    32
+}
+fn d_heads() -> usize {
+    16
+}
+fn d_kv_heads() -> usize {
+    4
+}
+fn d_head_dim() -> usize {
+    256
+}
+fn d_lin_k_heads() -> usize {
+    16
+}
+fn d_lin_v_heads() -> usize {
+    32
+}
+fn d_lin_dim() -> usize {
+    128
+}
+fn d_conv() -> usize {
+    4
+}
+fn d_eps() -> f64 {
+    1e-6
+}
+fn d_max_pos() -> usize {
+    32_768
+}
+fn d_interval() -> usize {
+    4
+}
+
+/// Where the text model's tensors live inside the checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `Qwen3_5ForCausalLM`: `model.layers.*`, `model.embed_tokens`, `lm_head`.
+    CausalLm,
+    /// `Qwen3_5ForConditionalGeneration` (hub): `model.language_model.*` plus top-level `lm_head`; `model.visual.*` and `mtp.*` are skipped.
+    Hub,
+}
+
+impl WeightLayout {
+    /// Prefix of the decoder's tensors (`model.` or `model.language_model.`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            WeightLayout::CausalLm => "model.",
+            WeightLayout::Hub => "model.language_model.",
+        }
+    }
+}
+
+/// The validated text-model configuration. All sizes are element counts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// `model_type` as found at the top of config.json.
+    pub model_type: String,
+    /// Tensor naming layout.
+    pub layout: WeightLayout,
+    /// V: rows of the embedding and the output head.
+    pub vocab_size: usize,
+    /// H: width of the residual stream.
+    pub hidden_size: usize,
+    /// I: MLP inner width.
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_hidden_layers: usize,
+    /// Hq: query heads of full-attention layers.
+    pub num_attention_heads: usize,
+    /// Hkv: KV heads of full-attention layers (GQA).
+    pub num_key_value_heads: usize,
+    /// D: head dim of full-attention layers.
+    pub head_dim: usize,
+    /// Hk: q/k heads of Gated DeltaNet layers.
+    pub linear_num_key_heads: usize,
+    /// Hv: v heads of Gated DeltaNet layers (a multiple of Hk).
+    pub linear_num_value_heads: usize,
+    /// Dk.
+    pub linear_key_head_dim: usize,
+    /// Dv.
+    pub linear_value_head_dim: usize,
+    /// Kc: depthwise conv kernel length.
+    pub linear_conv_kernel_dim: usize,
+    /// RMSNorm epsilon (also the gated norm's).
+    pub rms_norm_eps: f64,
+    /// Output head shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Longest context the checkpoint claims (tokens).
+    pub max_position_embeddings: usize,
+    /// One entry per layer.
+    pub layer_types: Vec<LayerKind>,
+    /// Layers per hybrid cycle (4): a split point must be a multiple of it.
+    pub full_attention_interval: usize,
+    /// RoPE settings.
+    pub rope: RopeParameters,
+    /// `eos_token_id` from config.json, if any (generation_config.json wins).
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `dir/config.json`.
+    ///
+    /// Errors: [`ModelError::Io`], [`ModelError::Json`], [`ModelError::UnsupportedModelType`],
+    /// [`ModelError::NotYetSupported`], [`ModelError::InvalidConfig`].
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        Self::from_json_str(&text).map_err(|e| match e {
+            ModelError::Json { message, .. } => ModelError::Json { path, message },
+            other => other,
+        })
+    }
+
+    /// Parses a config.json document (see [`ModelConfig::from_dir`]).
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let json_err = |e: serde_json::Error| ModelError::Json {
+            path: "config.json".into(),
+            message: e.to_string(),
+        };
+        let top: serde_json::Value = serde_json::from_str(text).map_err(json_err)?;
+        let model_type = top
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| ModelError::InvalidConfig("config.json has no \"model_type\"".into()))?
+            .to_string();
+        if NOT_YET_SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
+            return Err(ModelError::NotYetSupported(model_type));
+        }
+        let (layout, text_value) = match model_type.as_str() {
+            "qwen3_5_text" => (WeightLayout::CausalLm, top.clone()),
+            "qwen3_5" => {
+                let tc = top.get("text_config").cloned().ok_or_else(|| {
+                    ModelError::InvalidConfig(
+                        "model_type qwen3_5 needs a \"text_config\" object".into(),
+                    )
+                })?;
+                (WeightLayout::Hub, tc)
+            }
+            _ => {
+                return Err(ModelError::UnsupportedModelType {
+                    found: model_type,
+                    supported: SUPPORTED_MODEL_TYPES.to_vec(),
+                })
+            }
+        };
+        let raw: RawTextConfig = serde_json::from_value(text_value).map_err(json_err)?;
+        if let Some(inner) = &raw.model_type {
+            if layout == WeightLayout::Hub && inner != "qwen3_5_text" {
+                if NOT_YET_SUPPORTED_MODEL_TYPES.contains(&inner.as_str()) {
+                    return Err(ModelError::NotYetSupported(inner.clone()));
+                }
+                return Err(ModelError::UnsupportedModelType {
+                    found: inner.clone(),
+                    supported: SUPPORTED_MODEL_TYPES.to_vec(),
+                });
+            }
+        }
+        // eos may sit at the top level of hub configs.
+        let eos_value = raw.eos_token_id.clone().or_else(|| top.get("eos_token_id").cloned());
+        Self::validate(model_type, layout, raw, eos_value)
+    }
+
+    fn validate(
+        model_type: String,
+        layout: WeightLayout,
+        raw: RawTextConfig,
+        eos: Option<serde_json::Value>,
+    ) -> Result<Self> {
+        let bad = |m: String| Err(ModelError::InvalidConfig(m));
+        if let Some(act) = &raw.hidden_act {
+            if act != "silu" {
+                return bad(format!("hidden_act {act:?} is not supported (only \"silu\")"));
+            }
+        }
+        if raw.attention_bias {
+            return bad("attention_bias = true is not supported by Qwen3.5 checkpoints".into());
+        }
+        for (name, v) in [
+            ("vocab_size", raw.vocab_size),
+            ("hidden_size", raw.hidden_size),
+            ("intermediate_size", raw.intermediate_size),
+            ("num_hidden_layers", raw.num_hidden_layers),
+            ("num_attention_heads", raw.num_attention_heads),
+            ("num_key_value_heads", raw.num_key_value_heads),
+            ("head_dim", raw.head_dim),
+            ("linear_num_key_heads", raw.linear_num_key_heads),
+            ("linear_num_value_heads", raw.linear_num_value_heads),
+            ("linear_key_head_dim", raw.linear_key_head_dim),
+            ("linear_value_head_dim", raw.linear_value_head_dim),
+            ("linear_conv_kernel_dim", raw.linear_conv_kernel_dim),
+            ("full_attention_interval", raw.full_attention_interval),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be > 0"));
+            }
+        }
+        if raw.num_attention_heads % raw.num_key_value_heads != 0 {
+            return bad(format!(
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                raw.num_attention_heads, raw.num_key_value_heads
+            ));
+        }
+        if raw.linear_num_value_heads % raw.linear_num_key_heads != 0 {
+            return bad(format!(
+                "linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})",
+                raw.linear_num_value_heads, raw.linear_num_key_heads
+            ));
+        }
+        let layer_types = match &raw.layer_types {
+            Some(list) => {
+                if list.len() != raw.num_hidden_layers {
+                    return bad(format!(
+                        "layer_types has {} entries but num_hidden_layers is {}",
+                        list.len(),
+                        raw.num_hidden_layers
+                    ));
+                }
+                let mut kinds = Vec::with_capacity(list.len());
+                for (i, s) in list.iter().enumerate() {
+                    kinds.push(match s.as_str() {
+                        "linear_attention" => LayerKind::LinearAttention,
+                        "full_attention" => LayerKind::FullAttention,
+                        other => {
+                            return bad(format!(
+                                "layer_types[{i}] = {other:?}; expected \"linear_attention\" or \"full_attention\""
+                            ))
+                        }
+                    });
+                }
+                kinds
+            }
+            None => (0..raw.num_hidden_layers)
+                .map(|i| {
+                    if (i + 1) % raw.full_attention_interval == 0 {
+                        LayerKind::FullAttention
+                    } else {
+                        LayerKind::LinearAttention
+                    }
+                })
+                .collect(),
+        };
+        let mut rope = raw.rope_parameters.clone().unwrap_or(RopeParameters {
+            rope_theta: default_rope_theta(),
+            partial_rotary_factor: default_partial_rotary(),
+            mrope_section: None,
+        });
+        if raw.rope_parameters.is_none() {
+            if let Some(t) = raw.rope_theta {
+                rope.rope_theta = t;
+            }
+            if let Some(p) = raw.partial_rotary_factor {
+                rope.partial_rotary_factor = p;
+            }
+        }
+        let rot = (raw.head_dim as f64 * rope.partial_rotary_factor) as usize;
+        if rot == 0 || rot % 2 != 0 || rot > raw.head_dim {
+            return bad(format!(
+                "partial_rotary_factor {} gives {rot} rotary dims of head_dim {}; need an even number in 2..=head_dim",
+                rope.partial_rotary_factor, raw.head_dim
+            ));
+        }
+        if !(rope.rope_theta > 0.0) {
+            return bad(format!("rope_theta must be > 0, found {}", rope.rope_theta));
+        }
+        let eos_token_ids = parse_id_list(eos.as_ref());
+        Ok(ModelConfig {
+            model_type,
+            layout,
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_hidden_layers: raw.num_hidden_layers,
+            num_attention_heads: raw.num_attention_heads,
+            num_key_value_heads: raw.num_key_value_heads,
+            head_dim: raw.head_dim,
+            linear_num_key_heads: raw.linear_num_key_heads,
+            linear_num_value_heads: raw.linear_num_value_heads,
+            linear_key_head_dim: raw.linear_key_head_dim,
+            linear_value_head_dim: raw.linear_value_head_dim,
+            linear_conv_kernel_dim: raw.linear_conv_kernel_dim,
+            rms_norm_eps: raw.rms_norm_eps,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            max_position_embeddings: raw.max_position_embeddings,
+            layer_types,
+            full_attention_interval: raw.full_attention_interval,
+            rope,
+            eos_token_ids,
+        })
+    }
+
+    /// `conv_dim = 2·Hk·Dk + Hv·Dv`: channels of the Gated DeltaNet conv.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+    }
+
+    /// R: rotary dims per head (`head_dim · partial_rotary_factor`).
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f64 * self.rope.partial_rotary_factor) as usize
+    }
+
+    /// Indices of the full-attention layers, ascending.
+    pub fn full_attention_layers(&self) -> Vec<usize> {
+        (0..self.num_hidden_layers)
+            .filter(|&i| self.layer_types[i] == LayerKind::FullAttention)
+            .collect()
+    }
+
+    /// KV cache bytes per token over all full-attention layers, for `bytes_per_elem` (2 for f16, 4 for f32).
+    pub fn kv_bytes_per_token(&self, bytes_per_elem: usize) -> usize {
+        self.full_attention_layers().len()
+            * 2
+            * self.num_key_value_heads
+            * self.head_dim
+            * bytes_per_elem
+    }
+}
+
+/// Reads an id or a list of ids (`eos_token_id` may be either).
+pub(crate) fn parse_id_list(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}

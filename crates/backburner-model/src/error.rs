@@ -1,0 +1,105 @@
+//! Typed errors for checkpoint loading and the model.
+
+use std::path::PathBuf;
+
+/// Every way loading or running a checkpoint can fail. Each variant names the offending file, tensor or field so a
+/// user can act on the message alone.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be opened or read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A JSON file (config, index, tokenizer config) is not valid JSON or lacks a required field.
+    #[error("invalid JSON in {path}: {message}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said, with line and column.
+        message: String,
+    },
+    /// `model_type` is not one this engine runs.
+    #[error("unsupported model_type {found:?}; supported: {}", supported.join(", "))]
+    UnsupportedModelType {
+        /// The `model_type` found in config.json.
+        found: String,
+        /// The model types this build supports.
+        supported: Vec<&'static str>,
+    },
+    /// A known model family that a later release will support.
+    #[error("model_type {0:?} (mixture-of-experts hybrid) is not yet supported; supported: qwen3_5_text, qwen3_5")]
+    NotYetSupported(String),
+    /// The config is well-formed JSON but describes an impossible model.
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
+    /// A tensor the architecture needs is absent from every shard.
+    #[error("missing tensor {name:?} in checkpoint {dir}")]
+    MissingTensor {
+        /// The checkpoint name of the tensor (as stored on disk).
+        name: String,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
+    /// A tensor has the wrong shape for the config.
+    #[error("tensor {name:?} has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        /// The checkpoint name of the tensor.
+        name: String,
+        /// The shape the config implies.
+        expected: Vec<usize>,
+        /// The shape on disk.
+        found: Vec<usize>,
+    },
+    /// A tensor is stored in a dtype we cannot convert to f32.
+    #[error("tensor {name:?} has unsupported dtype {dtype}; supported: F32, BF16, F16")]
+    UnsupportedDtype {
+        /// The checkpoint name of the tensor.
+        name: String,
+        /// The stored dtype.
+        dtype: String,
+    },
+    /// A safetensors file is truncated, has a corrupt header, or its index points at a missing file.
+    #[error("corrupt safetensors file {path}: {message}")]
+    CorruptSafetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The directory has no weights at all.
+    #[error("no model.safetensors or model.safetensors.index.json in {0}")]
+    NoWeights(PathBuf),
+    /// The tokenizer produces ids the model has no embedding for.
+    #[error("tokenizer vocabulary ({tokenizer} ids) does not fit the model's vocab_size ({model})")]
+    VocabMismatch {
+        /// Largest token id + 1 in the tokenizer.
+        tokenizer: usize,
+        /// `vocab_size` of the model.
+        model: usize,
+    },
+    /// The tokenizer file could not be loaded or used.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    /// The chat template failed to parse or render.
+    #[error("chat template error: {0}")]
+    ChatTemplate(String),
+    /// A tensor operation failed (a bug or an internal shape error).
+    #[error("tensor op failed: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Qwen3.5-family hybrid decoder (Gated DeltaNet + gated full attention): config, checkpoint loading, per-layer
+//! state kept outside the layers, and a forward pass over any layer range on a residual stream
+//! `[n_tokens, hidden]`.
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod ops;
+pub mod state;
+pub mod tokenizer;
+
+pub use checkpoint::Checkpoint;
+pub use config::{LayerKind, ModelConfig, WeightLayout};
+pub use error::{ModelError, Result};
+pub use model::{LoadOptions, Model};
+pub use state::{KvOptions, LayerState, LinearState, ModelState, StateSnapshot};
+pub use tokenizer::{ChatMessage, TextTokenizer};

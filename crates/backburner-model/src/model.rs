@@ -1,0 +1,426 @@
+//! Weights of a Qwen3.5 hybrid decoder and the forward pass over any layer range.
+//!
+//! The math follows HF transformers 5.23 `modeling_qwen3_5.py` (see `../shared/ARCH_SPEC.md` for it as equations).
+//! Projections that read the same input are fused at load time (q|gate|k|v, qkv|z|b|a, gate|up) so each block runs
+//! one matmul per input; the fused layout is internal.
+
+use std::ops::Range;
+use std::path::Path;
+
+use backburner_kernels::gdn::{self, GdnDims};
+use candle_core::{Device, Tensor};
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{LayerKind, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::ops::{self, matmul_t, take_cols, Rope};
+use crate::state::{LayerState, ModelState};
+
+/// Chunk length of the chunked delta rule (HF uses 64).
+pub const GDN_CHUNK: usize = 64;
+
+/// Gated DeltaNet weights of one layer.
+#[derive(Debug)]
+pub struct GdnWeights {
+    /// Fused `[in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]`: `[conv_dim + Hv·Dv + 2·Hv, H]`.
+    pub in_proj: Tensor,
+    /// `conv1d.weight` as `[conv_dim, kernel]`.
+    pub conv_weight: Vec<f32>,
+    /// `dt_bias` `[Hv]`.
+    pub dt_bias: Vec<f32>,
+    /// `−exp(A_log)` `[Hv]`.
+    pub neg_a: Vec<f32>,
+    /// Gated RMSNorm weight `[Dv]` (plain, not 1+w).
+    pub norm: Vec<f32>,
+    /// `out_proj` `[H, Hv·Dv]`.
+    pub out_proj: Tensor,
+}
+
+/// Gated full-attention weights of one layer.
+#[derive(Debug)]
+pub struct AttnWeights {
+    /// Fused `[q_proj (per-head q|gate); k_proj; v_proj]`: `[Hq·2D + 2·Hkv·D, H]`.
+    pub qkv: Tensor,
+    /// `q_norm` `[D]` (1+w).
+    pub q_norm: Vec<f32>,
+    /// `k_norm` `[D]` (1+w).
+    pub k_norm: Vec<f32>,
+    /// `o_proj` `[H, Hq·D]`.
+    pub o_proj: Tensor,
+}
+
+/// The token mixer of one layer.
+#[derive(Debug)]
+pub enum Mixer {
+    /// Gated DeltaNet.
+    Linear(GdnWeights),
+    /// Gated full attention.
+    Attention(AttnWeights),
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub struct Layer {
+    /// `input_layernorm` `[H]` (1+w).
+    pub input_norm: Vec<f32>,
+    /// `post_attention_layernorm` `[H]` (1+w).
+    pub post_norm: Vec<f32>,
+    /// The mixer.
+    pub mixer: Mixer,
+    /// Fused `[gate_proj; up_proj]` `[2I, H]`.
+    pub gate_up: Tensor,
+    /// `down_proj` `[H, I]`.
+    pub down: Tensor,
+}
+
+/// Which parts of a checkpoint to load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Decoder layers to load.
+    pub layers: Range<usize>,
+    /// Load the embedding, final norm and output head (a host does; a worker holding a tail range does not).
+    pub ends: bool,
+}
+
+/// A loaded model: the config, the layers of `range` and (for a host) the embedding, final norm and head.
+#[derive(Debug)]
+pub struct Model {
+    config: ModelConfig,
+    layers: Vec<Option<Layer>>,
+    range: Range<usize>,
+    embed: Option<Tensor>,
+    final_norm: Option<Vec<f32>>,
+    lm_head: Option<Tensor>,
+    rope: Rope,
+}
+
+fn tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
+}
+
+impl Model {
+    /// Loads the whole model from a checkpoint directory (config.json + safetensors).
+    ///
+    /// Errors: every [`ModelError`] of [`ModelConfig::from_dir`] and [`Checkpoint::open`], plus
+    /// [`ModelError::MissingTensor`] / [`ModelError::ShapeMismatch`] / [`ModelError::UnsupportedDtype`] per tensor.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let opts = LoadOptions {
+            layers: 0..config.num_hidden_layers,
+            ends: true,
+        };
+        Self::from_checkpoint(config, &ckpt, &opts, |_, _| {})
+    }
+
+    /// Loads the parts named by `opts` from an opened checkpoint; `progress(done, total)` is called after each layer.
+    pub fn from_checkpoint(
+        config: ModelConfig,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        if opts.layers.end > config.num_hidden_layers || opts.layers.start > opts.layers.end {
+            return Err(ModelError::InvalidConfig(format!(
+                "layer range {:?} is outside 0..{}",
+                opts.layers, config.num_hidden_layers
+            )));
+        }
+        let p = config.layout.prefix();
+        let h = config.hidden_size;
+        let v = config.vocab_size;
+        let (embed, final_norm, lm_head) = if opts.ends {
+            let emb_name = format!("{p}embed_tokens.weight");
+            let emb = ckpt.read_f32(&emb_name, &[v, h])?;
+            let norm = ckpt.read_f32(&format!("{p}norm.weight"), &[h])?;
+            let head = if config.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
+                None
+            } else {
+                Some(tensor(ckpt.read_f32("lm_head.weight", &[v, h])?, &[v, h])?)
+            };
+            (Some(tensor(emb, &[v, h])?), Some(norm), head)
+        } else {
+            (None, None, None)
+        };
+        let total = opts.layers.len();
+        let mut layers: Vec<Option<Layer>> = (0..config.num_hidden_layers).map(|_| None).collect();
+        for (n, i) in opts.layers.clone().enumerate() {
+            layers[i] = Some(load_layer(&config, ckpt, i)?);
+            progress(n + 1, total);
+        }
+        let rope = Rope::new(config.rotary_dim(), config.head_dim, config.rope.rope_theta);
+        Ok(Model {
+            config,
+            layers,
+            range: opts.layers.clone(),
+            embed,
+            final_norm,
+            lm_head,
+            rope,
+        })
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Layers loaded.
+    pub fn layer_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Layer `i`, if loaded.
+    pub fn layer(&self, i: usize) -> Option<&Layer> {
+        self.layers.get(i).and_then(|l| l.as_ref())
+    }
+
+    /// Embedding lookup: ids `[n_tokens]` → residual stream `[n_tokens, hidden]` f32.
+    ///
+    /// Errors: [`ModelError::InvalidConfig`] if the embedding is not loaded or an id is ≥ vocab_size.
+    pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let emb = self
+            .embed
+            .as_ref()
+            .ok_or_else(|| ModelError::InvalidConfig("embedding not loaded on this node".into()))?;
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(ModelError::InvalidConfig(format!(
+                "token id {bad} is out of range for vocab_size {}",
+                self.config.vocab_size
+            )));
+        }
+        let idx = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+        Ok(emb.index_select(&idx, 0)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    /// Final norm and output head on residual rows: x `[n_rows, hidden]` → logits `[n_rows, vocab]` f32.
+    pub fn logits(&self, x: &[f32], n_rows: usize) -> Result<Vec<f32>> {
+        let norm = self
+            .final_norm
+            .as_ref()
+            .ok_or_else(|| ModelError::InvalidConfig("output head not loaded on this node".into()))?;
+        let mut h = x.to_vec();
+        ops::rms_norm_1p(&mut h, norm, self.config.rms_norm_eps as f32);
+        let head = self.lm_head.as_ref().or(self.embed.as_ref()).expect("ends loaded");
+        matmul_t(&h, n_rows, head)
+    }
+
+    /// Runs layers `layers` on the residual stream x `[n_tokens, hidden]` (in place) for tokens at positions
+    /// `state.n_tokens()..+n_tokens`, updating their state. The caller advances the position with
+    /// [`Model::commit_tokens`] once every layer of the node has run (a node may run its layers in several calls).
+    ///
+    /// Panics if a layer in `layers` is not loaded or its state is not held (caller bug).
+    pub fn forward_layers(
+        &self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        n_tokens: usize,
+        state: &mut ModelState,
+    ) -> Result<()> {
+        assert_eq!(x.len(), n_tokens * self.config.hidden_size, "x is not [T, H]");
+        let pos0 = state.n_tokens();
+        for i in layers {
+            let layer = self.layers[i].as_ref().expect("layer not loaded");
+            let ls = state.layer_mut(i).expect("layer state not held");
+            self.forward_layer(layer, x, n_tokens, pos0, ls)?;
+        }
+        Ok(())
+    }
+
+    /// Advances the state's position by `n_tokens` after [`Model::forward_layers`] ran every held layer.
+    pub fn commit_tokens(&self, state: &mut ModelState, n_tokens: usize) {
+        state.set_n_tokens(state.n_tokens() + n_tokens);
+    }
+
+    fn forward_layer(
+        &self,
+        layer: &Layer,
+        x: &mut [f32],
+        t: usize,
+        pos0: usize,
+        state: &mut LayerState,
+    ) -> Result<()> {
+        let eps = self.config.rms_norm_eps as f32;
+        let mut h = x.to_vec();
+        ops::rms_norm_1p(&mut h, &layer.input_norm, eps);
+        let mixed = match (&layer.mixer, state) {
+            (Mixer::Linear(w), LayerState::Linear(s)) => self.gdn(w, &h, t, s)?,
+            (Mixer::Attention(w), LayerState::Attention(c)) => self.attention(w, &h, t, pos0, c)?,
+            _ => panic!("layer kind and state kind differ"),
+        };
+        add_into(x, &mixed);
+        let mut h = x.to_vec();
+        ops::rms_norm_1p(&mut h, &layer.post_norm, eps);
+        let gu = matmul_t(&h, t, &layer.gate_up)?;
+        let inter = self.config.intermediate_size;
+        let mut act = Vec::with_capacity(t * inter);
+        for row in gu.chunks(2 * inter) {
+            let (g, u) = row.split_at(inter);
+            act.extend(g.iter().zip(u).map(|(g, u)| ops::silu(*g) * u));
+        }
+        let down = matmul_t(&act, t, &layer.down)?;
+        add_into(x, &down);
+        Ok(())
+    }
+
+    fn gdn(
+        &self,
+        w: &GdnWeights,
+        h: &[f32],
+        t: usize,
+        s: &mut crate::state::LinearState,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (hk, hv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.conv_dim();
+        let width = conv_dim + hv * dv + 2 * hv;
+        let proj = matmul_t(h, t, &w.in_proj)?; // [T, width]
+        let mixed = take_cols(&proj, width, 0, conv_dim);
+        let z = take_cols(&proj, width, conv_dim, hv * dv);
+        let b = take_cols(&proj, width, conv_dim + hv * dv, hv);
+        let a = take_cols(&proj, width, conv_dim + hv * dv + hv, hv);
+        let mut conv_out = vec![0.0f32; t * conv_dim];
+        gdn::causal_conv1d_silu(
+            &mixed,
+            t,
+            conv_dim,
+            c.linear_conv_kernel_dim,
+            &w.conv_weight,
+            &mut s.conv,
+            &mut conv_out,
+        );
+        let mut q = take_cols(&conv_out, conv_dim, 0, hk * dk);
+        let mut k = take_cols(&conv_out, conv_dim, hk * dk, hk * dk);
+        let v = take_cols(&conv_out, conv_dim, 2 * hk * dk, hv * dv);
+        ops::l2_norm_scaled(&mut q, dk, 1.0 / (dk as f32).sqrt());
+        ops::l2_norm_scaled(&mut k, dk, 1.0);
+        let beta: Vec<f32> = b.iter().map(|&x| ops::sigmoid(x)).collect();
+        let g: Vec<f32> = a
+            .chunks(hv)
+            .flat_map(|row| {
+                row.iter()
+                    .enumerate()
+                    .map(|(j, &x)| w.neg_a[j] * ops::softplus(x + w.dt_bias[j]))
+            })
+            .collect();
+        let dims = GdnDims {
+            n_tokens: t,
+            n_k_heads: hk,
+            n_v_heads: hv,
+            d_k: dk,
+            d_v: dv,
+        };
+        let mut o = vec![0.0f32; t * hv * dv];
+        if t == 1 {
+            gdn::delta_rule_recurrent(dims, &q, &k, &v, &g, &beta, &mut s.recurrent, &mut o);
+        } else {
+            gdn::delta_rule_chunked(dims, GDN_CHUNK, &q, &k, &v, &g, &beta, &mut s.recurrent, &mut o);
+        }
+        ops::gated_rms_norm(&mut o, &z, &w.norm, c.rms_norm_eps as f32);
+        matmul_t(&o, t, &w.out_proj)
+    }
+
+    fn attention(
+        &self,
+        w: &AttnWeights,
+        h: &[f32],
+        t: usize,
+        pos0: usize,
+        cache: &mut backburner_kernels::kv::PagedKvCache,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let width = hq * 2 * d + 2 * hkv * d;
+        let eps = c.rms_norm_eps as f32;
+        let proj = matmul_t(h, t, &w.qkv)?; // [T, width]
+        let mut q = Vec::with_capacity(t * hq * d);
+        let mut gate = Vec::with_capacity(t * hq * d);
+        for row in proj.chunks(width) {
+            for head in row[..hq * 2 * d].chunks(2 * d) {
+                q.extend_from_slice(&head[..d]);
+                gate.extend_from_slice(&head[d..]);
+            }
+        }
+        let mut k = take_cols(&proj, width, hq * 2 * d, hkv * d);
+        let v = take_cols(&proj, width, hq * 2 * d + hkv * d, hkv * d);
+        ops::rms_norm_1p(&mut q, &w.q_norm, eps);
+        ops::rms_norm_1p(&mut k, &w.k_norm, eps);
+        self.rope.apply(&mut q, t, hq, pos0);
+        self.rope.apply(&mut k, t, hkv, pos0);
+        debug_assert_eq!(cache.len(), pos0, "KV cache length differs from the position");
+        cache.append(&k, &v, t);
+        let scale = 1.0 / (d as f32).sqrt();
+        let part = cache.attend(&q, t, hq, pos0, scale);
+        let mut o = part.o;
+        for (x, g) in o.iter_mut().zip(&gate) {
+            *x *= ops::sigmoid(*g);
+        }
+        matmul_t(&o, t, &w.o_proj)
+    }
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
+    let p = format!("{}layers.{i}.", c.layout.prefix());
+    let h = c.hidden_size;
+    let inter = c.intermediate_size;
+    let r = |name: &str, shape: &[usize]| ck.read_f32(&format!("{p}{name}"), shape);
+    let input_norm = r("input_layernorm.weight", &[h])?;
+    let post_norm = r("post_attention_layernorm.weight", &[h])?;
+    let mut gu = r("mlp.gate_proj.weight", &[inter, h])?;
+    gu.extend(r("mlp.up_proj.weight", &[inter, h])?);
+    let gate_up = tensor(gu, &[2 * inter, h])?;
+    let down = tensor(r("mlp.down_proj.weight", &[h, inter])?, &[h, inter])?;
+    let mixer = match c.layer_types[i] {
+        LayerKind::LinearAttention => {
+            let (hv, dv, kc) = (
+                c.linear_num_value_heads,
+                c.linear_value_head_dim,
+                c.linear_conv_kernel_dim,
+            );
+            let conv_dim = c.conv_dim();
+            let mut fused = r("linear_attn.in_proj_qkv.weight", &[conv_dim, h])?;
+            fused.extend(r("linear_attn.in_proj_z.weight", &[hv * dv, h])?);
+            fused.extend(r("linear_attn.in_proj_b.weight", &[hv, h])?);
+            fused.extend(r("linear_attn.in_proj_a.weight", &[hv, h])?);
+            let a_log = r("linear_attn.A_log", &[hv])?;
+            Mixer::Linear(GdnWeights {
+                in_proj: tensor(fused, &[conv_dim + hv * dv + 2 * hv, h])?,
+                conv_weight: r("linear_attn.conv1d.weight", &[conv_dim, 1, kc])?,
+                dt_bias: r("linear_attn.dt_bias", &[hv])?,
+                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                norm: r("linear_attn.norm.weight", &[dv])?,
+                out_proj: tensor(r("linear_attn.out_proj.weight", &[h, hv * dv])?, &[h, hv * dv])?,
+            })
+        }
+        LayerKind::FullAttention => {
+            let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+            let mut fused = r("self_attn.q_proj.weight", &[hq * 2 * d, h])?;
+            fused.extend(r("self_attn.k_proj.weight", &[hkv * d, h])?);
+            fused.extend(r("self_attn.v_proj.weight", &[hkv * d, h])?);
+            Mixer::Attention(AttnWeights {
+                qkv: tensor(fused, &[hq * 2 * d + 2 * hkv * d, h])?,
+                q_norm: r("self_attn.q_norm.weight", &[d])?,
+                k_norm: r("self_attn.k_norm.weight", &[d])?,
+                o_proj: tensor(r("self_attn.o_proj.weight", &[h, hq * d])?, &[h, hq * d])?,
+            })
+        }
+    };
+    Ok(Layer {
+        input_norm,
+        post_norm,
+        mixer,
+        gate_up,
+        down,
+    })
+}

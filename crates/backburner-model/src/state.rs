@@ -1,0 +1,220 @@
+//! Per-sequence model state, kept outside the layers: a conv + recurrent state per Gated DeltaNet layer and a paged
+//! KV cache per full-attention layer, addressable by layer index and position range.
+
+use std::ops::Range;
+
+use backburner_kernels::kv::{KvDtype, PagedKvCache};
+
+use crate::config::{LayerKind, ModelConfig};
+
+/// State of one Gated DeltaNet layer for one sequence (fixed size, not splittable by position).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearState {
+    /// `[conv_dim, kernel-1]` f32: the last kernel−1 raw `in_proj_qkv` outputs per channel, oldest first.
+    pub conv: Vec<f32>,
+    /// `[n_v_heads, d_k, d_v]` f32: the delta-rule state S.
+    pub recurrent: Vec<f32>,
+}
+
+impl LinearState {
+    /// Zero state (sequence start) for `cfg`.
+    pub fn zeros(cfg: &ModelConfig) -> Self {
+        LinearState {
+            conv: vec![0.0; cfg.conv_dim() * (cfg.linear_conv_kernel_dim - 1)],
+            recurrent: vec![
+                0.0;
+                cfg.linear_num_value_heads
+                    * cfg.linear_key_head_dim
+                    * cfg.linear_value_head_dim
+            ],
+        }
+    }
+
+    /// Bytes held (f32).
+    pub fn bytes(&self) -> usize {
+        4 * (self.conv.len() + self.recurrent.len())
+    }
+}
+
+/// The state of one layer.
+#[derive(Debug)]
+pub enum LayerState {
+    /// Gated DeltaNet layer.
+    Linear(LinearState),
+    /// Full-attention layer: K (after k_norm and RoPE) and V rows, paged.
+    Attention(PagedKvCache),
+}
+
+/// KV cache settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvOptions {
+    /// Positions per page (default 4096).
+    pub page_size: usize,
+    /// Storage dtype (default f16).
+    pub dtype: KvDtype,
+}
+
+impl Default for KvOptions {
+    fn default() -> Self {
+        KvOptions {
+            page_size: 4096,
+            dtype: KvDtype::F16,
+        }
+    }
+}
+
+/// State of every layer in `layers` (a host holds all of them; a worker later holds its tail range), plus the
+/// number of positions processed.
+#[derive(Debug)]
+pub struct ModelState {
+    layers: Vec<Option<LayerState>>,
+    range: Range<usize>,
+    n_tokens: usize,
+    kv: KvOptions,
+}
+
+/// A restorable copy of the state at a position: the linear layers' states (copied) and the position count (the
+/// KV cache is restored by truncation, since its rows below the position never change).
+#[derive(Clone, Debug)]
+pub struct StateSnapshot {
+    n_tokens: usize,
+    linear: Vec<(usize, LinearState)>,
+}
+
+impl StateSnapshot {
+    /// Positions covered by the snapshot.
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+}
+
+impl ModelState {
+    /// Empty state for layers `range` of `cfg`.
+    pub fn new(cfg: &ModelConfig, range: Range<usize>, kv: KvOptions) -> Self {
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                if !range.contains(&i) {
+                    return None;
+                }
+                Some(match cfg.layer_types[i] {
+                    LayerKind::LinearAttention => LayerState::Linear(LinearState::zeros(cfg)),
+                    LayerKind::FullAttention => LayerState::Attention(PagedKvCache::new(
+                        kv.page_size,
+                        cfg.num_key_value_heads,
+                        cfg.head_dim,
+                        kv.dtype,
+                    )),
+                })
+            })
+            .collect();
+        ModelState {
+            layers,
+            range,
+            n_tokens: 0,
+            kv,
+        }
+    }
+
+    /// Layers whose state this holds.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// KV settings.
+    pub fn kv_options(&self) -> KvOptions {
+        self.kv
+    }
+
+    /// Positions processed so far (tokens in the sequence).
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    pub(crate) fn set_n_tokens(&mut self, n: usize) {
+        self.n_tokens = n;
+    }
+
+    /// The state of layer `i`, if held.
+    pub fn layer(&self, i: usize) -> Option<&LayerState> {
+        self.layers.get(i).and_then(|l| l.as_ref())
+    }
+
+    /// Mutable state of layer `i`, if held.
+    pub fn layer_mut(&mut self, i: usize) -> Option<&mut LayerState> {
+        self.layers.get_mut(i).and_then(|l| l.as_mut())
+    }
+
+    /// KV rows `[p0, p1)` of full-attention layer `i` as f32 (`[p1-p0, n_kv_heads, head_dim]` each for K and V), or
+    /// `None` if `i` is not a held attention layer.
+    pub fn read_kv_rows(&self, i: usize, p0: usize, p1: usize) -> Option<(Vec<f32>, Vec<f32>)> {
+        match self.layer(i)? {
+            LayerState::Attention(c) => Some(c.read_rows(p0, p1)),
+            LayerState::Linear(_) => None,
+        }
+    }
+
+    /// Copies the linear states and records the position, for [`ModelState::restore`].
+    pub fn snapshot(&self) -> StateSnapshot {
+        let linear = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| match l {
+                Some(LayerState::Linear(s)) => Some((i, s.clone())),
+                _ => None,
+            })
+            .collect();
+        StateSnapshot {
+            n_tokens: self.n_tokens,
+            linear,
+        }
+    }
+
+    /// Returns to a snapshot taken earlier on this state: KV caches are truncated to the snapshot's position and the
+    /// linear states copied back. Panics if the snapshot is ahead of the state (a caller bug).
+    pub fn restore(&mut self, snap: &StateSnapshot) {
+        assert!(
+            snap.n_tokens <= self.n_tokens,
+            "restore: snapshot at {} is ahead of the state at {}",
+            snap.n_tokens,
+            self.n_tokens
+        );
+        for l in self.layers.iter_mut().flatten() {
+            if let LayerState::Attention(c) = l {
+                c.truncate(snap.n_tokens);
+            }
+        }
+        for (i, s) in &snap.linear {
+            if let Some(LayerState::Linear(dst)) = self.layers[*i].as_mut() {
+                dst.clone_from(s);
+            }
+        }
+        self.n_tokens = snap.n_tokens;
+    }
+
+    /// Forgets everything (sequence start), keeping allocations where cheap.
+    pub fn clear(&mut self) {
+        for l in self.layers.iter_mut().flatten() {
+            match l {
+                LayerState::Attention(c) => c.truncate(0),
+                LayerState::Linear(s) => {
+                    s.conv.fill(0.0);
+                    s.recurrent.fill(0.0);
+                }
+            }
+        }
+        self.n_tokens = 0;
+    }
+
+    /// Bytes held: KV pages plus linear states.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| match l {
+                LayerState::Attention(c) => c.bytes(),
+                LayerState::Linear(s) => s.bytes(),
+            })
+            .sum()
+    }
+}

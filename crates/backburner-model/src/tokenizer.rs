@@ -1,0 +1,192 @@
+//! Text side of a checkpoint: `tokenizer.json` (via the `tokenizers` crate), the chat template (via `minijinja`,
+//! from `chat_template.jinja` or `tokenizer_config.json`) and the eos ids (`generation_config.json`, else config.json,
+//! else the tokenizer's eos token).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::config::parse_id_list;
+use crate::error::{ModelError, Result};
+
+/// One chat message for the template.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+/// A loaded tokenizer with its chat template and eos ids.
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("vocab", &self.vocab_size())
+            .field("chat_template", &self.chat_template.is_some())
+            .field("eos_ids", &self.eos_ids)
+            .finish()
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| ModelError::Json {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
+fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+impl TextTokenizer {
+    /// Loads the tokenizer of a checkpoint directory, or `Ok(None)` when it has no `tokenizer.json`.
+    ///
+    /// `model_vocab` is the model's `vocab_size`; `config_eos` the eos ids from config.json (used when
+    /// generation_config.json has none).
+    ///
+    /// Errors: [`ModelError::Tokenizer`] for an unloadable tokenizer.json, [`ModelError::Json`] for invalid side files,
+    /// [`ModelError::VocabMismatch`] when the tokenizer has ids the model cannot embed.
+    pub fn from_dir(dir: &Path, model_vocab: usize, config_eos: &[u32]) -> Result<Option<Self>> {
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Ok(None);
+        }
+        let inner = tokenizers::Tokenizer::from_file(&tok_path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+        let n = inner.get_vocab_size(true);
+        if n > model_vocab {
+            return Err(ModelError::VocabMismatch {
+                tokenizer: n,
+                model: model_vocab,
+            });
+        }
+        let tcfg = read_json(&dir.join("tokenizer_config.json"))?;
+        let jinja_path = dir.join("chat_template.jinja");
+        let chat_template = if jinja_path.exists() {
+            Some(std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?)
+        } else {
+            tcfg.as_ref()
+                .and_then(|c| c.get("chat_template"))
+                .and_then(|t| match t {
+                    serde_json::Value::String(s) => Some(s.clone()),
+                    // A list of named templates: take "default".
+                    serde_json::Value::Array(a) => a
+                        .iter()
+                        .find(|e| e.get("name").and_then(|n| n.as_str()) == Some("default"))
+                        .and_then(|e| e.get("template")?.as_str().map(str::to_string)),
+                    _ => None,
+                })
+        };
+        let bos_token = token_string(tcfg.as_ref().and_then(|c| c.get("bos_token")));
+        let eos_token = token_string(tcfg.as_ref().and_then(|c| c.get("eos_token")));
+        let gen = read_json(&dir.join("generation_config.json"))?;
+        let mut eos_ids = parse_id_list(gen.as_ref().and_then(|g| g.get("eos_token_id")));
+        if eos_ids.is_empty() {
+            eos_ids = config_eos.to_vec();
+        }
+        if eos_ids.is_empty() {
+            if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+                eos_ids.push(id);
+            }
+        }
+        Ok(Some(TextTokenizer {
+            inner,
+            chat_template,
+            bos_token,
+            eos_token,
+            eos_ids,
+        }))
+    }
+
+    /// Ids the tokenizer can produce (including added tokens).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// End-of-sequence ids.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// Whether a chat template was found.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Encodes text to ids; special tokens written in the text (e.g. `<|im_start|>`) map to their ids.
+    /// No BOS is added (Qwen tokenizers add none). Errors: [`ModelError::Tokenizer`].
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, special tokens included. Errors: [`ModelError::Tokenizer`].
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+
+    /// The string of one token id (`None` if out of range).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Renders the chat template for `messages` (with `add_generation_prompt`), as transformers'
+    /// `apply_chat_template(tokenize=False)` does. Errors: [`ModelError::ChatTemplate`] when there is no template or it
+    /// fails.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let src = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| ModelError::ChatTemplate("this checkpoint has no chat template".into()))?;
+        let mut env = minijinja::Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| -> String {
+            // Deterministic output: templates use this for a "today" line; we do not pull a date library in for it.
+            fmt.replace("%Y", "2026").replace("%m", "01").replace("%d", "01").replace("%B", "January").replace("%b", "Jan")
+        });
+        env.add_template("chat", src)
+            .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        let tmpl = env.get_template("chat").expect("just added");
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        })
+        .map_err(|e| ModelError::ChatTemplate(format!("{e:#}")))
+    }
+}
