@@ -44,27 +44,36 @@ pub fn config_json() -> serde_json::Value {
     })
 }
 
-/// Where the default model lives: `$BACKBURNER_CACHE` or `$XDG_CACHE_HOME/backburner` or `~/.cache/backburner`,
-/// then `default-model-<version>`.
+/// Where the default model lives: `<cache>/default-model-<version>` (see [`cache_dir`]).
 pub fn dir() -> PathBuf {
+    cache_dir().join(format!("default-model-{VERSION}"))
+}
+
+/// `$BACKBURNER_CACHE`, else `$XDG_CACHE_HOME/backburner`, else `~/.cache/backburner`.
+pub fn cache_dir() -> PathBuf {
     let base = std::env::var_os("BACKBURNER_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("backburner")))
         .or_else(|| std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache/backburner")))
         .unwrap_or_else(|| std::env::temp_dir().join("backburner"));
-    base.join(format!("default-model-{VERSION}"))
+    base
 }
 
 /// Returns the default model's directory, generating it first if needed (about 130 MB of bf16 weights; seconds).
 pub fn ensure() -> Result<PathBuf> {
-    let d = dir();
+    ensure_at(&dir(), &config_json())
+}
+
+/// Generates a model of config `cfg` (random weights, the Qwen3.5 tokenizer) in `d` unless it is already complete.
+pub fn ensure_at(d: &Path, cfg: &serde_json::Value) -> Result<PathBuf> {
+    let d = d.to_path_buf();
     if d.join("complete").exists() {
         return Ok(d);
     }
-    tracing::info!("generating the bundled default model in {}", d.display());
+    eprintln!("generating model weights in {} (once)", d.display());
     let tmp = d.with_extension(format!("tmp{}", std::process::id()));
     std::fs::create_dir_all(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-    write_model(&tmp)?;
+    write_model(&tmp, cfg)?;
     std::fs::write(tmp.join("complete"), VERSION)?;
     if d.exists() {
         std::fs::remove_dir_all(&d).ok();
@@ -101,16 +110,18 @@ impl SplitMix {
     }
 }
 
-fn write_model(dir: &Path) -> Result<()> {
-    let cfg = config_json();
+fn write_model(dir: &Path, cfg: &serde_json::Value) -> Result<()> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
-    std::fs::write(dir.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
-    std::fs::write(dir.join("generation_config.json"), GENERATION_CONFIG)?;
-    let mut tok = Vec::new();
-    flate2::read::GzDecoder::new(TOKENIZER_GZ)
-        .read_to_end(&mut tok)
-        .context("decompress the bundled tokenizer")?;
-    std::fs::write(dir.join("tokenizer.json"), tok)?;
+    // The Qwen3.5 tokenizer needs 248,077 ids; smaller (benchmark) vocabularies run from token ids.
+    if cfg["vocab_size"].as_u64().unwrap_or(0) >= 248_077 {
+        std::fs::write(dir.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
+        std::fs::write(dir.join("generation_config.json"), GENERATION_CONFIG)?;
+        let mut tok = Vec::new();
+        flate2::read::GzDecoder::new(TOKENIZER_GZ)
+            .read_to_end(&mut tok)
+            .context("decompress the bundled tokenizer")?;
+        std::fs::write(dir.join("tokenizer.json"), tok)?;
+    }
 
     let g = |k: &str| cfg[k].as_u64().expect("int field") as usize;
     let (v, h, inter, n_layers) = (
@@ -158,7 +169,7 @@ fn write_model(dir: &Path) -> Result<()> {
         w!(format!("{p}mlp.gate_proj.weight"), vec![inter, h], std, 0.0);
         w!(format!("{p}mlp.up_proj.weight"), vec![inter, h], std, 0.0);
         w!(format!("{p}mlp.down_proj.weight"), vec![h, inter], std, 0.0);
-        if (i + 1) % 4 == 0 {
+        if (i + 1) % g("full_attention_interval") == 0 {
             w!(format!("{p}self_attn.q_proj.weight"), vec![hq * 2 * d, h], std, 0.0);
             w!(format!("{p}self_attn.k_proj.weight"), vec![hkv * d, h], std, 0.0);
             w!(format!("{p}self_attn.v_proj.weight"), vec![hkv * d, h], std, 0.0);

@@ -27,8 +27,12 @@ pub fn attention_reference(
     head_dim: usize,
     scale: f32,
 ) -> Vec<f32> {
-    assert!(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim > 0);
-    assert_eq!(q.len(), n_tokens * n_heads * head_dim, "attention_reference: q");
+    assert!(n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads) && head_dim > 0);
+    assert_eq!(
+        q.len(),
+        n_tokens * n_heads * head_dim,
+        "attention_reference: q"
+    );
     let row = n_kv_heads * head_dim;
     assert_eq!(k_all.len() % row, 0, "attention_reference: k_all");
     assert_eq!(k_all.len(), v_all.len(), "attention_reference: v_all");
@@ -85,7 +89,7 @@ pub fn delta_rule_reference(
     out: &mut [f32],
 ) {
     let (t_n, hk, hv, dk, dv) = (d.n_tokens, d.n_k_heads, d.n_v_heads, d.d_k, d.d_v);
-    assert!(hk > 0 && hv % hk == 0);
+    assert!(hk > 0 && hv.is_multiple_of(hk));
     assert_eq!(q.len(), t_n * hk * dk);
     assert_eq!(k.len(), t_n * hk * dk);
     assert_eq!(v.len(), t_n * hv * dv);

@@ -65,17 +65,35 @@ fn paged_attention_matches_one_page_and_the_reference() {
             let keys_seen = &kv.k[..(q_pos0 + n_tokens) * n_kv * D];
             let vals_seen = &kv.v[..(q_pos0 + n_tokens) * n_kv * D];
             let reference = attention_reference(
-                &q, n_tokens, n_heads, q_pos0, keys_seen, vals_seen, n_kv, D, scale(),
+                &q,
+                n_tokens,
+                n_heads,
+                q_pos0,
+                keys_seen,
+                vals_seen,
+                n_kv,
+                D,
+                scale(),
             );
             let what = format!("heads {n_heads}/{n_kv}, q_pos0 {q_pos0}, n_tokens {n_tokens}");
-            assert_close_rel(&format!("{what}: one page vs reference"), &want.o, &reference, REF_TOL);
+            assert_close_rel(
+                &format!("{what}: one page vs reference"),
+                &want.o,
+                &reference,
+                REF_TOL,
+            );
             for page_size in [16, 64] {
                 let paged = kv.cache(page_size, KvDtype::F32);
                 let got = paged.attend(&q, n_tokens, n_heads, q_pos0, scale());
                 let what = format!("{what}, page {page_size}");
                 assert_close_rel(&format!("{what}: o"), &got.o, &want.o, PAGED_TOL);
                 assert_close_rel(&format!("{what}: lse"), &got.lse, &want.lse, PAGED_TOL);
-                assert_close_rel(&format!("{what}: vs reference"), &got.o, &reference, REF_TOL);
+                assert_close_rel(
+                    &format!("{what}: vs reference"),
+                    &got.o,
+                    &reference,
+                    REF_TOL,
+                );
             }
         }
     }
@@ -93,7 +111,11 @@ fn a_query_sees_exactly_the_keys_at_or_before_its_position() {
     let q = vec![0.0f32; 40 * D];
     let p = cache.attend(&q, 40, 1, 0, scale());
     for t in 0..40 {
-        assert!((p.o[t * D] - t as f32 / 2.0).abs() < 1e-5, "token {t}: {}", p.o[t * D]);
+        assert!(
+            (p.o[t * D] - t as f32 / 2.0).abs() < 1e-5,
+            "token {t}: {}",
+            p.o[t * D]
+        );
         assert!((p.lse[t] - ((t + 1) as f32).ln()).abs() < 1e-5);
     }
 }
@@ -165,8 +187,16 @@ fn a_query_alone_gets_the_same_bits_as_inside_a_batch() {
     let batch = cache.attend(&q, 64, 6, 2936, scale());
     for t in [0, 31, 63] {
         let alone = cache.attend(&q[t * 6 * D..(t + 1) * 6 * D], 1, 6, 2936 + t, scale());
-        assert_eq!(bits(&alone.o), bits(&batch.o[t * 6 * D..(t + 1) * 6 * D]), "token {t}");
-        assert_eq!(bits(&alone.lse), bits(&batch.lse[t * 6..(t + 1) * 6]), "token {t}");
+        assert_eq!(
+            bits(&alone.o),
+            bits(&batch.o[t * 6 * D..(t + 1) * 6 * D]),
+            "token {t}"
+        );
+        assert_eq!(
+            bits(&alone.lse),
+            bits(&batch.lse[t * 6..(t + 1) * 6]),
+            "token {t}"
+        );
     }
 }
 
@@ -193,7 +223,11 @@ fn attention_is_bit_identical_for_any_thread_count() {
         let again = run(threads);
         assert_eq!(bits(&again.0.o), bits(&first.0.o), "{threads} threads");
         assert_eq!(bits(&again.0.lse), bits(&first.0.lse), "{threads} threads");
-        assert_eq!(bits(&again.1.o), bits(&first.1.o), "{threads} threads, decode");
+        assert_eq!(
+            bits(&again.1.o),
+            bits(&first.1.o),
+            "{threads} threads, decode"
+        );
     }
 }
 

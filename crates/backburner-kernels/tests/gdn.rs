@@ -19,6 +19,9 @@ const CHUNK_TOL: f32 = 1e-4;
 /// only f32 rounding of d_k-term sums (~d_k · 6e-8) accumulated through a contracting state.
 const REF_TOL: f32 = 1e-5;
 
+/// A delta-rule kernel under test: (inputs, state in/out, out).
+type Kernel<'a> = &'a dyn Fn(&Inputs, &mut [f32], &mut [f32]);
+
 /// Random inputs of one delta-rule call, shaped like the real model scaled down.
 struct Inputs {
     d: GdnDims,
@@ -41,7 +44,14 @@ impl Inputs {
         let v = uniform(&mut r, d.n_tokens * d.n_v_heads * d.d_v, -1.0, 1.0);
         let g = uniform(&mut r, d.n_tokens * d.n_v_heads, g_lo, -0.001);
         let beta = uniform(&mut r, d.n_tokens * d.n_v_heads, 0.01, 0.99);
-        Inputs { d, q, k, v, g, beta }
+        Inputs {
+            d,
+            q,
+            k,
+            v,
+            g,
+            beta,
+        }
     }
 
     /// Tokens `[t0, t1)` as their own call.
@@ -68,7 +78,7 @@ impl Inputs {
     }
 
     /// Runs `kernel` from `state` and returns (out, new state).
-    fn run(&self, kernel: &dyn Fn(&Inputs, &mut [f32], &mut [f32]), state: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    fn run(&self, kernel: Kernel, state: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let mut s = state.to_vec();
         let mut out = vec![f32::NAN; self.out_len()];
         kernel(self, &mut s, &mut out);
@@ -116,8 +126,18 @@ fn delta_rule_chunked_matches_recurrent() {
                 let (o_r, s_r) = x.run(&recurrent, &s0);
                 let (o_c, s_c) = x.run(&chunked(chunk), &s0);
                 let what = format!("shape {:?} n {n} chunk {chunk}", (hk, hv, dk, dv));
-                worst = worst.max(assert_close_rel(&format!("{what} out"), &o_c, &o_r, CHUNK_TOL));
-                worst = worst.max(assert_close_rel(&format!("{what} state"), &s_c, &s_r, CHUNK_TOL));
+                worst = worst.max(assert_close_rel(
+                    &format!("{what} out"),
+                    &o_c,
+                    &o_r,
+                    CHUNK_TOL,
+                ));
+                worst = worst.max(assert_close_rel(
+                    &format!("{what} state"),
+                    &s_c,
+                    &s_r,
+                    CHUNK_TOL,
+                ));
             }
         }
     }
@@ -223,11 +243,20 @@ fn delta_rule_recurrent_panics_when_v_heads_are_not_a_multiple_of_k_heads() {
     let d = dims(1, 2, 3, 4, 4);
     let mut s = vec![0.0; 3 * 16];
     let mut o = vec![0.0; 12];
-    delta_rule_recurrent(d, &[0.0; 8], &[0.0; 8], &[0.0; 12], &[0.0; 3], &[0.0; 3], &mut s, &mut o);
+    delta_rule_recurrent(
+        d, &[0.0; 8], &[0.0; 8], &[0.0; 12], &[0.0; 3], &[0.0; 3], &mut s, &mut o,
+    );
 }
 
 /// Runs the fast conv and returns (out, state).
-fn conv(x: &[f32], n: usize, c: usize, kernel: usize, w: &[f32], state: &[f32]) -> (Vec<f32>, Vec<f32>) {
+fn conv(
+    x: &[f32],
+    n: usize,
+    c: usize,
+    kernel: usize,
+    w: &[f32],
+    state: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
     let mut s = state.to_vec();
     let mut out = vec![f32::NAN; n * c];
     causal_conv1d_silu(x, n, c, kernel, w, &mut s, &mut out);
@@ -273,7 +302,11 @@ fn causal_conv1d_silu_state_carries_across_calls_exactly() {
     let s0 = uniform(&mut r, c * (kernel - 1), -2.0, 2.0);
     let (o_all, s_all) = conv(&x, n, c, kernel, &w, &s0);
     // Splits include calls shorter than kernel - 1, whose new state keeps older state entries.
-    for cuts in [vec![0, 1, 2, 30], vec![0, 2, 3, 17, 29, 30], vec![0, 15, 30]] {
+    for cuts in [
+        vec![0, 1, 2, 30],
+        vec![0, 2, 3, 17, 29, 30],
+        vec![0, 15, 30],
+    ] {
         let mut s = s0.clone();
         let mut outs = Vec::new();
         for win in cuts.windows(2) {

@@ -12,7 +12,10 @@ const ROW: usize = HEADS * DIM;
 
 fn rows(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut r = rng(seed);
-    (uniform(&mut r, n * ROW, -1.0, 1.0), uniform(&mut r, n * ROW, -1.0, 1.0))
+    (
+        uniform(&mut r, n * ROW, -1.0, 1.0),
+        uniform(&mut r, n * ROW, -1.0, 1.0),
+    )
 }
 
 #[test]
@@ -24,7 +27,11 @@ fn append_opens_pages_at_boundaries_and_fills_them_in_order() {
     c.append(&k[5 * ROW..25 * ROW], &v[5 * ROW..25 * ROW], 20);
     c.append(&k[25 * ROW..], &v[25 * ROW..], 1);
     assert_eq!(c.len(), 26);
-    let shape: Vec<(usize, usize, bool)> = c.pages().iter().map(|p| (p.start(), p.len(), p.is_full())).collect();
+    let shape: Vec<(usize, usize, bool)> = c
+        .pages()
+        .iter()
+        .map(|p| (p.start(), p.len(), p.is_full()))
+        .collect();
     assert_eq!(shape, vec![(0, 16, true), (16, 10, false)]);
     assert!(c.pages().iter().all(|p| p.capacity() == 16));
     let (rk, rv) = c.read_rows(0, 26);
@@ -111,7 +118,10 @@ fn a_page_reports_its_geometry() {
     let mut p = KvPage::new(4096, 4096, HEADS, DIM, KvDtype::F16);
     assert_eq!((p.start(), p.len(), p.capacity()), (4096, 0, 4096));
     assert!(p.is_empty() && !p.is_full());
-    assert_eq!((p.n_kv_heads(), p.head_dim(), p.dtype()), (HEADS, DIM, KvDtype::F16));
+    assert_eq!(
+        (p.n_kv_heads(), p.head_dim(), p.dtype()),
+        (HEADS, DIM, KvDtype::F16)
+    );
     let (k, v) = rows(3, 8);
     p.append(&k, &v, 3);
     let mut ko = vec![0.0; ROW];

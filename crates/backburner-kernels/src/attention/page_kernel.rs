@@ -41,7 +41,7 @@ pub fn attend_page(
 ) -> Partial {
     let (hkv, dim) = (page.n_kv_heads(), page.head_dim());
     assert!(
-        n_heads > 0 && n_heads % hkv == 0,
+        n_heads > 0 && n_heads.is_multiple_of(hkv),
         "attend_page: n_heads ({n_heads}) must be a positive multiple of n_kv_heads ({hkv})"
     );
     assert_eq!(
@@ -161,7 +161,9 @@ impl Ctx<'_> {
                 for (d, x) in tmp.iter().enumerate() {
                     kt[d * KEY_BLOCK + jj] = *x;
                 }
-                self.page.v_rows().read(at, &mut vb[jj * dim..(jj + 1) * dim]);
+                self.page
+                    .v_rows()
+                    .read(at, &mut vb[jj * dim..(jj + 1) * dim]);
             }
             for t in t0..t1 {
                 let vis = self.visible(t);

@@ -63,13 +63,7 @@ pub fn delta_rule_chunked(
             let mut t0 = 0;
             while t0 < d.n_tokens {
                 let c = chunk.min(d.n_tokens - t0);
-                let inputs = ChunkInputs {
-                    q,
-                    k,
-                    v,
-                    g,
-                    beta,
-                };
+                let inputs = ChunkInputs { q, k, v, g, beta };
                 ws.load(&d, j, j / r, t0, c, &inputs);
                 ws.run(s, &mut oh[t0 * d.d_v..(t0 + c) * d.d_v]);
                 t0 += c;

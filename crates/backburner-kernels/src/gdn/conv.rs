@@ -43,10 +43,30 @@ pub fn causal_conv1d_silu(
             "causal_conv1d_silu: `{name}` must have shape {shape} ({want} values), got {len} values"
         );
     };
-    check("x", x.len(), n_tokens * conv_dim, format!("[{n_tokens}, {conv_dim}]"));
-    check("weight", weight.len(), conv_dim * kernel, format!("[{conv_dim}, {kernel}]"));
-    check("state", state.len(), conv_dim * h, format!("[{conv_dim}, {h}]"));
-    check("out", out.len(), n_tokens * conv_dim, format!("[{n_tokens}, {conv_dim}]"));
+    check(
+        "x",
+        x.len(),
+        n_tokens * conv_dim,
+        format!("[{n_tokens}, {conv_dim}]"),
+    );
+    check(
+        "weight",
+        weight.len(),
+        conv_dim * kernel,
+        format!("[{conv_dim}, {kernel}]"),
+    );
+    check(
+        "state",
+        state.len(),
+        conv_dim * h,
+        format!("[{conv_dim}, {h}]"),
+    );
+    check(
+        "out",
+        out.len(),
+        n_tokens * conv_dim,
+        format!("[{n_tokens}, {conv_dim}]"),
+    );
     if conv_dim == 0 {
         return;
     }

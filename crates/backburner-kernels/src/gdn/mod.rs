@@ -52,7 +52,7 @@ impl GdnDims {
             "GdnDims: head counts must be positive, got {self:?}"
         );
         assert!(
-            self.n_v_heads % self.n_k_heads == 0,
+            self.n_v_heads.is_multiple_of(self.n_k_heads),
             "GdnDims: n_v_heads ({}) must be a multiple of n_k_heads ({})",
             self.n_v_heads,
             self.n_k_heads
@@ -81,17 +81,55 @@ impl GdnDims {
         let t = self.n_tokens;
         let qk = t * self.n_k_heads * self.d_k;
         let check = |name: &str, len: usize, want: usize, shape: String| {
-            assert_eq!(len, want, "{what}: `{name}` must have shape {shape} ({want} values), got {len} values");
+            assert_eq!(
+                len, want,
+                "{what}: `{name}` must have shape {shape} ({want} values), got {len} values"
+            );
         };
-        check("q", q.len(), qk, format!("[{t}, {}, {}]", self.n_k_heads, self.d_k));
-        check("k", k.len(), qk, format!("[{t}, {}, {}]", self.n_k_heads, self.d_k));
+        check(
+            "q",
+            q.len(),
+            qk,
+            format!("[{t}, {}, {}]", self.n_k_heads, self.d_k),
+        );
+        check(
+            "k",
+            k.len(),
+            qk,
+            format!("[{t}, {}, {}]", self.n_k_heads, self.d_k),
+        );
         let vt = t * self.n_v_heads * self.d_v;
-        check("v", v.len(), vt, format!("[{t}, {}, {}]", self.n_v_heads, self.d_v));
-        check("g", g.len(), t * self.n_v_heads, format!("[{t}, {}]", self.n_v_heads));
-        check("beta", beta.len(), t * self.n_v_heads, format!("[{t}, {}]", self.n_v_heads));
+        check(
+            "v",
+            v.len(),
+            vt,
+            format!("[{t}, {}, {}]", self.n_v_heads, self.d_v),
+        );
+        check(
+            "g",
+            g.len(),
+            t * self.n_v_heads,
+            format!("[{t}, {}]", self.n_v_heads),
+        );
+        check(
+            "beta",
+            beta.len(),
+            t * self.n_v_heads,
+            format!("[{t}, {}]", self.n_v_heads),
+        );
         let s = self.n_v_heads * self.d_k * self.d_v;
-        check("state", state.len(), s, format!("[{}, {}, {}]", self.n_v_heads, self.d_k, self.d_v));
-        check("out", out.len(), vt, format!("[{t}, {}, {}]", self.n_v_heads, self.d_v));
+        check(
+            "state",
+            state.len(),
+            s,
+            format!("[{}, {}, {}]", self.n_v_heads, self.d_k, self.d_v),
+        );
+        check(
+            "out",
+            out.len(),
+            vt,
+            format!("[{t}, {}, {}]", self.n_v_heads, self.d_v),
+        );
     }
 }
 

@@ -25,8 +25,14 @@ impl PagedKvCache {
     ///
     /// Panics if `page_size`, `n_kv_heads` or `head_dim` is zero.
     pub fn new(page_size: usize, n_kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
-        assert!(page_size > 0, "PagedKvCache::new: page_size must be positive");
-        assert!(n_kv_heads > 0, "PagedKvCache::new: n_kv_heads must be positive");
+        assert!(
+            page_size > 0,
+            "PagedKvCache::new: page_size must be positive"
+        );
+        assert!(
+            n_kv_heads > 0,
+            "PagedKvCache::new: n_kv_heads must be positive"
+        );
         assert!(head_dim > 0, "PagedKvCache::new: head_dim must be positive");
         PagedKvCache {
             page_size,

@@ -1,0 +1,129 @@
+//! Criterion benches of the hot kernels at real-model shapes (Qwen3.5: 24 query heads over 4 KV heads of
+//! dim 256; GDN with 16 k heads, 32 v heads, d_k = d_v = 128).
+//!
+//! `cargo bench -p backburner-kernels` (or `--no-run` to only build).
+
+use backburner_kernels::attention::attend_page;
+use backburner_kernels::gdn::{delta_rule_chunked, delta_rule_recurrent, GdnDims};
+use backburner_kernels::kv::{KvDtype, KvPage};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::hint::black_box;
+
+fn uniform(r: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(lo..hi)).collect()
+}
+
+fn bench_attend_page(c: &mut Criterion) {
+    let (n_heads, n_kv, dim, page_size) = (24, 4, 256, 4096);
+    let mut r = StdRng::seed_from_u64(1);
+    let k = uniform(&mut r, page_size * n_kv * dim, -1.0, 1.0);
+    let v = uniform(&mut r, page_size * n_kv * dim, -1.0, 1.0);
+    let mut group = c.benchmark_group("attend_page");
+    group.sample_size(10);
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let mut page = KvPage::new(0, page_size, n_kv, dim, dtype);
+        page.append(&k, &v, page_size);
+        for n_tokens in [1usize, 64, 512] {
+            let q = uniform(&mut r, n_tokens * n_heads * dim, -1.0, 1.0);
+            // Queries after the page: every query sees all 4096 keys.
+            group.throughput(Throughput::Elements((n_tokens * page_size) as u64));
+            group.bench_with_input(
+                BenchmarkId::new(format!("{dtype}"), n_tokens),
+                &n_tokens,
+                |b, &n| {
+                    b.iter(|| {
+                        black_box(attend_page(
+                            black_box(&q),
+                            n,
+                            n_heads,
+                            page_size,
+                            &page,
+                            (dim as f32).powf(-0.5),
+                        ))
+                    })
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+struct GdnInputs {
+    d: GdnDims,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+fn gdn_inputs(n_tokens: usize) -> GdnInputs {
+    let d = GdnDims {
+        n_tokens,
+        n_k_heads: 16,
+        n_v_heads: 32,
+        d_k: 128,
+        d_v: 128,
+    };
+    let mut r = StdRng::seed_from_u64(2);
+    let nq = n_tokens * d.n_k_heads * d.d_k;
+    let norm = |x: &mut Vec<f32>, s: f32| {
+        for row in x.chunks_exact_mut(d.d_k) {
+            let n = row.iter().map(|a| a * a).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|a| *a *= s / n);
+        }
+    };
+    let mut q = uniform(&mut r, nq, -1.0, 1.0);
+    let mut k = uniform(&mut r, nq, -1.0, 1.0);
+    norm(&mut q, (d.d_k as f32).powf(-0.5));
+    norm(&mut k, 1.0);
+    GdnInputs {
+        d,
+        q,
+        k,
+        v: uniform(&mut r, n_tokens * d.n_v_heads * d.d_v, -1.0, 1.0),
+        g: uniform(&mut r, n_tokens * d.n_v_heads, -1.0, -0.001),
+        beta: uniform(&mut r, n_tokens * d.n_v_heads, 0.0, 1.0),
+    }
+}
+
+fn bench_delta_rule(c: &mut Criterion) {
+    let mut group = c.benchmark_group("delta_rule");
+    group.sample_size(10);
+    let x = gdn_inputs(512);
+    let state = vec![0.0f32; x.d.n_v_heads * x.d.d_k * x.d.d_v];
+    let mut out = vec![0.0f32; 512 * x.d.n_v_heads * x.d.d_v];
+    group.throughput(Throughput::Elements(512));
+    group.bench_function("chunked_512", |b| {
+        b.iter(|| {
+            let mut s = state.clone();
+            delta_rule_chunked(x.d, 64, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut s, &mut out);
+            black_box(&out);
+        })
+    });
+    group.bench_function("recurrent_512", |b| {
+        b.iter(|| {
+            let mut s = state.clone();
+            delta_rule_recurrent(x.d, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut s, &mut out);
+            black_box(&out);
+        })
+    });
+    let one = gdn_inputs(1);
+    let mut out1 = vec![0.0f32; one.d.n_v_heads * one.d.d_v];
+    let mut s1 = state.clone();
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("recurrent_decode_1", |b| {
+        b.iter(|| {
+            delta_rule_recurrent(
+                one.d, &one.q, &one.k, &one.v, &one.g, &one.beta, &mut s1, &mut out1,
+            );
+            black_box(&out1);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_attend_page, bench_delta_rule);
+criterion_main!(benches);
