@@ -3,7 +3,9 @@
 
 Builds small random checkpoints of the real architecture with transformers' own classes, saves them with
 save_pretrained, trains one small byte-level BPE tokenizer, and records float32 reference outputs computed by
-transformers from the checkpoints as they are stored on disk.
+transformers from the checkpoints as they are stored on disk, plus float64 logits (prefill_logits_f64,
+decode_logits_f64) from a float64 copy of transformers' Qwen3.5 code, to measure how far the f32 run is from the
+exact result.
 
 Run through scripts/make_fixtures.sh (it sets up the pinned virtualenv). Everything is seeded, so a rerun with the
 same package versions rewrites the same numbers. Nothing here touches the network.
@@ -13,14 +15,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import tokenizers
 import transformers
+import transformers.models.qwen3_5.modeling_qwen3_5 as hf_qwen3_5
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -346,6 +351,79 @@ def load_f32(spec: dict, d: Path):
     return model
 
 
+# float64 reference. Loading with dtype=torch.float64 is not enough: transformers' qwen3_5 code casts to float32
+# inside the model whatever the load dtype (RoPE inv_freq/cos/sin, every RMSNorm1p, the gated RMSNorm, the GDN decay g,
+# both GDN cores with their recurrent state, the attention softmax), and the non-persistent inv_freq buffer stays
+# float32. Such a "float64" run is about as far from the exact result as the float32 one (about 3e-4 on the logits),
+# so it cannot serve as the reference. This loads the model from a copy of transformers' own modeling_qwen3_5.py
+# with every float32 cast rewritten to float64. Nothing else in the code changes.
+F32_CASTS = [
+    (r"torch\.float32\b", "torch.float64"),
+    (r"\.float\(\)", ".double()"),
+    (r"torch\.float(?![\w])", "torch.float64"),
+]
+_F64_MODULE = None
+
+
+def f64_modeling_module():
+    global _F64_MODULE
+    if _F64_MODULE is None:
+        path = hf_qwen3_5.__file__
+        src = Path(path).read_text()
+        n_subs = 0
+        for pat, rep in F32_CASTS:
+            src, k = re.subn(pat, rep, src)
+            n_subs += k
+        assert n_subs > 0 and not any(re.search(pat, src) for pat, _ in F32_CASTS)
+        name = hf_qwen3_5.__name__ + "_float64"
+        mod = types.ModuleType(name)
+        mod.__file__ = path
+        mod.__package__ = hf_qwen3_5.__package__  # for the module's relative imports
+        sys.modules[name] = mod
+        # dont_inherit: not this file's `from __future__ import annotations` (transformers reads real annotations)
+        exec(compile(src, path, "exec", dont_inherit=True), mod.__dict__)
+        # Qwen3_5Model builds its sub-models with AutoModel.from_config, which would return the stock classes.
+        sub_models = {"qwen3_5_text": mod.Qwen3_5TextModel, "qwen3_5_vision": mod.Qwen3_5VisionModel}
+
+        class AutoModelF64:
+            @staticmethod
+            def from_config(config, **kwargs):
+                return sub_models[config.model_type]._from_config(config, **kwargs)
+
+        mod.AutoModel = AutoModelF64
+        mod.N_CASTS_REWRITTEN = n_subs
+        _F64_MODULE = mod
+    return _F64_MODULE
+
+
+def load_f64(spec: dict, d: Path, exact: bool = True):
+    """The fixture directory loaded with dtype=float64. exact=False: transformers' stock code (f32 casts inside)."""
+    mod = f64_modeling_module() if exact else hf_qwen3_5
+    cls = mod.Qwen3_5ForCausalLM if spec["layout"] == "causal" else mod.Qwen3_5ForConditionalGeneration
+    model = cls.from_pretrained(str(d), dtype=torch.float64, attn_implementation="eager")
+    model.eval()
+    for n, p in model.named_parameters():
+        assert p.dtype == torch.float64, (n, p.dtype)
+    if exact:
+        for n, m in model.named_modules():  # every qwen3_5 module must come from the float64 copy
+            assert not type(m).__module__.startswith(hf_qwen3_5.__package__) or type(m).__module__ == mod.__name__, (n, type(m))
+        for n, b in model.named_buffers():  # the text rotary inv_freq; the (unused) vision tower's may stay f32
+            assert ".visual." in n or not b.is_floating_point() or b.dtype == torch.float64, (n, b.dtype)
+    return model
+
+
+@torch.no_grad()
+def teacher_forced_logits(model, prompt_ids: list[int], forced: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill logits [T, V], then the decode loop of make_reference with its tokens forced: row 0 = last prefill
+    row, row s >= 1 = a single-token cached decode step fed forced[s-1]. Returned in the model's dtype."""
+    cache = new_cache(model)
+    prefill = forward(model, prompt_ids, cache=cache).logits[0]
+    rows = [prefill[-1]]
+    for step in range(1, len(forced)):
+        rows.append(forward(model, [forced[step - 1]], cache=cache).logits[0, -1])
+    return prefill, torch.stack(rows)
+
+
 def text_cfg(model):
     return model.config.get_text_config(decoder=True)
 
@@ -515,11 +593,58 @@ def make_reference(spec: dict, d: Path, tok: Tokenizer, prompt_text: str, ppl_te
         checks.append(dict(text=s, ids=ids, decoded=dec, roundtrip_equal=dec == s))
     assert hf_tok(prompt_text, add_special_tokens=False)["input_ids"] == prompt_ids
 
+    # ---- float64 reference: same prompt, same 32 steps with the f32 greedy tokens forced ----
+    m64 = load_f64(spec, d)
+    assert m64.lm_head.weight.shape[0] == TEXT_SHAPE["vocab_size"]
+    prefill64, decode64 = teacher_forced_logits(m64, prompt_ids, greedy)
+    assert prefill64.dtype == decode64.dtype == torch.float64
+    del m64
+    # transformers' stock code loaded with dtype=float64, for the record of why it is not used
+    stock = load_f64(spec, d, exact=False)
+    prefill_stock, decode_stock = teacher_forced_logits(stock, prompt_ids, greedy)
+    del stock
+    arg64 = decode64.argmax(-1).tolist()
+    mismatch = [s for s in range(N_GREEDY) if arg64[s] != greedy[s]]
+    top2_64 = torch.topk(decode64, 2, dim=-1).values
+    pf_rows_diff = int((prefill64.argmax(-1) != prefill_logits.argmax(-1)).sum())
+    f64_check = dict(
+        method=(
+            "transformers' modeling_qwen3_5.py with every float32 cast rewritten to float64 (RoPE inv_freq/cos/sin, "
+            "RMSNorm1p, gated RMSNorm, GDN decay g, chunked and recurrent GDN cores and their state, attention "
+            "softmax); model loaded from this directory with dtype=float64 (stored weights upcast exactly), eager "
+            "attention. Same prompt as prefill_logits; decode rows teacher-forced with the f32 greedy_tokens, so row s "
+            "is comparable with decode_logits[s]. Differences below are computed in float64 before rounding."
+        ),
+        stored_as="float32, rounded to nearest from float64 (at most 0.5 ulp of f32, under 1e-6 for |logit| < 16)",
+        f32_casts_rewritten=f64_modeling_module().N_CASTS_REWRITTEN,
+        prefill_logits_max_abs_diff=max_abs(prefill_logits, prefill64),
+        prefill_last_row_max_abs_diff=max_abs(prefill_logits[-1], prefill64[-1]),
+        prefill_argmax_rows_differ=pf_rows_diff,
+        decode_logits_max_abs_diff=max_abs(decode_logits, decode64),
+        decode_logits_max_abs_diff_per_step=[max_abs(decode_logits[s], decode64[s]) for s in range(N_GREEDY)],
+        greedy_argmax_agrees=not mismatch,
+        greedy_argmax_mismatch_steps=mismatch,
+        f64_min_top1_top2_margin=float((top2_64[:, 0] - top2_64[:, 1]).min()),
+        max_abs_logit=float(prefill64.abs().max()),
+        f32_storage_rounding_max_abs=max(max_abs(prefill64.float(), prefill64), max_abs(decode64.float(), decode64)),
+        stock_hf_float64=dict(
+            note=(
+                "transformers' unmodified code loaded with dtype=float64: it still computes RoPE, the norms, the GDN "
+                "core and the softmax in float32, so it is not an exact reference"
+            ),
+            prefill_logits_max_abs_diff_vs_f64=max_abs(prefill_stock, prefill64),
+            decode_logits_max_abs_diff_vs_f64=max_abs(decode_stock, decode64),
+            prefill_logits_max_abs_diff_vs_f32=max_abs(prefill_stock, prefill_logits),
+        ),
+    )
+
     # ---- write ----
     tensors["prompt_ids"] = torch.tensor(prompt_ids, dtype=torch.int64)
     tensors["prefill_logits"] = prefill_logits
     tensors["greedy_tokens"] = torch.tensor(greedy, dtype=torch.int64)
     tensors["decode_logits"] = decode_logits
+    tensors["prefill_logits_f64"] = prefill64.float()
+    tensors["decode_logits_f64"] = decode64.float()
     tensors["hidden_states"] = hs
     tensors["last_layer_output"] = last_prenorm
     for k, v in states.items():
@@ -576,6 +701,7 @@ def make_reference(spec: dict, d: Path, tok: Tokenizer, prompt_text: str, ppl_te
             "conv/recurrent/K/V tensor. hidden_states_last_vs_raw_last_layer_output is expected to be large (it "
             "proves hidden_states[L] is post-norm)."
         ),
+        f64_check=f64_check,
     )
     (d / "reference.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
     (d / "prompt.txt").write_text(prompt_text)
@@ -590,6 +716,12 @@ def make_reference(spec: dict, d: Path, tok: Tokenizer, prompt_text: str, ppl_te
     print(f"   ppl_full {ppl_full['ppl']:.3f} (nll {ppl_full['nll']:.4f}, {ppl_full['n_tokens']} tok)  ppl_ctx64 {ppl_ctx64['ppl']:.3f} ({nwin} windows)")
     for k, v in sanity.items():
         print(f"   {k}: {v:.3e}" if isinstance(v, float) else f"   {k}: {v}")
+    fc = f64_check
+    print(
+        f"   f32 vs f64: prefill {fc['prefill_logits_max_abs_diff']:.3e} (last row {fc['prefill_last_row_max_abs_diff']:.3e}), "
+        f"decode {fc['decode_logits_max_abs_diff']:.3e}; greedy argmax agrees {fc['greedy_argmax_agrees']} {fc['greedy_argmax_mismatch_steps']}; "
+        f"stock HF f64 vs f64: prefill {fc['stock_hf_float64']['prefill_logits_max_abs_diff_vs_f64']:.3e}"
+    )
     return ref
 
 

@@ -1,9 +1,14 @@
 //! Single-node outputs against Hugging Face transformers on the committed fixtures.
 //!
-//! Tolerance: the reference runs the same math in f32 (torch, eager). Our f32 path differs only in summation order
-//! (blocked gemm, chunked delta rule, paged attention with an LSE merge), so the error is a few f32 ulps per op
-//! accumulated over 8 layers; with logits of magnitude ≤ ~30 that is O(1e-5). We assert 1e-4 absolute on logits
-//! (the figure the issue names for f32) and 2e-4 on the residual stream after each layer.
+//! Tolerance. The fixtures carry two references: transformers' own f32 run (`prefill_logits`, `decode_logits`) and a
+//! float64 run of the same checkpoint (`*_f64`, see fixtures/README.md). The fixtures' weights are deliberately large
+//! so that layout mistakes show, and that also amplifies f32 rounding: transformers' f32 logits sit up to 4e-4 from
+//! the f64 truth on prefill and up to 1e-3 on one tiny-hub decode step (`f64_check` in reference.json). An f32
+//! engine cannot do better than "as close to the truth as transformers' f32 run", so we assert exactly that, with a
+//! 1.5× margin for a different (not worse) summation order: max|ours − f64| ≤ 1.5 · max|HF f32 − f64| per tensor,
+//! and never more than 2e-3. We also keep the absolute 1e-4 figure where it holds for any f32 implementation: the
+//! last prompt row's logits (the ones generation uses) must be within 1e-4 + 2·(HF's gap there) of f64. Greedy tokens
+//! must be identical for all 32 steps.
 
 mod common;
 
@@ -11,8 +16,6 @@ use backburner_engine::{argmax, Logits, Session, SessionOptions};
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{KvOptions, ModelState};
 use common::*;
-
-const LOGIT_TOL: f32 = 2e-3;
 
 fn f32_opts(ubatch: usize, page_size: usize) -> SessionOptions {
     SessionOptions {
@@ -25,31 +28,53 @@ fn f32_opts(ubatch: usize, page_size: usize) -> SessionOptions {
     }
 }
 
+/// max |a − b| over rows `rows` of `[n, vocab]` matrices.
+fn rows_diff(a: &[f32], b: &[f32], vocab: usize, rows: std::ops::Range<usize>) -> f32 {
+    max_abs_diff(&a[rows.start * vocab..rows.end * vocab], &b[rows.start * vocab..rows.end * vocab])
+}
+
 fn check_prefill_and_greedy(name: &str) {
     let r = Reference::load(name);
     let model = load_model(name);
+    let vocab = model.config().vocab_size;
     let prompt = r.ids("prompt_ids");
-    assert!(prompt.len() >= 300);
-    let (want, shape) = r.f32("prefill_logits");
+    let t = prompt.len();
+    assert!(t >= 300);
+    let (hf, shape) = r.f32("prefill_logits");
+    let (truth, _) = r.f32("prefill_logits_f64");
     let mut s = Session::new(model.clone(), f32_opts(512, 4096)).unwrap();
     let got = s.prefill(&prompt, Logits::All, |_, _| {}).unwrap();
     assert_eq!(got.len(), shape[0] * shape[1]);
-    let d = max_abs_diff(&got, &want);
-    assert!(d < LOGIT_TOL, "{name}: prefill logits differ by {d}");
 
-    // 32 greedy steps: identical tokens, and every step's logits within tolerance.
+    let hf_gap = max_abs_diff(&hf, &truth);
+    let ours = max_abs_diff(&got, &truth);
+    eprintln!("{name}: prefill |ours-f64| {ours:.3e}, |hf32-f64| {hf_gap:.3e}, |ours-hf32| {:.3e}", max_abs_diff(&got, &hf));
+    assert!(ours <= (1.5 * hf_gap).min(2e-3), "{name}: prefill logits {ours} from f64 (HF f32: {hf_gap})");
+    let hf_last = rows_diff(&hf, &truth, vocab, t - 1..t);
+    let ours_last = rows_diff(&got, &truth, vocab, t - 1..t);
+    assert!(ours_last <= 1e-4 + 2.0 * hf_last, "{name}: last-row logits {ours_last} from f64 (HF f32: {hf_last})");
+
+    // 32 greedy steps: identical tokens, and every step's logits as close to the truth as HF's f32 step.
     let want_tokens = r.ids("greedy_tokens");
-    let (want_dec, _) = r.f32("decode_logits");
-    let vocab = model.config().vocab_size;
-    let mut logits = got[(prompt.len() - 1) * vocab..].to_vec();
+    let (hf_dec, _) = r.f32("decode_logits");
+    let (truth_dec, _) = r.f32("decode_logits_f64");
+    let mut logits = got[(t - 1) * vocab..].to_vec();
     let mut tokens = Vec::new();
+    let mut worst = 0.0f32;
     for step in 0..want_tokens.len() {
-        let dd = max_abs_diff(&logits, &want_dec[step * vocab..(step + 1) * vocab]);
-        assert!(dd < LOGIT_TOL, "{name}: decode step {step} logits differ by {dd}");
+        let row = step * vocab..(step + 1) * vocab;
+        let hf_gap = max_abs_diff(&hf_dec[row.clone()], &truth_dec[row.clone()]);
+        let ours = max_abs_diff(&logits, &truth_dec[row]);
+        worst = worst.max(ours);
+        assert!(
+            ours <= (1e-4 + 1.5 * hf_gap).min(2e-3),
+            "{name}: decode step {step} logits {ours} from f64 (HF f32: {hf_gap})"
+        );
         let t = argmax(&logits);
         tokens.push(t);
         logits = s.decode(t).unwrap();
     }
+    eprintln!("{name}: worst decode |ours-f64| {worst:.3e}");
     assert_eq!(tokens, want_tokens, "{name}: greedy tokens differ");
 }
 
