@@ -15,5 +15,5 @@ pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, ModelConfig, WeightLayout};
 pub use error::{ModelError, Result};
 pub use model::{LoadOptions, Model};
-pub use state::{KvOptions, LayerState, LinearState, ModelState, StateSnapshot};
+pub use state::{KvOptions, LayerState, LinearState, ModelState, PageStore, StateSnapshot};
 pub use tokenizer::{ChatMessage, TextTokenizer};

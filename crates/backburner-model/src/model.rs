@@ -14,7 +14,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::ops::{self, matmul_t, take_cols, Rope};
-use crate::state::{LayerState, ModelState};
+use crate::state::{LayerState, ModelState, PageStore};
 
 /// Chunk length of the chunked delta rule (HF uses 64).
 pub const GDN_CHUNK: usize = 64;
@@ -355,7 +355,7 @@ impl Model {
         debug_assert_eq!(cache.len(), pos0, "KV cache length differs from the position");
         cache.append(&k, &v, t);
         let scale = 1.0 / (d as f32).sqrt();
-        let part = cache.attend(&q, t, hq, pos0, scale);
+        let part = PageStore::attend(cache, &q, t, hq, pos0, scale, None);
         let mut o = part.o;
         for (x, g) in o.iter_mut().zip(&gate) {
             *x *= ops::sigmoid(*g);

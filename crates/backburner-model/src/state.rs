@@ -3,9 +3,53 @@
 
 use std::ops::Range;
 
+use backburner_kernels::attention::{attend_pages, Partial};
 use backburner_kernels::kv::{KvDtype, PagedKvCache};
 
 use crate::config::{LayerKind, ModelConfig};
+
+/// Where the KV pages of one full-attention layer live, as the attention op sees them.
+///
+/// The op folds per-page partials (normalized output + log-sum-exp) left to right in page order
+/// ([`attend_pages`]). A store holding the *oldest* pages elsewhere (a worker, in KV offload) implements this by
+/// returning its fold over those pages, and the host continues the same fold over its own pages by passing that
+/// partial as `init`: the result is bit-identical to one store holding every page.
+pub trait PageStore {
+    /// Positions stored.
+    fn n_positions(&self) -> usize;
+    /// Attention partial of q `[n_tokens, n_heads, head_dim]` f32 at positions `q_pos0..` over the stored pages,
+    /// continuing the fold from `init`; returns `[n_tokens, n_heads, head_dim]` output and `[n_tokens, n_heads]` LSE.
+    fn attend(
+        &self,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+        init: Option<Partial>,
+    ) -> Partial;
+}
+
+impl PageStore for PagedKvCache {
+    fn n_positions(&self) -> usize {
+        self.len()
+    }
+
+    fn attend(
+        &self,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+        init: Option<Partial>,
+    ) -> Partial {
+        if self.pages().is_empty() && init.is_none() {
+            return PagedKvCache::attend(self, q, n_tokens, n_heads, q_pos0, scale);
+        }
+        attend_pages(q, n_tokens, n_heads, q_pos0, self.pages(), scale, init)
+    }
+}
 
 /// State of one Gated DeltaNet layer for one sequence (fixed size, not splittable by position).
 #[derive(Clone, Debug, PartialEq)]
@@ -151,6 +195,51 @@ impl ModelState {
             LayerState::Attention(c) => Some(c.read_rows(p0, p1)),
             LayerState::Linear(_) => None,
         }
+    }
+
+    /// Appends K and V rows (`[n_rows, n_kv_heads, head_dim]` f32 each) to full-attention layer `i` at positions
+    /// `[len, len + n_rows)`: how a node adopts rows computed elsewhere (a worker's tail-layer KV in split prefill).
+    /// The caller then sets the position with [`ModelState::set_position`]. Returns false if `i` is not a held
+    /// attention layer.
+    pub fn append_kv_rows(&mut self, i: usize, k: &[f32], v: &[f32], n_rows: usize) -> bool {
+        match self.layer_mut(i) {
+            Some(LayerState::Attention(c)) => {
+                c.append(k, v, n_rows);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The state of Gated DeltaNet layer `i`, if held.
+    pub fn linear(&self, i: usize) -> Option<&LinearState> {
+        match self.layer(i)? {
+            LayerState::Linear(s) => Some(s),
+            LayerState::Attention(_) => None,
+        }
+    }
+
+    /// Replaces the state of Gated DeltaNet layer `i` (e.g. with a worker's after split prefill). Returns false if `i`
+    /// is not a held linear layer or the sizes differ.
+    pub fn set_linear(&mut self, i: usize, s: LinearState) -> bool {
+        match self.layer_mut(i) {
+            Some(LayerState::Linear(dst)) if dst.conv.len() == s.conv.len() && dst.recurrent.len() == s.recurrent.len() => {
+                *dst = s;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Sets the position (tokens processed) after rows and states were adopted from elsewhere. Panics if a held
+    /// attention layer's cache length differs from `n` (a caller bug that would corrupt attention).
+    pub fn set_position(&mut self, n: usize) {
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Some(LayerState::Attention(c)) = l {
+                assert_eq!(c.len(), n, "set_position({n}): layer {i} holds {} KV rows", c.len());
+            }
+        }
+        self.n_tokens = n;
     }
 
     /// Copies the linear states and records the position, for [`ModelState::restore`].
