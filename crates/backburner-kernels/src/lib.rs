@@ -5,7 +5,7 @@
 //! * [`attention`]: causal attention over one KV page as a normalized partial with its log-sum-exp,
 //!   the LSE merge of partials and the fixed left fold over pages.
 //! * [`kv`]: the paged KV cache of one full-attention layer (f16 or f32 storage).
-//! * [`reference`]: slow, obvious float64 twins of the kernels, for tests (also used by the model crate).
+//! * [`reference`](mod@reference): slow, obvious float64 twins of the kernels, for tests (also used by the model crate).
 //!
 //! Conventions: every tensor is a row-major `f32` slice whose shape is given in the item's docs as
 //! `[outer, ..., inner]`. Kernels assert their shapes on entry and panic with a message naming the
@@ -21,3 +21,6 @@ pub mod kv;
 pub mod reference;
 
 mod simd;
+
+#[cfg(test)]
+mod isa_tests;

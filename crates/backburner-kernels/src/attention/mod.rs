@@ -14,6 +14,7 @@
 //! and get the same bits.
 
 mod merge;
+mod online;
 mod page_kernel;
 
 pub use merge::merge_into;

@@ -2,12 +2,17 @@
 
 use rayon::prelude::*;
 
+use super::online::{RowState, MAX_BLOCK};
 use super::Partial;
+use crate::kv::page::Rows;
 use crate::kv::KvPage;
-use crate::simd::{axpy, scale};
+use crate::simd::{dispatch, dots, f16_to_f32, scale, Isa, Kernel};
 
-/// Keys per block: K is converted to f32 and transposed (`[head_dim, KEY_BLOCK]`) once per block.
-const KEY_BLOCK: usize = 64;
+/// Keys per block: f16 keys and values are converted to f32 once per block and task.
+const KEY_BLOCK: usize = 32;
+const _: () = assert!(KEY_BLOCK <= MAX_BLOCK && KEY_SEGMENT.is_multiple_of(KEY_BLOCK));
+/// Query rows scored together per pass over a key block.
+const GROUP: usize = 4;
 /// Keys per segment. A row's softmax runs online over the blocks of a segment; segment partials are then
 /// merged in order. Fixed, so the bits never depend on how the work is spread over threads.
 const KEY_SEGMENT: usize = 1024;
@@ -129,6 +134,24 @@ impl Ctx<'_> {
 
     /// Online softmax of the query rows of tokens `[t0, t1)`, kv head `g`, over key segment `seg`.
     fn run_segment(&self, g: usize, t0: usize, t1: usize, seg: usize) -> RowState {
+        dispatch(SegmentJob {
+            ctx: self,
+            g,
+            t0,
+            t1,
+            seg,
+        })
+    }
+
+    #[inline(always)]
+    fn run_segment_impl<I: Isa>(
+        &self,
+        isa: I,
+        g: usize,
+        t0: usize,
+        t1: usize,
+        seg: usize,
+    ) -> RowState {
         let dim = self.page.head_dim();
         let hkv = self.page.n_kv_heads();
         let r = self.group;
@@ -148,34 +171,44 @@ impl Ctx<'_> {
         }
         scale(&mut qs, self.scale);
 
-        let mut kt = vec![0.0f32; dim * KEY_BLOCK];
-        let mut vb = vec![0.0f32; KEY_BLOCK * dim];
-        let mut tmp = vec![0.0f32; dim];
-        let mut sc = [0.0f32; KEY_BLOCK];
+        // Each block's rows of kv head `g` are gathered into contiguous f32 buffers (f16 converted). Even
+        // for f32 pages this pays: in place, rows sit `n_kv_heads * head_dim` floats apart (often a multiple
+        // of 4 KiB), which maps them all to the same L1 cache sets.
+        let mut kbuf = vec![0.0f32; KEY_BLOCK * dim];
+        let mut vbuf = vec![0.0f32; KEY_BLOCK * dim];
+        let mut sc = [[0.0f32; KEY_BLOCK]; GROUP];
+        let mut live: Vec<(usize, usize)> = Vec::with_capacity(rows);
         let mut kb0 = k0;
         while kb0 < k1 {
             let nb = KEY_BLOCK.min(k1 - kb0);
-            for jj in 0..nb {
-                let at = ((kb0 + jj) * hkv + g) * dim;
-                self.page.k_rows().read(at, &mut tmp);
-                for (d, x) in tmp.iter().enumerate() {
-                    kt[d * KEY_BLOCK + jj] = *x;
-                }
-                self.page
-                    .v_rows()
-                    .read(at, &mut vb[jj * dim..(jj + 1) * dim]);
-            }
+            let kblk = BlockRows::load(self.page.k_rows(), &mut kbuf, kb0, nb, g, hkv, dim);
+            let vblk = BlockRows::load(self.page.v_rows(), &mut vbuf, kb0, nb, g, hkv, dim);
+            // Rows that see part of this block, with how many of its keys.
+            live.clear();
             for t in t0..t1 {
                 let vis = self.visible(t);
-                if vis <= kb0 {
-                    continue;
+                if vis > kb0 {
+                    let nv = (vis - kb0).min(nb);
+                    live.extend(((t - t0) * r..(t - t0 + 1) * r).map(|row| (row, nv)));
                 }
-                let nv = (vis - kb0).min(nb);
-                for hh in 0..r {
-                    let row = (t - t0) * r + hh;
-                    let qrow = &qs[row * dim..(row + 1) * dim];
-                    scores(qrow, &kt, &mut sc);
-                    st.update(row, &sc[..nv], &vb);
+            }
+            // Score GROUP rows against key pairs (each score has the bits of a lone `dot`, whatever the
+            // grouping), then fold each row's scores into its online softmax.
+            for grp in live.chunks(GROUP) {
+                let nv_max = grp.iter().map(|x| x.1).max().unwrap_or(0);
+                if grp.len() == GROUP {
+                    let qr: [&[f32]; GROUP] =
+                        std::array::from_fn(|i| &qs[grp[i].0 * dim..(grp[i].0 + 1) * dim]);
+                    score_block(isa, qr, &kblk, nv_max, &mut sc);
+                } else {
+                    for (i, &(row, _)) in grp.iter().enumerate() {
+                        let one: &mut [[f32; KEY_BLOCK]; 1] =
+                            (&mut sc[i..i + 1]).try_into().expect("one row");
+                        score_block(isa, [&qs[row * dim..(row + 1) * dim]], &kblk, nv_max, one);
+                    }
+                }
+                for (i, &(row, nv)) in grp.iter().enumerate() {
+                    st.update(isa, row, &sc[i][..nv], vblk.data);
                 }
             }
             kb0 += nb;
@@ -184,99 +217,86 @@ impl Ctx<'_> {
     }
 }
 
-/// `sc[j] = Σ_d q[d] · kt[d][j]` for the `KEY_BLOCK` columns of `kt: [dim, KEY_BLOCK]`.
-#[inline]
-fn scores(q: &[f32], kt: &[f32], sc: &mut [f32; KEY_BLOCK]) {
-    sc.fill(0.0);
-    for (qd, krow) in q.iter().zip(kt.chunks_exact(KEY_BLOCK)) {
-        for (s, k) in sc.iter_mut().zip(krow) {
-            *s += qd * k;
-        }
-    }
-}
-
-/// Unnormalized online-softmax state of `rows` query rows: running max `m`, running sum `l` of
-/// `exp(score − m)`, and `acc = Σ exp(score − m)·v` (`[rows, dim]`).
-struct RowState {
+/// `nb` consecutive rows of one kv head inside a key block, as contiguous f32 `[nb, dim]`.
+struct BlockRows<'a> {
+    data: &'a [f32],
     dim: usize,
-    m: Vec<f32>,
-    l: Vec<f32>,
-    acc: Vec<f32>,
 }
 
-impl RowState {
-    fn new(rows: usize, dim: usize) -> Self {
-        RowState {
+impl<'a> BlockRows<'a> {
+    /// Rows `[kb0, kb0 + nb)` of kv head `g`, gathered into `buf` (f16 converted exactly).
+    #[inline(always)]
+    fn load(
+        rows: &Rows,
+        buf: &'a mut [f32],
+        kb0: usize,
+        nb: usize,
+        g: usize,
+        hkv: usize,
+        dim: usize,
+    ) -> Self {
+        let first = (kb0 * hkv + g) * dim;
+        for j in 0..nb {
+            let at = first + j * hkv * dim;
+            let dst = &mut buf[j * dim..(j + 1) * dim];
+            match rows {
+                Rows::F32(d) => dst.copy_from_slice(&d[at..at + dim]),
+                Rows::F16(d) => f16_to_f32(&d[at..at + dim], dst),
+            }
+        }
+        BlockRows {
+            data: &buf[..nb * dim],
             dim,
-            m: vec![f32::NEG_INFINITY; rows],
-            l: vec![0.0; rows],
-            acc: vec![0.0; rows * dim],
         }
     }
 
-    /// Adds keys with scores `sc` (already scaled) and values `vb` (`[≥ sc.len(), dim]`) to row `row`.
-    #[inline]
-    fn update(&mut self, row: usize, sc: &[f32], vb: &[f32]) {
-        let dim = self.dim;
-        let bmax = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let m_old = self.m[row];
-        let m_new = m_old.max(bmax);
-        let acc = &mut self.acc[row * dim..(row + 1) * dim];
-        if m_new > m_old && m_old != f32::NEG_INFINITY {
-            let corr = (m_old - m_new).exp();
-            self.l[row] *= corr;
-            scale(acc, corr);
-        }
-        self.m[row] = m_new;
-        let mut psum = 0.0f32;
-        for (j, &s) in sc.iter().enumerate() {
-            let p = (s - m_new).exp();
-            psum += p;
-            axpy(acc, p, &vb[j * dim..(j + 1) * dim]);
-        }
-        self.l[row] += psum;
+    #[inline(always)]
+    fn row(&self, j: usize) -> &[f32] {
+        &self.data[j * self.dim..(j + 1) * self.dim]
     }
+}
 
-    /// Merges the state of the next key segment into this one (same rows).
-    fn merge(&mut self, other: &RowState) {
-        let dim = self.dim;
-        for row in 0..self.m.len() {
-            let (m1, m2) = (self.m[row], other.m[row]);
-            if m2 == f32::NEG_INFINITY {
-                continue;
-            }
-            let acc = &mut self.acc[row * dim..(row + 1) * dim];
-            let oacc = &other.acc[row * dim..(row + 1) * dim];
-            if m1 == f32::NEG_INFINITY {
-                acc.copy_from_slice(oacc);
-                self.m[row] = m2;
-                self.l[row] = other.l[row];
-                continue;
-            }
-            let m = m1.max(m2);
-            let (c1, c2) = ((m1 - m).exp(), (m2 - m).exp());
-            for (a, b) in acc.iter_mut().zip(oacc) {
-                *a = c1 * *a + c2 * b;
-            }
-            self.l[row] = c1 * self.l[row] + c2 * other.l[row];
-            self.m[row] = m;
+/// `sc[i][j] = q[i]·k_j` for the first `nv` keys of the block (two keys at a time).
+#[inline(always)]
+fn score_block<I: Isa, const R: usize>(
+    isa: I,
+    q: [&[f32]; R],
+    k: &BlockRows,
+    nv: usize,
+    sc: &mut [[f32; KEY_BLOCK]; R],
+) {
+    let mut j = 0;
+    while j + 2 <= nv {
+        let s = dots::<I, R, 2>(isa, q, [k.row(j), k.row(j + 1)]);
+        for i in 0..R {
+            sc[i][j] = s[i][0];
+            sc[i][j + 1] = s[i][1];
+        }
+        j += 2;
+    }
+    if j < nv {
+        let s = dots::<I, R, 1>(isa, q, [k.row(j)]);
+        for i in 0..R {
+            sc[i][j] = s[i][0];
         }
     }
+}
 
-    /// Normalizes rows into `out` for tokens starting at `t0` and query heads `g * group..`.
-    fn finalize(&self, out: &mut Partial, g: usize, t0: usize, group: usize) {
-        let dim = self.dim;
-        for row in 0..self.m.len() {
-            if self.m[row] == f32::NEG_INFINITY {
-                continue;
-            }
-            let (t, h) = (t0 + row / group, g * group + row % group);
-            let l = self.l[row];
-            let o = &mut out.o[(t * out.n_heads + h) * dim..][..dim];
-            for (x, a) in o.iter_mut().zip(&self.acc[row * dim..(row + 1) * dim]) {
-                *x = a / l;
-            }
-            out.lse[t * out.n_heads + h] = self.m[row] + l.ln();
-        }
+/// One `run_segment` call, as a [`Kernel`] for [`dispatch`].
+struct SegmentJob<'a> {
+    ctx: &'a Ctx<'a>,
+    g: usize,
+    t0: usize,
+    t1: usize,
+    seg: usize,
+}
+
+impl Kernel for SegmentJob<'_> {
+    type Out = RowState;
+
+    #[inline(always)]
+    fn run<I: Isa>(self, isa: I) -> RowState {
+        self.ctx
+            .run_segment_impl(isa, self.g, self.t0, self.t1, self.seg)
     }
 }

@@ -2,8 +2,9 @@
 
 use rayon::prelude::*;
 
+use super::linalg::{forward_subst, gemm_acc, gemm_acc_lower, gram_lower, View};
 use super::{gather_head, scatter_heads, GdnDims};
-use crate::simd::{axpy, dot, scale};
+use crate::simd::{dispatch, scale, Isa, Kernel};
 
 /// Chunked gated delta rule (prefill path): the same arguments and result as
 /// [`delta_rule_recurrent`](super::delta_rule_recurrent), up to float rounding, computed chunk by chunk.
@@ -54,24 +55,51 @@ pub fn delta_rule_chunked(
     if d.n_tokens == 0 {
         return;
     }
+    let inputs = ChunkInputs { q, k, v, g, beta };
     let heads: Vec<Vec<f32>> = state
         .par_chunks_mut(d.d_k * d.d_v)
         .enumerate()
         .map(|(j, s)| {
-            let mut ws = Workspace::new(chunk, d.d_k, d.d_v);
-            let mut oh = vec![0.0f32; d.n_tokens * d.d_v];
-            let mut t0 = 0;
-            while t0 < d.n_tokens {
-                let c = chunk.min(d.n_tokens - t0);
-                let inputs = ChunkInputs { q, k, v, g, beta };
-                ws.load(&d, j, j / r, t0, c, &inputs);
-                ws.run(s, &mut oh[t0 * d.d_v..(t0 + c) * d.d_v]);
-                t0 += c;
-            }
-            oh
+            dispatch(HeadJob {
+                d,
+                chunk,
+                j,
+                hk: j / r,
+                x: &inputs,
+                s,
+            })
         })
         .collect();
     scatter_heads(&heads, d.n_tokens, d.d_v, out);
+}
+
+/// One v head over the whole call, as a [`Kernel`] for [`dispatch`]; returns its `[n_tokens, d_v]` output.
+struct HeadJob<'a> {
+    d: GdnDims,
+    chunk: usize,
+    j: usize,
+    hk: usize,
+    x: &'a ChunkInputs<'a>,
+    s: &'a mut [f32],
+}
+
+impl Kernel for HeadJob<'_> {
+    type Out = Vec<f32>;
+
+    #[inline(always)]
+    fn run<I: Isa>(self, isa: I) -> Vec<f32> {
+        let d = self.d;
+        let mut ws = Workspace::new(self.chunk.min(d.n_tokens), d.d_k, d.d_v);
+        let mut oh = vec![0.0f32; d.n_tokens * d.d_v];
+        let mut t0 = 0;
+        while t0 < d.n_tokens {
+            let c = self.chunk.min(d.n_tokens - t0);
+            ws.load(&d, self.j, self.hk, t0, c, self.x);
+            ws.run(isa, self.s, &mut oh[t0 * d.d_v..(t0 + c) * d.d_v]);
+            t0 += c;
+        }
+        oh
+    }
 }
 
 /// The full input tensors of a call.
@@ -96,8 +124,10 @@ struct Workspace {
     u: Vec<f32>,
     /// `[c, dk]` W.
     w: Vec<f32>,
-    /// `[c, c]` A (strict lower part used).
+    /// `[c, c]` −A (strict lower part), then (Q Kᵀ) ⊙ Γ (lower part with the diagonal).
     a: Vec<f32>,
+    /// `[c, dk]` Q ⊙ exp(γ), then K ⊙ exp(γ_last − γ).
+    qs: Vec<f32>,
     /// `[c]` γ (cumulative log-decay) and β.
     gamma: Vec<f32>,
     beta: Vec<f32>,
@@ -114,6 +144,7 @@ impl Workspace {
             u: vec![0.0; chunk * dv],
             w: vec![0.0; chunk * dk],
             a: vec![0.0; chunk * chunk],
+            qs: vec![0.0; chunk * dk],
             gamma: vec![0.0; chunk],
             beta: vec![0.0; chunk],
         }
@@ -135,69 +166,75 @@ impl Workspace {
     }
 
     /// Runs the chunk on state `s` (`[dk, dv]`, updated) and writes its outputs `o` (`[c, dv]`).
-    fn run(&mut self, s: &mut [f32], o: &mut [f32]) {
+    #[inline(always)]
+    fn run<I: Isa>(&mut self, isa: I, s: &mut [f32], o: &mut [f32]) {
         let (c, dk, dv) = (self.c, self.dk, self.dv);
         let gamma = &self.gamma[..c];
         let beta = &self.beta[..c];
 
-        // A[i][j] = β_i (k_i·k_j) exp(γ_i − γ_j) for j < i.
+        // −A[i][j] = −β_i (k_i·k_j) exp(γ_i − γ_j) for j < i.
+        let (k, q) = (&self.k[..c * dk], &self.q[..c * dk]);
+        gram_lower(isa, k, k, c, dk, 0, &mut self.a);
         for i in 0..c {
-            let ki = &self.k[i * dk..(i + 1) * dk];
             for j in 0..i {
-                let kj = &self.k[j * dk..(j + 1) * dk];
-                self.a[i * c + j] = beta[i] * dot(ki, kj) * (gamma[i] - gamma[j]).exp();
+                let aij = beta[i] * self.a[i * c + j] * (gamma[i] - gamma[j]).exp();
+                self.a[i * c + j] = -aij;
             }
         }
+        let neg_a = View::new(&self.a[..c * c], c, 1);
 
-        // U = M⁻¹ (B V), W = M⁻¹ (B K ⊙ exp(γ)) by forward substitution (M unit lower-triangular).
+        // U = M⁻¹ (B V) and W = M⁻¹ (B K ⊙ exp(γ)) by forward substitution (M unit lower-triangular).
+        let u = &mut self.u[..c * dv];
+        let w = &mut self.w[..c * dk];
         for i in 0..c {
-            let (done_w, rest_w) = self.w.split_at_mut(i * dk);
-            let wi = &mut rest_w[..dk];
-            wi.copy_from_slice(&self.k[i * dk..(i + 1) * dk]);
+            scale(&mut u[i * dv..(i + 1) * dv], beta[i]);
+            let wi = &mut w[i * dk..(i + 1) * dk];
+            wi.copy_from_slice(&k[i * dk..(i + 1) * dk]);
             scale(wi, beta[i] * gamma[i].exp());
-            let (done_u, rest_u) = self.u.split_at_mut(i * dv);
-            let ui = &mut rest_u[..dv];
-            scale(ui, beta[i]);
-            for j in 0..i {
-                let aij = self.a[i * c + j];
-                axpy(wi, -aij, &done_w[j * dk..(j + 1) * dk]);
-                axpy(ui, -aij, &done_u[j * dv..(j + 1) * dv]);
-            }
         }
+        forward_subst(isa, u, c, dv, neg_a);
+        forward_subst(isa, w, c, dk, neg_a);
 
-        // V' = U − W S (in place in u) and the inter-chunk output O = (Q ⊙ exp(γ)) S, one pass over S.
+        // V' = U − W S (in place in u).
+        for x in w.iter_mut() {
+            *x = -*x;
+        }
+        gemm_acc(isa, u, c, dv, View::new(w, dk, 1), s, dk);
+
+        // O = (Q ⊙ exp(γ)) S + ((Q Kᵀ) ⊙ Γ) V'.
+        let qs = &mut self.qs[..c * dk];
         for i in 0..c {
             let ei = gamma[i].exp();
-            let qi = &self.q[i * dk..(i + 1) * dk];
-            let wi = &self.w[i * dk..(i + 1) * dk];
-            let ui = &mut self.u[i * dv..(i + 1) * dv];
-            let oi = &mut o[i * dv..(i + 1) * dv];
-            oi.fill(0.0);
-            for (x, srow) in s.chunks_exact(dv).enumerate() {
-                axpy(ui, -wi[x], srow);
-                axpy(oi, ei * qi[x], srow);
+            for (dst, src) in qs[i * dk..(i + 1) * dk]
+                .iter_mut()
+                .zip(&q[i * dk..(i + 1) * dk])
+            {
+                *dst = ei * src;
             }
         }
-
-        // Intra-chunk output: O_i += Σ_{j≤i} (q_i·k_j) exp(γ_i − γ_j) V'_j.
+        o.fill(0.0);
+        gemm_acc(isa, o, c, dv, View::new(qs, dk, 1), s, dk);
+        gram_lower(isa, q, k, c, dk, 1, &mut self.a);
         for i in 0..c {
-            let qi = &self.q[i * dk..(i + 1) * dk];
-            let oi = &mut o[i * dv..(i + 1) * dv];
             for j in 0..=i {
-                let coef = dot(qi, &self.k[j * dk..(j + 1) * dk]) * (gamma[i] - gamma[j]).exp();
-                axpy(oi, coef, &self.u[j * dv..(j + 1) * dv]);
+                self.a[i * c + j] *= (gamma[i] - gamma[j]).exp();
             }
         }
+        gemm_acc_lower(isa, o, c, dv, View::new(&self.a[..c * c], c, 1), u, 1);
 
         // S ← exp(γ_last) S + Σ_j exp(γ_last − γ_j) k_j ⊗ V'_j.
         let last = gamma[c - 1];
-        let decay_last = last.exp();
-        let coefs: Vec<f32> = gamma.iter().map(|gj| (last - gj).exp()).collect();
-        for (x, srow) in s.chunks_exact_mut(dv).enumerate() {
-            scale(srow, decay_last);
-            for (j, cj) in coefs.iter().enumerate() {
-                axpy(srow, cj * self.k[j * dk + x], &self.u[j * dv..(j + 1) * dv]);
+        scale(s, last.exp());
+        let kc = &mut self.qs[..c * dk];
+        for j in 0..c {
+            let cj = (last - gamma[j]).exp();
+            for (dst, src) in kc[j * dk..(j + 1) * dk]
+                .iter_mut()
+                .zip(&k[j * dk..(j + 1) * dk])
+            {
+                *dst = cj * src;
             }
         }
+        gemm_acc(isa, s, dk, dv, View::new(kc, 1, dk), u, c);
     }
 }

@@ -16,6 +16,7 @@
 
 mod chunked;
 mod conv;
+mod linalg;
 mod recurrent;
 
 pub use chunked::delta_rule_chunked;

@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::{gather_head, scatter_heads, GdnDims};
-use crate::simd::{axpy, scale_axpy};
+use crate::simd::{axpy, dispatch, scale_axpy, Isa, Kernel};
 
 /// One-token-at-a-time gated delta rule (decode path), looping over tokens.
 ///
@@ -50,39 +50,72 @@ pub fn delta_rule_recurrent(
         .par_chunks_mut(dk * dv)
         .enumerate()
         .map(|(j, s)| {
-            let hk = j / r;
-            let mut qh = vec![0.0f32; t_n * dk];
-            let mut kh = vec![0.0f32; t_n * dk];
-            let mut vh = vec![0.0f32; t_n * dv];
-            gather_head(q, d.n_k_heads, dk, hk, 0, t_n, &mut qh);
-            gather_head(k, d.n_k_heads, dk, hk, 0, t_n, &mut kh);
-            gather_head(v, d.n_v_heads, dv, j, 0, t_n, &mut vh);
-            let mut oh = vec![0.0f32; t_n * dv];
-            let mut u = vec![0.0f32; dv];
-            for t in 0..t_n {
-                let idx = t * d.n_v_heads + j;
-                let decay = g[idx].exp();
-                let b = beta[idx];
-                let kt = &kh[t * dk..(t + 1) * dk];
-                let qt = &qh[t * dk..(t + 1) * dk];
-                // u = (decay·S)ᵀ k
-                u.fill(0.0);
-                for (i, row) in s.chunks_exact(dv).enumerate() {
-                    axpy(&mut u, kt[i], row);
-                }
-                // δ = β (v − decay·u), stored in u.
-                for (ui, vi) in u.iter_mut().zip(&vh[t * dv..(t + 1) * dv]) {
-                    *ui = b * (vi - decay * *ui);
-                }
-                // S ← decay·S + k ⊗ δ ;  o = Sᵀ q
-                let o = &mut oh[t * dv..(t + 1) * dv];
-                for (i, row) in s.chunks_exact_mut(dv).enumerate() {
-                    scale_axpy(row, decay, kt[i], &u);
-                    axpy(o, qt[i], row);
-                }
-            }
-            oh
+            dispatch(HeadJob {
+                d,
+                j,
+                hk: j / r,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                s,
+            })
         })
         .collect();
     scatter_heads(&heads, t_n, dv, out);
+}
+
+/// One v head over all tokens, as a [`Kernel`] for [`dispatch`]; returns its `[n_tokens, d_v]` output.
+struct HeadJob<'a> {
+    d: GdnDims,
+    j: usize,
+    hk: usize,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+    s: &'a mut [f32],
+}
+
+impl Kernel for HeadJob<'_> {
+    type Out = Vec<f32>;
+
+    #[inline(always)]
+    fn run<I: Isa>(self, _isa: I) -> Vec<f32> {
+        let (d, j, s) = (self.d, self.j, self.s);
+        let (t_n, dk, dv) = (d.n_tokens, d.d_k, d.d_v);
+        let mut qh = vec![0.0f32; t_n * dk];
+        let mut kh = vec![0.0f32; t_n * dk];
+        let mut vh = vec![0.0f32; t_n * dv];
+        gather_head(self.q, d.n_k_heads, dk, self.hk, 0, t_n, &mut qh);
+        gather_head(self.k, d.n_k_heads, dk, self.hk, 0, t_n, &mut kh);
+        gather_head(self.v, d.n_v_heads, dv, j, 0, t_n, &mut vh);
+        let mut oh = vec![0.0f32; t_n * dv];
+        let mut u = vec![0.0f32; dv];
+        for t in 0..t_n {
+            let idx = t * d.n_v_heads + j;
+            let decay = self.g[idx].exp();
+            let b = self.beta[idx];
+            let kt = &kh[t * dk..(t + 1) * dk];
+            let qt = &qh[t * dk..(t + 1) * dk];
+            // u = (decay·S)ᵀ k
+            u.fill(0.0);
+            for (i, row) in s.chunks_exact(dv).enumerate() {
+                axpy(&mut u, kt[i], row);
+            }
+            // δ = β (v − decay·u), stored in u.
+            for (ui, vi) in u.iter_mut().zip(&vh[t * dv..(t + 1) * dv]) {
+                *ui = b * (vi - decay * *ui);
+            }
+            // S ← decay·S + k ⊗ δ ;  o = Sᵀ q
+            let o = &mut oh[t * dv..(t + 1) * dv];
+            for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+                scale_axpy(row, decay, kt[i], &u);
+                axpy(o, qt[i], row);
+            }
+        }
+        oh
+    }
 }

@@ -5,7 +5,7 @@
 //! kernels always read them back as f32 (f16 → f32 is exact).
 
 mod cache;
-mod page;
+pub(crate) mod page;
 
 use std::fmt;
 use std::str::FromStr;

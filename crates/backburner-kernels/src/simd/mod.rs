@@ -1,31 +1,28 @@
-//! Small portable vector helpers written so that LLVM auto-vectorizes them.
+//! Vector helpers of the kernels.
 //!
-//! Float addition is not associative, so the compiler never reorders a plain sequential sum; [`dot`] keeps
-//! `LANES` independent partial sums (fixed order, so results are deterministic) which maps onto SIMD
-//! registers. The others are element-wise and vectorize as written.
+//! * [`isa`]: the explicit 16-lane vectors (plain Rust; AVX-512F, AVX2 and NEON in `arch`), the
+//!   register-blocked [`dots`] and [`axpy_rows`], and the [`Kernel`]/[`dispatch`] pair that compiles a
+//!   kernel body for the best instruction set the CPU has.
+//! * Here: element-wise loops written so that LLVM's loop vectorizer handles them (inside a dispatched
+//!   kernel they use the wide registers), and short reductions with a fixed lane structure.
+//!
+//! Determinism: float addition is not associative, so the compiler never reorders a sum; every reduction
+//! here and in [`isa`] has one fixed order, and no path fuses `a * b + c` into an FMA. All vector widths
+//! therefore give bit-identical results.
 
-/// Number of independent accumulators in [`dot`] (two AVX registers of f32).
-const LANES: usize = 16;
+mod arch;
+mod isa;
 
-/// `Σ a[i]·b[i]` with `LANES` interleaved partial sums, reduced pairwise at the end.
-///
-/// Panics (debug) if the lengths differ; in release the shorter length is used.
-#[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
-        acc[l] += x * y;
-    }
+#[cfg(test)]
+pub(crate) use isa::ISA_CAP;
+pub(crate) use isa::{axpy_rows, dispatch, dot, dots, Isa, Kernel};
+
+/// Number of interleaved partial sums of every reduction (one AVX-512 register of f32).
+pub(crate) const LANES: usize = 16;
+
+/// Pairwise tree sum of the lanes: `l += l + 8` for `l < 8`, then `+4`, `+2`, `+1`; a fixed order.
+#[inline(always)]
+pub(crate) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
@@ -36,8 +33,8 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc[0]
 }
 
-/// `Σ x[i]` with `LANES` interleaved partial sums (same reduction tree as [`dot`]).
-#[inline]
+/// `Σ x[i]` with `LANES` interleaved partial sums, tree-reduced like [`dot`].
+#[inline(always)]
 pub(crate) fn sum(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let mut c = x.chunks_exact(LANES);
@@ -49,19 +46,12 @@ pub(crate) fn sum(x: &[f32]) -> f32 {
     for (l, v) in c.remainder().iter().enumerate() {
         acc[l] += v;
     }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-        width /= 2;
-    }
-    acc[0]
+    reduce_lanes(acc)
 }
 
 /// `max x[i]` (`-inf` for an empty slice), with `LANES` interleaved partial maxima. Exact whatever the
 /// order (max is associative); the lanes only break the dependency chain.
-#[inline]
+#[inline(always)]
 pub(crate) fn max(x: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let mut c = x.chunks_exact(LANES);
@@ -77,7 +67,7 @@ pub(crate) fn max(x: &[f32]) -> f32 {
 }
 
 /// `y[i] += a·x[i]`.
-#[inline]
+#[inline(always)]
 pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
     for (yi, xi) in y.iter_mut().zip(x) {
@@ -86,7 +76,7 @@ pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 }
 
 /// `y[i] = s·y[i] + a·x[i]`.
-#[inline]
+#[inline(always)]
 pub(crate) fn scale_axpy(y: &mut [f32], s: f32, a: f32, x: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
     for (yi, xi) in y.iter_mut().zip(x) {
@@ -95,7 +85,7 @@ pub(crate) fn scale_axpy(y: &mut [f32], s: f32, a: f32, x: &[f32]) {
 }
 
 /// `y[i] *= s`.
-#[inline]
+#[inline(always)]
 pub(crate) fn scale(y: &mut [f32], s: f32) {
     for yi in y.iter_mut() {
         *yi *= s;
@@ -127,7 +117,7 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let y = p * (r * r) + r + 1.0;
     // n is in [-126, 127] and t's low mantissa bits hold it (t's ulp is 1): 2^n from the exponent field.
     let ni = t.to_bits().wrapping_sub(MAGIC.to_bits());
@@ -140,39 +130,24 @@ pub(crate) fn exp_fast(x: f32) -> f32 {
     }
 }
 
-/// Runs `f` compiled for the widest x86-64 vector extension the CPU has (AVX-512F, else AVX2, else the
-/// baseline), by inlining it into a `#[target_feature]` function.
+/// Converts IEEE binary16 values to f32 exactly (normals, subnormals, ±0, ±inf and NaN payloads), from
+/// plain integer and float operations so that it vectorizes inside [`dispatch`]ed kernels.
 ///
-/// Only the vector width changes: Rust never fuses `a * b + c` into an FMA and never reorders float
-/// operations, so every path gives bit-identical results.
+/// The 15 magnitude bits shifted into f32 position read as `x · 2^-112`, so one multiplication by `2^112`
+/// (exact) restores normals and subnormals; inf/NaN get the all-ones exponent. Panics if the lengths
+/// differ.
 #[inline(always)]
-pub(crate) fn dispatch<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { with_avx512(f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { with_avx2(f) };
-        }
+pub(crate) fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "f16_to_f32: lengths differ");
+    let two_112 = f32::from_bits((127 + 112) << 23);
+    for (d, s) in dst.iter_mut().zip(src) {
+        let h = s.to_bits() as u32;
+        let mag = h & 0x7fff;
+        let finite = f32::from_bits(mag << 13) * two_112;
+        let special = f32::from_bits((mag << 13) | 0x7f80_0000);
+        let v = if mag >= 0x7c00 { special } else { finite };
+        *d = f32::from_bits(v.to_bits() | ((h & 0x8000) << 16));
     }
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
 }
 
 /// SiLU `x·σ(x) = x / (1 + e^{-x})` in f32.
@@ -190,8 +165,8 @@ mod tests {
         let a: Vec<f32> = (0..37).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..37).map(|i| (i % 5) as f32).collect();
         let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert_eq!(dot(&a, &b), want);
-        assert_eq!(dot(&[], &[]), 0.0);
+        assert_eq!(dot(isa::Scalar, &a, &b), want);
+        assert_eq!(dot(isa::Scalar, &[], &[]), 0.0);
         assert_eq!(sum(&b), b.iter().sum::<f32>());
         assert_eq!(max(&b), 4.0);
         assert_eq!(max(&[]), f32::NEG_INFINITY);
@@ -210,35 +185,36 @@ mod tests {
     }
 
     #[test]
+    fn f16_to_f32_is_exact_for_every_bit_pattern() {
+        let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
+        let mut got = vec![0.0f32; all.len()];
+        f16_to_f32(&all, &mut got);
+        for (h, g) in all.iter().zip(&got) {
+            let want = h.to_f32();
+            if want.is_nan() {
+                assert!(g.is_nan(), "{h:?}");
+            } else {
+                assert_eq!(g.to_bits(), want.to_bits(), "{h:?}");
+            }
+        }
+    }
+
+    #[test]
     fn exp_fast_is_within_two_ulp_of_the_exact_exponential() {
         let mut x = -87.0f32;
         while x < 88.0 {
             let want = (x as f64).exp();
             let got = exp_fast(x) as f64;
             let ulp = (want as f32).abs() as f64 * f32::EPSILON as f64;
-            assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 2.0 * ulp,
+                "exp({x}) = {got} vs {want}"
+            );
             x += 0.001_37;
         }
         assert_eq!(exp_fast(0.0), 1.0);
         assert_eq!(exp_fast(-100.0), 0.0);
         assert_eq!(exp_fast(f32::NEG_INFINITY), 0.0);
         assert!(exp_fast(88.0).is_finite());
-    }
-
-    #[test]
-    fn dispatch_gives_the_same_bits_as_the_baseline_build() {
-        let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos() - 0.5).collect();
-        let run = || {
-            let mut y = b.clone();
-            scale_axpy(&mut y, 0.9, 1.3, &a);
-            let e: Vec<f32> = a.iter().map(|x| exp_fast(x * 10.0)).collect();
-            (dot(&a, &b).to_bits(), y, e)
-        };
-        let wide = dispatch(run);
-        let base = run();
-        assert_eq!(wide.0, base.0);
-        assert_eq!(wide.1, base.1);
-        assert_eq!(wide.2, base.2);
     }
 }
