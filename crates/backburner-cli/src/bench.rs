@@ -137,7 +137,9 @@ fn run_local(a: LocalArgs) -> Result<()> {
     let mut results = Vec::new();
     for &threads in &a.thread_counts {
         std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()?;
         let r = pool.install(|| -> Result<ThreadResult> {
             let mut s = Session::new(loaded.model.clone(), margs.session_options())?;
             let mut out = Vec::new();
@@ -237,7 +239,9 @@ fn machine_description() -> String {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     format!("{cpu}, {cores} cores")
 }
 

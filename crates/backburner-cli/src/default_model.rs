@@ -51,12 +51,11 @@ pub fn dir() -> PathBuf {
 
 /// `$BACKBURNER_CACHE`, else `$XDG_CACHE_HOME/backburner`, else `~/.cache/backburner`.
 pub fn cache_dir() -> PathBuf {
-    let base = std::env::var_os("BACKBURNER_CACHE")
+    std::env::var_os("BACKBURNER_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|p| PathBuf::from(p).join("backburner")))
         .or_else(|| std::env::var_os("HOME").map(|p| PathBuf::from(p).join(".cache/backburner")))
-        .unwrap_or_else(|| std::env::temp_dir().join("backburner"));
-    base
+        .unwrap_or_else(|| std::env::temp_dir().join("backburner"))
 }
 
 /// Returns the default model's directory, generating it first if needed (about 130 MB of bf16 weights; seconds).
@@ -165,27 +164,82 @@ fn write_model(dir: &Path, cfg: &serde_json::Value) -> Result<()> {
     for i in 0..n_layers {
         let p = format!("model.layers.{i}.");
         w!(format!("{p}input_layernorm.weight"), vec![h], 0.1, 0.0);
-        w!(format!("{p}post_attention_layernorm.weight"), vec![h], 0.1, 0.0);
+        w!(
+            format!("{p}post_attention_layernorm.weight"),
+            vec![h],
+            0.1,
+            0.0
+        );
         w!(format!("{p}mlp.gate_proj.weight"), vec![inter, h], std, 0.0);
         w!(format!("{p}mlp.up_proj.weight"), vec![inter, h], std, 0.0);
         w!(format!("{p}mlp.down_proj.weight"), vec![h, inter], std, 0.0);
         if (i + 1) % g("full_attention_interval") == 0 {
-            w!(format!("{p}self_attn.q_proj.weight"), vec![hq * 2 * d, h], std, 0.0);
-            w!(format!("{p}self_attn.k_proj.weight"), vec![hkv * d, h], std, 0.0);
-            w!(format!("{p}self_attn.v_proj.weight"), vec![hkv * d, h], std, 0.0);
-            w!(format!("{p}self_attn.o_proj.weight"), vec![h, hq * d], std, 0.0);
+            w!(
+                format!("{p}self_attn.q_proj.weight"),
+                vec![hq * 2 * d, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}self_attn.k_proj.weight"),
+                vec![hkv * d, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}self_attn.v_proj.weight"),
+                vec![hkv * d, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}self_attn.o_proj.weight"),
+                vec![h, hq * d],
+                std,
+                0.0
+            );
             w!(format!("{p}self_attn.q_norm.weight"), vec![d], 0.1, 0.0);
             w!(format!("{p}self_attn.k_norm.weight"), vec![d], 0.1, 0.0);
         } else {
-            w!(format!("{p}linear_attn.in_proj_qkv.weight"), vec![conv_dim, h], std, 0.0);
-            w!(format!("{p}linear_attn.in_proj_z.weight"), vec![hv * dv, h], std, 0.0);
-            w!(format!("{p}linear_attn.in_proj_b.weight"), vec![hv, h], std, 0.0);
-            w!(format!("{p}linear_attn.in_proj_a.weight"), vec![hv, h], std, 0.0);
-            w!(format!("{p}linear_attn.conv1d.weight"), vec![conv_dim, 1, kc], 0.3, 0.0);
+            w!(
+                format!("{p}linear_attn.in_proj_qkv.weight"),
+                vec![conv_dim, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}linear_attn.in_proj_z.weight"),
+                vec![hv * dv, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}linear_attn.in_proj_b.weight"),
+                vec![hv, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}linear_attn.in_proj_a.weight"),
+                vec![hv, h],
+                std,
+                0.0
+            );
+            w!(
+                format!("{p}linear_attn.conv1d.weight"),
+                vec![conv_dim, 1, kc],
+                0.3,
+                0.0
+            );
             w!(format!("{p}linear_attn.dt_bias"), vec![hv], 0.5, 0.0);
             w!(format!("{p}linear_attn.A_log"), vec![hv], 0.5, 0.0);
             w!(format!("{p}linear_attn.norm.weight"), vec![dv], 0.1, 1.0);
-            w!(format!("{p}linear_attn.out_proj.weight"), vec![h, hv * dv], std, 0.0);
+            w!(
+                format!("{p}linear_attn.out_proj.weight"),
+                vec![h, hv * dv],
+                std,
+                0.0
+            );
         }
     }
     let views: Vec<(String, TensorView<'_>)> = tensors

@@ -19,7 +19,11 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(name = "backburner", version, about = "Exact CPU inference of Qwen3.5-family hybrid models")]
+#[command(
+    name = "backburner",
+    version,
+    about = "Exact CPU inference of Qwen3.5-family hybrid models"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -160,7 +164,11 @@ fn main() {
 /// Sets the compute thread count for rayon and candle's gemm (both read `RAYON_NUM_THREADS`). Must run before any
 /// parallel work.
 pub fn set_threads(n: Option<usize>) -> Result<usize> {
-    let n = n.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let n = n.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     if n == 0 {
         bail!("--threads must be ≥ 1");
     }
@@ -245,7 +253,8 @@ fn run(a: RunArgs) -> Result<()> {
     let text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.clone()),
         (_, Some(f)) => Some(
-            std::fs::read_to_string(f).with_context(|| format!("read prompt file {}", f.display()))?,
+            std::fs::read_to_string(f)
+                .with_context(|| format!("read prompt file {}", f.display()))?,
         ),
         _ => None,
     };
@@ -309,7 +318,8 @@ fn run(a: RunArgs) -> Result<()> {
         eos_ids,
         stop: a.stop.clone(),
     };
-    let mut session = backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
+    let mut session =
+        backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
     let pb = bar(prompt.len() as u64, "prefill");
     let show_bar = prompt.len() >= 2 * a.model.ubatch;
     let json = a.json;
@@ -380,14 +390,18 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     set_threads(a.model.threads)?;
     let loaded = load(&a.model)?;
     let tok = need_tok(&loaded.tokenizer, "perplexity")?;
-    let text = std::fs::read_to_string(&a.file)
-        .with_context(|| format!("read {}", a.file.display()))?;
+    let text =
+        std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
     let ids = tok.encode(&text)?;
     let ctx = a.ctx.unwrap_or(ids.len().max(2));
     let pb = bar(ids.len() as u64, "scoring");
-    let r = perplexity(loaded.model.clone(), &ids, ctx, a.model.session_options(), |d, _| {
-        pb.set_position(d as u64)
-    })?;
+    let r = perplexity(
+        loaded.model.clone(),
+        &ids,
+        ctx,
+        a.model.session_options(),
+        |d, _| pb.set_position(d as u64),
+    )?;
     pb.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string(&r)?);

@@ -6,7 +6,8 @@ use anyhow::{bail, Context, Result};
 pub fn parse_token_ids(s: &str) -> Result<Vec<u32>> {
     let t = s.trim();
     if t.starts_with('[') {
-        let v: Vec<u32> = serde_json::from_str(t).context("token ids: not a JSON array of non-negative integers")?;
+        let v: Vec<u32> = serde_json::from_str(t)
+            .context("token ids: not a JSON array of non-negative integers")?;
         return Ok(v);
     }
     let mut out = Vec::new();
@@ -32,7 +33,10 @@ mod tests {
     #[test]
     fn ids_parse_from_json_commas_and_whitespace() {
         assert_eq!(parse_token_ids("[1, 2,3]").unwrap(), vec![1, 2, 3]);
-        assert_eq!(parse_token_ids("1,2, 3\n4\t5").unwrap(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(
+            parse_token_ids("1,2, 3\n4\t5").unwrap(),
+            vec![1, 2, 3, 4, 5]
+        );
         assert!(parse_token_ids("1,x").is_err());
         assert!(parse_token_ids("-1").is_err());
         assert!(parse_token_ids("  ").is_err());

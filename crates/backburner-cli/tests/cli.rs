@@ -4,33 +4,62 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
 }
 
 fn reference(name: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap())
+        .unwrap()
 }
 
 fn bb(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_backburner"))
         .args(args)
-        .env("BACKBURNER_CACHE", std::env::temp_dir().join("backburner-cli-test-cache"))
+        .env(
+            "BACKBURNER_CACHE",
+            std::env::temp_dir().join("backburner-cli-test-cache"),
+        )
         .output()
         .expect("run backburner")
 }
 
 fn json_out(o: &Output) -> serde_json::Value {
-    assert!(o.status.success(), "failed: {}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 #[test]
 fn run_json_from_token_ids_gives_the_reference_greedy_tokens() {
     let r = reference("tiny-f32");
     let ids: Vec<u32> = serde_json::from_value(r["prompt_ids"].clone()).unwrap();
-    let ids_s = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let ids_s = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let m = fixture("tiny-f32");
-    let o = bb(&["run", "--model", m.to_str().unwrap(), "--prompt-tokens", &ids_s, "--max-tokens", "32", "--ignore-eos", "--kv-dtype", "f32", "--ubatch", "64", "--json"]);
+    let o = bb(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-tokens",
+        &ids_s,
+        "--max-tokens",
+        "32",
+        "--ignore-eos",
+        "--kv-dtype",
+        "f32",
+        "--ubatch",
+        "64",
+        "--json",
+    ]);
     let v = json_out(&o);
     assert_eq!(v["prompt_tokens"], r["prompt_ids"]);
     assert_eq!(v["tokens"], r["greedy"]["tokens"]);
@@ -44,7 +73,19 @@ fn run_json_from_a_text_prompt_file_tokenizes_like_transformers() {
     let r = reference("tiny-bf16");
     let m = fixture("tiny-bf16");
     let p = m.join("prompt.txt");
-    let o = bb(&["run", "--model", m.to_str().unwrap(), "--prompt-file", p.to_str().unwrap(), "--max-tokens", "32", "--ignore-eos", "--kv-dtype", "f32", "--json"]);
+    let o = bb(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-file",
+        p.to_str().unwrap(),
+        "--max-tokens",
+        "32",
+        "--ignore-eos",
+        "--kv-dtype",
+        "f32",
+        "--json",
+    ]);
     let v = json_out(&o);
     assert_eq!(v["prompt_tokens"], r["prompt_ids"]);
     assert_eq!(v["tokens"], r["greedy"]["tokens"]);
@@ -54,17 +95,44 @@ fn run_json_from_a_text_prompt_file_tokenizes_like_transformers() {
 #[test]
 fn run_streams_text_and_prints_a_stats_line() {
     let m = fixture("tiny-f32");
-    let o = bb(&["run", "--model", m.to_str().unwrap(), "--prompt", "The quick brown fox", "--max-tokens", "8", "--ignore-eos"]);
+    let o = bb(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The quick brown fox",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("prompt ") && err.contains("prefill") && err.contains("decode") && err.contains("ttft"), "{err}");
+    assert!(
+        err.contains("prompt ")
+            && err.contains("prefill")
+            && err.contains("decode")
+            && err.contains("ttft"),
+        "{err}"
+    );
 }
 
 #[test]
 fn chat_applies_the_template() {
     let m = fixture("tiny-hub");
     let r = reference("tiny-hub");
-    let o = bb(&["run", "--model", m.to_str().unwrap(), "--chat", "--system", "You are terse.", "--prompt", "Hello there", "--max-tokens", "2", "--json"]);
+    let o = bb(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--chat",
+        "--system",
+        "You are terse.",
+        "--prompt",
+        "Hello there",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]);
     let v = json_out(&o);
     assert_eq!(v["prompt_tokens"], r["chat_reference"]["ids"]);
 }
@@ -74,10 +142,24 @@ fn perplexity_json_agrees_with_transformers() {
     let r = reference("tiny-f32");
     let m = fixture("tiny-f32");
     let f = m.join("ppl.txt");
-    let o = bb(&["perplexity", "--model", m.to_str().unwrap(), "--file", f.to_str().unwrap(), "--ctx", "64", "--kv-dtype", "f32", "--json"]);
+    let o = bb(&[
+        "perplexity",
+        "--model",
+        m.to_str().unwrap(),
+        "--file",
+        f.to_str().unwrap(),
+        "--ctx",
+        "64",
+        "--kv-dtype",
+        "f32",
+        "--json",
+    ]);
     let v = json_out(&o);
     let want = r["ppl_ctx64"]["nll"].as_f64().unwrap();
-    assert!((v["nll"].as_f64().unwrap() - want).abs() < 1e-3, "{v} vs {want}");
+    assert!(
+        (v["nll"].as_f64().unwrap() - want).abs() < 1e-3,
+        "{v} vs {want}"
+    );
     assert_eq!(v["n_tokens"], r["ppl_ctx64"]["n_tokens"]);
 }
 
@@ -92,10 +174,25 @@ fn text_options_without_a_tokenizer_say_they_need_one() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs a tokenizer"));
     // ids still work, and the output is ids
-    let o = bb(&["run", "--model", m, "--prompt-tokens", "[1, 2, 3]", "--max-tokens", "3", "--ignore-eos"]);
+    let o = bb(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-tokens",
+        "[1, 2, 3]",
+        "--max-tokens",
+        "3",
+        "--ignore-eos",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(out.split_whitespace().filter(|w| w.parse::<u32>().is_ok()).count(), 3, "{out}");
+    assert_eq!(
+        out.split_whitespace()
+            .filter(|w| w.parse::<u32>().is_ok())
+            .count(),
+        3,
+        "{out}"
+    );
 }
 
 #[test]
@@ -103,13 +200,28 @@ fn bad_inputs_fail_with_a_clear_message() {
     let m = fixture("tiny-f32");
     let ms = m.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["run", "--model", "/nonexistent/dir", "--prompt", "x"], "cannot read"),
-        (vec!["run", "--model", ms, "--prompt-tokens", "1,2,999999"], "out of range"),
-        (vec!["run", "--model", ms, "--prompt-tokens", "1,x"], "not a non-negative integer"),
-        (vec!["run", "--model", ms, "--prompt", "hello", "--ctx-size", "4"], "context overflow"),
+        (
+            vec!["run", "--model", "/nonexistent/dir", "--prompt", "x"],
+            "cannot read",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt-tokens", "1,2,999999"],
+            "out of range",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt-tokens", "1,x"],
+            "not a non-negative integer",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt", "hello", "--ctx-size", "4"],
+            "context overflow",
+        ),
         (vec!["run", "--model", ms, "--prompt", ""], "empty"),
         (vec!["run", "--model", ms], "give a prompt"),
-        (vec!["run", "--model", ms, "--prompt", "x", "--kv-dtype", "q4"], "q4"),
+        (
+            vec!["run", "--model", ms, "--prompt", "x", "--kv-dtype", "q4"],
+            "q4",
+        ),
     ];
     for (args, want) in cases {
         let o = bb(&args);

@@ -16,12 +16,16 @@ fn load() -> (tempfile::TempDir, TextTokenizer) {
     let d = tempfile::tempdir().unwrap();
     let gz = std::fs::read(assets().join("tokenizer.json.gz")).unwrap();
     let mut json = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut json).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut json)
+        .unwrap();
     std::fs::write(d.path().join("tokenizer.json"), json).unwrap();
     for f in ["tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(assets().join(f), d.path().join(f)).unwrap();
     }
-    let t = TextTokenizer::from_dir(d.path(), 248_320, &[]).unwrap().unwrap();
+    let t = TextTokenizer::from_dir(d.path(), 248_320, &[])
+        .unwrap()
+        .unwrap();
     (d, t)
 }
 
@@ -45,7 +49,11 @@ fn qwen35_ids_match_python_tokenizers_on_every_vector() {
         assert_eq!(tok.decode(&want).unwrap(), decoded, "decode {}", c["name"]);
     }
     for (s, id) in v["special_tokens"].as_object().unwrap() {
-        assert_eq!(tok.encode(s).unwrap(), vec![id.as_u64().unwrap() as u32], "{s}");
+        assert_eq!(
+            tok.encode(s).unwrap(),
+            vec![id.as_u64().unwrap() as u32],
+            "{s}"
+        );
     }
 }
 
@@ -54,9 +62,20 @@ fn qwen35_reproduces_the_llama_cpp_tokenizer_hash() {
     // llama.cpp identifies a tokenizer by sha256(str(ids)) of a fixed check text; for Qwen3.5 it records d30d75d9….
     let (_d, tok) = load();
     let v = json("test_vectors.json");
-    let ids = tok.encode(v["hash_check"]["text"].as_str().unwrap()).unwrap();
-    let s = format!("[{}]", ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
-    let hash: String = Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let ids = tok
+        .encode(v["hash_check"]["text"].as_str().unwrap())
+        .unwrap();
+    let s = format!(
+        "[{}]",
+        ids.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let hash: String = Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     assert!(hash.starts_with("d30d75d9"), "{hash}");
 }
 

@@ -54,7 +54,9 @@ impl Session {
             return Err(EngineError::InvalidSetting("ubatch must be ≥ 1".into()));
         }
         if opts.kv.page_size == 0 {
-            return Err(EngineError::InvalidSetting("KV page size must be ≥ 1".into()));
+            return Err(EngineError::InvalidSetting(
+                "KV page size must be ≥ 1".into(),
+            ));
         }
         let cfg = model.config();
         let state = ModelState::new(cfg, 0..cfg.num_hidden_layers, opts.kv);

@@ -4,7 +4,8 @@
 mod common;
 
 use backburner_engine::{
-    generate, perplexity, EngineError, GenerateParams, Logits, SamplingParams, Session, SessionOptions, StopReason,
+    generate, perplexity, EngineError, GenerateParams, Logits, SamplingParams, Session,
+    SessionOptions, StopReason,
 };
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{KvOptions, TextTokenizer};
@@ -21,7 +22,8 @@ fn opts(ubatch: usize, page_size: usize, dtype: KvDtype) -> SessionOptions {
 fn prefill_all(name: &str, o: SessionOptions) -> Vec<f32> {
     let r = Reference::load(name);
     let mut s = Session::new(load_model(name), o).unwrap();
-    s.prefill(&r.ids("prompt_ids"), Logits::All, |_, _| {}).unwrap()
+    s.prefill(&r.ids("prompt_ids"), Logits::All, |_, _| {})
+        .unwrap()
 }
 
 #[test]
@@ -68,7 +70,10 @@ fn f16_kv_cache_keeps_greedy_tokens() {
     let g = generate(
         &mut s,
         &r.ids("prompt_ids"),
-        &GenerateParams { max_tokens: 32, ..Default::default() },
+        &GenerateParams {
+            max_tokens: 32,
+            ..Default::default()
+        },
         None,
         |_, _| {},
         |_| {},
@@ -76,8 +81,18 @@ fn f16_kv_cache_keeps_greedy_tokens() {
     )
     .unwrap();
     // f16 rounding of K and V moves logits by ~1e-3; the smallest top-2 gap on this path is larger.
-    let same = g.tokens.iter().zip(&want).take_while(|(a, b)| a == b).count();
-    assert!(same >= 16, "f16 KV diverged at step {same}: {:?} vs {:?}", g.tokens, want);
+    let same = g
+        .tokens
+        .iter()
+        .zip(&want)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(
+        same >= 16,
+        "f16 KV diverged at step {same}: {:?} vs {:?}",
+        g.tokens,
+        want
+    );
 }
 
 #[test]
@@ -85,13 +100,18 @@ fn generate_reproduces_the_reference_greedy_tokens_and_text() {
     let r = Reference::load("tiny-f32");
     let want = r.ids("greedy_tokens");
     let model = load_model("tiny-f32");
-    let tok = TextTokenizer::from_dir(&fixture("tiny-f32"), 512, &[]).unwrap().unwrap();
+    let tok = TextTokenizer::from_dir(&fixture("tiny-f32"), 512, &[])
+        .unwrap()
+        .unwrap();
     let mut s = Session::new(model, opts(512, 4096, KvDtype::F32)).unwrap();
     let mut streamed = String::new();
     let g = generate(
         &mut s,
         &r.ids("prompt_ids"),
-        &GenerateParams { max_tokens: 32, ..Default::default() },
+        &GenerateParams {
+            max_tokens: 32,
+            ..Default::default()
+        },
         Some(&tok),
         |_, _| {},
         |_| {},
@@ -102,21 +122,31 @@ fn generate_reproduces_the_reference_greedy_tokens_and_text() {
     assert_eq!(g.stop_reason, StopReason::MaxTokens);
     assert_eq!(g.text, tok.decode(&want).unwrap());
     assert_eq!(streamed, g.text);
-    assert_eq!(s.tokens().len(), r.ids("prompt_ids").len() + 31, "the last token is sampled, not decoded");
+    assert_eq!(
+        s.tokens().len(),
+        r.ids("prompt_ids").len() + 31,
+        "the last token is sampled, not decoded"
+    );
 }
 
 #[test]
 fn generation_stops_at_eos_and_at_stop_strings() {
     let r = Reference::load("tiny-f32");
     let want = r.ids("greedy_tokens");
-    let tok = TextTokenizer::from_dir(&fixture("tiny-f32"), 512, &[]).unwrap().unwrap();
+    let tok = TextTokenizer::from_dir(&fixture("tiny-f32"), 512, &[])
+        .unwrap()
+        .unwrap();
     let prompt = r.ids("prompt_ids");
     // eos: declare the 5th greedy token an eos id; the output is the 4 before it.
     let mut s = Session::new(load_model("tiny-f32"), opts(512, 4096, KvDtype::F32)).unwrap();
     let g = generate(
         &mut s,
         &prompt,
-        &GenerateParams { max_tokens: 32, eos_ids: vec![want[4]], ..Default::default() },
+        &GenerateParams {
+            max_tokens: 32,
+            eos_ids: vec![want[4]],
+            ..Default::default()
+        },
         None,
         |_, _| {},
         |_| {},
@@ -124,17 +154,26 @@ fn generation_stops_at_eos_and_at_stop_strings() {
     )
     .unwrap();
     assert_eq!(g.stop_reason, StopReason::Eos);
-    assert_eq!(g.tokens, want[..want.iter().position(|&t| t == want[4]).unwrap()].to_vec());
+    assert_eq!(
+        g.tokens,
+        want[..want.iter().position(|&t| t == want[4]).unwrap()].to_vec()
+    );
     // stop string: a piece of the reference text; the output is cut before it and never streams it.
     let full = tok.decode(&want).unwrap();
     let stop = "writ".to_string();
-    let cut = full.find(&stop).expect("reference text contains the stop string");
+    let cut = full
+        .find(&stop)
+        .expect("reference text contains the stop string");
     let mut s = Session::new(load_model("tiny-f32"), opts(512, 4096, KvDtype::F32)).unwrap();
     let mut streamed = String::new();
     let g = generate(
         &mut s,
         &prompt,
-        &GenerateParams { max_tokens: 32, stop: vec![stop.clone()], ..Default::default() },
+        &GenerateParams {
+            max_tokens: 32,
+            stop: vec![stop.clone()],
+            ..Default::default()
+        },
         Some(&tok),
         |_, _| {},
         |_| {},
@@ -152,12 +191,20 @@ fn seeded_sampling_is_reproducible_and_differs_from_greedy() {
     let prompt = r.ids("prompt_ids");
     let params = GenerateParams {
         max_tokens: 16,
-        sampling: SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.95, min_p: 0.01, seed: 11 },
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.01,
+            seed: 11,
+        },
         ..Default::default()
     };
     let run = || {
         let mut s = Session::new(load_model("tiny-f32"), opts(512, 4096, KvDtype::F32)).unwrap();
-        generate(&mut s, &prompt, &params, None, |_, _| {}, |_| {}, |_| {}).unwrap().tokens
+        generate(&mut s, &prompt, &params, None, |_, _| {}, |_| {}, |_| {})
+            .unwrap()
+            .tokens
     };
     let a = run();
     assert_eq!(a, run());
@@ -171,14 +218,43 @@ fn a_too_long_request_is_a_context_overflow_and_changes_nothing() {
     o.context_length = Some(100);
     let mut s = Session::new(model, o).unwrap();
     let e = s.prefill(&[1; 101], Logits::Last, |_, _| {}).unwrap_err();
-    assert!(matches!(e, EngineError::ContextOverflow { have: 0, add: 101, limit: 100 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            EngineError::ContextOverflow {
+                have: 0,
+                add: 101,
+                limit: 100
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(s.tokens().len(), 0);
-    let e = generate(&mut s, &[1; 90], &GenerateParams { max_tokens: 20, ..Default::default() }, None, |_, _| {}, |_| {}, |_| {})
-        .unwrap_err();
-    assert!(matches!(e, EngineError::ContextOverflow { add: 110, .. }), "{e:?}");
-    assert!(matches!(s.prefill(&[], Logits::Last, |_, _| {}), Err(EngineError::EmptyPrompt)));
+    let e = generate(
+        &mut s,
+        &[1; 90],
+        &GenerateParams {
+            max_tokens: 20,
+            ..Default::default()
+        },
+        None,
+        |_, _| {},
+        |_| {},
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, EngineError::ContextOverflow { add: 110, .. }),
+        "{e:?}"
+    );
+    assert!(matches!(
+        s.prefill(&[], Logits::Last, |_, _| {}),
+        Err(EngineError::EmptyPrompt)
+    ));
     // an out-of-vocab id fails and rolls back
-    let e = s.prefill(&[1, 2, 9999], Logits::Last, |_, _| {}).unwrap_err();
+    let e = s
+        .prefill(&[1, 2, 9999], Logits::Last, |_, _| {})
+        .unwrap_err();
     assert!(matches!(e, EngineError::Model(_)), "{e:?}");
     assert_eq!(s.tokens().len(), 0);
     assert_eq!(s.state().n_tokens(), 0);
@@ -219,7 +295,14 @@ fn perplexity_agrees_with_transformers() {
         let ids: Vec<u32> = serde_json::from_value(r.json["ppl_ids"].clone()).unwrap();
         for (key, ctx) in [("ppl_full", ids.len()), ("ppl_ctx64", 64)] {
             let want = &r.json[key];
-            let got = perplexity(load_model(name), &ids, ctx, opts(512, 4096, KvDtype::F32), |_, _| {}).unwrap();
+            let got = perplexity(
+                load_model(name),
+                &ids,
+                ctx,
+                opts(512, 4096, KvDtype::F32),
+                |_, _| {},
+            )
+            .unwrap();
             assert_eq!(got.n_tokens, want["n_tokens"].as_u64().unwrap() as usize);
             assert_eq!(got.n_scored, want["n_predicted"].as_u64().unwrap() as usize);
             let dn = (got.nll - want["nll"].as_f64().unwrap()).abs();
@@ -242,7 +325,9 @@ fn a_state_rebuilt_from_rows_and_linear_states_continues_identically() {
     let o = opts(64, 64, KvDtype::F32);
     let mut a = backburner_model::ModelState::new(&cfg, 0..cfg.num_hidden_layers, o.kv);
     let mut x = model.embed(&prompt).unwrap();
-    model.forward_layers(0..cfg.num_hidden_layers, &mut x, prompt.len(), &mut a).unwrap();
+    model
+        .forward_layers(0..cfg.num_hidden_layers, &mut x, prompt.len(), &mut a)
+        .unwrap();
     model.commit_tokens(&mut a, prompt.len());
     let mut b = backburner_model::ModelState::new(&cfg, 0..cfg.num_hidden_layers, o.kv);
     for i in 0..cfg.num_hidden_layers {
@@ -255,13 +340,19 @@ fn a_state_rebuilt_from_rows_and_linear_states_continues_identically() {
     b.set_position(prompt.len());
     for st in [&mut a, &mut b] {
         let mut x = model.embed(&[42]).unwrap();
-        model.forward_layers(0..cfg.num_hidden_layers, &mut x, 1, st).unwrap();
+        model
+            .forward_layers(0..cfg.num_hidden_layers, &mut x, 1, st)
+            .unwrap();
         model.commit_tokens(st, 1);
     }
     let mut xa = model.embed(&[7]).unwrap();
     let mut xb = xa.clone();
-    model.forward_layers(0..cfg.num_hidden_layers, &mut xa, 1, &mut a).unwrap();
-    model.forward_layers(0..cfg.num_hidden_layers, &mut xb, 1, &mut b).unwrap();
+    model
+        .forward_layers(0..cfg.num_hidden_layers, &mut xa, 1, &mut a)
+        .unwrap();
+    model
+        .forward_layers(0..cfg.num_hidden_layers, &mut xb, 1, &mut b)
+        .unwrap();
     let (la, lb) = (model.logits(&xa, 1).unwrap(), model.logits(&xb, 1).unwrap());
     assert!(la.iter().zip(&lb).all(|(p, q)| p.to_bits() == q.to_bits()));
 }

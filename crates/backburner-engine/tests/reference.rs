@@ -30,7 +30,10 @@ fn f32_opts(ubatch: usize, page_size: usize) -> SessionOptions {
 
 /// max |a − b| over rows `rows` of `[n, vocab]` matrices.
 fn rows_diff(a: &[f32], b: &[f32], vocab: usize, rows: std::ops::Range<usize>) -> f32 {
-    max_abs_diff(&a[rows.start * vocab..rows.end * vocab], &b[rows.start * vocab..rows.end * vocab])
+    max_abs_diff(
+        &a[rows.start * vocab..rows.end * vocab],
+        &b[rows.start * vocab..rows.end * vocab],
+    )
 }
 
 fn check_prefill_and_greedy(name: &str) {
@@ -48,11 +51,20 @@ fn check_prefill_and_greedy(name: &str) {
 
     let hf_gap = max_abs_diff(&hf, &truth);
     let ours = max_abs_diff(&got, &truth);
-    eprintln!("{name}: prefill |ours-f64| {ours:.3e}, |hf32-f64| {hf_gap:.3e}, |ours-hf32| {:.3e}", max_abs_diff(&got, &hf));
-    assert!(ours <= (1.5 * hf_gap).min(2e-3), "{name}: prefill logits {ours} from f64 (HF f32: {hf_gap})");
+    eprintln!(
+        "{name}: prefill |ours-f64| {ours:.3e}, |hf32-f64| {hf_gap:.3e}, |ours-hf32| {:.3e}",
+        max_abs_diff(&got, &hf)
+    );
+    assert!(
+        ours <= (1.5 * hf_gap).min(2e-3),
+        "{name}: prefill logits {ours} from f64 (HF f32: {hf_gap})"
+    );
     let hf_last = rows_diff(&hf, &truth, vocab, t - 1..t);
     let ours_last = rows_diff(&got, &truth, vocab, t - 1..t);
-    assert!(ours_last <= 1e-4 + 2.0 * hf_last, "{name}: last-row logits {ours_last} from f64 (HF f32: {hf_last})");
+    assert!(
+        ours_last <= 1e-4 + 2.0 * hf_last,
+        "{name}: last-row logits {ours_last} from f64 (HF f32: {hf_last})"
+    );
 
     // 32 greedy steps: identical tokens, and every step's logits as close to the truth as HF's f32 step.
     let want_tokens = r.ids("greedy_tokens");
@@ -101,12 +113,21 @@ fn every_layer_output_matches_transformers_hidden_states() {
     let prompt = r.ids("prompt_ids");
     let (hs, shape) = r.f32("hidden_states");
     let (t, h) = (shape[1], shape[2]);
-    let mut state = ModelState::new(&cfg, 0..cfg.num_hidden_layers, KvOptions { page_size: 4096, dtype: KvDtype::F32 });
+    let mut state = ModelState::new(
+        &cfg,
+        0..cfg.num_hidden_layers,
+        KvOptions {
+            page_size: 4096,
+            dtype: KvDtype::F32,
+        },
+    );
     let mut x = model.embed(&prompt).unwrap();
     assert_eq!(max_abs_diff(&x, &hs[..t * h]), 0.0, "embeddings");
     let (last, _) = r.f32("last_layer_output");
     for i in 0..cfg.num_hidden_layers {
-        model.forward_layers(i..i + 1, &mut x, t, &mut state).unwrap();
+        model
+            .forward_layers(i..i + 1, &mut x, t, &mut state)
+            .unwrap();
         let want: &[f32] = if i + 1 < cfg.num_hidden_layers {
             &hs[(i + 1) * t * h..(i + 2) * t * h]
         } else {

@@ -38,10 +38,11 @@ impl Checkpoint {
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.exists() {
             let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
-                path: index.clone(),
-                message: e.to_string(),
-            })?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Json {
+                    path: index.clone(),
+                    message: e.to_string(),
+                })?;
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
@@ -192,9 +193,13 @@ impl Checkpoint {
 fn describe_st_error(e: &safetensors::SafeTensorError, file_len: usize) -> String {
     use safetensors::SafeTensorError as E;
     match e {
-        E::HeaderTooSmall => format!("file is {file_len} bytes, too short for a safetensors header"),
+        E::HeaderTooSmall => {
+            format!("file is {file_len} bytes, too short for a safetensors header")
+        }
         E::InvalidHeaderLength => {
-            format!("header length exceeds the file ({file_len} bytes): truncated or not safetensors")
+            format!(
+                "header length exceeds the file ({file_len} bytes): truncated or not safetensors"
+            )
         }
         E::MetadataIncompleteBuffer => {
             format!("data section does not match the header ({file_len} bytes on disk): truncated or padded file")

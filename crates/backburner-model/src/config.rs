@@ -266,7 +266,10 @@ impl ModelConfig {
             }
         }
         // eos may sit at the top level of hub configs.
-        let eos_value = raw.eos_token_id.clone().or_else(|| top.get("eos_token_id").cloned());
+        let eos_value = raw
+            .eos_token_id
+            .clone()
+            .or_else(|| top.get("eos_token_id").cloned());
         Self::validate(model_type, layout, raw, eos_value)
     }
 
@@ -279,7 +282,9 @@ impl ModelConfig {
         let bad = |m: String| Err(ModelError::InvalidConfig(m));
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {
-                return bad(format!("hidden_act {act:?} is not supported (only \"silu\")"));
+                return bad(format!(
+                    "hidden_act {act:?} is not supported (only \"silu\")"
+                ));
             }
         }
         if raw.attention_bias {
@@ -304,13 +309,19 @@ impl ModelConfig {
                 return bad(format!("{name} must be > 0"));
             }
         }
-        if raw.num_attention_heads % raw.num_key_value_heads != 0 {
+        if !raw
+            .num_attention_heads
+            .is_multiple_of(raw.num_key_value_heads)
+        {
             return bad(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 raw.num_attention_heads, raw.num_key_value_heads
             ));
         }
-        if raw.linear_num_value_heads % raw.linear_num_key_heads != 0 {
+        if !raw
+            .linear_num_value_heads
+            .is_multiple_of(raw.linear_num_key_heads)
+        {
             return bad(format!(
                 "linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})",
                 raw.linear_num_value_heads, raw.linear_num_key_heads
@@ -363,13 +374,13 @@ impl ModelConfig {
             }
         }
         let rot = (raw.head_dim as f64 * rope.partial_rotary_factor) as usize;
-        if rot == 0 || rot % 2 != 0 || rot > raw.head_dim {
+        if rot == 0 || !rot.is_multiple_of(2) || rot > raw.head_dim {
             return bad(format!(
                 "partial_rotary_factor {} gives {rot} rotary dims of head_dim {}; need an even number in 2..=head_dim",
                 rope.partial_rotary_factor, raw.head_dim
             ));
         }
-        if !(rope.rope_theta > 0.0) {
+        if rope.rope_theta.is_nan() || rope.rope_theta <= 0.0 {
             return bad(format!("rope_theta must be > 0, found {}", rope.rope_theta));
         }
         let eos_token_ids = parse_id_list(eos.as_ref());
@@ -429,7 +440,9 @@ impl ModelConfig {
 /// Reads an id or a list of ids (`eos_token_id` may be either).
 pub(crate) fn parse_id_list(v: Option<&serde_json::Value>) -> Vec<u32> {
     match v {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
         Some(serde_json::Value::Array(a)) => a
             .iter()
             .filter_map(|x| x.as_u64().map(|x| x as u32))

@@ -74,7 +74,9 @@ pub enum ModelError {
     #[error("no model.safetensors or model.safetensors.index.json in {0}")]
     NoWeights(PathBuf),
     /// The tokenizer produces ids the model has no embedding for.
-    #[error("tokenizer vocabulary ({tokenizer} ids) does not fit the model's vocab_size ({model})")]
+    #[error(
+        "tokenizer vocabulary ({tokenizer} ids) does not fit the model's vocab_size ({model})"
+    )]
     VocabMismatch {
         /// Largest token id + 1 in the tokenizer.
         tokenizer: usize,

@@ -195,13 +195,16 @@ impl Model {
 
     /// Final norm and output head on residual rows: x `[n_rows, hidden]` → logits `[n_rows, vocab]` f32.
     pub fn logits(&self, x: &[f32], n_rows: usize) -> Result<Vec<f32>> {
-        let norm = self
-            .final_norm
-            .as_ref()
-            .ok_or_else(|| ModelError::InvalidConfig("output head not loaded on this node".into()))?;
+        let norm = self.final_norm.as_ref().ok_or_else(|| {
+            ModelError::InvalidConfig("output head not loaded on this node".into())
+        })?;
         let mut h = x.to_vec();
         ops::rms_norm_1p(&mut h, norm, self.config.rms_norm_eps as f32);
-        let head = self.lm_head.as_ref().or(self.embed.as_ref()).expect("ends loaded");
+        let head = self
+            .lm_head
+            .as_ref()
+            .or(self.embed.as_ref())
+            .expect("ends loaded");
         matmul_t(&h, n_rows, head)
     }
 
@@ -217,7 +220,11 @@ impl Model {
         n_tokens: usize,
         state: &mut ModelState,
     ) -> Result<()> {
-        assert_eq!(x.len(), n_tokens * self.config.hidden_size, "x is not [T, H]");
+        assert_eq!(
+            x.len(),
+            n_tokens * self.config.hidden_size,
+            "x is not [T, H]"
+        );
         let pos0 = state.n_tokens();
         for i in layers {
             let layer = self.layers[i].as_ref().expect("layer not loaded");
@@ -319,7 +326,17 @@ impl Model {
         if t == 1 {
             gdn::delta_rule_recurrent(dims, &q, &k, &v, &g, &beta, &mut s.recurrent, &mut o);
         } else {
-            gdn::delta_rule_chunked(dims, GDN_CHUNK, &q, &k, &v, &g, &beta, &mut s.recurrent, &mut o);
+            gdn::delta_rule_chunked(
+                dims,
+                GDN_CHUNK,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                &mut s.recurrent,
+                &mut o,
+            );
         }
         ops::gated_rms_norm(&mut o, &z, &w.norm, c.rms_norm_eps as f32);
         matmul_t(&o, t, &w.out_proj)
@@ -352,7 +369,11 @@ impl Model {
         ops::rms_norm_1p(&mut k, &w.k_norm, eps);
         self.rope.apply(&mut q, t, hq, pos0);
         self.rope.apply(&mut k, t, hkv, pos0);
-        debug_assert_eq!(cache.len(), pos0, "KV cache length differs from the position");
+        debug_assert_eq!(
+            cache.len(),
+            pos0,
+            "KV cache length differs from the position"
+        );
         cache.append(&k, &v, t);
         let scale = 1.0 / (d as f32).sqrt();
         let part = PageStore::attend(cache, &q, t, hq, pos0, scale, None);
@@ -400,7 +421,10 @@ fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
                 dt_bias: r("linear_attn.dt_bias", &[hv])?,
                 neg_a: a_log.iter().map(|x| -x.exp()).collect(),
                 norm: r("linear_attn.norm.weight", &[dv])?,
-                out_proj: tensor(r("linear_attn.out_proj.weight", &[h, hv * dv])?, &[h, hv * dv])?,
+                out_proj: tensor(
+                    r("linear_attn.out_proj.weight", &[h, hv * dv])?,
+                    &[h, hv * dv],
+                )?,
             })
         }
         LayerKind::FullAttention => {

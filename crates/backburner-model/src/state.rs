@@ -223,7 +223,9 @@ impl ModelState {
     /// is not a held linear layer or the sizes differ.
     pub fn set_linear(&mut self, i: usize, s: LinearState) -> bool {
         match self.layer_mut(i) {
-            Some(LayerState::Linear(dst)) if dst.conv.len() == s.conv.len() && dst.recurrent.len() == s.recurrent.len() => {
+            Some(LayerState::Linear(dst))
+                if dst.conv.len() == s.conv.len() && dst.recurrent.len() == s.recurrent.len() =>
+            {
                 *dst = s;
                 true
             }
@@ -236,7 +238,12 @@ impl ModelState {
     pub fn set_position(&mut self, n: usize) {
         for (i, l) in self.layers.iter().enumerate() {
             if let Some(LayerState::Attention(c)) = l {
-                assert_eq!(c.len(), n, "set_position({n}): layer {i} holds {} KV rows", c.len());
+                assert_eq!(
+                    c.len(),
+                    n,
+                    "set_position({n}): layer {i} holds {} KV rows",
+                    c.len()
+                );
             }
         }
         self.n_tokens = n;

@@ -163,20 +163,29 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let src = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| ModelError::ChatTemplate("this checkpoint has no chat template".into()))?;
+        let src = self.chat_template.as_deref().ok_or_else(|| {
+            ModelError::ChatTemplate("this checkpoint has no chat template".into())
+        })?;
         let mut env = minijinja::Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_function("strftime_now", |fmt: String| -> String {
             // Deterministic output: templates use this for a "today" line; we do not pull a date library in for it.
-            fmt.replace("%Y", "2026").replace("%m", "01").replace("%d", "01").replace("%B", "January").replace("%b", "Jan")
+            fmt.replace("%Y", "2026")
+                .replace("%m", "01")
+                .replace("%d", "01")
+                .replace("%B", "January")
+                .replace("%b", "Jan")
         });
         env.add_template("chat", src)
             .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;

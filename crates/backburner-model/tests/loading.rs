@@ -2,10 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use backburner_model::{ChatMessage, LayerKind, Model, ModelConfig, ModelError, TextTokenizer, WeightLayout};
+use backburner_model::{
+    ChatMessage, LayerKind, Model, ModelConfig, ModelError, TextTokenizer, WeightLayout,
+};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
 }
 
 /// A writable copy of a fixture directory.
@@ -20,13 +24,15 @@ fn copy_fixture(name: &str) -> tempfile::TempDir {
 
 fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
 }
 
 fn reference_json(name: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap())
+        .unwrap()
 }
 
 #[test]
@@ -53,11 +59,28 @@ fn layer_kinds_come_from_full_attention_interval_without_layer_types() {
     use LayerKind::*;
     assert_eq!(
         c.layer_types,
-        vec![LinearAttention, LinearAttention, LinearAttention, FullAttention, LinearAttention, LinearAttention, LinearAttention, FullAttention]
+        vec![
+            LinearAttention,
+            LinearAttention,
+            LinearAttention,
+            FullAttention,
+            LinearAttention,
+            LinearAttention,
+            LinearAttention,
+            FullAttention
+        ]
     );
     let text = r#"{"model_type":"qwen3_5_text","num_hidden_layers":4,"full_attention_interval":2}"#;
     let c = ModelConfig::from_json_str(text).unwrap();
-    assert_eq!(c.layer_types, vec![LinearAttention, FullAttention, LinearAttention, FullAttention]);
+    assert_eq!(
+        c.layer_types,
+        vec![
+            LinearAttention,
+            FullAttention,
+            LinearAttention,
+            FullAttention
+        ]
+    );
     // an explicit list wins
     let text = r#"{"model_type":"qwen3_5_text","num_hidden_layers":2,"full_attention_interval":4,"layer_types":["full_attention","linear_attention"]}"#;
     let c = ModelConfig::from_json_str(text).unwrap();
@@ -67,16 +90,25 @@ fn layer_kinds_come_from_full_attention_interval_without_layer_types() {
 #[test]
 fn unsupported_model_type_lists_the_supported_ones() {
     let e = ModelConfig::from_json_str(r#"{"model_type":"llama"}"#).unwrap_err();
-    assert!(matches!(&e, ModelError::UnsupportedModelType { found, .. } if found == "llama"), "{e:?}");
+    assert!(
+        matches!(&e, ModelError::UnsupportedModelType { found, .. } if found == "llama"),
+        "{e:?}"
+    );
     let msg = e.to_string();
-    assert!(msg.contains("qwen3_5_text") && msg.contains("qwen3_5"), "{msg}");
+    assert!(
+        msg.contains("qwen3_5_text") && msg.contains("qwen3_5"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn moe_variants_are_not_yet_supported() {
     for t in ["qwen3_5_moe", "qwen3_next"] {
         let e = ModelConfig::from_json_str(&format!(r#"{{"model_type":"{t}"}}"#)).unwrap_err();
-        assert!(matches!(&e, ModelError::NotYetSupported(x) if x == t), "{e:?}");
+        assert!(
+            matches!(&e, ModelError::NotYetSupported(x) if x == t),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("not yet supported"));
     }
 }
@@ -94,10 +126,22 @@ fn invalid_json_names_the_file() {
 
 #[test]
 fn invalid_config_values_are_rejected() {
-    let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_text","num_attention_heads":6,"num_key_value_heads":4}"#).unwrap_err();
-    assert!(matches!(e, ModelError::InvalidConfig(ref m) if m.contains("num_key_value_heads")), "{e:?}");
-    let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_text","num_hidden_layers":3,"layer_types":["full_attention"]}"#).unwrap_err();
-    assert!(matches!(e, ModelError::InvalidConfig(ref m) if m.contains("layer_types")), "{e:?}");
+    let e = ModelConfig::from_json_str(
+        r#"{"model_type":"qwen3_5_text","num_attention_heads":6,"num_key_value_heads":4}"#,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, ModelError::InvalidConfig(ref m) if m.contains("num_key_value_heads")),
+        "{e:?}"
+    );
+    let e = ModelConfig::from_json_str(
+        r#"{"model_type":"qwen3_5_text","num_hidden_layers":3,"layer_types":["full_attention"]}"#,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, ModelError::InvalidConfig(ref m) if m.contains("layer_types")),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -106,11 +150,16 @@ fn a_missing_tensor_is_named() {
     // Ask for one more layer than the file holds: layer 8's tensors are absent.
     edit_config(d.path(), |v| {
         v["num_hidden_layers"] = 9.into();
-        v["layer_types"].as_array_mut().unwrap().push("linear_attention".into());
+        v["layer_types"]
+            .as_array_mut()
+            .unwrap()
+            .push("linear_attention".into());
     });
     let e = Model::load(d.path()).unwrap_err();
     match &e {
-        ModelError::MissingTensor { name, .. } => assert!(name.starts_with("model.layers.8."), "{name}"),
+        ModelError::MissingTensor { name, .. } => {
+            assert!(name.starts_with("model.layers.8."), "{name}")
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -121,7 +170,11 @@ fn a_shape_mismatch_reports_expected_and_found() {
     edit_config(d.path(), |v| v["intermediate_size"] = 96.into());
     let e = Model::load(d.path()).unwrap_err();
     match &e {
-        ModelError::ShapeMismatch { name, expected, found } => {
+        ModelError::ShapeMismatch {
+            name,
+            expected,
+            found,
+        } => {
             assert_eq!(name, "model.layers.0.mlp.gate_proj.weight");
             assert_eq!(expected, &vec![96, 64]);
             assert_eq!(found, &vec![128, 64]);
@@ -137,7 +190,10 @@ fn a_truncated_safetensors_file_is_reported_as_corrupt() {
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 1000]).unwrap();
     let e = Model::load(d.path()).unwrap_err();
-    assert!(matches!(&e, ModelError::CorruptSafetensors { message, .. } if message.contains("truncated")), "{e:?}");
+    assert!(
+        matches!(&e, ModelError::CorruptSafetensors { message, .. } if message.contains("truncated")),
+        "{e:?}"
+    );
     // a file shorter than its own header
     std::fs::write(&p, &bytes[..100]).unwrap();
     let e = Model::load(d.path()).unwrap_err();
@@ -165,30 +221,53 @@ fn a_shard_named_by_the_index_but_absent_is_an_io_error_naming_it() {
     let shard = std::fs::read_dir(d.path())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("model-00002"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("model-00002")
+        })
         .expect("a second shard");
     std::fs::remove_file(&shard).unwrap();
     let e = Model::load(d.path()).unwrap_err();
-    assert!(matches!(&e, ModelError::Io { path, .. } if path == &shard), "{e:?}");
+    assert!(
+        matches!(&e, ModelError::Io { path, .. } if path == &shard),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn no_weights_at_all_is_its_own_error() {
     let d = copy_fixture("tiny-f32");
     std::fs::remove_file(d.path().join("model.safetensors")).unwrap();
-    assert!(matches!(Model::load(d.path()).unwrap_err(), ModelError::NoWeights(_)));
+    assert!(matches!(
+        Model::load(d.path()).unwrap_err(),
+        ModelError::NoWeights(_)
+    ));
 }
 
 #[test]
 fn a_tokenizer_larger_than_the_model_vocab_is_rejected() {
     let e = TextTokenizer::from_dir(&fixture("tiny-f32"), 300, &[]).unwrap_err();
-    assert!(matches!(e, ModelError::VocabMismatch { tokenizer: 448, model: 300 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            ModelError::VocabMismatch {
+                tokenizer: 448,
+                model: 300
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
 fn the_tokenizer_matches_python_tokenizers_ids_and_round_trips() {
     for name in ["tiny-f32", "tiny-hub"] {
-        let tok = TextTokenizer::from_dir(&fixture(name), 512, &[]).unwrap().unwrap();
+        let tok = TextTokenizer::from_dir(&fixture(name), 512, &[])
+            .unwrap()
+            .unwrap();
         let r = reference_json(name);
         let checks = r["tokenizer_checks"].as_array().unwrap();
         assert!(checks.len() >= 5);
@@ -209,7 +288,9 @@ fn the_tokenizer_matches_python_tokenizers_ids_and_round_trips() {
 fn chat_templates_render_like_transformers_from_both_locations() {
     // tiny-f32 keeps the template in tokenizer_config.json, tiny-hub in chat_template.jinja.
     for name in ["tiny-f32", "tiny-hub"] {
-        let tok = TextTokenizer::from_dir(&fixture(name), 512, &[]).unwrap().unwrap();
+        let tok = TextTokenizer::from_dir(&fixture(name), 512, &[])
+            .unwrap()
+            .unwrap();
         let r = &reference_json(name)["chat_reference"];
         let msgs: Vec<ChatMessage> = r["messages"]
             .as_array()
@@ -231,6 +312,8 @@ fn chat_templates_render_like_transformers_from_both_locations() {
 fn a_checkpoint_without_tokenizer_loads_without_one() {
     let d = copy_fixture("tiny-f32");
     std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
-    assert!(TextTokenizer::from_dir(d.path(), 512, &[]).unwrap().is_none());
+    assert!(TextTokenizer::from_dir(d.path(), 512, &[])
+        .unwrap()
+        .is_none());
     Model::load(d.path()).unwrap();
 }

@@ -24,7 +24,8 @@ pub struct Reference {
 impl Reference {
     pub fn load(name: &str) -> Self {
         let dir = fixture(name);
-        let bytes = std::fs::read(dir.join("reference.safetensors")).expect("reference.safetensors");
+        let bytes =
+            std::fs::read(dir.join("reference.safetensors")).expect("reference.safetensors");
         let json = serde_json::from_str(
             &std::fs::read_to_string(dir.join("reference.json")).expect("reference.json"),
         )
@@ -35,7 +36,9 @@ impl Reference {
     /// A tensor as f32 with its shape.
     pub fn f32(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
         let st = SafeTensors::deserialize(&self.bytes).expect("valid reference");
-        let t = st.tensor(name).unwrap_or_else(|_| panic!("reference has no {name}"));
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("reference has no {name}"));
         assert_eq!(t.dtype(), Dtype::F32, "{name}");
         let v = t
             .data()
@@ -48,7 +51,9 @@ impl Reference {
     /// An integer tensor as u32.
     pub fn ids(&self, name: &str) -> Vec<u32> {
         let st = SafeTensors::deserialize(&self.bytes).expect("valid reference");
-        let t = st.tensor(name).unwrap_or_else(|_| panic!("reference has no {name}"));
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("reference has no {name}"));
         assert_eq!(t.dtype(), Dtype::I64, "{name}");
         t.data()
             .chunks_exact(8)
