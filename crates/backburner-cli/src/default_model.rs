@@ -8,8 +8,6 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use half::bf16;
-use safetensors::tensor::{Dtype, TensorView};
 
 /// Bumped whenever the generated files change, so an old cache is not reused.
 const VERSION: &str = "v1";
@@ -88,29 +86,10 @@ pub fn ensure_at(d: &Path, cfg: &serde_json::Value) -> Result<PathBuf> {
     Ok(d)
 }
 
-/// SplitMix64: a tiny fixed PRNG, so the weights never change with a dependency's version.
-struct SplitMix(u64);
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1).
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    /// Standard normal (Box–Muller).
-    fn normal(&mut self) -> f64 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
+/// Seed of the weight generator ("backburn").
+const SEED: u64 = 0x6261_636b_6275_726e;
 
 fn write_model(dir: &Path, cfg: &serde_json::Value) -> Result<()> {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
     // The Qwen3.5 tokenizer needs 248,077 ids; smaller (benchmark) vocabularies run from token ids.
     if cfg["vocab_size"].as_u64().unwrap_or(0) >= 248_077 {
         std::fs::write(dir.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
@@ -122,131 +101,6 @@ fn write_model(dir: &Path, cfg: &serde_json::Value) -> Result<()> {
         std::fs::write(dir.join("tokenizer.json"), tok)?;
     }
 
-    let g = |k: &str| cfg[k].as_u64().expect("int field") as usize;
-    let (v, h, inter, n_layers) = (
-        g("vocab_size"),
-        g("hidden_size"),
-        g("intermediate_size"),
-        g("num_hidden_layers"),
-    );
-    let (hq, hkv, d) = (
-        g("num_attention_heads"),
-        g("num_key_value_heads"),
-        g("head_dim"),
-    );
-    let (hk, hv, dk, dv, kc) = (
-        g("linear_num_key_heads"),
-        g("linear_num_value_heads"),
-        g("linear_key_head_dim"),
-        g("linear_value_head_dim"),
-        g("linear_conv_kernel_dim"),
-    );
-    let conv_dim = 2 * hk * dk + hv * dv;
-    let mut rng = SplitMix(0x6261_636b_6275_726e); // "backburn"
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>, f: &mut dyn FnMut() -> f64| {
-        let n: usize = shape.iter().product();
-        let mut bytes = Vec::with_capacity(n * 2);
-        for _ in 0..n {
-            bytes.extend_from_slice(&bf16::from_f64(f()).to_le_bytes());
-        }
-        tensors.push((name, shape, bytes));
-    };
-    let std = 0.02;
-    macro_rules! w {
-        ($name:expr, $shape:expr, $std:expr, $mean:expr) => {{
-            let (s, m) = ($std, $mean);
-            add($name, $shape, &mut || m + s * rng.normal());
-        }};
-    }
-    w!("model.embed_tokens.weight".into(), vec![v, h], std, 0.0);
-    w!("model.norm.weight".into(), vec![h], 0.1, 0.0);
-    for i in 0..n_layers {
-        let p = format!("model.layers.{i}.");
-        w!(format!("{p}input_layernorm.weight"), vec![h], 0.1, 0.0);
-        w!(
-            format!("{p}post_attention_layernorm.weight"),
-            vec![h],
-            0.1,
-            0.0
-        );
-        w!(format!("{p}mlp.gate_proj.weight"), vec![inter, h], std, 0.0);
-        w!(format!("{p}mlp.up_proj.weight"), vec![inter, h], std, 0.0);
-        w!(format!("{p}mlp.down_proj.weight"), vec![h, inter], std, 0.0);
-        if (i + 1) % g("full_attention_interval") == 0 {
-            w!(
-                format!("{p}self_attn.q_proj.weight"),
-                vec![hq * 2 * d, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}self_attn.k_proj.weight"),
-                vec![hkv * d, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}self_attn.v_proj.weight"),
-                vec![hkv * d, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}self_attn.o_proj.weight"),
-                vec![h, hq * d],
-                std,
-                0.0
-            );
-            w!(format!("{p}self_attn.q_norm.weight"), vec![d], 0.1, 0.0);
-            w!(format!("{p}self_attn.k_norm.weight"), vec![d], 0.1, 0.0);
-        } else {
-            w!(
-                format!("{p}linear_attn.in_proj_qkv.weight"),
-                vec![conv_dim, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}linear_attn.in_proj_z.weight"),
-                vec![hv * dv, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}linear_attn.in_proj_b.weight"),
-                vec![hv, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}linear_attn.in_proj_a.weight"),
-                vec![hv, h],
-                std,
-                0.0
-            );
-            w!(
-                format!("{p}linear_attn.conv1d.weight"),
-                vec![conv_dim, 1, kc],
-                0.3,
-                0.0
-            );
-            w!(format!("{p}linear_attn.dt_bias"), vec![hv], 0.5, 0.0);
-            w!(format!("{p}linear_attn.A_log"), vec![hv], 0.5, 0.0);
-            w!(format!("{p}linear_attn.norm.weight"), vec![dv], 0.1, 1.0);
-            w!(
-                format!("{p}linear_attn.out_proj.weight"),
-                vec![h, hv * dv],
-                std,
-                0.0
-            );
-        }
-    }
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, s, b)| Ok((n.clone(), TensorView::new(Dtype::BF16, s.clone(), b)?)))
-        .collect::<Result<_>>()?;
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))
-        .context("write model.safetensors")?;
+    backburner_model::synthetic::write_random_checkpoint(dir, cfg, SEED)?;
     Ok(())
 }

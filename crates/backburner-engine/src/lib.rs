@@ -7,9 +7,14 @@ pub mod generate;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;
+pub mod split;
+pub mod wire;
+pub mod worker;
 
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateParams, Generation, StopReason, Timings};
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use session::{Logits, Session, SessionOptions};
+pub use split::{balanced_split, LinkStats, WorkerClient, WorkerSettings};
+pub use worker::{valid_split_layers, Worker, WorkerError, WorkerOptions};

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use backburner_model::{KvOptions, Model, ModelState, StateSnapshot};
 
 use crate::error::{EngineError, Result};
+use crate::split::{LinkStats, WorkerClient};
 
 /// Session settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,13 +37,14 @@ pub enum Logits {
     All,
 }
 
-/// One sequence: its tokens, its model state and the options it runs with.
+/// One sequence: its tokens, its model state, the options it runs with, and optionally a worker for split prefill.
 #[derive(Debug)]
 pub struct Session {
     model: Arc<Model>,
     state: ModelState,
     tokens: Vec<u32>,
     opts: SessionOptions,
+    worker: Option<WorkerClient>,
 }
 
 impl Session {
@@ -65,7 +67,24 @@ impl Session {
             state,
             tokens: Vec::new(),
             opts,
+            worker: None,
         })
+    }
+
+    /// Attaches a worker: prefills of at least its `split_min_tokens` (and more than one ubatch) that ask only for the
+    /// last logits run split; everything else, and any call where the worker fails, runs locally with the same result.
+    pub fn attach_worker(&mut self, w: WorkerClient) {
+        self.worker = Some(w);
+    }
+
+    /// The attached worker, if any.
+    pub fn worker(&self) -> Option<&WorkerClient> {
+        self.worker.as_ref()
+    }
+
+    /// Link statistics (zeros without a worker).
+    pub fn link_stats(&self) -> LinkStats {
+        self.worker.as_ref().map(|w| w.stats()).unwrap_or_default()
     }
 
     /// The model.
@@ -125,6 +144,29 @@ impl Session {
         self.check_fits(ids.len())?;
         let snap = self.state.snapshot();
         let n_before = self.tokens.len();
+        if which == Logits::Last {
+            if let Some(w) = self.worker.as_mut() {
+                if w.wants(ids.len(), self.opts.ubatch) {
+                    match w.prefill(
+                        &self.model,
+                        &mut self.state,
+                        ids,
+                        self.opts.ubatch,
+                        &mut progress,
+                    ) {
+                        Ok(logits) => {
+                            self.tokens.extend_from_slice(ids);
+                            return Ok(logits);
+                        }
+                        Err(e) => {
+                            // Undo whatever the split call changed, then run the batch here.
+                            self.state.restore(&snap);
+                            w.fail(&e);
+                        }
+                    }
+                }
+            }
+        }
         let r = self.prefill_inner(ids, which, &mut progress);
         if r.is_err() {
             self.state.restore(&snap);
@@ -179,11 +221,17 @@ impl Session {
     pub fn rewind(&mut self, snap: &StateSnapshot) {
         self.state.restore(snap);
         self.tokens.truncate(snap.n_tokens());
+        if let Some(w) = self.worker.as_mut() {
+            w.on_truncate(snap.n_tokens());
+        }
     }
 
     /// Forgets every token.
     pub fn clear(&mut self) {
         self.state.clear();
         self.tokens.clear();
+        if let Some(w) = self.worker.as_mut() {
+            w.on_truncate(0);
+        }
     }
 }

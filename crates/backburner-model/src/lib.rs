@@ -6,14 +6,17 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod fingerprint;
 pub mod model;
 pub mod ops;
 pub mod state;
+pub mod synthetic;
 pub mod tokenizer;
 
 pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, ModelConfig, WeightLayout};
 pub use error::{ModelError, Result};
+pub use fingerprint::fingerprint;
 pub use model::{LoadOptions, Model};
 pub use state::{KvOptions, LayerState, LinearState, ModelState, PageStore, StateSnapshot};
 pub use tokenizer::{ChatMessage, TextTokenizer};

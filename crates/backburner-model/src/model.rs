@@ -220,12 +220,26 @@ impl Model {
         n_tokens: usize,
         state: &mut ModelState,
     ) -> Result<()> {
+        let pos0 = state.n_tokens();
+        self.forward_layers_at(layers, x, n_tokens, pos0, state)
+    }
+
+    /// As [`Model::forward_layers`], for tokens at positions `pos0..pos0 + n_tokens` given explicitly: a host in split
+    /// prefill runs its head layers ahead of its tail layers, so the two ranges sit at different positions until the
+    /// worker's rows are merged back. Each attention layer's cache must hold exactly `pos0` rows.
+    pub fn forward_layers_at(
+        &self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        n_tokens: usize,
+        pos0: usize,
+        state: &mut ModelState,
+    ) -> Result<()> {
         assert_eq!(
             x.len(),
             n_tokens * self.config.hidden_size,
             "x is not [T, H]"
         );
-        let pos0 = state.n_tokens();
         for i in layers {
             let layer = self.layers[i].as_ref().expect("layer not loaded");
             let ls = state.layer_mut(i).expect("layer state not held");
@@ -369,7 +383,7 @@ impl Model {
         ops::rms_norm_1p(&mut k, &w.k_norm, eps);
         self.rope.apply(&mut q, t, hq, pos0);
         self.rope.apply(&mut k, t, hkv, pos0);
-        debug_assert_eq!(
+        assert_eq!(
             cache.len(),
             pos0,
             "KV cache length differs from the position"

@@ -1,0 +1,402 @@
+//! Split prefill against a worker over a real socket (in-process worker thread on loopback): bit-identical logits
+//! and tokens to local for every allowed split layer and prompt shape, mirror reuse across turns, regenerate below
+//! the watermark, fallback when the worker fails, and handshake/frame errors that leave the worker serving.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backburner_engine::{
+    argmax, Logits, Session, SessionOptions, Worker, WorkerClient, WorkerOptions, WorkerSettings,
+};
+use backburner_kernels::kv::KvDtype;
+use backburner_link::{Conn, ErrorCode, LinkError};
+use backburner_model::{synthetic, Checkpoint, KvOptions, Model, ModelConfig};
+
+const UBATCH: usize = 16;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    model: Arc<Model>,
+}
+
+fn model_with_layers(n: usize, seed: u64) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_random_checkpoint(dir.path(), &synthetic::tiny_config(n), seed).unwrap();
+    let model = Arc::new(Model::load(dir.path()).unwrap());
+    Fixture { dir, model }
+}
+
+struct RunningWorker {
+    addr: String,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn start_worker(
+    dir: &Path,
+    layers: Option<std::ops::Range<usize>>,
+    secret: Option<&[u8]>,
+) -> RunningWorker {
+    let w = Worker::bind(
+        "127.0.0.1:0",
+        WorkerOptions {
+            model_dir: dir.to_path_buf(),
+            layers,
+            threads: 1,
+            max_memory: 0,
+            secret: secret.map(|s| s.to_vec()),
+            idle_timeout: Duration::from_secs(30),
+        },
+    )
+    .unwrap();
+    let addr = w.local_addr().to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let handle = std::thread::spawn(move || w.serve(s2));
+    RunningWorker {
+        addr,
+        stop,
+        handle: Some(handle),
+    }
+}
+
+fn opts() -> SessionOptions {
+    SessionOptions {
+        ubatch: UBATCH,
+        kv: KvOptions {
+            page_size: 64,
+            dtype: KvDtype::F16,
+        },
+        context_length: None,
+    }
+}
+
+fn client(dir: &Path, addr: &str, split: Option<usize>, secret: &[u8]) -> WorkerClient {
+    let mut s = WorkerSettings::new(addr, 1);
+    s.split_layer = split;
+    s.split_min_tokens = 32;
+    s.secret = secret.to_vec();
+    s.timeout = Duration::from_secs(20);
+    let dir = dir.to_path_buf();
+    WorkerClient::new(s, move |r| {
+        let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
+        let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
+        backburner_model::fingerprint(&ck, &cfg, r).map_err(|e| e.to_string())
+    })
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(salt) >> 7) % 500)
+        .collect()
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Prefill then `steps` greedy decode steps; returns every logits vector's bits and the tokens.
+fn run(s: &mut Session, p: &[u32], steps: usize) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let mut all = Vec::new();
+    let mut l = s.prefill(p, Logits::Last, |_, _| {}).unwrap();
+    let mut toks = Vec::new();
+    for _ in 0..steps {
+        all.push(bits(&l));
+        let t = argmax(&l);
+        toks.push(t);
+        l = s.decode(t).unwrap();
+    }
+    all.push(bits(&l));
+    (all, toks)
+}
+
+#[test]
+fn split_prefill_is_bit_identical_to_local_for_every_split_layer_and_prompt_shape() {
+    let f = model_with_layers(12, 1);
+    let w = start_worker(f.dir.path(), None, None);
+    // shorter than the minimum, exactly one ubatch, many ubatches, not a multiple of the ubatch
+    let lens = [20usize, UBATCH, 5 * UBATCH, 7 * UBATCH + 5];
+    for l in backburner_engine::valid_split_layers(f.model.config()) {
+        assert!(l == 4 || l == 8);
+        for (pi, &n) in lens.iter().enumerate() {
+            let p = prompt(n, pi as u32);
+            let mut local = Session::new(f.model.clone(), opts()).unwrap();
+            let want = run(&mut local, &p, 6);
+            let mut split = Session::new(f.model.clone(), opts()).unwrap();
+            split.attach_worker(client(f.dir.path(), &w.addr, Some(l), b""));
+            let got = run(&mut split, &p, 6);
+            assert_eq!(got.1, want.1, "L={l} n={n}: tokens");
+            assert!(got.0 == want.0, "L={l} n={n}: logits differ in bits");
+            let st = split.link_stats();
+            assert_eq!(st.fallbacks, 0, "L={l} n={n}");
+            let expect_worker = if n >= 32 && n > UBATCH {
+                (n - (n - 1) % UBATCH - 1) as u64
+            } else {
+                0
+            };
+            assert_eq!(
+                st.worker_tokens, expect_worker,
+                "L={l} n={n}: tokens through the worker"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_second_turn_reuses_the_mirror_and_a_regenerate_below_the_watermark_stays_exact() {
+    let f = model_with_layers(8, 2);
+    let w = start_worker(f.dir.path(), None, None);
+    let turn1 = prompt(4 * UBATCH + 3, 1);
+    let turn2 = prompt(3 * UBATCH + 9, 2);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let mut split = Session::new(f.model.clone(), opts()).unwrap();
+    split.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    for s in [&mut local, &mut split] {
+        s.prefill(&turn1, Logits::Last, |_, _| {}).unwrap();
+        for t in [5, 6, 7] {
+            s.decode(t).unwrap();
+        }
+    }
+    let after1 = split.link_stats();
+    let wm = split.worker().unwrap().watermark();
+    assert_eq!(
+        wm,
+        4 * UBATCH,
+        "watermark = start of the last ubatch of turn 1"
+    );
+    // turn 2: the sync sends only rows past the watermark (3 + 3 positions) and the linear states
+    let snap_local = local.snapshot();
+    let snap_split = split.snapshot();
+    let a = run(&mut local, &turn2, 4);
+    let b = run(&mut split, &turn2, 4);
+    assert!(a == b, "turn 2 differs");
+    let after2 = split.link_stats();
+    let cfg = f.model.config();
+    let row = cfg.num_key_value_heads * cfg.head_dim * 2; // f16
+    let lin = 4
+        * (cfg.conv_dim() * 3
+            + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim);
+    let sync_payload = (split.tokens().len() - turn2.len() - 4 - wm) * row * 2 * 1 + 3 * lin; // 1 attention + 3 linear layers in 4..8
+    let residuals = (3 * UBATCH) * cfg.hidden_size * 4;
+    let sent = (after2.bytes_sent - after1.bytes_sent) as usize;
+    assert!(
+        sent >= sync_payload + residuals && sent < sync_payload + residuals + 1024,
+        "sent {sent}, payload {}",
+        sync_payload + residuals
+    );
+    // regenerate: rewind both below the watermark (to the end of turn 1's decode) and run turn 2 differently
+    local.rewind(&snap_local);
+    split.rewind(&snap_split);
+    let alt = prompt(2 * UBATCH + 1, 9);
+    let a = run(&mut local, &alt, 4);
+    let b = run(&mut split, &alt, 4);
+    assert!(a == b, "regenerate differs");
+    // rewind far below the watermark, into turn 1
+    let mut l2 = Session::new(f.model.clone(), opts()).unwrap();
+    let mut s2 = Session::new(f.model.clone(), opts()).unwrap();
+    s2.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    // (a new session on the same worker after the previous one disconnects)
+    drop(split);
+    std::thread::sleep(Duration::from_millis(100));
+    let base = prompt(UBATCH, 3);
+    for s in [&mut l2, &mut s2] {
+        s.prefill(&base, Logits::Last, |_, _| {}).unwrap();
+    }
+    let sl = l2.snapshot();
+    let ss = s2.snapshot();
+    let x = run(&mut l2, &turn1, 2);
+    let y = run(&mut s2, &turn1, 2);
+    assert!(x == y);
+    l2.rewind(&sl);
+    s2.rewind(&ss);
+    let x = run(&mut l2, &turn2, 3);
+    let y = run(&mut s2, &turn2, 3);
+    assert!(x == y, "after rewinding below the watermark");
+    assert_eq!(s2.link_stats().fallbacks, 0);
+}
+
+#[test]
+fn a_dead_or_absent_worker_falls_back_to_identical_local_results() {
+    let f = model_with_layers(8, 3);
+    let p = prompt(6 * UBATCH, 4);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 4);
+    // nothing listening
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut s = Session::new(f.model.clone(), opts()).unwrap();
+    s.attach_worker(client(
+        f.dir.path(),
+        &format!("127.0.0.1:{port}"),
+        Some(4),
+        b"",
+    ));
+    assert!(run(&mut s, &p, 4) == want);
+    assert_eq!(s.link_stats().fallbacks, 1);
+    assert_eq!(s.link_stats().worker_tokens, 0);
+    // a worker that dies mid-pipeline: accepts the handshake, takes two ubatches, then drops the connection
+    let fake = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = fake.local_addr().unwrap().to_string();
+    let real = start_worker(f.dir.path(), None, None);
+    let real_addr = real.addr.clone();
+    let proxy = std::thread::spawn(move || {
+        let (mut host, _) = fake.accept().unwrap();
+        let mut up = TcpStream::connect(&real_addr).unwrap();
+        // forward the handshake and the first ~2 residual frames, then cut both sides
+        let mut buf = vec![0u8; 1 << 16];
+        let mut forwarded = 0usize;
+        let mut up_r = up.try_clone().unwrap();
+        let mut host_w = host.try_clone().unwrap();
+        let back = std::thread::spawn(move || {
+            let mut b = vec![0u8; 1 << 16];
+            while let Ok(n) = up_r.read(&mut b) {
+                if n == 0 || host_w.write_all(&b[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+        while forwarded < 300 + 2 * UBATCH * 64 * 4 {
+            let n = host.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            up.write_all(&buf[..n]).unwrap();
+            forwarded += n;
+        }
+        let _ = host.shutdown(std::net::Shutdown::Both);
+        let _ = up.shutdown(std::net::Shutdown::Both);
+        let _ = back.join();
+    });
+    let mut s = Session::new(f.model.clone(), opts()).unwrap();
+    s.attach_worker(client(f.dir.path(), &addr, Some(4), b""));
+    assert!(
+        run(&mut s, &p, 4) == want,
+        "mid-pipeline failure changed the result"
+    );
+    assert_eq!(s.link_stats().fallbacks, 1);
+    proxy.join().unwrap();
+}
+
+fn handshake_error(addr: &str, dir: &Path, split: usize, secret: &[u8]) -> LinkError {
+    let f = Model::load(dir).unwrap();
+    let mut c = client(dir, addr, Some(split), secret);
+    let kv = KvDtype::F16;
+    c.ping(f.config(), kv, 64, UBATCH, b"x").unwrap_err()
+}
+
+#[test]
+fn bad_hosts_get_typed_errors_and_the_worker_keeps_serving() {
+    let f = model_with_layers(8, 5);
+    let w = start_worker(f.dir.path(), Some(4..8), Some(b"s3cret"));
+    // wrong key, and no key
+    for key in [&b"wrong"[..], b""] {
+        match handshake_error(&w.addr, f.dir.path(), 4, key) {
+            LinkError::Remote {
+                code: ErrorCode::AuthFailed,
+                ..
+            } => {}
+            e => panic!("{e:?}"),
+        }
+    }
+    // wrong model (same shape, other weights)
+    let other = model_with_layers(8, 6);
+    match handshake_error(&w.addr, other.dir.path(), 4, b"s3cret") {
+        LinkError::Remote {
+            code: ErrorCode::ModelMismatch,
+            message,
+        } => assert!(message.contains("fingerprint"), "{message}"),
+        e => panic!("{e:?}"),
+    }
+    // a model with another layer count
+    let deeper = model_with_layers(12, 5);
+    match handshake_error(&w.addr, deeper.dir.path(), 4, b"s3cret") {
+        LinkError::Remote {
+            code: ErrorCode::ModelMismatch,
+            ..
+        } => {}
+        e => panic!("{e:?}"),
+    }
+    // an invalid split layer is refused by the host before it asks
+    match handshake_error(&w.addr, f.dir.path(), 3, b"s3cret") {
+        LinkError::Malformed(m) => assert!(m.contains("cycle boundary"), "{m}"),
+        e => panic!("{e:?}"),
+    }
+    // garbage bytes
+    let mut g = TcpStream::connect(&w.addr).unwrap();
+    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut rest = Vec::new();
+    let _ = g.read_to_end(&mut rest);
+    // an oversized frame: a valid header announcing a 4 GiB tensor section
+    let mut o = TcpStream::connect(&w.addr).unwrap();
+    let mut h = Vec::new();
+    h.extend_from_slice(b"BBLK");
+    h.extend_from_slice(&backburner_link::PROTOCOL_VERSION.to_le_bytes());
+    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&u32::MAX.to_le_bytes());
+    o.write_all(&h).unwrap();
+    let mut rest = Vec::new();
+    let _ = o.read_to_end(&mut rest); // the worker closes the connection
+                                      // a wrong protocol version
+    let mut v = TcpStream::connect(&w.addr).unwrap();
+    let mut h2 = h.clone();
+    h2[4..6].copy_from_slice(&99u16.to_le_bytes());
+    h2[12..16].copy_from_slice(&0u32.to_le_bytes());
+    v.write_all(&h2).unwrap();
+    let _ = v.read_to_end(&mut Vec::new());
+    // still serving: a correct host gets exact results
+    std::thread::sleep(Duration::from_millis(50));
+    let p = prompt(5 * UBATCH, 8);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 3);
+    let mut s = Session::new(f.model.clone(), opts()).unwrap();
+    s.attach_worker(client(f.dir.path(), &w.addr, None, b"s3cret"));
+    assert!(run(&mut s, &p, 3) == want);
+    assert_eq!(s.link_stats().fallbacks, 0);
+    assert!(s.link_stats().worker_tokens > 0);
+    assert_eq!(
+        s.worker().unwrap().split_layer(),
+        4,
+        "the host adopts the worker's --layers"
+    );
+}
+
+#[test]
+fn a_second_host_gets_busy() {
+    let f = model_with_layers(8, 7);
+    let w = start_worker(f.dir.path(), None, None);
+    let mut first = client(f.dir.path(), &w.addr, Some(4), b"");
+    first
+        .ping(f.model.config(), KvDtype::F16, 64, UBATCH, b"hello")
+        .unwrap();
+    match handshake_error(&w.addr, f.dir.path(), 4, b"") {
+        LinkError::Remote {
+            code: ErrorCode::Busy,
+            ..
+        } => {}
+        e => panic!("{e:?}"),
+    }
+    drop(first);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut again = client(f.dir.path(), &w.addr, Some(4), b"");
+    let rtt = again
+        .ping(f.model.config(), KvDtype::F16, 64, UBATCH, &[7u8; 16])
+        .unwrap();
+    assert!(rtt < Duration::from_secs(5));
+    let _ = Conn::connect; // the client owns its connection; dropping it frees the worker
+}

@@ -1,0 +1,192 @@
+//! Random checkpoints of the real architecture, generated deterministically: the bundled default model, the
+//! benchmark model and test models of any depth are written by this one function.
+//!
+//! The generator is a fixed SplitMix64 with Box–Muller normals, so the bytes never change with a dependency's
+//! version. Weights are stored as bf16.
+
+use std::path::Path;
+
+use half::bf16;
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::config::{LayerKind, ModelConfig};
+use crate::error::{ModelError, Result};
+
+/// SplitMix64.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (u1, u2) = (self.uniform(), self.uniform());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// Writes `config.json` (the given JSON) and `model.safetensors` (random bf16 weights from `seed`) into `dir`.
+/// Projections are N(0, 0.02); RMSNorm1p weights N(0, 0.1) (multiplier 1+w); the gated norm 1 + N(0, 0.1); conv
+/// weights N(0, 0.3); `A_log` and `dt_bias` N(0, 0.5). Untied configs get an `lm_head`.
+///
+/// Errors: [`ModelError::InvalidConfig`] for a config that does not validate, [`ModelError::Io`] on write failure.
+pub fn write_random_checkpoint(
+    dir: &Path,
+    config_json: &serde_json::Value,
+    seed: u64,
+) -> Result<()> {
+    let text = serde_json::to_string_pretty(config_json).expect("JSON value serializes");
+    let c = ModelConfig::from_json_str(&text)?;
+    if c.layout != crate::config::WeightLayout::CausalLm {
+        return Err(ModelError::InvalidConfig(
+            "synthetic checkpoints use the qwen3_5_text layout".into(),
+        ));
+    }
+    let cfg_path = dir.join("config.json");
+    std::fs::write(&cfg_path, &text).map_err(|e| ModelError::io(&cfg_path, e))?;
+    let (v, h, inter) = (c.vocab_size, c.hidden_size, c.intermediate_size);
+    let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    let (hv, dv, kc) = (
+        c.linear_num_value_heads,
+        c.linear_value_head_dim,
+        c.linear_conv_kernel_dim,
+    );
+    let conv_dim = c.conv_dim();
+    let mut rng = SplitMix(seed);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, std: f64, mean: f64| {
+        let n: usize = shape.iter().product();
+        let mut bytes = Vec::with_capacity(n * 2);
+        for _ in 0..n {
+            bytes.extend_from_slice(&bf16::from_f64(mean + std * rng.normal()).to_le_bytes());
+        }
+        tensors.push((name, shape, bytes));
+    };
+    let w = 0.02;
+    add("model.embed_tokens.weight".into(), vec![v, h], w, 0.0);
+    add("model.norm.weight".into(), vec![h], 0.1, 0.0);
+    if !c.tie_word_embeddings {
+        add("lm_head.weight".into(), vec![v, h], w, 0.0);
+    }
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}.");
+        add(format!("{p}input_layernorm.weight"), vec![h], 0.1, 0.0);
+        add(
+            format!("{p}post_attention_layernorm.weight"),
+            vec![h],
+            0.1,
+            0.0,
+        );
+        add(format!("{p}mlp.gate_proj.weight"), vec![inter, h], w, 0.0);
+        add(format!("{p}mlp.up_proj.weight"), vec![inter, h], w, 0.0);
+        add(format!("{p}mlp.down_proj.weight"), vec![h, inter], w, 0.0);
+        match c.layer_types[i] {
+            LayerKind::FullAttention => {
+                add(
+                    format!("{p}self_attn.q_proj.weight"),
+                    vec![hq * 2 * d, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}self_attn.k_proj.weight"),
+                    vec![hkv * d, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}self_attn.v_proj.weight"),
+                    vec![hkv * d, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}self_attn.o_proj.weight"),
+                    vec![h, hq * d],
+                    w,
+                    0.0,
+                );
+                add(format!("{p}self_attn.q_norm.weight"), vec![d], 0.1, 0.0);
+                add(format!("{p}self_attn.k_norm.weight"), vec![d], 0.1, 0.0);
+            }
+            LayerKind::LinearAttention => {
+                add(
+                    format!("{p}linear_attn.in_proj_qkv.weight"),
+                    vec![conv_dim, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}linear_attn.in_proj_z.weight"),
+                    vec![hv * dv, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}linear_attn.in_proj_b.weight"),
+                    vec![hv, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}linear_attn.in_proj_a.weight"),
+                    vec![hv, h],
+                    w,
+                    0.0,
+                );
+                add(
+                    format!("{p}linear_attn.conv1d.weight"),
+                    vec![conv_dim, 1, kc],
+                    0.3,
+                    0.0,
+                );
+                add(format!("{p}linear_attn.dt_bias"), vec![hv], 0.5, 0.0);
+                add(format!("{p}linear_attn.A_log"), vec![hv], 0.5, 0.0);
+                add(format!("{p}linear_attn.norm.weight"), vec![dv], 0.1, 1.0);
+                add(
+                    format!("{p}linear_attn.out_proj.weight"),
+                    vec![h, hv * dv],
+                    w,
+                    0.0,
+                );
+            }
+        }
+    }
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(Dtype::BF16, s.clone(), b)
+                .map(|t| (n.clone(), t))
+                .map_err(|e| ModelError::InvalidConfig(format!("tensor {n}: {e}")))
+        })
+        .collect::<Result<_>>()?;
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path).map_err(|e| {
+        ModelError::CorruptSafetensors {
+            path: path.clone(),
+            message: format!("write failed: {e}"),
+        }
+    })?;
+    Ok(())
+}
+
+/// A small Qwen3.5-architecture config for tests: `n_layers` layers (3 Gated DeltaNet : 1 attention), hidden 64,
+/// GQA 4:2, head_dim 32, Hk 2 / Hv 4, Dk 16 / Dv 24, vocab 512.
+pub fn tiny_config(n_layers: usize) -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "qwen3_5_text",
+        "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": n_layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 24,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false, "max_position_embeddings": 65536,
+        "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    })
+}
