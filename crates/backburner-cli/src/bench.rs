@@ -24,6 +24,8 @@ pub struct BenchArgs {
 enum BenchKind {
     /// Single-node prefill and decode at several context depths and thread counts.
     Local(LocalArgs),
+    /// Prompt ingestion local vs split with a worker process (1 thread each), plus a shaped link and ping RTTs.
+    SplitPrefill(crate::bench_split::SplitArgs),
 }
 
 #[derive(Args)]
@@ -205,7 +207,7 @@ fn run_local(a: LocalArgs) -> Result<()> {
 }
 
 /// Parameters of the text model (embedding counted once when tied).
-fn param_count(c: &backburner_model::ModelConfig) -> usize {
+pub fn param_count(c: &backburner_model::ModelConfig) -> usize {
     let h = c.hidden_size;
     let mut n = c.vocab_size * h * if c.tie_word_embeddings { 1 } else { 2 } + h;
     for k in &c.layer_types {
@@ -229,7 +231,7 @@ fn param_count(c: &backburner_model::ModelConfig) -> usize {
     n
 }
 
-fn machine_description() -> String {
+pub fn machine_description() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -249,5 +251,6 @@ fn machine_description() -> String {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.kind {
         BenchKind::Local(l) => run_local(l),
+        BenchKind::SplitPrefill(a) => crate::bench_split::run(a),
     }
 }

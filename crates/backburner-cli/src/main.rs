@@ -1,8 +1,10 @@
 //! `backburner`: run Qwen3.5-family hybrid models on CPU (and, in later releases, with a worker over a link).
 
 mod bench;
+mod bench_split;
 mod default_model;
 mod prompt;
+mod worker_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -37,6 +39,8 @@ enum Cmd {
     Perplexity(PplArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
+    /// Serve layers and KV pages to a host over the link (a daemon).
+    Worker(worker_cmd::WorkerArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -124,6 +128,68 @@ struct RunArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Write the logits of every sampling step to this file (f32 little-endian, `[steps, vocab]`), for comparing
+    /// runs bit for bit.
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+    #[command(flatten)]
+    link: LinkArgs,
+}
+
+/// Options for using a worker.
+#[derive(Args, Clone)]
+pub struct LinkArgs {
+    /// Worker address (HOST:PORT) for split prefill.
+    #[arg(long)]
+    pub worker: Option<String>,
+    /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
+    #[arg(long, requires = "worker")]
+    pub split_layer: Option<usize>,
+    /// Smallest prompt (tokens) that goes through the worker.
+    #[arg(long, default_value_t = 512, requires = "worker")]
+    pub split_min_tokens: usize,
+    /// File holding the shared secret (or set BACKBURNER_SECRET).
+    #[arg(long, requires = "worker")]
+    pub secret_file: Option<PathBuf>,
+    /// Seconds to wait for the worker per request before falling back to local compute.
+    #[arg(long, default_value_t = 60, requires = "worker")]
+    pub worker_timeout: u64,
+}
+
+impl LinkArgs {
+    /// A worker client for `loaded`'s model, if `--worker` was given. Validates `--split-layer` first.
+    pub fn client(
+        &self,
+        loaded: &Loaded,
+        host_threads: usize,
+    ) -> Result<Option<backburner_engine::WorkerClient>> {
+        let Some(addr) = &self.worker else {
+            return Ok(None);
+        };
+        let cfg = loaded.model.config();
+        if let Some(l) = self.split_layer {
+            let valid = backburner_engine::valid_split_layers(cfg);
+            if !valid.contains(&l) {
+                bail!(
+                    "--split-layer {l} is not on a {}-layer cycle boundary of this {}-layer model; valid: {}",
+                    cfg.full_attention_interval,
+                    cfg.num_hidden_layers,
+                    valid.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
+        let mut st = backburner_engine::WorkerSettings::new(addr.clone(), host_threads);
+        st.split_layer = self.split_layer;
+        st.split_min_tokens = self.split_min_tokens;
+        st.secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
+        st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
+        let dir = loaded.dir.clone();
+        Ok(Some(backburner_engine::WorkerClient::new(st, move |r| {
+            let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
+            let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
+            backburner_model::fingerprint(&ck, &cfg, r).map_err(|e| e.to_string())
+        })))
+    }
 }
 
 #[derive(Args)]
@@ -154,6 +220,7 @@ fn main() {
         Cmd::Run(a) => run(a),
         Cmd::Perplexity(a) => run_perplexity(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Worker(a) => worker_cmd::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -171,6 +238,15 @@ pub fn set_threads(n: Option<usize>) -> Result<usize> {
     });
     if n == 0 {
         bail!("--threads must be ≥ 1");
+    }
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if n > 4 * cores.max(16) {
+        bail!(
+            "--threads {n} is far more than this machine's {cores} cores (at most {} allowed)",
+            4 * cores.max(16)
+        );
     }
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     rayon::ThreadPoolBuilder::new()
@@ -244,8 +320,9 @@ fn need_tok<'a>(tok: &'a Option<TextTokenizer>, what: &str) -> Result<&'a TextTo
 }
 
 fn run(a: RunArgs) -> Result<()> {
-    set_threads(a.model.threads)?;
+    let threads = set_threads(a.model.threads)?;
     let loaded = load(&a.model)?;
+    let worker = a.link.client(&loaded, threads)?;
     let tok = &loaded.tokenizer;
     if !a.stop.is_empty() {
         need_tok(tok, "--stop")?;
@@ -317,9 +394,13 @@ fn run(a: RunArgs) -> Result<()> {
         },
         eos_ids,
         stop: a.stop.clone(),
+        keep_logits: a.dump_logits.is_some(),
     };
     let mut session =
         backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
+    if let Some(w) = worker {
+        session.attach_worker(w);
+    }
     let pb = bar(prompt.len() as u64, "prefill");
     let show_bar = prompt.len() >= 2 * a.model.ubatch;
     let json = a.json;
@@ -353,6 +434,14 @@ fn run(a: RunArgs) -> Result<()> {
         },
     )?;
     pb.finish_and_clear();
+    if let Some(f) = &a.dump_logits {
+        let bytes: Vec<u8> = gen
+            .step_logits
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(f, bytes).with_context(|| format!("write {}", f.display()))?;
+    }
     let total_s = t_start.elapsed().as_secs_f64();
     let tm = &gen.timings;
     if json {
@@ -369,6 +458,16 @@ fn run(a: RunArgs) -> Result<()> {
                 "decode_ms": tm.decode_ms,
             },
         });
+        let mut obj = obj;
+        if session.worker().is_some() {
+            let ls = session.link_stats();
+            obj["link"] = serde_json::json!({
+                "worker_tokens": ls.worker_tokens,
+                "bytes_sent": ls.bytes_sent,
+                "bytes_received": ls.bytes_received,
+                "fallbacks": ls.fallbacks,
+            });
+        }
         println!("{obj}");
     } else {
         println!();
@@ -382,8 +481,32 @@ fn run(a: RunArgs) -> Result<()> {
             gen.stop_reason,
             total_s
         );
+        if session.worker().is_some() {
+            let ls = session.link_stats();
+            eprintln!(
+                "link: {} tokens through the worker | sent {} | received {} | fallbacks {}",
+                ls.worker_tokens,
+                human_bytes(ls.bytes_sent),
+                human_bytes(ls.bytes_received),
+                ls.fallbacks
+            );
+        }
     }
     Ok(())
+}
+
+/// Bytes with a binary unit.
+pub fn human_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b} B")
+    }
 }
 
 fn run_perplexity(a: PplArgs) -> Result<()> {

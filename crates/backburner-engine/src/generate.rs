@@ -21,6 +21,8 @@ pub struct GenerateParams {
     pub eos_ids: Vec<u32>,
     /// Stop when the text contains one of these (cut before it; needs a tokenizer).
     pub stop: Vec<String>,
+    /// Keep the logits of every sampling step in [`Generation::step_logits`].
+    pub keep_logits: bool,
 }
 
 /// Why generation ended.
@@ -63,6 +65,9 @@ pub struct Generation {
     pub stop_reason: StopReason,
     /// Timings.
     pub timings: Timings,
+    /// The logits each token was sampled from, `[steps, vocab]` f32 (empty unless `keep_logits`).
+    #[serde(skip)]
+    pub step_logits: Vec<f32>,
 }
 
 /// Incremental detokenizer: emits text only once it is complete UTF-8, and holds back text that might be the start
@@ -154,7 +159,11 @@ pub fn generate(
     let mut ttft_ms = 0.0;
     let mut t_first = Instant::now();
     let mut stop_reason = StopReason::MaxTokens;
+    let mut step_logits = Vec::new();
     while tokens.len() < params.max_tokens {
+        if params.keep_logits {
+            step_logits.extend_from_slice(&logits);
+        }
         let id = sampler.sample(&logits);
         if tokens.is_empty() {
             ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -212,5 +221,6 @@ pub fn generate(
         tokens,
         stop_reason,
         timings,
+        step_logits,
     })
 }

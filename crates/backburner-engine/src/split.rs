@@ -28,6 +28,10 @@ use tracing::{info, warn};
 
 use crate::wire;
 
+/// Most bytes of KV rows (plus linear states) the host puts in one `Sync` or asks for in one `Fetch`; longer ranges
+/// travel in several frames. Below the worker's default frame bound (1 GiB).
+pub const FRAME_BUDGET: usize = 256 << 20;
+
 /// How to reach and use a worker.
 #[derive(Clone, Debug)]
 pub struct WorkerSettings {
@@ -45,6 +49,8 @@ pub struct WorkerSettings {
     pub host_threads: usize,
     /// Emulated link shaping (benchmarks).
     pub shaper: Option<Shaper>,
+    /// Most bytes per `Sync`/`Fetch` frame (default [`FRAME_BUDGET`]).
+    pub frame_budget: usize,
 }
 
 impl WorkerSettings {
@@ -58,6 +64,7 @@ impl WorkerSettings {
             timeout: Duration::from_secs(60),
             host_threads,
             shaper: None,
+            frame_budget: FRAME_BUDGET,
         }
     }
 }
@@ -97,6 +104,7 @@ pub fn balanced_split(cfg: &ModelConfig, host_threads: usize, worker_threads: us
 pub struct WorkerClient {
     settings: WorkerSettings,
     fingerprint: Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + Send>,
+    fingerprints: std::collections::HashMap<usize, [u8; 32]>,
     conn: Option<Conn>,
     split: usize,
     /// KV rows the mirror holds that match the host (positions `[0, mirror_kv)`).
@@ -131,6 +139,7 @@ impl WorkerClient {
         WorkerClient {
             settings,
             fingerprint: Box::new(fingerprint),
+            fingerprints: Default::default(),
             conn: None,
             split: 0,
             mirror_kv: 0,
@@ -219,6 +228,7 @@ impl WorkerClient {
         )?;
         let st = &self.settings;
         let fp = &self.fingerprint;
+        let cache = &mut self.fingerprints;
         let mut chosen = 0;
         let (params, welcome) = host_handshake(&mut conn, &st.secret, |ch| {
             let cyc = cfg.full_attention_interval;
@@ -235,7 +245,14 @@ impl WorkerClient {
             }
             chosen = l;
             Ok(SessionParams {
-                fingerprint: fp(l..cfg.num_hidden_layers).map_err(LinkError::Malformed)?,
+                fingerprint: match cache.get(&l) {
+                    Some(f) => *f,
+                    None => {
+                        let f = fp(l..cfg.num_hidden_layers).map_err(LinkError::Malformed)?;
+                        cache.insert(l, f);
+                        f
+                    }
+                },
                 n_layers: cfg.num_hidden_layers as u32,
                 layer_start: l as u32,
                 layer_end: cfg.num_hidden_layers as u32,
@@ -307,20 +324,34 @@ impl WorkerClient {
         let p = state.n_tokens();
         let conn = self.conn.as_mut().expect("connected");
 
-        // 1. Bring the mirror to the host's position: rows past the watermark and the linear states.
+        // Long ranges of rows travel in several frames of at most `frame_budget` bytes each.
+        let row_bytes = wire::payload_len(cfg, l..n, 1, kv.dtype, false).max(1);
+        let lin_bytes = wire::payload_len(cfg, l..n, 0, kv.dtype, true);
+        let max_rows = (self.settings.frame_budget.saturating_sub(lin_bytes) / row_bytes).max(1);
+
+        // 1. Bring the mirror to the host's position: rows past the watermark, then the linear states.
         if self.mirror_kv != p || self.mirror_linear_at != Some(p) {
             let from = self.mirror_kv.min(p);
-            let payload = wire::encode(state, cfg, l..n, from, p, true);
-            conn.writer.send(
-                Kind::Sync,
-                &Sync {
-                    truncate_to: from as u64,
-                    pos_after: p as u64,
-                    linear: true,
-                },
-                &payload,
-            )?;
-            let _: (Empty, _) = conn.reader.expect(Kind::SyncDone, "SyncDone")?;
+            let mut at = from;
+            let mut first = true;
+            loop {
+                let to = (at + max_rows).min(p);
+                let last = to == p;
+                let payload = wire::encode(state, cfg, l..n, at, to, last);
+                let msg = Sync {
+                    truncate_to: at as u64,
+                    pos_after: to as u64,
+                    linear: last,
+                };
+                conn.writer.send(Kind::Sync, &msg, &payload)?;
+                let _: (Empty, _) = conn.reader.expect(Kind::SyncDone, "SyncDone")?;
+                debug_assert!(first || at > from);
+                first = false;
+                at = to;
+                if last {
+                    break;
+                }
+            }
             self.mirror_kv = p;
             self.mirror_linear_at = Some(p);
         }
@@ -330,47 +361,62 @@ impl WorkerClient {
         let chunks: Vec<&[u32]> = ids.chunks(ubatch).collect();
         let k = chunks.len();
         debug_assert!(k >= 2);
+        let pos_last = p + ids.len() - chunks[k - 1].len();
+        let fetches: Vec<Fetch> = (p..pos_last)
+            .step_by(max_rows)
+            .map(|a| {
+                let b = (a + max_rows).min(pos_last);
+                Fetch {
+                    from_pos: a as u64,
+                    to_pos: b as u64,
+                    linear: b == pos_last,
+                }
+            })
+            .collect();
         let failed = AtomicBool::new(false);
         let (tx, rx) = mpsc::channel::<(RunLayers, Vec<u8>)>();
         let conn_w = &mut conn.writer;
         let conn_r = &mut conn.reader;
-        let last: Result<(Vec<f32>, usize, usize), LinkError> = std::thread::scope(|s| {
+        type Fetched = (Vec<LayersDone>, Vec<(FetchDone, Vec<u8>)>);
+        let last: Result<(Vec<f32>, usize), LinkError> = std::thread::scope(|s| {
             let failed_ref = &failed;
+            let fetches_ref = &fetches;
             let sender = s.spawn(move || -> Result<(), LinkError> {
-                for (msg, bytes) in rx {
-                    if let Err(e) = conn_w.send(Kind::RunLayers, &msg, &bytes) {
-                        failed_ref.store(true, Ordering::Relaxed);
-                        return Err(e);
+                let r = (|| {
+                    for (msg, bytes) in rx {
+                        conn_w.send(Kind::RunLayers, &msg, &bytes)?;
                     }
+                    for f in fetches_ref {
+                        conn_w.send(Kind::Fetch, f, &[])?;
+                    }
+                    Ok(())
+                })();
+                if r.is_err() {
+                    failed_ref.store(true, Ordering::Relaxed);
                 }
-                conn_w.send(Kind::Fetch, &Fetch { from_pos: p as u64 }, &[])?;
-                Ok(())
+                r
             });
             let expected = k - 1;
-            let receiver = s.spawn(
-                move || -> Result<(Vec<LayersDone>, FetchDone, Vec<u8>), LinkError> {
+            let receiver = s.spawn(move || -> Result<Fetched, LinkError> {
+                let r = (|| {
                     let mut acks = Vec::with_capacity(expected);
-                    let r = (|| {
-                        for _ in 0..expected {
-                            let (a, _): (LayersDone, _) =
-                                conn_r.expect(Kind::LayersDone, "LayersDone")?;
-                            acks.push(a);
-                        }
-                        let (fd, payload): (FetchDone, _) =
-                            conn_r.expect(Kind::FetchDone, "FetchDone")?;
-                        Ok((fd, payload))
-                    })();
-                    match r {
-                        Ok((fd, payload)) => Ok((acks, fd, payload)),
-                        Err(e) => {
-                            failed_ref.store(true, Ordering::Relaxed);
-                            Err(e)
-                        }
+                    for _ in 0..expected {
+                        let (a, _): (LayersDone, _) =
+                            conn_r.expect(Kind::LayersDone, "LayersDone")?;
+                        acks.push(a);
                     }
-                },
-            );
+                    let mut got = Vec::with_capacity(fetches_ref.len());
+                    for _ in fetches_ref {
+                        got.push(conn_r.expect::<FetchDone>(Kind::FetchDone, "FetchDone")?);
+                    }
+                    Ok((acks, got))
+                })();
+                if r.is_err() {
+                    failed_ref.store(true, Ordering::Relaxed);
+                }
+                r
+            });
             let mut pos = p;
-            let mut done = 0;
             let mut out = None;
             for (ci, chunk) in chunks.iter().enumerate() {
                 if failed.load(Ordering::Relaxed) {
@@ -383,36 +429,27 @@ impl WorkerClient {
                 model
                     .forward_layers_at(0..l, &mut x, t, pos, state)
                     .map_err(|e| LinkError::Malformed(e.to_string()))?;
+                pos += t;
                 if ci + 1 < k {
                     let _ = tx.send((
                         RunLayers {
-                            pos: pos as u64,
+                            pos: (pos - t) as u64,
                             n_tokens: t as u32,
                         },
                         f32_bytes(&x),
                     ));
+                    progress(pos - p, ids.len());
                 } else {
-                    out = Some((x, t, pos));
-                }
-                pos += t;
-                done += t;
-                if ci + 1 < k {
-                    progress(done, ids.len());
+                    out = Some((x, t));
                 }
             }
             drop(tx);
             let sent = sender.join().expect("sender thread");
             let got = receiver.join().expect("receiver thread");
+            // The receiver's error first: it carries the worker's typed Error frame when there is one.
+            let (acks, fetched) = got?;
             sent?;
-            let (acks, fd, payload) = got?;
-            let (x, t, pos_last) =
-                out.ok_or_else(|| LinkError::Malformed("pipeline aborted".into()))?;
-            if fd.from_pos as usize != p || fd.to_pos as usize != pos_last {
-                return Err(LinkError::Malformed(format!(
-                    "worker returned rows {}..{}, expected {p}..{pos_last}",
-                    fd.from_pos, fd.to_pos
-                )));
-            }
+            let (x, t) = out.ok_or_else(|| LinkError::Malformed("pipeline aborted".into()))?;
             for (i, a) in acks.iter().enumerate() {
                 let want: usize = p + chunks[..=i].iter().map(|c| c.len()).sum::<usize>();
                 if a.pos_after as usize != want {
@@ -422,13 +459,24 @@ impl WorkerClient {
                     )));
                 }
             }
+            for ((fd, _), want) in fetched.iter().zip(fetches.iter()) {
+                if fd.from_pos != want.from_pos || fd.to_pos != want.to_pos {
+                    return Err(LinkError::Malformed(format!(
+                        "worker returned rows {}..{}, expected {}..{}",
+                        fd.from_pos, fd.to_pos, want.from_pos, want.to_pos
+                    )));
+                }
+            }
             // 3. Adopt the worker's rows and states, then run the tail of the last ubatch here.
-            wire::apply(state, cfg, l..n, pos_last - p, true, &payload)?;
+            for ((fd, payload), f) in fetched.iter().zip(fetches.iter()) {
+                let rows = (fd.to_pos - fd.from_pos) as usize;
+                wire::apply(state, cfg, l..n, rows, f.linear, payload)?;
+            }
             self.stats.worker_compute_us += acks.iter().map(|a| a.compute_us).sum::<u64>();
             self.stats.worker_idle_us += acks.iter().skip(1).map(|a| a.idle_us).sum::<u64>();
-            Ok((x, t, pos_last))
+            Ok((x, t))
         });
-        let (mut x, t, pos_last) = last?;
+        let (mut x, t) = last?;
         model
             .forward_layers_at(l..n, &mut x, t, pos_last, state)
             .map_err(|e| LinkError::Malformed(e.to_string()))?;

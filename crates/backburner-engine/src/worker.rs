@@ -41,7 +41,16 @@ pub struct WorkerOptions {
     pub secret: Option<Vec<u8>>,
     /// How long a session may sit idle waiting for the host's next frame.
     pub idle_timeout: Duration,
+    /// Bound on a frame's tensor section after authentication (bytes); before it, frames carry no tensors and the
+    /// bound is 0.
+    pub max_frame: usize,
+    /// Fault injection for tests: exit the whole process (as a crash would) on receiving this many session frames
+    /// (1 = the first frame after the handshake). Never set in normal use.
+    pub exit_after_frames: Option<usize>,
 }
+
+/// How long the worker waits for each handshake message (the host may be hashing a large checkpoint).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Loaded {
     model: Arc<Model>,
@@ -96,7 +105,7 @@ impl Worker {
             .expect("bound listener has an address")
     }
 
-    /// Serves until `stop` is set (checked every 50 ms). Each connection runs on its own thread.
+    /// Serves until `stop` is set (checked every 20 ms). Each connection runs on its own thread.
     pub fn serve(self, stop: Arc<AtomicBool>) {
         self.listener
             .set_nonblocking(true)
@@ -201,7 +210,8 @@ impl Drop for BusyGuard<'_> {
 
 fn handle(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, stop: Arc<AtomicBool>) {
     let _ = stream.set_nonblocking(false);
-    let mut conn = match Conn::new(stream, Some(Duration::from_secs(10)), None, None) {
+    // No handshake message carries a tensor section: until the host authenticates, any tensor bytes are refused.
+    let mut conn = match Conn::new(stream, Some(HANDSHAKE_TIMEOUT), Some(0), None) {
         Ok(c) => c,
         Err(e) => return warn!(%peer, "connection setup failed: {e}"),
     };
@@ -220,7 +230,23 @@ fn handle(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, stop: Arc<At
     let _guard = BusyGuard(&shared.busy);
     match session(&shared, &mut conn, &stop) {
         Ok(()) | Err(LinkError::Closed) => info!(%peer, "host disconnected"),
-        Err(e) => warn!(%peer, "session ended: {e}"),
+        Err(e) => {
+            // Tell the peer why, where it did not already get an Error frame.
+            match &e {
+                LinkError::VersionMismatch { .. } => conn
+                    .writer
+                    .send_error(ErrorCode::VersionMismatch, e.to_string()),
+                LinkError::BadMagic(_)
+                | LinkError::UnknownKind(_)
+                | LinkError::FrameTooLarge { .. }
+                | LinkError::Malformed(_)
+                | LinkError::Unexpected { .. } => {
+                    conn.writer.send_error(ErrorCode::Malformed, e.to_string())
+                }
+                _ => {}
+            }
+            warn!(%peer, "session ended: {e}");
+        }
     }
     conn.shutdown();
 }
@@ -294,15 +320,25 @@ fn session(shared: &Shared, conn: &mut Conn, stop: &AtomicBool) -> Result<(), Li
     };
     let mut mirror = ModelState::new(c, range.clone(), kv);
     conn.reader.set_timeout(Some(shared.opts.idle_timeout))?;
+    conn.reader.set_max_tensor(shared.opts.max_frame);
     info!(?range, "session started");
     let hidden = c.hidden_size;
     let mut last_done = Instant::now();
+    let mut frames = 0usize;
     loop {
         if stop.load(Ordering::Relaxed) {
             return Ok(());
         }
         let f = conn.reader.recv()?;
         let arrived = Instant::now();
+        frames += 1;
+        if shared.opts.exit_after_frames == Some(frames) {
+            warn!(
+                "fault injection: exiting on session frame {frames} ({:?})",
+                f.kind
+            );
+            std::process::exit(101);
+        }
         match f.kind {
             Kind::Ping => {
                 conn.writer.send(Kind::Pong, &Empty {}, &f.tensor)?;
@@ -314,14 +350,17 @@ fn session(shared: &Shared, conn: &mut Conn, stop: &AtomicBool) -> Result<(), Li
             Kind::Sync => {
                 let s: Sync = f.control()?;
                 let pos = mirror.n_tokens() as u64;
-                if s.truncate_to > pos
-                    || s.pos_after < s.truncate_to
-                    || (s.truncate_to < pos && !s.linear)
-                {
-                    return fail(conn, ErrorCode::BadState, format!(
-                        "sync truncate_to {} / pos_after {} (linear {}) does not fit a mirror at {pos}",
-                        s.truncate_to, s.pos_after, s.linear
-                    ));
+                // Linear states arrive with the last Sync of a series (a long range comes in several); until then the
+                // mirror's linear states are stale, and the host sends no RunLayers before the series ends.
+                if s.truncate_to > pos || s.pos_after < s.truncate_to {
+                    return fail(
+                        conn,
+                        ErrorCode::BadState,
+                        format!(
+                            "sync truncate_to {} / pos_after {} does not fit a mirror at {pos}",
+                            s.truncate_to, s.pos_after
+                        ),
+                    );
                 }
                 let n = (s.pos_after - s.truncate_to) as usize;
                 if over_budget(shared, &mirror, c, &range, n) {
@@ -368,9 +407,16 @@ fn session(shared: &Shared, conn: &mut Conn, stop: &AtomicBool) -> Result<(), Li
                 let idle = arrived.saturating_duration_since(last_done);
                 let mut x = bytes_f32(&f.tensor)?;
                 let t0 = Instant::now();
-                l.model
+                if let Err(e) = l
+                    .model
                     .forward_layers(range.clone(), &mut x, t, &mut mirror)
-                    .map_err(|e| LinkError::Malformed(e.to_string()))?;
+                {
+                    return fail(
+                        conn,
+                        ErrorCode::Internal,
+                        format!("running layers failed: {e}"),
+                    );
+                }
                 l.model.commit_tokens(&mut mirror, t);
                 let compute = t0.elapsed();
                 last_done = Instant::now();
@@ -386,24 +432,24 @@ fn session(shared: &Shared, conn: &mut Conn, stop: &AtomicBool) -> Result<(), Li
             }
             Kind::Fetch => {
                 let q: Fetch = f.control()?;
-                let pos = mirror.n_tokens();
-                if q.from_pos as usize > pos {
+                let pos = mirror.n_tokens() as u64;
+                if q.from_pos > q.to_pos || q.to_pos > pos {
                     return fail(
                         conn,
                         ErrorCode::BadState,
-                        format!("fetch from {} past the mirror at {pos}", q.from_pos),
+                        format!(
+                            "fetch {}..{} outside the mirror's 0..{pos}",
+                            q.from_pos, q.to_pos
+                        ),
                     );
                 }
-                let payload =
-                    wire::encode(&mirror, c, range.clone(), q.from_pos as usize, pos, true);
-                conn.writer.send(
-                    Kind::FetchDone,
-                    &FetchDone {
-                        from_pos: q.from_pos,
-                        to_pos: pos as u64,
-                    },
-                    &payload,
-                )?;
+                let (a, b) = (q.from_pos as usize, q.to_pos as usize);
+                let payload = wire::encode(&mirror, c, range.clone(), a, b, q.linear);
+                let done = FetchDone {
+                    from_pos: q.from_pos,
+                    to_pos: q.to_pos,
+                };
+                conn.writer.send(Kind::FetchDone, &done, &payload)?;
             }
             other => {
                 return fail(

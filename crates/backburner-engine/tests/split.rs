@@ -59,6 +59,8 @@ fn start_worker(
             max_memory: 0,
             secret: secret.map(|s| s.to_vec()),
             idle_timeout: Duration::from_secs(30),
+            max_frame: 1 << 30,
+            exit_after_frames: None,
         },
     )
     .unwrap();
@@ -85,7 +87,24 @@ fn opts() -> SessionOptions {
 }
 
 fn client(dir: &Path, addr: &str, split: Option<usize>, secret: &[u8]) -> WorkerClient {
+    client_with(
+        dir,
+        addr,
+        split,
+        secret,
+        backburner_engine::split::FRAME_BUDGET,
+    )
+}
+
+fn client_with(
+    dir: &Path,
+    addr: &str,
+    split: Option<usize>,
+    secret: &[u8],
+    frame_budget: usize,
+) -> WorkerClient {
     let mut s = WorkerSettings::new(addr, 1);
+    s.frame_budget = frame_budget;
     s.split_layer = split;
     s.split_min_tokens = 32;
     s.secret = secret.to_vec();
@@ -226,6 +245,36 @@ fn a_second_turn_reuses_the_mirror_and_a_regenerate_below_the_watermark_stays_ex
     let y = run(&mut s2, &turn2, 3);
     assert!(x == y, "after rewinding below the watermark");
     assert_eq!(s2.link_stats().fallbacks, 0);
+}
+
+#[test]
+fn long_row_ranges_travel_in_several_frames_with_the_same_bits() {
+    // A frame budget of a few rows forces every Sync and Fetch to be split into many frames.
+    let f = model_with_layers(8, 4);
+    let w = start_worker(f.dir.path(), None, None);
+    let cfg = f.model.config();
+    let lin = 4
+        * 3
+        * (cfg.conv_dim() * 3
+            + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim);
+    let row = 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let mut split = Session::new(f.model.clone(), opts()).unwrap();
+    split.attach_worker(client_with(
+        f.dir.path(),
+        &w.addr,
+        Some(4),
+        b"",
+        lin + 5 * row,
+    ));
+    let (t1, t2) = (prompt(4 * UBATCH + 7, 11), prompt(3 * UBATCH, 12));
+    for p in [&t1, &t2] {
+        let a = run(&mut local, p, 3);
+        let b = run(&mut split, p, 3);
+        assert!(a == b);
+    }
+    assert_eq!(split.link_stats().fallbacks, 0);
+    assert_eq!(split.link_stats().split_calls, 2);
 }
 
 #[test]

@@ -20,7 +20,8 @@ pub struct Counters {
     pub received: AtomicU64,
 }
 
-/// Emulated link: every frame is held for `delay + bytes / rate` before it is written.
+/// Emulated link: every frame is held for `delay + (header + tensor bytes) / rate` before it is written (the small
+/// control section is not counted).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Shaper {
     /// One-way delay added to every frame.
@@ -131,6 +132,11 @@ impl FrameReader {
         Ok((c, f.tensor))
     }
 
+    /// Sets the bound on a frame's tensor section (bytes). A worker keeps it small until the host has authenticated.
+    pub fn set_max_tensor(&mut self, max: usize) {
+        self.max_tensor = max;
+    }
+
     /// Sets the read timeout (None = block forever).
     pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<(), LinkError> {
         self.r.get_ref().set_read_timeout(t)?;
@@ -161,6 +167,8 @@ impl Conn {
     ) -> Result<Self, LinkError> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(timeout)?;
+        // A peer that stops reading must not block our writer forever either.
+        stream.set_write_timeout(timeout)?;
         let counters = Arc::new(Counters::default());
         let writer = FrameWriter {
             w: BufWriter::with_capacity(1 << 16, stream.try_clone()?),

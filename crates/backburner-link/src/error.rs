@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Error codes carried by an `Error` frame (u8 on the wire via postcard).
+/// Error codes carried by an `Error` frame (postcard varint of the variant index: one byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorCode {
     /// The worker already serves another host.
@@ -15,7 +15,7 @@ pub enum ErrorCode {
     ModelMismatch,
     /// The worker cannot serve the requested layer range.
     LayerRangeMismatch,
-    /// Another session parameter (dtype, ubatch, hidden size) is unacceptable.
+    /// Another session parameter (KV dtype, page size, ubatch) is unacceptable.
     ParamMismatch,
     /// A frame or message was malformed or out of order.
     Malformed,

@@ -20,7 +20,7 @@ pub const DEFAULT_MAX_TENSOR: usize = 1 << 30;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Kind {
-    /// host → worker: protocol version and the host's nonce.
+    /// host → worker: the host's nonce (the protocol version is in every header).
     Hello = 1,
     /// worker → host: the worker's nonce.
     Challenge = 2,
@@ -28,7 +28,7 @@ pub enum Kind {
     Auth = 3,
     /// worker → host: the worker's MAC (mutual authentication) and its description.
     Welcome = 4,
-    /// either way: a typed error; the sender closes the connection after it.
+    /// worker → host: a typed error; the worker closes the connection after it.
     Error = 5,
     /// host → worker: round-trip probe (any payload).
     Ping = 6,

@@ -105,20 +105,25 @@ pub struct LayersDone {
     pub idle_us: u64,
 }
 
-/// `Fetch` (host → worker): send rows `[from_pos, mirror position)` and the linear states.
+/// `Fetch` (host → worker): send KV rows `[from_pos, to_pos)` and, if `linear`, the linear states (as of the mirror's
+/// position). A host fetches a long range in several requests to stay under the frame bound.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fetch {
     /// First position to return.
     pub from_pos: u64,
+    /// One past the last position to return (at most the mirror's position).
+    pub to_pos: u64,
+    /// Include the linear states.
+    pub linear: bool,
 }
 
-/// `FetchDone` (worker → host). Tensor section: as `Sync`'s, for positions `[from_pos, to_pos)`, linear states
-/// always included.
+/// `FetchDone` (worker → host). Tensor section: as `Sync`'s, for positions `[from_pos, to_pos)`, with the linear
+/// states if the `Fetch` asked for them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchDone {
     /// First position returned.
     pub from_pos: u64,
-    /// One past the last position returned (the mirror's position).
+    /// One past the last position returned.
     pub to_pos: u64,
 }
 

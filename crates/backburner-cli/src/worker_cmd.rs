@@ -1,0 +1,147 @@
+//! `backburner worker`: the worker daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use backburner_engine::{Worker, WorkerOptions};
+use clap::Args;
+
+use crate::{default_model, set_threads};
+
+/// Worker options.
+#[derive(Args)]
+pub struct WorkerArgs {
+    /// Address to listen on. Any non-loopback address needs --allow-remote and a shared secret.
+    #[arg(long, default_value = "127.0.0.1:50060")]
+    listen: String,
+    /// Allow listening on a non-loopback address (requires a secret).
+    #[arg(long)]
+    allow_remote: bool,
+    /// Checkpoint directory (the same model as the host's). Default: the bundled model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Layer range to serve, `L..n` (default: what the host's handshake asks for).
+    #[arg(long)]
+    layers: Option<String>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Most bytes of state (KV rows + recurrent state) to hold; 0 = unlimited. Suffixes K, M, G (binary) allowed.
+    #[arg(long, default_value = "0")]
+    max_memory: String,
+    /// File holding the shared secret (or set BACKBURNER_SECRET).
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Seconds a connected host may stay silent before the worker drops it.
+    #[arg(long, default_value_t = 600)]
+    idle_timeout: u64,
+    /// Test fault injection: exit the process on the Nth frame after a handshake.
+    #[arg(long, hide = true)]
+    exit_after_frames: Option<usize>,
+}
+
+/// Parses `L..n`.
+pub fn parse_range(s: &str) -> Result<std::ops::Range<usize>> {
+    let (a, b) = s
+        .split_once("..")
+        .with_context(|| format!("--layers {s:?}: expected L..n, e.g. 4..8"))?;
+    let a: usize = a
+        .trim()
+        .parse()
+        .with_context(|| format!("--layers {s:?}: {a:?} is not a layer index"))?;
+    let b: usize = b
+        .trim()
+        .parse()
+        .with_context(|| format!("--layers {s:?}: {b:?} is not a layer index"))?;
+    if a >= b {
+        bail!("--layers {s:?}: the range is empty");
+    }
+    Ok(a..b)
+}
+
+/// Parses a byte count with an optional K/M/G suffix (binary).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .with_context(|| format!("{s:?} is not a byte count (e.g. 512M, 8G)"))?;
+    n.checked_mul(mul)
+        .with_context(|| format!("{s:?} is too large"))
+}
+
+/// Reads the shared secret from `--secret-file` or `BACKBURNER_SECRET` (file wins).
+pub fn read_secret(file: Option<&PathBuf>) -> Result<Option<Vec<u8>>> {
+    if let Some(f) = file {
+        let s = backburner_link::auth::read_secret_file(f)
+            .with_context(|| format!("read secret file {}", f.display()))?;
+        return Ok(Some(s));
+    }
+    match std::env::var("BACKBURNER_SECRET") {
+        Ok(s) if !s.trim().is_empty() => Ok(Some(s.trim().as_bytes().to_vec())),
+        _ => Ok(None),
+    }
+}
+
+/// Runs the daemon until SIGINT/SIGTERM.
+pub fn run(a: WorkerArgs) -> Result<()> {
+    let threads = set_threads(a.threads)?;
+    let addr: SocketAddr = a
+        .listen
+        .parse()
+        .with_context(|| format!("--listen {:?}: expected IP:PORT", a.listen))?;
+    let secret = read_secret(a.secret_file.as_ref())?;
+    if !addr.ip().is_loopback() {
+        if !a.allow_remote {
+            bail!("--listen {addr} is not a loopback address: pass --allow-remote (and a shared secret) to listen on it");
+        }
+        if secret.is_none() {
+            bail!(
+                "listening on {addr} needs a shared secret: --secret-file F or BACKBURNER_SECRET"
+            );
+        }
+    }
+    let layers = a.layers.as_deref().map(parse_range).transpose()?;
+    let model_dir = match a.model {
+        Some(d) => d,
+        None => default_model::ensure()?,
+    };
+    let worker = Worker::bind(
+        &addr.to_string(),
+        WorkerOptions {
+            model_dir: model_dir.clone(),
+            layers: layers.clone(),
+            threads,
+            max_memory: parse_bytes(&a.max_memory)?,
+            secret,
+            idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
+            max_frame: 1 << 30,
+            exit_after_frames: a.exit_after_frames,
+        },
+    )?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    ctrlc::set_handler(move || s2.store(true, Ordering::Relaxed))
+        .context("install the SIGINT/SIGTERM handler")?;
+    eprintln!(
+        "backburner worker listening on {} (model {}, layers {}, {threads} threads)",
+        worker.local_addr(),
+        model_dir.display(),
+        layers
+            .map(|r| format!("{}..{}", r.start, r.end))
+            .unwrap_or_else(|| "from the host".into())
+    );
+    worker.serve(stop);
+    eprintln!("backburner worker: shut down");
+    Ok(())
+}
