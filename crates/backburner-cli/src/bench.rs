@@ -32,10 +32,10 @@ enum BenchKind {
 struct LocalArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Context depths (tokens) at which to report prefill and decode.
+    /// Context depths (tokens, comma-separated) at which to report prefill and decode.
     #[arg(long, value_delimiter = ',', default_values_t = [2048usize, 8192, 16384])]
     depths: Vec<usize>,
-    /// Thread counts to run (one full run each).
+    /// Thread counts to run, comma-separated (one full run each).
     #[arg(long = "thread-counts", value_delimiter = ',', default_values_t = [1usize, 2])]
     thread_counts: Vec<usize>,
     /// Tokens decoded at each depth.
@@ -95,6 +95,9 @@ struct ThreadResult {
 fn run_local(a: LocalArgs) -> Result<()> {
     if a.depths.is_empty() || a.thread_counts.is_empty() {
         bail!("--depths and --thread-counts need at least one value");
+    }
+    if a.depths.contains(&0) || a.thread_counts.contains(&0) || a.decode_tokens == 0 {
+        bail!("--depths, --thread-counts and --decode-tokens must be ≥ 1");
     }
     let mut depths = a.depths.clone();
     depths.sort_unstable();

@@ -22,7 +22,7 @@ use crate::{bench, default_model, load, set_threads, LinkArgs, ModelArgs};
 pub struct SplitArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt lengths (tokens) to ingest, each from an empty context.
+    /// Prompt lengths (tokens, comma-separated) to ingest, each from an empty context.
     #[arg(long, value_delimiter = ',', default_values_t = [2048usize, 8192, 16384])]
     depths: Vec<usize>,
     /// Threads of the worker process (the host uses --threads, default 1 here).
@@ -168,6 +168,9 @@ pub fn run(a: SplitArgs) -> Result<()> {
     let vocab = cfg.vocab_size as u64;
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let max = *a.depths.iter().max().context("--depths needs a value")?;
+    if a.depths.contains(&0) || a.pings == 0 {
+        bail!("--depths and --pings must be ≥ 1");
+    }
     let prompt: Vec<u32> = (0..max)
         .map(|_| {
             x ^= x << 13;

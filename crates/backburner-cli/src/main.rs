@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text from a prompt (streams to stdout, stats to stderr).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Perplexity of a text file.
     Perplexity(PplArgs),
     /// Benchmarks.
@@ -80,6 +80,7 @@ impl ModelArgs {
 }
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -101,6 +102,10 @@ struct RunArgs {
     /// System message for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// With --chat: ask a thinking model to answer without a thinking block (sets `enable_thinking=false` in the
+    /// template, as transformers does).
+    #[arg(long, requires = "chat")]
+    no_think: bool,
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -116,9 +121,9 @@ struct RunArgs {
     /// Min-p (0 = off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
-    /// RNG seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// RNG seed for sampling (default: random; the seed used is in the --json output).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Stop when the output contains this text (repeatable; needs a tokenizer).
     #[arg(long)]
     stop: Vec<String>,
@@ -215,9 +220,10 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let r = match cli.cmd {
-        Cmd::Run(a) => run(a),
+        Cmd::Run(a) => run(*a),
         Cmd::Perplexity(a) => run_perplexity(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Worker(a) => worker_cmd::run(a),
@@ -313,19 +319,41 @@ fn load_dir(dir: &Path) -> Result<Loaded> {
     })
 }
 
-fn need_tok<'a>(tok: &'a Option<TextTokenizer>, what: &str) -> Result<&'a TextTokenizer> {
+fn need_tok<'a>(
+    tok: &'a Option<TextTokenizer>,
+    what: &str,
+    hint: &str,
+) -> Result<&'a TextTokenizer> {
     tok.as_ref().with_context(|| {
-        format!("{what} needs a tokenizer, and this checkpoint has no tokenizer.json; give token ids with --prompt-tokens or --prompt-tokens-file")
+        format!("{what} needs a tokenizer, and this checkpoint has no tokenizer.json{hint}")
     })
 }
 
+const IDS_HINT: &str = "; give token ids with --prompt-tokens or --prompt-tokens-file";
+
+/// Rejects sampling settings that have no meaning (NaN or negative temperature, top-p outside (0, 1], min-p
+/// outside [0, 1]).
+fn check_sampling(a: &RunArgs) -> Result<()> {
+    if !a.temp.is_finite() || a.temp < 0.0 {
+        bail!("--temp {} must be a finite number ≥ 0 (0 = greedy)", a.temp);
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!("--top-p {} must be in (0, 1] (1 = off)", a.top_p);
+    }
+    if !(0.0..=1.0).contains(&a.min_p) {
+        bail!("--min-p {} must be in [0, 1] (0 = off)", a.min_p);
+    }
+    Ok(())
+}
+
 fn run(a: RunArgs) -> Result<()> {
+    check_sampling(&a)?;
     let threads = set_threads(a.model.threads)?;
     let loaded = load(&a.model)?;
     let worker = a.link.client(&loaded, threads)?;
     let tok = &loaded.tokenizer;
     if !a.stop.is_empty() {
-        need_tok(tok, "--stop")?;
+        need_tok(tok, "--stop", "")?;
     }
     let text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.clone()),
@@ -336,7 +364,11 @@ fn run(a: RunArgs) -> Result<()> {
         _ => None,
     };
     let prompt: Vec<u32> = if let Some(text) = text {
-        let t = need_tok(tok, if a.chat { "--chat" } else { "a text prompt" })?;
+        let t = need_tok(
+            tok,
+            if a.chat { "--chat" } else { "a text prompt" },
+            IDS_HINT,
+        )?;
         let text = if a.chat {
             let mut msgs = Vec::new();
             if let Some(s) = &a.system {
@@ -349,7 +381,7 @@ fn run(a: RunArgs) -> Result<()> {
                 role: "user".into(),
                 content: text,
             });
-            t.apply_chat_template(&msgs, true)?
+            t.apply_chat_template_with(&msgs, true, if a.no_think { Some(false) } else { None })?
         } else {
             text
         };
@@ -383,6 +415,7 @@ fn run(a: RunArgs) -> Result<()> {
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_else(|| loaded.model.config().eos_token_ids.clone())
     };
+    let seed = a.seed.unwrap_or_else(rand::random);
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampling: SamplingParams {
@@ -390,7 +423,7 @@ fn run(a: RunArgs) -> Result<()> {
             top_k: a.top_k,
             top_p: a.top_p,
             min_p: a.min_p,
-            seed: a.seed,
+            seed,
         },
         eos_ids,
         stop: a.stop.clone(),
@@ -401,8 +434,12 @@ fn run(a: RunArgs) -> Result<()> {
     if let Some(w) = worker {
         session.attach_worker(w);
     }
-    let pb = bar(prompt.len() as u64, "prefill");
     let show_bar = prompt.len() >= 2 * a.model.ubatch;
+    let pb = if show_bar {
+        bar(prompt.len() as u64, "prefill")
+    } else {
+        ProgressBar::hidden()
+    };
     let json = a.json;
     let mut out = std::io::stdout();
     let has_tok = tok.is_some();
@@ -433,7 +470,6 @@ fn run(a: RunArgs) -> Result<()> {
             }
         },
     )?;
-    pb.finish_and_clear();
     if let Some(f) = &a.dump_logits {
         let bytes: Vec<u8> = gen
             .step_logits
@@ -449,7 +485,8 @@ fn run(a: RunArgs) -> Result<()> {
             "prompt_tokens": prompt,
             "tokens": gen.tokens,
             "text": gen.text,
-            "stop_reason": gen.stop_reason,
+            "stop_reason": gen.stop_reason.as_str(),
+            "seed": seed,
             "timings": {
                 "ttft_ms": tm.ttft_ms,
                 "prefill_tok_s": tm.prefill_tok_s,
@@ -472,13 +509,13 @@ fn run(a: RunArgs) -> Result<()> {
     } else {
         println!();
         eprintln!(
-            "prompt {} tokens | prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.0} ms | generated {} tokens ({:?}) in {:.2} s",
+            "prompt {} tokens | prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.0} ms | generated {} tokens ({}) in {:.2} s",
             prompt.len(),
             tm.prefill_tok_s,
             tm.decode_tok_s,
             tm.ttft_ms,
             gen.tokens.len(),
-            gen.stop_reason,
+            gen.stop_reason.as_str(),
             total_s
         );
         if session.worker().is_some() {
@@ -512,11 +549,11 @@ pub fn human_bytes(b: u64) -> String {
 fn run_perplexity(a: PplArgs) -> Result<()> {
     set_threads(a.model.threads)?;
     let loaded = load(&a.model)?;
-    let tok = need_tok(&loaded.tokenizer, "perplexity")?;
+    let tok = need_tok(&loaded.tokenizer, "perplexity", "")?;
     let text =
         std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
     let ids = tok.encode(&text)?;
-    let ctx = a.ctx.unwrap_or(ids.len().max(2));
+    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len()).max(2);
     let pb = bar(ids.len() as u64, "scoring");
     let r = perplexity(
         loaded.model.clone(),

@@ -138,6 +138,61 @@ fn chat_applies_the_template() {
 }
 
 #[test]
+fn generation_stops_when_the_context_is_full() {
+    let m = fixture("tiny-f32");
+    let o = bb(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-tokens",
+        "1,2,3",
+        "--ctx-size",
+        "10",
+        "--max-tokens",
+        "50",
+        "--ignore-eos",
+        "--json",
+    ]);
+    let v = json_out(&o);
+    assert_eq!(v["stop_reason"], "context_full");
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 7);
+}
+
+#[test]
+fn no_think_closes_the_thinking_block_of_the_qwen35_template() {
+    // The bundled default model carries the real Qwen3.5 template; with --no-think it renders an empty think block.
+    let with = json_out(&bb(&[
+        "run",
+        "--chat",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]));
+    let without = json_out(&bb(&[
+        "run",
+        "--chat",
+        "--no-think",
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]));
+    let (a, b) = (
+        with["prompt_tokens"].as_array().unwrap().len(),
+        without["prompt_tokens"].as_array().unwrap().len(),
+    );
+    assert!(b > a, "{a} vs {b}");
+    assert_eq!(
+        with["prompt_tokens"].as_array().unwrap().last(),
+        Some(&serde_json::json!(198)),
+        "ends in <think>\\n"
+    );
+}
+
+#[test]
 fn perplexity_json_agrees_with_transformers() {
     let r = reference("tiny-f32");
     let m = fixture("tiny-f32");
@@ -213,8 +268,36 @@ fn bad_inputs_fail_with_a_clear_message() {
             "not a non-negative integer",
         ),
         (
-            vec!["run", "--model", ms, "--prompt", "hello", "--ctx-size", "4"],
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt",
+                "The quick brown fox jumps over the lazy dog",
+                "--ctx-size",
+                "4",
+            ],
             "context overflow",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt", "x", "--temp", "nan"],
+            "--temp",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt", "x", "--temp", "-1"],
+            "--temp",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt", "x", "--top-p", "0"],
+            "--top-p",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt", "x", "--min-p", "2"],
+            "--min-p",
+        ),
+        (
+            vec!["run", "--model", ms, "--prompt", "x", "--threads", "100000"],
+            "--threads",
         ),
         (vec!["run", "--model", ms, "--prompt", ""], "empty"),
         (vec!["run", "--model", ms], "give a prompt"),

@@ -30,7 +30,7 @@ impl Drop for WorkerProc {
 /// Starts `backburner worker` on an ephemeral port and waits for its "listening on" line.
 fn worker(extra: &[&str]) -> WorkerProc {
     let m = fixture("tiny-f32");
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args([
             "worker",
             "--listen",
@@ -45,7 +45,11 @@ fn worker(extra: &[&str]) -> WorkerProc {
         .stdout(Stdio::null())
         .spawn()
         .expect("spawn worker");
-    let mut r = BufReader::new(child.stderr.take().unwrap());
+    let mut w = WorkerProc {
+        child,
+        addr: String::new(),
+    };
+    let mut r = BufReader::new(w.child.stderr.take().unwrap());
     let mut line = String::new();
     loop {
         line.clear();
@@ -62,7 +66,8 @@ fn worker(extra: &[&str]) -> WorkerProc {
                     sink.clear();
                 }
             });
-            return WorkerProc { child, addr };
+            w.addr = addr;
+            return w;
         }
     }
 }

@@ -35,6 +35,20 @@ pub enum StopReason {
     MaxTokens,
     /// A stop string appeared.
     StopString,
+    /// The context window is full.
+    ContextFull,
+}
+
+impl StopReason {
+    /// The snake_case name used in JSON and the stats line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Eos => "eos",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopString => "stop_string",
+            StopReason::ContextFull => "context_full",
+        }
+    }
 }
 
 /// Timings of one generation, milliseconds and tokens per second.
@@ -133,7 +147,8 @@ impl<'a> TextStream<'a> {
 /// `on_text` receives each complete piece of text as it is produced (nothing without a tokenizer); `on_token` each id;
 /// `on_prefill(done, total)` prefill progress.
 ///
-/// Errors: those of [`Session::prefill`]; the context check covers prompt + `max_tokens`.
+/// Errors: those of [`Session::prefill`] (the prompt must fit the context); generation itself stops with
+/// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -143,7 +158,8 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation> {
-    session.check_fits(prompt.len() + params.max_tokens)?;
+    session.check_fits(prompt.len())?;
+    let room = session.context_length() - session.tokens().len() - prompt.len();
     let mut sampler = Sampler::new(params.sampling.clone());
     let t0 = Instant::now();
     let mut logits = session.prefill(prompt, Logits::Last, &mut on_prefill)?;
@@ -161,6 +177,10 @@ pub fn generate(
     let mut stop_reason = StopReason::MaxTokens;
     let mut step_logits = Vec::new();
     while tokens.len() < params.max_tokens {
+        if tokens.len() >= room {
+            stop_reason = StopReason::ContextFull;
+            break;
+        }
         if params.keep_logits {
             step_logits.extend_from_slice(&logits);
         }

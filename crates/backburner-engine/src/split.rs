@@ -100,10 +100,13 @@ pub fn balanced_split(cfg: &ModelConfig, host_threads: usize, worker_threads: us
     l
 }
 
+/// Computes the host's model fingerprint of a layer range (see `backburner_model::fingerprint`).
+pub type FingerprintFn = Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + Send>;
+
 /// A connection to one worker plus what the host knows about its mirror.
 pub struct WorkerClient {
     settings: WorkerSettings,
-    fingerprint: Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + Send>,
+    fingerprint: FingerprintFn,
     fingerprints: std::collections::HashMap<usize, [u8; 32]>,
     conn: Option<Conn>,
     split: usize,

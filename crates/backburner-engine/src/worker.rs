@@ -138,7 +138,7 @@ pub enum WorkerError {
     #[error(transparent)]
     Model(#[from] backburner_model::ModelError),
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: String,
@@ -152,7 +152,11 @@ pub enum WorkerError {
 
 fn check_range(c: &ModelConfig, r: &Range<usize>) -> Result<(), (ErrorCode, String)> {
     let cyc = c.full_attention_interval;
-    if r.end != c.num_hidden_layers || r.start == 0 || r.start >= r.end || r.start % cyc != 0 {
+    if r.end != c.num_hidden_layers
+        || r.start == 0
+        || r.start >= r.end
+        || !r.start.is_multiple_of(cyc)
+    {
         return Err((
             ErrorCode::LayerRangeMismatch,
             format!(

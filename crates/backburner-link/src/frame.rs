@@ -201,7 +201,7 @@ pub fn f32_bytes(x: &[f32]) -> Vec<u8> {
 
 /// Little-endian bytes as f32 values. Errors: [`LinkError::Malformed`] if the length is not a multiple of 4.
 pub fn bytes_f32(b: &[u8]) -> Result<Vec<f32>, LinkError> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(LinkError::Malformed(format!(
             "{} tensor bytes is not a whole number of f32",
             b.len()

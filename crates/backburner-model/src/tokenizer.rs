@@ -163,6 +163,17 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with(messages, add_generation_prompt, None)
+    }
+
+    /// As [`TextTokenizer::apply_chat_template`], also passing `enable_thinking` to the template when given (Qwen3.5
+    /// templates close an empty thinking block when it is false).
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String> {
         let src = self.chat_template.as_deref().ok_or_else(|| {
             ModelError::ChatTemplate("this checkpoint has no chat template".into())
         })?;
@@ -190,12 +201,17 @@ impl TextTokenizer {
         env.add_template("chat", src)
             .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
         let tmpl = env.get_template("chat").expect("just added");
-        tmpl.render(minijinja::context! {
+        let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
-        })
-        .map_err(|e| ModelError::ChatTemplate(format!("{e:#}")))
+        };
+        let ctx = match enable_thinking {
+            Some(t) => minijinja::context! { enable_thinking => t, ..base },
+            None => base,
+        };
+        tmpl.render(ctx)
+            .map_err(|e| ModelError::ChatTemplate(format!("{e:#}")))
     }
 }
