@@ -357,10 +357,7 @@ fn run(a: RunArgs) -> Result<()> {
     }
     let text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.clone()),
-        (_, Some(f)) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("read prompt file {}", f.display()))?,
-        ),
+        (_, Some(f)) => Some(read_prompt_file(f)?),
         _ => None,
     };
     let prompt: Vec<u32> = if let Some(text) = text {
@@ -458,15 +455,16 @@ fn run(a: RunArgs) -> Result<()> {
             }
         },
         |id| {
-            if !json && !has_tok {
-                let _ = write!(out, "{id} ");
-                let _ = out.flush();
+            if !json && !has_tok && write!(out, "{id} ").and_then(|_| out.flush()).is_err() {
+                quiet_exit_on_closed_stdout();
             }
         },
         |piece| {
             if !json {
-                let _ = write!(std::io::stdout(), "{piece}");
-                let _ = std::io::stdout().flush();
+                let mut o = std::io::stdout();
+                if write!(o, "{piece}").and_then(|_| o.flush()).is_err() {
+                    quiet_exit_on_closed_stdout();
+                }
             }
         },
     )?;
@@ -505,9 +503,9 @@ fn run(a: RunArgs) -> Result<()> {
                 "fallbacks": ls.fallbacks,
             });
         }
-        println!("{obj}");
+        out_line(&obj.to_string());
     } else {
-        println!();
+        out_line("");
         eprintln!(
             "prompt {} tokens | prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.0} ms | generated {} tokens ({}) in {:.2} s",
             prompt.len(),
@@ -530,6 +528,33 @@ fn run(a: RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The reader of our stdout went away (`| head`): stop quietly, as command-line tools do.
+fn quiet_exit_on_closed_stdout() -> ! {
+    std::process::exit(0)
+}
+
+/// Prints a line to stdout; a closed stdout ends the process quietly instead of panicking.
+fn out_line(s: &str) {
+    let mut o = std::io::stdout();
+    if writeln!(o, "{s}").and_then(|_| o.flush()).is_err() {
+        quiet_exit_on_closed_stdout();
+    }
+}
+
+/// Reads a prompt file, refusing files over 256 MiB (far beyond any context) before reading them.
+fn read_prompt_file(f: &Path) -> Result<String> {
+    let len = std::fs::metadata(f)
+        .with_context(|| format!("read prompt file {}", f.display()))?
+        .len();
+    if len > 256 << 20 {
+        bail!(
+            "prompt file {} is {len} bytes; more than any context window holds",
+            f.display()
+        );
+    }
+    std::fs::read_to_string(f).with_context(|| format!("read prompt file {}", f.display()))
 }
 
 /// Bytes with a binary unit.
@@ -564,12 +589,12 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     )?;
     pb.finish_and_clear();
     if a.json {
-        println!("{}", serde_json::to_string(&r)?);
+        out_line(&serde_json::to_string(&r)?);
     } else {
-        println!(
+        out_line(&format!(
             "perplexity {:.4} (nll {:.6} nats/token) over {} tokens, {} scored, ctx {}",
             r.ppl, r.nll, r.n_tokens, r.n_scored, r.ctx
-        );
+        ));
     }
     Ok(())
 }

@@ -314,3 +314,29 @@ fn bad_inputs_fail_with_a_clear_message() {
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
 }
+
+#[test]
+fn a_closed_stdout_ends_the_run_quietly() {
+    use std::process::Stdio;
+    let m = fixture("tiny-f32");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_backburner"))
+        .args([
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "200",
+            "--ignore-eos",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away, like `| head -c0`
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(0), "{err}");
+}

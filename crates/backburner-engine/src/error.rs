@@ -19,6 +19,9 @@ pub enum EngineError {
     /// An empty prompt: there is nothing to condition on.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// The model produced NaN or infinite logits (broken weights or config); no token is sampled from them.
+    #[error("the model produced non-finite logits (NaN or infinity): the checkpoint's weights or config are broken")]
+    NonFinite,
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),

@@ -136,10 +136,16 @@ impl<'a> TextStream<'a> {
         Ok((out, false))
     }
 
-    fn finish(&mut self) -> String {
+    /// The rest of the text, including a trailing incomplete UTF-8 sequence decoded lossily (as U+FFFD, like
+    /// transformers' decode), which `push` held back.
+    fn finish(&mut self) -> Result<String> {
+        let full = self.tok.decode(&self.ids)?;
+        if full.len() >= self.text.len() && full.starts_with(self.text.as_str()) {
+            self.text = full;
+        }
         let o = self.text.get(self.emitted..).unwrap_or("").to_string();
         self.emitted = self.text.len();
-        o
+        Ok(o)
     }
 }
 
@@ -181,6 +187,9 @@ pub fn generate(
             stop_reason = StopReason::ContextFull;
             break;
         }
+        if logits.iter().any(|v| !v.is_finite()) {
+            return Err(crate::error::EngineError::NonFinite);
+        }
         if params.keep_logits {
             step_logits.extend_from_slice(&logits);
         }
@@ -212,7 +221,7 @@ pub fn generate(
     }
     if let Some(s) = stream.as_mut() {
         if stop_reason != StopReason::StopString {
-            let rest = s.finish();
+            let rest = s.finish()?;
             if !rest.is_empty() {
                 on_text(&rest);
             }

@@ -23,6 +23,13 @@ pub struct Perplexity {
     pub ctx: usize,
 }
 
+/// −log softmax(row)[target], computed in f64 from f32 logits.
+fn nll_of(row: &[f32], target: u32) -> f64 {
+    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+    lse - row[target as usize] as f64
+}
+
 /// Scores `ids` in non-overlapping windows of `ctx` tokens, each from a fresh state: within a window, token `i`
 /// (i ≥ 1) is predicted from tokens `0..i` of that window; a last window shorter than 2 tokens is skipped. The log
 /// softmax is computed in f64 from the f32 logits.
@@ -48,18 +55,31 @@ pub fn perplexity(
     let mut nll_sum = 0.0f64;
     let mut n_scored = 0usize;
     let mut done = 0;
+    // Each window is prefilled ubatch by ubatch and scored as it goes, so memory holds one ubatch of logits
+    // ([ubatch, vocab] f32), never the window's.
+    let ubatch = session.options().ubatch;
     for window in ids.chunks(ctx) {
         if window.len() < 2 {
             continue;
         }
         session.clear();
-        let logits = session.prefill(window, Logits::All, |_, _| {})?;
-        for i in 1..window.len() {
-            let row = &logits[(i - 1) * vocab..i * vocab];
-            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
-            nll_sum += lse - row[window[i] as usize] as f64;
-            n_scored += 1;
+        let mut prev_last: Option<Vec<f32>> = None;
+        for (ci, chunk) in window.chunks(ubatch).enumerate() {
+            let logits = session.prefill(chunk, Logits::All, |_, _| {})?;
+            if logits.iter().any(|v| !v.is_finite()) {
+                return Err(EngineError::NonFinite);
+            }
+            // the row before this chunk's first token predicts it
+            if let Some(row) = prev_last.take() {
+                nll_sum += nll_of(&row, chunk[0]);
+                n_scored += 1;
+            }
+            for i in 1..chunk.len() {
+                nll_sum += nll_of(&logits[(i - 1) * vocab..i * vocab], chunk[i]);
+                n_scored += 1;
+            }
+            let _ = ci;
+            prev_last = Some(logits[(chunk.len() - 1) * vocab..].to_vec());
         }
         done += window.len();
         progress(done, ids.len());

@@ -71,11 +71,13 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits
+        // Scale in f64: a tiny temperature must sharpen towards greedy, not overflow f32.
+        let temp = p.temperature as f64;
+        let mut cand: Vec<(u32, f64)> = logits
             .iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v / p.temperature))
+            .map(|(i, &v)| (i as u32, v as f64 / temp))
             .collect();
         if cand.is_empty() {
             return argmax(logits);
@@ -86,7 +88,7 @@ impl Sampler {
             cand.truncate(p.top_k);
         }
         let m = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|(_, v)| ((v - m) as f64).exp()).collect();
+        let mut probs: Vec<f64> = cand.iter().map(|(_, v)| (v - m).exp()).collect();
         let z: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= z);
         let mut keep = probs.len();
@@ -169,6 +171,18 @@ mod tests {
         }
         assert_eq!(seen[2] + seen[3], 0);
         assert!(seen[1] > 100, "{seen:?}");
+    }
+
+    #[test]
+    fn a_tiny_temperature_is_greedy() {
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1e-40,
+            seed: 1,
+            ..Default::default()
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[0.5, 2.0, -3.0, 1.9]), 1);
+        }
     }
 
     #[test]

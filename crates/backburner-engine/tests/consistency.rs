@@ -357,3 +357,47 @@ fn a_state_rebuilt_from_rows_and_linear_states_continues_identically() {
     let (la, lb) = (model.logits(&xa, 1).unwrap(), model.logits(&xb, 1).unwrap());
     assert!(la.iter().zip(&lb).all(|(p, q)| p.to_bits() == q.to_bits()));
 }
+
+#[test]
+fn nan_weights_give_a_typed_error_not_silent_tokens() {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture("tiny-f32")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+    }
+    // overwrite one f32 of lm_head with NaN, in place
+    let p = d.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let off = header["lm_head.weight"]["data_offsets"][0]
+        .as_u64()
+        .unwrap() as usize;
+    bytes[8 + n + off..8 + n + off + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&p, bytes).unwrap();
+    let model = std::sync::Arc::new(backburner_model::Model::load(d.path()).unwrap());
+    let mut s = Session::new(model.clone(), opts(64, 64, KvDtype::F32)).unwrap();
+    let e = generate(
+        &mut s,
+        &[1, 2, 3],
+        &GenerateParams {
+            max_tokens: 4,
+            ..Default::default()
+        },
+        None,
+        |_, _| {},
+        |_| {},
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(e, EngineError::NonFinite), "{e:?}");
+    let e = perplexity(
+        model,
+        &[1, 2, 3, 4],
+        4,
+        opts(2, 64, KvDtype::F32),
+        |_, _| {},
+    )
+    .unwrap_err();
+    assert!(matches!(e, EngineError::NonFinite), "{e:?}");
+}

@@ -84,7 +84,16 @@ impl Checkpoint {
                     message: describe_st_error(&e, mmap.len()),
                 })?;
             for (name, info) in meta.tensors() {
-                tensors.insert(name, (si, info.clone()));
+                if let Some((other, _)) = tensors.insert(name.clone(), (si, info.clone())) {
+                    let first: &Shard = &shards[other];
+                    return Err(ModelError::CorruptSafetensors {
+                        path: path.clone(),
+                        message: format!(
+                            "tensor {name:?} is also stored in {}",
+                            first.path.display()
+                        ),
+                    });
+                }
             }
             shards.push(Shard {
                 path,

@@ -37,6 +37,9 @@ pub struct RopeParameters {
     /// `mrope_section`; for text-only input MRoPE equals plain RoPE (ARCH_SPEC.md), so it is only recorded.
     #[serde(default)]
     pub mrope_section: Option<Vec<usize>>,
+    /// `rope_type`; only `default` (no scaling) is supported.
+    #[serde(default)]
+    pub rope_type: Option<String>,
 }
 
 fn default_rope_theta() -> f64 {
@@ -90,6 +93,8 @@ struct RawTextConfig {
     rope_parameters: Option<RopeParameters>,
     #[serde(default)]
     rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
     #[serde(default)]
     partial_rotary_factor: Option<f64>,
     #[serde(default)]
@@ -253,6 +258,14 @@ impl ModelConfig {
                 })
             }
         };
+        let mut text_value = text_value;
+        if layout == WeightLayout::Hub && text_value.get("tie_word_embeddings").is_none() {
+            if let (Some(t), Some(obj)) =
+                (top.get("tie_word_embeddings"), text_value.as_object_mut())
+            {
+                obj.insert("tie_word_embeddings".into(), t.clone());
+            }
+        }
         let raw: RawTextConfig = serde_json::from_value(text_value).map_err(json_err)?;
         if let Some(inner) = &raw.model_type {
             if layout == WeightLayout::Hub && inner != "qwen3_5_text" {
@@ -307,6 +320,56 @@ impl ModelConfig {
         ] {
             if v == 0 {
                 return bad(format!("{name} must be > 0"));
+            }
+        }
+        // Bounds far above any real checkpoint keep every derived size (products of these) inside usize.
+        for (name, v, max) in [
+            ("vocab_size", raw.vocab_size, 1usize << 22),
+            ("hidden_size", raw.hidden_size, 1 << 17),
+            ("intermediate_size", raw.intermediate_size, 1 << 19),
+            ("num_hidden_layers", raw.num_hidden_layers, 1 << 12),
+            ("num_attention_heads", raw.num_attention_heads, 1 << 12),
+            ("num_key_value_heads", raw.num_key_value_heads, 1 << 12),
+            ("head_dim", raw.head_dim, 1 << 12),
+            ("linear_num_key_heads", raw.linear_num_key_heads, 1 << 12),
+            (
+                "linear_num_value_heads",
+                raw.linear_num_value_heads,
+                1 << 12,
+            ),
+            ("linear_key_head_dim", raw.linear_key_head_dim, 1 << 12),
+            ("linear_value_head_dim", raw.linear_value_head_dim, 1 << 12),
+            ("linear_conv_kernel_dim", raw.linear_conv_kernel_dim, 64),
+            (
+                "full_attention_interval",
+                raw.full_attention_interval,
+                1 << 12,
+            ),
+        ] {
+            if v > max {
+                return bad(format!("{name} = {v} exceeds the supported maximum {max}"));
+            }
+        }
+        if !(raw.rms_norm_eps.is_finite() && raw.rms_norm_eps > 0.0) {
+            return bad(format!(
+                "rms_norm_eps must be a finite number > 0, found {}",
+                raw.rms_norm_eps
+            ));
+        }
+        if let Some(rs) = &raw.rope_scaling {
+            if !rs.is_null() {
+                return bad(format!(
+                    "rope_scaling {rs} is not supported (only plain RoPE)"
+                ));
+            }
+        }
+        if let Some(t) = raw
+            .rope_parameters
+            .as_ref()
+            .and_then(|r| r.rope_type.as_deref())
+        {
+            if t != "default" {
+                return bad(format!("rope_type {t:?} is not supported (only \"default\"); its scaling would be silently wrong"));
             }
         }
         if !raw
@@ -364,6 +427,7 @@ impl ModelConfig {
             rope_theta: default_rope_theta(),
             partial_rotary_factor: default_partial_rotary(),
             mrope_section: None,
+            rope_type: None,
         });
         if raw.rope_parameters.is_none() {
             if let Some(t) = raw.rope_theta {
@@ -383,7 +447,8 @@ impl ModelConfig {
         if rope.rope_theta.is_nan() || rope.rope_theta <= 0.0 {
             return bad(format!("rope_theta must be > 0, found {}", rope.rope_theta));
         }
-        let eos_token_ids = parse_id_list(eos.as_ref());
+        let eos_token_ids = parse_id_list(eos.as_ref())
+            .map_err(|m| ModelError::InvalidConfig(format!("eos_token_id: {m}")))?;
         Ok(ModelConfig {
             model_type,
             layout,
@@ -437,16 +502,19 @@ impl ModelConfig {
     }
 }
 
-/// Reads an id or a list of ids (`eos_token_id` may be either).
-pub(crate) fn parse_id_list(v: Option<&serde_json::Value>) -> Vec<u32> {
+/// Reads an id or a list of ids (`eos_token_id` may be either; null or absent is none). Errors with a message for
+/// anything that is not a non-negative integer below 2^32.
+pub(crate) fn parse_id_list(
+    v: Option<&serde_json::Value>,
+) -> std::result::Result<Vec<u32>, String> {
+    let one = |x: &serde_json::Value| -> std::result::Result<u32, String> {
+        x.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| format!("{x} is not a token id"))
+    };
     match v {
-        Some(serde_json::Value::Number(n)) => {
-            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
-        }
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
-        _ => Vec::new(),
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a.iter().map(one).collect(),
+        Some(x) => Ok(vec![one(x)?]),
     }
 }

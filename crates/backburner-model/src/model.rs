@@ -133,7 +133,9 @@ impl Model {
             let emb_name = format!("{p}embed_tokens.weight");
             let emb = ckpt.read_f32(&emb_name, &[v, h])?;
             let norm = ckpt.read_f32(&format!("{p}norm.weight"), &[h])?;
-            let head = if config.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
+            // transformers ties the head to the embedding whenever tie_word_embeddings is set, even if the file
+            // also stores an lm_head.
+            let head = if config.tie_word_embeddings {
                 None
             } else {
                 Some(tensor(ckpt.read_f32("lm_head.weight", &[v, h])?, &[v, h])?)

@@ -100,7 +100,13 @@ impl TextTokenizer {
         let bos_token = token_string(tcfg.as_ref().and_then(|c| c.get("bos_token")));
         let eos_token = token_string(tcfg.as_ref().and_then(|c| c.get("eos_token")));
         let gen = read_json(&dir.join("generation_config.json"))?;
-        let mut eos_ids = parse_id_list(gen.as_ref().and_then(|g| g.get("eos_token_id")));
+        let mut eos_ids =
+            parse_id_list(gen.as_ref().and_then(|g| g.get("eos_token_id"))).map_err(|m| {
+                ModelError::Json {
+                    path: dir.join("generation_config.json"),
+                    message: format!("eos_token_id: {m}"),
+                }
+            })?;
         if eos_ids.is_empty() {
             eos_ids = config_eos.to_vec();
         }
@@ -178,6 +184,8 @@ impl TextTokenizer {
             ModelError::ChatTemplate("this checkpoint has no chat template".into())
         })?;
         let mut env = minijinja::Environment::new();
+        // A template is code from the checkpoint: bound its work so a runaway loop fails instead of hanging.
+        env.set_fuel(Some(50_000_000));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);

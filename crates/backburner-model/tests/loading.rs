@@ -317,3 +317,75 @@ fn a_checkpoint_without_tokenizer_loads_without_one() {
         .is_none());
     Model::load(d.path()).unwrap();
 }
+
+#[test]
+fn configs_that_would_compute_silently_wrong_are_rejected() {
+    let cases = [
+        (
+            r#"{"model_type":"qwen3_5_text","rms_norm_eps":-1}"#,
+            "rms_norm_eps",
+        ),
+        (
+            r#"{"model_type":"qwen3_5_text","rope_parameters":{"rope_type":"yarn","factor":4}}"#,
+            "rope_type",
+        ),
+        (
+            r#"{"model_type":"qwen3_5_text","rope_scaling":{"rope_type":"linear","factor":8}}"#,
+            "rope_scaling",
+        ),
+        (
+            r#"{"model_type":"qwen3_5_text","num_attention_heads":576460752303423492}"#,
+            "num_attention_heads",
+        ),
+        (
+            r#"{"model_type":"qwen3_5_text","linear_key_head_dim":4611686018427387920}"#,
+            "linear_key_head_dim",
+        ),
+        (
+            r#"{"model_type":"qwen3_5_text","eos_token_id":4294967320}"#,
+            "eos_token_id",
+        ),
+        (
+            r#"{"model_type":"qwen3_5_text","eos_token_id":"</s>"}"#,
+            "eos_token_id",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = ModelConfig::from_json_str(text).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::InvalidConfig(m) if m.contains(want)),
+            "{text}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn a_tensor_stored_in_two_shards_is_an_error() {
+    let d = copy_fixture("tiny-f32");
+    // write a second shard holding a copy of one tensor and an index naming both files
+    let src = std::fs::read(d.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&src).unwrap();
+    let t = st.tensor("model.norm.weight").unwrap();
+    safetensors::serialize_to_file(
+        vec![("model.norm.weight", t)],
+        None,
+        &d.path().join("extra.safetensors"),
+    )
+    .unwrap();
+    let mut map = serde_json::Map::new();
+    for n in st.names() {
+        map.insert(n.to_string(), "model.safetensors".into());
+    }
+    map.insert("model.norm.weight".into(), "extra.safetensors".into());
+    let idx = serde_json::json!({ "weight_map": map });
+    std::fs::write(
+        d.path().join("model.safetensors.index.json"),
+        idx.to_string(),
+    )
+    .unwrap();
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::CorruptSafetensors { message, .. } if message.contains("also stored")),
+        "{e:?}"
+    );
+}
