@@ -115,17 +115,7 @@ fn run_local(a: LocalArgs) -> Result<()> {
     set_threads(Some(*a.thread_counts.iter().max().expect("non-empty")))?;
     let loaded = load(&margs)?;
     let cfg = loaded.model.config().clone();
-    let vocab = cfg.vocab_size as u64;
-    // A fixed pseudo-random prompt (ids in 0..vocab).
-    let mut x = 0x1234_5678_9abc_def0u64;
-    let prompt: Vec<u32> = (0..max_depth)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        })
-        .collect();
+    let prompt = pseudo_random_prompt(max_depth, cfg.vocab_size, 0x1234_5678_9abc_def0);
     let machine = machine_description();
     if !a.json {
         eprintln!(
@@ -207,6 +197,20 @@ fn run_local(a: LocalArgs) -> Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// A fixed pseudo-random prompt of `n` ids in `0..vocab` (xorshift64 from `seed`), so every run ingests the same
+/// tokens.
+pub fn pseudo_random_prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
 }
 
 /// Parameters of the text model (embedding counted once when tied).

@@ -154,31 +154,20 @@ pub fn run(a: SplitArgs) -> Result<()> {
         let c = link.client(&loaded, host_threads)?.expect("worker given");
         let mut st: WorkerSettings = c.settings().clone();
         st.shaper = shaper;
-        let dir = loaded.dir.clone();
-        Ok(WorkerClient::new(st, move |r| {
-            let cfg = backburner_model::ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
-            let ck = backburner_model::Checkpoint::open(&dir).map_err(|e| e.to_string())?;
-            backburner_model::fingerprint(&ck, &cfg, r).map_err(|e| e.to_string())
-        }))
+        Ok(WorkerClient::new(
+            st,
+            backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+        ))
     };
     let shaper = Shaper {
         delay: Duration::from_micros(a.shaped_delay_us),
         rate_bps: (a.shaped_gbit * 1e9) as u64,
     };
-    let vocab = cfg.vocab_size as u64;
-    let mut x = 0x2545_f491_4f6c_dd1du64;
     let max = *a.depths.iter().max().context("--depths needs a value")?;
     if a.depths.contains(&0) || a.pings == 0 {
         bail!("--depths and --pings must be ≥ 1");
     }
-    let prompt: Vec<u32> = (0..max)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        })
-        .collect();
+    let prompt = bench::pseudo_random_prompt(max, cfg.vocab_size, 0x2545_f491_4f6c_dd1d);
     eprintln!(
         "bench split-prefill: model {} ({} layers, hidden {}), host {host_threads} thread(s), worker {} thread(s) at {addr}, ubatch {}, machine: {}",
         loaded.dir.display(),

@@ -188,12 +188,10 @@ impl LinkArgs {
         st.split_min_tokens = self.split_min_tokens;
         st.secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
         st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
-        let dir = loaded.dir.clone();
-        Ok(Some(backburner_engine::WorkerClient::new(st, move |r| {
-            let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
-            let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
-            backburner_model::fingerprint(&ck, &cfg, r).map_err(|e| e.to_string())
-        })))
+        Ok(Some(backburner_engine::WorkerClient::new(
+            st,
+            backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+        )))
     }
 }
 

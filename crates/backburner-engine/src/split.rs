@@ -103,6 +103,18 @@ pub fn balanced_split(cfg: &ModelConfig, host_threads: usize, worker_threads: us
 /// Computes the host's model fingerprint of a layer range (see `backburner_model::fingerprint`).
 pub type FingerprintFn = Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + Send>;
 
+/// The fingerprint function of a checkpoint directory: opens it on each call (the client caches results per split
+/// layer, so that is once per layer range).
+pub fn dir_fingerprint(
+    dir: std::path::PathBuf,
+) -> impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static {
+    move |r| {
+        let cfg = backburner_model::ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
+        let ck = backburner_model::Checkpoint::open(&dir).map_err(|e| e.to_string())?;
+        backburner_model::fingerprint(&ck, &cfg, r).map_err(|e| e.to_string())
+    }
+}
+
 /// A connection to one worker plus what the host knows about its mirror.
 pub struct WorkerClient {
     settings: WorkerSettings,

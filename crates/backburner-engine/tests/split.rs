@@ -14,7 +14,7 @@ use backburner_engine::{
 };
 use backburner_kernels::kv::KvDtype;
 use backburner_link::{Conn, ErrorCode, LinkError};
-use backburner_model::{synthetic, Checkpoint, KvOptions, Model, ModelConfig};
+use backburner_model::{synthetic, KvOptions, Model};
 
 const UBATCH: usize = 16;
 
@@ -109,12 +109,10 @@ fn client_with(
     s.split_min_tokens = 32;
     s.secret = secret.to_vec();
     s.timeout = Duration::from_secs(20);
-    let dir = dir.to_path_buf();
-    WorkerClient::new(s, move |r| {
-        let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
-        let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
-        backburner_model::fingerprint(&ck, &cfg, r).map_err(|e| e.to_string())
-    })
+    WorkerClient::new(
+        s,
+        backburner_engine::split::dir_fingerprint(dir.to_path_buf()),
+    )
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
@@ -379,6 +377,16 @@ fn bad_hosts_get_typed_errors_and_the_worker_keeps_serving() {
             code: ErrorCode::ModelMismatch,
             ..
         } => {}
+        e => panic!("{e:?}"),
+    }
+    // a worker started with --layers 4..12 refuses a host that asks for 8..12
+    let deep = model_with_layers(12, 9);
+    let fixed = start_worker(deep.dir.path(), Some(4..12), None);
+    match handshake_error(&fixed.addr, deep.dir.path(), 8, b"") {
+        LinkError::Remote {
+            code: ErrorCode::LayerRangeMismatch,
+            message,
+        } => assert!(message.contains("4..12"), "{message}"),
         e => panic!("{e:?}"),
     }
     // an invalid split layer is refused by the host before it asks
