@@ -15,6 +15,8 @@
 //! Networks: Improving Mamba2 with Delta Rule" (Yang, Kautz, Hatamizadeh 2024), FlashAttention (Dao et al.
 //! 2022) and "Online normalizer calculation for softmax" (Milakov & Gimelshein 2018).
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod gdn;
 pub mod kv;
