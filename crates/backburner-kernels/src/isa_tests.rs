@@ -83,3 +83,28 @@ fn delta_rules_give_the_same_bits_on_every_instruction_set() {
         assert!(runs.iter().all(|x| *x == runs[0]), "chunked {chunked}");
     }
 }
+
+#[test]
+fn matmul_gives_the_same_bits_on_every_instruction_set_and_as_the_plain_loop() {
+    use crate::matmul::{matmul, matmul_reference, PackedMatrix, WeightDtype};
+    let mut r = StdRng::seed_from_u64(7);
+    // m = 1 and 3 take the direct path on every level, 5 the direct path on AVX-512 only, 30 the blocked path
+    // with a row remainder; n = 40 leaves a partial panel; k = 300 crosses a 256-input block.
+    for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+        let (n, k) = (40, 300);
+        let w = PackedMatrix::from_f32(n, k, &uniform(&mut r, n * k), dtype);
+        for m in [1, 3, 5, 30] {
+            let x = uniform(&mut r, m * k);
+            let mut want = vec![0.0; m * n];
+            matmul_reference(&x, m, &w, &mut want);
+            let runs = at_every_level(|| {
+                let mut y = vec![f32::NAN; m * n];
+                matmul(&x, m, &w, &mut y);
+                y
+            });
+            for run in &runs {
+                assert_eq!(bits(run), bits(&want), "{dtype} m={m}");
+            }
+        }
+    }
+}

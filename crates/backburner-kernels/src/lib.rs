@@ -5,6 +5,9 @@
 //! * [`attention`]: causal attention over one KV page as a normalized partial with its log-sum-exp,
 //!   the LSE merge of partials and the fixed left fold over pages.
 //! * [`kv`]: the paged KV cache of one full-attention layer (f16 or f32 storage).
+//! * [`matmul`]: dense products against weight matrices packed once in their dtype (f32, bf16, f16).
+//! * [`parallel`]: static task splitting on the caller's thread pool; [`profile`]: opt-in time accounting by
+//!   operator class.
 //! * [`reference`](mod@reference): slow, obvious float64 twins of the kernels, for tests (also used by the model crate).
 //!
 //! Conventions: every tensor is a row-major `f32` slice whose shape is given in the item's docs as
@@ -20,6 +23,9 @@
 pub mod attention;
 pub mod gdn;
 pub mod kv;
+pub mod matmul;
+pub mod parallel;
+pub mod profile;
 pub mod reference;
 
 mod simd;

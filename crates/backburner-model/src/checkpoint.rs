@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use backburner_kernels::matmul::{RowMajor, WeightDtype};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 
@@ -188,6 +189,57 @@ impl Checkpoint {
             }
         };
         Ok(out)
+    }
+
+    /// A 2-D weight tensor as it is stored (row-major little-endian bytes in its dtype, no copy), checking its shape
+    /// against `[rows, cols]`.
+    ///
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`].
+    pub fn weight_part(&self, name: &str, rows: usize, cols: usize) -> Result<RowMajor<'_>> {
+        let (_, info) = self.info(name)?;
+        if info.shape != [rows, cols] {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: vec![rows, cols],
+                found: info.shape.clone(),
+            });
+        }
+        let (dtype, bytes) = self.raw(name)?;
+        let dtype = match dtype {
+            Dtype::F32 => WeightDtype::F32,
+            Dtype::BF16 => WeightDtype::Bf16,
+            Dtype::F16 => WeightDtype::F16,
+            other => {
+                return Err(ModelError::UnsupportedDtype {
+                    name: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(RowMajor { dtype, bytes, rows })
+    }
+
+    /// Tells the OS that the mapped pages of a tensor already copied out are no longer needed, so they leave this
+    /// process's resident memory (the file stays in the page cache; a later read maps it again). Loading layer by
+    /// layer this way keeps peak resident memory near the size of the weights kept, not twice it. Unknown names and
+    /// platforms without `madvise` are ignored.
+    pub fn release(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some((si, info)) = self.tensors.get(name) {
+            let shard = &self.shards[*si];
+            let (a, b) = info.data_offsets;
+            // SAFETY: the map is read-only and file-backed; MADV_DONTNEED only drops its resident pages, and any
+            // later access (a slice still held elsewhere) reads the same bytes back from the file.
+            let _ = unsafe {
+                shard.mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    shard.data_start + a,
+                    b - a,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = name;
     }
 
     /// Sum of the stored sizes of all tensors (bytes).

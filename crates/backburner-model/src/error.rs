@@ -89,9 +89,6 @@ pub enum ModelError {
     /// The chat template failed to parse or render.
     #[error("chat template error: {0}")]
     ChatTemplate(String),
-    /// A tensor operation failed (a bug or an internal shape error).
-    #[error("tensor op failed: {0}")]
-    Candle(#[from] candle_core::Error),
 }
 
 /// Result alias for this crate.

@@ -8,12 +8,13 @@ use std::ops::Range;
 use std::path::Path;
 
 use backburner_kernels::gdn::{self, GdnDims};
-use candle_core::{Device, Tensor};
+use backburner_kernels::profile::{self, Op};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::ops::{self, matmul_t, take_cols, Rope};
+use crate::linear::Linear;
+use crate::ops::{self, take_cols, Rope};
 use crate::state::{LayerState, ModelState, PageStore};
 
 /// Chunk length of the chunked delta rule (HF uses 64).
@@ -23,7 +24,7 @@ pub const GDN_CHUNK: usize = 64;
 #[derive(Debug)]
 pub struct GdnWeights {
     /// Fused `[in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]`: `[conv_dim + Hv·Dv + 2·Hv, H]`.
-    pub in_proj: Tensor,
+    pub in_proj: Linear,
     /// `conv1d.weight` as `[conv_dim, kernel]`.
     pub conv_weight: Vec<f32>,
     /// `dt_bias` `[Hv]`.
@@ -33,20 +34,20 @@ pub struct GdnWeights {
     /// Gated RMSNorm weight `[Dv]` (plain, not 1+w).
     pub norm: Vec<f32>,
     /// `out_proj` `[H, Hv·Dv]`.
-    pub out_proj: Tensor,
+    pub out_proj: Linear,
 }
 
 /// Gated full-attention weights of one layer.
 #[derive(Debug)]
 pub struct AttnWeights {
     /// Fused `[q_proj (per-head q|gate); k_proj; v_proj]`: `[Hq·2D + 2·Hkv·D, H]`.
-    pub qkv: Tensor,
+    pub qkv: Linear,
     /// `q_norm` `[D]` (1+w).
     pub q_norm: Vec<f32>,
     /// `k_norm` `[D]` (1+w).
     pub k_norm: Vec<f32>,
     /// `o_proj` `[H, Hq·D]`.
-    pub o_proj: Tensor,
+    pub o_proj: Linear,
 }
 
 /// The token mixer of one layer.
@@ -68,9 +69,9 @@ pub struct Layer {
     /// The mixer.
     pub mixer: Mixer,
     /// Fused `[gate_proj; up_proj]` `[2I, H]`.
-    pub gate_up: Tensor,
+    pub gate_up: Linear,
     /// `down_proj` `[H, I]`.
-    pub down: Tensor,
+    pub down: Linear,
 }
 
 /// Which parts of a checkpoint to load.
@@ -88,14 +89,12 @@ pub struct Model {
     config: ModelConfig,
     layers: Vec<Option<Layer>>,
     range: Range<usize>,
-    embed: Option<Tensor>,
+    /// `embed_tokens` `[V, H]`, also the head when tied.
+    embed: Option<Linear>,
     final_norm: Option<Vec<f32>>,
-    lm_head: Option<Tensor>,
+    /// `lm_head` `[V, H]` when not tied.
+    lm_head: Option<Linear>,
     rope: Rope,
-}
-
-fn tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-    Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
 }
 
 impl Model {
@@ -130,17 +129,16 @@ impl Model {
         let h = config.hidden_size;
         let v = config.vocab_size;
         let (embed, final_norm, lm_head) = if opts.ends {
-            let emb_name = format!("{p}embed_tokens.weight");
-            let emb = ckpt.read_f32(&emb_name, &[v, h])?;
+            let emb = Linear::load(ckpt, h, &[(format!("{p}embed_tokens.weight"), v)])?;
             let norm = ckpt.read_f32(&format!("{p}norm.weight"), &[h])?;
             // transformers ties the head to the embedding whenever tie_word_embeddings is set, even if the file
             // also stores an lm_head.
             let head = if config.tie_word_embeddings {
                 None
             } else {
-                Some(tensor(ckpt.read_f32("lm_head.weight", &[v, h])?, &[v, h])?)
+                Some(Linear::load(ckpt, h, &[("lm_head.weight".to_string(), v)])?)
             };
-            (Some(tensor(emb, &[v, h])?), Some(norm), head)
+            (Some(emb), Some(norm), head)
         } else {
             (None, None, None)
         };
@@ -191,8 +189,13 @@ impl Model {
                 self.config.vocab_size
             )));
         }
-        let idx = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
-        Ok(emb.index_select(&idx, 0)?.flatten_all()?.to_vec1::<f32>()?)
+        let _s = profile::scope(Op::Embed);
+        let h = self.config.hidden_size;
+        let mut x = vec![0.0f32; ids.len() * h];
+        for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+            emb.row_into(id as usize, row);
+        }
+        Ok(x)
     }
 
     /// Final norm and output head on residual rows: x `[n_rows, hidden]` → logits `[n_rows, vocab]` f32.
@@ -200,6 +203,7 @@ impl Model {
         let norm = self.final_norm.as_ref().ok_or_else(|| {
             ModelError::InvalidConfig("output head not loaded on this node".into())
         })?;
+        let _s = profile::scope(Op::Head);
         let mut h = x.to_vec();
         ops::rms_norm_1p(&mut h, norm, self.config.rms_norm_eps as f32);
         let head = self
@@ -207,7 +211,27 @@ impl Model {
             .as_ref()
             .or(self.embed.as_ref())
             .expect("ends loaded");
-        matmul_t(&h, n_rows, head)
+        Ok(head.forward_as(Op::Head, &h, n_rows))
+    }
+
+    /// Bytes of weights held by this node (every loaded projection, embedding and head; norms and small vectors
+    /// are not counted).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                let mixer = match &l.mixer {
+                    Mixer::Linear(w) => w.in_proj.bytes() + w.out_proj.bytes(),
+                    Mixer::Attention(w) => w.qkv.bytes() + w.o_proj.bytes(),
+                };
+                mixer + l.gate_up.bytes() + l.down.bytes()
+            })
+            .sum();
+        let ends = self.embed.as_ref().map_or(0, Linear::bytes)
+            + self.lm_head.as_ref().map_or(0, Linear::bytes);
+        layers + ends
     }
 
     /// Runs layers `layers` on the residual stream x `[n_tokens, hidden]` (in place) for tokens at positions
@@ -264,24 +288,20 @@ impl Model {
         state: &mut LayerState,
     ) -> Result<()> {
         let eps = self.config.rms_norm_eps as f32;
-        let mut h = x.to_vec();
-        ops::rms_norm_1p(&mut h, &layer.input_norm, eps);
+        let h = normed(x, &layer.input_norm, eps);
         let mixed = match (&layer.mixer, state) {
-            (Mixer::Linear(w), LayerState::Linear(s)) => self.gdn(w, &h, t, s)?,
-            (Mixer::Attention(w), LayerState::Attention(c)) => self.attention(w, &h, t, pos0, c)?,
+            (Mixer::Linear(w), LayerState::Linear(s)) => self.gdn(w, &h, t, s),
+            (Mixer::Attention(w), LayerState::Attention(c)) => self.attention(w, &h, t, pos0, c),
             _ => panic!("layer kind and state kind differ"),
         };
         add_into(x, &mixed);
-        let mut h = x.to_vec();
-        ops::rms_norm_1p(&mut h, &layer.post_norm, eps);
-        let gu = matmul_t(&h, t, &layer.gate_up)?;
-        let inter = self.config.intermediate_size;
-        let mut act = Vec::with_capacity(t * inter);
-        for row in gu.chunks(2 * inter) {
-            let (g, u) = row.split_at(inter);
-            act.extend(g.iter().zip(u).map(|(g, u)| ops::silu(*g) * u));
-        }
-        let down = matmul_t(&act, t, &layer.down)?;
+        let h = normed(x, &layer.post_norm, eps);
+        let gu = layer.gate_up.forward(&h, t);
+        let act = {
+            let _s = profile::scope(Op::Activation);
+            ops::silu_mul_halves(&gu, self.config.intermediate_size)
+        };
+        let down = layer.down.forward(&act, t);
         add_into(x, &down);
         Ok(())
     }
@@ -292,7 +312,7 @@ impl Model {
         h: &[f32],
         t: usize,
         s: &mut crate::state::LinearState,
-    ) -> Result<Vec<f32>> {
+    ) -> Vec<f32> {
         let c = &self.config;
         let (hk, hv, dk, dv) = (
             c.linear_num_key_heads,
@@ -302,35 +322,55 @@ impl Model {
         );
         let conv_dim = c.conv_dim();
         let width = conv_dim + hv * dv + 2 * hv;
-        let proj = matmul_t(h, t, &w.in_proj)?; // [T, width]
-        let mixed = take_cols(&proj, width, 0, conv_dim);
-        let z = take_cols(&proj, width, conv_dim, hv * dv);
-        let b = take_cols(&proj, width, conv_dim + hv * dv, hv);
-        let a = take_cols(&proj, width, conv_dim + hv * dv + hv, hv);
+        let proj = w.in_proj.forward(h, t); // [T, width]
+        let (mixed, z, b, a) = {
+            let _s = profile::scope(Op::Copy);
+            (
+                take_cols(&proj, width, 0, conv_dim),
+                take_cols(&proj, width, conv_dim, hv * dv),
+                take_cols(&proj, width, conv_dim + hv * dv, hv),
+                take_cols(&proj, width, conv_dim + hv * dv + hv, hv),
+            )
+        };
         let mut conv_out = vec![0.0f32; t * conv_dim];
-        gdn::causal_conv1d_silu(
-            &mixed,
-            t,
-            conv_dim,
-            c.linear_conv_kernel_dim,
-            &w.conv_weight,
-            &mut s.conv,
-            &mut conv_out,
-        );
-        let mut q = take_cols(&conv_out, conv_dim, 0, hk * dk);
-        let mut k = take_cols(&conv_out, conv_dim, hk * dk, hk * dk);
-        let v = take_cols(&conv_out, conv_dim, 2 * hk * dk, hv * dv);
-        ops::l2_norm_scaled(&mut q, dk, 1.0 / (dk as f32).sqrt());
-        ops::l2_norm_scaled(&mut k, dk, 1.0);
-        let beta: Vec<f32> = b.iter().map(|&x| ops::sigmoid(x)).collect();
-        let g: Vec<f32> = a
-            .chunks(hv)
-            .flat_map(|row| {
-                row.iter()
-                    .enumerate()
-                    .map(|(j, &x)| w.neg_a[j] * ops::softplus(x + w.dt_bias[j]))
-            })
-            .collect();
+        {
+            let _s = profile::scope(Op::GdnConv);
+            gdn::causal_conv1d_silu(
+                &mixed,
+                t,
+                conv_dim,
+                c.linear_conv_kernel_dim,
+                &w.conv_weight,
+                &mut s.conv,
+                &mut conv_out,
+            );
+        }
+        let (mut q, mut k, v) = {
+            let _s = profile::scope(Op::Copy);
+            (
+                take_cols(&conv_out, conv_dim, 0, hk * dk),
+                take_cols(&conv_out, conv_dim, hk * dk, hk * dk),
+                take_cols(&conv_out, conv_dim, 2 * hk * dk, hv * dv),
+            )
+        };
+        {
+            let _s = profile::scope(Op::Norm);
+            ops::l2_norm_scaled(&mut q, dk, 1.0 / (dk as f32).sqrt());
+            ops::l2_norm_scaled(&mut k, dk, 1.0);
+        }
+        let (beta, g) = {
+            let _s = profile::scope(Op::Activation);
+            let beta: Vec<f32> = b.iter().map(|&x| ops::sigmoid(x)).collect();
+            let g: Vec<f32> = a
+                .chunks(hv)
+                .flat_map(|row| {
+                    row.iter()
+                        .enumerate()
+                        .map(|(j, &x)| w.neg_a[j] * ops::softplus(x + w.dt_bias[j]))
+                })
+                .collect();
+            (beta, g)
+        };
         let dims = GdnDims {
             n_tokens: t,
             n_k_heads: hk,
@@ -340,8 +380,10 @@ impl Model {
         };
         let mut o = vec![0.0f32; t * hv * dv];
         if t == 1 {
+            let _s = profile::scope(Op::DeltaRecurrent);
             gdn::delta_rule_recurrent(dims, &q, &k, &v, &g, &beta, &mut s.recurrent, &mut o);
         } else {
+            let _s = profile::scope(Op::DeltaChunked);
             gdn::delta_rule_chunked(
                 dims,
                 GDN_CHUNK,
@@ -354,8 +396,11 @@ impl Model {
                 &mut o,
             );
         }
-        ops::gated_rms_norm(&mut o, &z, &w.norm, c.rms_norm_eps as f32);
-        matmul_t(&o, t, &w.out_proj)
+        {
+            let _s = profile::scope(Op::Norm);
+            ops::gated_rms_norm(&mut o, &z, &w.norm, c.rms_norm_eps as f32);
+        }
+        w.out_proj.forward(&o, t)
     }
 
     fn attention(
@@ -365,43 +410,68 @@ impl Model {
         t: usize,
         pos0: usize,
         cache: &mut backburner_kernels::kv::PagedKvCache,
-    ) -> Result<Vec<f32>> {
+    ) -> Vec<f32> {
         let c = &self.config;
         let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let width = hq * 2 * d + 2 * hkv * d;
         let eps = c.rms_norm_eps as f32;
-        let proj = matmul_t(h, t, &w.qkv)?; // [T, width]
-        let mut q = Vec::with_capacity(t * hq * d);
-        let mut gate = Vec::with_capacity(t * hq * d);
-        for row in proj.chunks(width) {
-            for head in row[..hq * 2 * d].chunks(2 * d) {
-                q.extend_from_slice(&head[..d]);
-                gate.extend_from_slice(&head[d..]);
+        let proj = w.qkv.forward(h, t); // [T, width]
+        let (mut q, gate, mut k, v) = {
+            let _s = profile::scope(Op::Copy);
+            let mut q = Vec::with_capacity(t * hq * d);
+            let mut gate = Vec::with_capacity(t * hq * d);
+            for row in proj.chunks(width) {
+                for head in row[..hq * 2 * d].chunks(2 * d) {
+                    q.extend_from_slice(&head[..d]);
+                    gate.extend_from_slice(&head[d..]);
+                }
             }
+            let k = take_cols(&proj, width, hq * 2 * d, hkv * d);
+            let v = take_cols(&proj, width, hq * 2 * d + hkv * d, hkv * d);
+            (q, gate, k, v)
+        };
+        {
+            let _s = profile::scope(Op::Norm);
+            ops::rms_norm_1p(&mut q, &w.q_norm, eps);
+            ops::rms_norm_1p(&mut k, &w.k_norm, eps);
         }
-        let mut k = take_cols(&proj, width, hq * 2 * d, hkv * d);
-        let v = take_cols(&proj, width, hq * 2 * d + hkv * d, hkv * d);
-        ops::rms_norm_1p(&mut q, &w.q_norm, eps);
-        ops::rms_norm_1p(&mut k, &w.k_norm, eps);
-        self.rope.apply(&mut q, t, hq, pos0);
-        self.rope.apply(&mut k, t, hkv, pos0);
+        {
+            let _s = profile::scope(Op::Rope);
+            self.rope.apply(&mut q, t, hq, pos0);
+            self.rope.apply(&mut k, t, hkv, pos0);
+        }
         assert_eq!(
             cache.len(),
             pos0,
             "KV cache length differs from the position"
         );
-        cache.append(&k, &v, t);
-        let scale = 1.0 / (d as f32).sqrt();
-        let part = PageStore::attend(cache, &q, t, hq, pos0, scale, None);
-        let mut o = part.o;
-        for (x, g) in o.iter_mut().zip(&gate) {
-            *x *= ops::sigmoid(*g);
+        {
+            let _s = profile::scope(Op::KvAppend);
+            cache.append(&k, &v, t);
         }
-        matmul_t(&o, t, &w.o_proj)
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut o = {
+            let _s = profile::scope(Op::Attention);
+            PageStore::attend(cache, &q, t, hq, pos0, scale, None).o
+        };
+        {
+            let _s = profile::scope(Op::Activation);
+            ops::sigmoid_gate(&mut o, &gate);
+        }
+        w.o_proj.forward(&o, t)
     }
 }
 
+/// `x` normalised by RMSNorm1p with weight `w` into a new buffer.
+fn normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let _s = profile::scope(Op::Norm);
+    let mut h = x.to_vec();
+    ops::rms_norm_1p(&mut h, w, eps);
+    h
+}
+
 fn add_into(x: &mut [f32], y: &[f32]) {
+    let _s = profile::scope(Op::Activation);
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
@@ -412,12 +482,18 @@ fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
     let h = c.hidden_size;
     let inter = c.intermediate_size;
     let r = |name: &str, shape: &[usize]| ck.read_f32(&format!("{p}{name}"), shape);
+    let part = |name: &str, rows: usize| (format!("{p}{name}"), rows);
     let input_norm = r("input_layernorm.weight", &[h])?;
     let post_norm = r("post_attention_layernorm.weight", &[h])?;
-    let mut gu = r("mlp.gate_proj.weight", &[inter, h])?;
-    gu.extend(r("mlp.up_proj.weight", &[inter, h])?);
-    let gate_up = tensor(gu, &[2 * inter, h])?;
-    let down = tensor(r("mlp.down_proj.weight", &[h, inter])?, &[h, inter])?;
+    let gate_up = Linear::load(
+        ck,
+        h,
+        &[
+            part("mlp.gate_proj.weight", inter),
+            part("mlp.up_proj.weight", inter),
+        ],
+    )?;
+    let down = Linear::load(ck, inter, &[part("mlp.down_proj.weight", h)])?;
     let mixer = match c.layer_types[i] {
         LayerKind::LinearAttention => {
             let (hv, dv, kc) = (
@@ -426,33 +502,42 @@ fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
                 c.linear_conv_kernel_dim,
             );
             let conv_dim = c.conv_dim();
-            let mut fused = r("linear_attn.in_proj_qkv.weight", &[conv_dim, h])?;
-            fused.extend(r("linear_attn.in_proj_z.weight", &[hv * dv, h])?);
-            fused.extend(r("linear_attn.in_proj_b.weight", &[hv, h])?);
-            fused.extend(r("linear_attn.in_proj_a.weight", &[hv, h])?);
+            let in_proj = Linear::load(
+                ck,
+                h,
+                &[
+                    part("linear_attn.in_proj_qkv.weight", conv_dim),
+                    part("linear_attn.in_proj_z.weight", hv * dv),
+                    part("linear_attn.in_proj_b.weight", hv),
+                    part("linear_attn.in_proj_a.weight", hv),
+                ],
+            )?;
             let a_log = r("linear_attn.A_log", &[hv])?;
             Mixer::Linear(GdnWeights {
-                in_proj: tensor(fused, &[conv_dim + hv * dv + 2 * hv, h])?,
+                in_proj,
                 conv_weight: r("linear_attn.conv1d.weight", &[conv_dim, 1, kc])?,
                 dt_bias: r("linear_attn.dt_bias", &[hv])?,
                 neg_a: a_log.iter().map(|x| -x.exp()).collect(),
                 norm: r("linear_attn.norm.weight", &[dv])?,
-                out_proj: tensor(
-                    r("linear_attn.out_proj.weight", &[h, hv * dv])?,
-                    &[h, hv * dv],
-                )?,
+                out_proj: Linear::load(ck, hv * dv, &[part("linear_attn.out_proj.weight", h)])?,
             })
         }
         LayerKind::FullAttention => {
             let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-            let mut fused = r("self_attn.q_proj.weight", &[hq * 2 * d, h])?;
-            fused.extend(r("self_attn.k_proj.weight", &[hkv * d, h])?);
-            fused.extend(r("self_attn.v_proj.weight", &[hkv * d, h])?);
+            let qkv = Linear::load(
+                ck,
+                h,
+                &[
+                    part("self_attn.q_proj.weight", hq * 2 * d),
+                    part("self_attn.k_proj.weight", hkv * d),
+                    part("self_attn.v_proj.weight", hkv * d),
+                ],
+            )?;
             Mixer::Attention(AttnWeights {
-                qkv: tensor(fused, &[hq * 2 * d + 2 * hkv * d, h])?,
+                qkv,
                 q_norm: r("self_attn.q_norm.weight", &[d])?,
                 k_norm: r("self_attn.k_norm.weight", &[d])?,
-                o_proj: tensor(r("self_attn.o_proj.weight", &[h, hq * d])?, &[h, hq * d])?,
+                o_proj: Linear::load(ck, hq * d, &[part("self_attn.o_proj.weight", h)])?,
             })
         }
     };

@@ -1,25 +1,11 @@
-//! Small row-wise ops of the Qwen3.5 layers (norms, activations, RoPE) and the matmul wrapper over candle.
+//! Small row-wise ops of the Qwen3.5 layers (norms, activations, RoPE).
 //!
 //! Each op names its HF counterpart in `transformers/models/qwen3_5/modeling_qwen3_5.py` (5.23).
 
-use candle_core::{Device, Tensor};
 use rayon::prelude::*;
-
-use crate::error::Result;
 
 /// Rows per rayon task for row-wise ops; below this many rows the op runs on the calling thread.
 const PAR_ROWS: usize = 16;
-
-/// `y = x @ wᵀ`. x: `[n_rows, in]` f32, w: `[out, in]` f32 tensor; returns `[n_rows, out]`.
-/// Runs candle's CPU gemm (multi-threaded per `RAYON_NUM_THREADS`).
-pub fn matmul_t(x: &[f32], n_rows: usize, w: &Tensor) -> Result<Vec<f32>> {
-    let (out, inp) = w.dims2()?;
-    assert_eq!(x.len(), n_rows * inp, "matmul_t: x is not [n_rows, in]");
-    let xt = Tensor::from_slice(x, (n_rows, inp), &Device::Cpu)?;
-    let y = xt.matmul(&w.t()?)?;
-    debug_assert_eq!(y.dims2()?, (n_rows, out));
-    Ok(y.flatten_all()?.to_vec1::<f32>()?)
-}
 
 /// RMSNorm with a zero-centred weight (HF `Qwen3_5RMSNorm`): `y = x·rsqrt(mean(x²)+eps)·(1+w)`, in place over rows of
 /// `w.len()`. x: `[n_rows, dim]` f32.
@@ -67,6 +53,23 @@ pub fn l2_norm_scaled(x: &mut [f32], dim: usize, scale: f32) {
         for v in row.iter_mut() {
             *v = *v * r * scale;
         }
+    }
+}
+
+/// The MLP activation `silu(gate) ⊙ up` of fused `[n_rows, 2·inter]` rows `[gate | up]` → `[n_rows, inter]`.
+pub fn silu_mul_halves(gu: &[f32], inter: usize) -> Vec<f32> {
+    let mut act = Vec::with_capacity(gu.len() / 2);
+    for row in gu.chunks(2 * inter) {
+        let (g, u) = row.split_at(inter);
+        act.extend(g.iter().zip(u).map(|(g, u)| silu(*g) * u));
+    }
+    act
+}
+
+/// The attention output gate: `o ⊙ σ(gate)` in place (`o`, `gate`: the same shape).
+pub fn sigmoid_gate(o: &mut [f32], gate: &[f32]) {
+    for (x, g) in o.iter_mut().zip(gate) {
+        *x *= sigmoid(*g);
     }
 }
 

@@ -6,15 +6,21 @@
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{
-    __m256, __m512, _mm256_add_ps, _mm256_castps256_ps128, _mm256_extractf128_ps, _mm256_loadu_ps,
-    _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps, _mm512_add_ps,
-    _mm512_castps512_ps256, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_shuffle_f32x4, _mm512_storeu_ps, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_movehl_ps,
+    __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+    _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_extractf128_ps, _mm256_fmadd_ps,
+    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps,
+    _mm256_slli_epi32, _mm256_storeu_ps, _mm512_add_ps, _mm512_castps512_ps256,
+    _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32,
+    _mm512_storeu_ps, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps,
     _mm_shuffle_ps,
 };
 
 #[cfg(target_arch = "aarch64")]
-use std::arch::aarch64::{float32x4_t, vaddq_f32, vdupq_n_f32, vld1q_f32, vmulq_f32, vst1q_f32};
+use std::arch::aarch64::{
+    float32x4_t, vaddq_f32, vdupq_n_f32, vfmaq_f32, vld1_u16, vld1q_f32, vmulq_f32,
+    vreinterpretq_f32_u32, vshll_n_u16, vst1q_f32,
+};
 
 use super::{Isa, LANES};
 
@@ -79,6 +85,56 @@ impl Isa for Avx2 {
     }
 
     #[inline(always)]
+    fn fma(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: an `Avx2` token implies FMA (see `dispatch`).
+        unsafe {
+            [
+                _mm256_fmadd_ps(a[0], b[0], acc[0]),
+                _mm256_fmadd_ps(a[1], b[1], acc[1]),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> Self::V {
+        // SAFETY: AVX2 is supported (token); the caller guarantees 16 readable u16s at p.
+        unsafe {
+            let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast::<__m128i>()));
+            let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(8).cast::<__m128i>()));
+            [
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(lo)),
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(hi)),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> Self::V {
+        // SAFETY: an `Avx2` token implies F16C; the caller guarantees 16 readable u16s at p.
+        unsafe {
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast::<__m128i>())),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_ptr(self, p: *const f32) -> Self::V {
+        // SAFETY: AVX2 is supported (token); the caller guarantees 16 readable f32s at p.
+        unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
+    }
+
+    #[inline(always)]
+    unsafe fn store_ptr(self, v: Self::V, p: *mut f32) {
+        // SAFETY: AVX2 is supported (token); the caller guarantees 16 writable f32s at p.
+        unsafe {
+            _mm256_storeu_ps(p, v[0]);
+            _mm256_storeu_ps(p.add(8), v[1]);
+        }
+    }
+
+    #[inline(always)]
     fn reduce(self, v: Self::V) -> f32 {
         // SAFETY: AVX2 (token) implies AVX and SSE.
         unsafe {
@@ -136,6 +192,41 @@ impl Isa for Avx512 {
     fn lanes(self, v: Self::V) -> [f32; LANES] {
         // SAFETY: an __m512 is 16 f32 in lane order.
         unsafe { std::mem::transmute::<__m512, [f32; LANES]>(v) }
+    }
+
+    const WIDE: bool = true;
+
+    #[inline(always)]
+    fn fma(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: AVX-512F is supported (token).
+        unsafe { _mm512_fmadd_ps(a, b, acc) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> Self::V {
+        // SAFETY: AVX-512F is supported (token); the caller guarantees 16 readable u16s at p.
+        unsafe {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast::<__m256i>()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> Self::V {
+        // SAFETY: AVX-512F is supported (token); the caller guarantees 16 readable u16s at p.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>())) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_ptr(self, p: *const f32) -> Self::V {
+        // SAFETY: AVX-512F is supported (token); the caller guarantees 16 readable f32s at p.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline(always)]
+    unsafe fn store_ptr(self, v: Self::V, p: *mut f32) {
+        // SAFETY: AVX-512F is supported (token); the caller guarantees 16 writable f32s at p.
+        unsafe { _mm512_storeu_ps(p, v) }
     }
 
     #[inline(always)]
@@ -220,5 +311,62 @@ impl Isa for Neon {
     fn lanes(self, v: Self::V) -> [f32; LANES] {
         // SAFETY: four float32x4_t are 16 f32 in lane order, with no padding.
         unsafe { std::mem::transmute::<[float32x4_t; 4], [f32; LANES]>(v) }
+    }
+
+    #[inline(always)]
+    fn fma(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: NEON is part of the aarch64 baseline.
+        unsafe {
+            [
+                vfmaq_f32(acc[0], a[0], b[0]),
+                vfmaq_f32(acc[1], a[1], b[1]),
+                vfmaq_f32(acc[2], a[2], b[2]),
+                vfmaq_f32(acc[3], a[3], b[3]),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> Self::V {
+        // SAFETY: NEON is part of the aarch64 baseline; the caller guarantees 16 readable u16s at p.
+        unsafe {
+            let q = |i: usize| vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p.add(4 * i))));
+            [q(0), q(1), q(2), q(3)]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> Self::V {
+        let mut bits = [half::f16::ZERO; LANES];
+        for (l, x) in bits.iter_mut().enumerate() {
+            // SAFETY: the caller guarantees 16 readable u16s at p.
+            *x = half::f16::from_bits(unsafe { p.add(l).read_unaligned() });
+        }
+        let mut v = [0.0f32; LANES];
+        super::f16_to_f32(&bits, &mut v);
+        self.load(&v)
+    }
+
+    #[inline(always)]
+    unsafe fn load_ptr(self, p: *const f32) -> Self::V {
+        // SAFETY: NEON is part of the aarch64 baseline; the caller guarantees 16 readable f32s at p.
+        unsafe {
+            [
+                vld1q_f32(p),
+                vld1q_f32(p.add(4)),
+                vld1q_f32(p.add(8)),
+                vld1q_f32(p.add(12)),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn store_ptr(self, v: Self::V, p: *mut f32) {
+        // SAFETY: NEON is part of the aarch64 baseline; the caller guarantees 16 writable f32s at p.
+        unsafe {
+            for (q, x) in v.iter().enumerate() {
+                vst1q_f32(p.add(4 * q), *x);
+            }
+        }
     }
 }

@@ -28,6 +28,31 @@ pub(crate) trait Isa: Copy {
     fn mul_add(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
     /// The lanes as an array, lane 0 first.
     fn lanes(self, v: Self::V) -> [f32; LANES];
+    /// `acc + a·b` lane-wise with a single rounding (fused multiply-add, IEEE 754 `fusedMultiplyAdd`): the
+    /// same bits on every implementation, since the operation is exactly specified.
+    fn fma(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
+    /// Lanes from 16 bfloat16 bit patterns at `p` (exact: a bf16 is the top half of an f32).
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 `u16`s (no alignment needed).
+    unsafe fn load_bf16(self, p: *const u16) -> Self::V;
+    /// Lanes from 16 IEEE binary16 bit patterns at `p` (exact conversion).
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 `u16`s (no alignment needed).
+    unsafe fn load_f16(self, p: *const u16) -> Self::V;
+    /// Lanes from 16 f32 at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 `f32`s (no alignment needed).
+    unsafe fn load_ptr(self, p: *const f32) -> Self::V;
+    /// Writes the lanes to 16 f32 at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 16 `f32`s (no alignment needed).
+    unsafe fn store_ptr(self, v: Self::V, p: *mut f32);
+    /// Whether the instruction set has 32 registers of 16 lanes (AVX-512): kernels then use larger register tiles.
+    const WIDE: bool = false;
     /// [`reduce_lanes`] of the lanes (the same order of additions).
     #[inline(always)]
     fn reduce(self, v: Self::V) -> f32 {
@@ -73,6 +98,48 @@ impl Isa for Scalar {
     #[inline(always)]
     fn lanes(self, v: Self::V) -> [f32; LANES] {
         v
+    }
+
+    #[inline(always)]
+    fn fma(self, mut acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        for l in 0..LANES {
+            acc[l] = a[l].mul_add(b[l], acc[l]);
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const u16) -> Self::V {
+        let mut v = [0.0f32; LANES];
+        for (l, x) in v.iter_mut().enumerate() {
+            // SAFETY: the caller guarantees 16 readable u16s at p.
+            *x = f32::from_bits(u32::from(unsafe { p.add(l).read_unaligned() }) << 16);
+        }
+        v
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u16) -> Self::V {
+        let mut bits = [half::f16::ZERO; LANES];
+        for (l, x) in bits.iter_mut().enumerate() {
+            // SAFETY: the caller guarantees 16 readable u16s at p.
+            *x = half::f16::from_bits(unsafe { p.add(l).read_unaligned() });
+        }
+        let mut v = [0.0f32; LANES];
+        super::f16_to_f32(&bits, &mut v);
+        v
+    }
+
+    #[inline(always)]
+    unsafe fn load_ptr(self, p: *const f32) -> Self::V {
+        // SAFETY: the caller guarantees 16 readable f32s at p.
+        unsafe { p.cast::<[f32; LANES]>().read_unaligned() }
+    }
+
+    #[inline(always)]
+    unsafe fn store_ptr(self, v: Self::V, p: *mut f32) {
+        // SAFETY: the caller guarantees 16 writable f32s at p.
+        unsafe { p.cast::<[f32; LANES]>().write_unaligned(v) }
     }
 }
 
@@ -185,7 +252,8 @@ pub(crate) trait Kernel {
     fn run<I: Isa>(self, isa: I) -> Self::Out;
 }
 
-/// Runs `k` with the widest vector extension the CPU has: AVX-512F, else AVX2, else plain Rust on x86-64;
+/// Runs `k` with the widest vector extension the CPU has: AVX-512F, else AVX2 (with FMA and F16C), else plain
+/// Rust on x86-64;
 /// NEON on aarch64; plain Rust elsewhere.
 ///
 /// Every path gives bit-identical results (see the module docs).
@@ -197,8 +265,12 @@ pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Out {
             // SAFETY: the CPU supports AVX-512F (checked just above).
             return unsafe { with_avx512(k) };
         }
-        if allowed(1) && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
+        if allowed(1)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked just above).
             return unsafe { with_avx2(k) };
         }
     }
@@ -233,15 +305,15 @@ fn allowed(level: u8) -> bool {
 /// # Safety
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn with_avx512<K: Kernel>(k: K) -> K::Out {
     k.run(Avx512(()))
 }
 
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn with_avx2<K: Kernel>(k: K) -> K::Out {
     k.run(Avx2(()))
 }

@@ -1,0 +1,524 @@
+//! The product kernels: `matmul` (threads × panel ranges × micro-kernels) and its plain-loop twin.
+
+use std::cell::RefCell;
+
+use super::pack::{PackedMatrix, Storage, WeightDtype, PANEL_GROUP};
+use super::PANEL;
+use crate::parallel::{for_each_task, split_range, threads};
+use crate::simd::{dispatch, Isa, Kernel};
+
+/// Inputs per block of the prefill path (the widened weight block is `KC × 16` f32 per panel).
+const KC: usize = 256;
+/// Panels widened per block (`KC × 16 × 16 × 4` bytes = 256 KiB, which stays in L2).
+const GROUP_PANELS: usize = 16;
+/// Below this many multiply-adds a product runs on the calling thread alone.
+const SERIAL_WORK: usize = 1 << 16;
+
+/// `y = x · Wᵀ`: x `[m, k]` f32, `w` packed `[n, k]`, y `[m, n]` f32 (overwritten).
+///
+/// Every `y[i][j]` is the fused multiply-add chain of the [module docs](super) (bit-identical to
+/// [`matmul_reference`] on every instruction set and thread count). Runs on the current rayon pool, split by
+/// contiguous panel ranges, one task per thread.
+///
+/// Panics if `x` or `y` do not have those shapes.
+pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
+    let (n, k) = (w.n(), w.k());
+    assert_eq!(x.len(), m * k, "matmul: x is not [{m}, {k}]");
+    assert_eq!(y.len(), m * n, "matmul: y is not [{m}, {n}]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let wide = dispatch(IsWide);
+    let direct = m <= if wide { 4 } else { 2 };
+    let mr = match (direct, wide) {
+        (true, _) => m,
+        (false, true) => 12,
+        (false, false) => 6,
+    };
+    let a = pack_rows(x, m, k, mr);
+    let groups = w.n_panels() / PANEL_GROUP;
+    let n_tasks = if m * n * k < SERIAL_WORK {
+        1
+    } else {
+        threads().min(groups)
+    };
+    let out = OutPtr(y.as_mut_ptr());
+    for_each_task(n_tasks, |t| {
+        let g = split_range(groups, n_tasks, t);
+        let job = Task {
+            a: &a,
+            m,
+            mr,
+            w,
+            out: &out,
+            panels: g.start * PANEL_GROUP..g.end * PANEL_GROUP,
+            direct,
+        };
+        dispatch(job);
+    });
+}
+
+/// The plain loop with the same arithmetic as [`matmul`]: `y[i][j] = fma(x[i][k-1], W[j][k-1], … fma(x[i][0],
+/// W[j][0], +0.0))`, one element at a time. The slow, obvious twin for tests.
+///
+/// Panics if `x` or `y` do not have the shapes of [`matmul`].
+pub fn matmul_reference(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
+    let (n, k) = (w.n(), w.k());
+    assert_eq!(x.len(), m * k, "matmul_reference: x is not [{m}, {k}]");
+    assert_eq!(y.len(), m * n, "matmul_reference: y is not [{m}, {n}]");
+    let wr = w.to_f32_rows();
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for kk in 0..k {
+                acc = x[i * k + kk].mul_add(wr[j * k + kk], acc);
+            }
+            y[i * n + j] = acc;
+        }
+    }
+}
+
+/// `x [m, k]` as blocks of `mr` rows, each `[k][mr]` (row-interleaved, zero rows past `m`).
+fn pack_rows(x: &[f32], m: usize, k: usize, mr: usize) -> Vec<f32> {
+    if mr == 1 {
+        return x.to_vec();
+    }
+    let blocks = m.div_ceil(mr);
+    let mut a = vec![0.0f32; blocks * k * mr];
+    for (b, blk) in a.chunks_mut(k * mr).enumerate() {
+        for r in 0..mr.min(m - b * mr) {
+            let row = &x[(b * mr + r) * k..(b * mr + r + 1) * k];
+            for (kk, v) in row.iter().enumerate() {
+                blk[kk * mr + r] = *v;
+            }
+        }
+    }
+    a
+}
+
+/// The output matrix shared by the tasks, which write disjoint column ranges.
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (their own panels' columns) of one live `&mut [f32]`, and `matmul` returns
+// only after every task has finished.
+unsafe impl Sync for OutPtr {}
+
+/// Asks [`dispatch`] whether the chosen instruction set is [`Isa::WIDE`].
+struct IsWide;
+
+impl Kernel for IsWide {
+    type Out = bool;
+    #[inline(always)]
+    fn run<I: Isa>(self, _: I) -> bool {
+        I::WIDE
+    }
+}
+
+/// One task: panels `panels` of the output, every row.
+struct Task<'a> {
+    a: &'a [f32],
+    m: usize,
+    mr: usize,
+    w: &'a PackedMatrix,
+    out: &'a OutPtr,
+    panels: std::ops::Range<usize>,
+    direct: bool,
+}
+
+impl Kernel for Task<'_> {
+    type Out = ();
+
+    #[inline(always)]
+    fn run<I: Isa>(self, isa: I) {
+        let k = self.w.k();
+        let stride = k * PANEL;
+        match (&self.w.data, self.w.dtype()) {
+            (Storage::F32(d), _) => {
+                let src = F32Src {
+                    base: d.as_ptr(),
+                    stride,
+                };
+                self.run_with(isa, src);
+            }
+            (Storage::Half(d), WeightDtype::Bf16) => {
+                let src = Bf16Src {
+                    base: d.as_ptr(),
+                    stride,
+                };
+                self.run_with(isa, src);
+            }
+            (Storage::Half(d), _) => {
+                let src = F16Src {
+                    base: d.as_ptr(),
+                    stride,
+                };
+                self.run_with(isa, src);
+            }
+        }
+    }
+}
+
+impl Task<'_> {
+    #[inline(always)]
+    fn run_with<I: Isa, S: Src>(&self, isa: I, src: S) {
+        if self.direct {
+            if I::WIDE {
+                self.direct_rows::<I, S, 4>(isa, src);
+            } else {
+                self.direct_rows::<I, S, 2>(isa, src);
+            }
+        } else if I::WIDE {
+            self.blocked::<I, S, 12, 2>(isa, src);
+        } else {
+            self.blocked::<I, S, 6, 1>(isa, src);
+        }
+    }
+
+    /// Few rows: each panel group is streamed once, weights widened in registers, the whole `k` chain in
+    /// registers.
+    #[inline(always)]
+    fn direct_rows<I: Isa, S: Src, const NP: usize>(&self, isa: I, src: S) {
+        let k = self.w.k();
+        let mut p = self.panels.start;
+        while p < self.panels.end {
+            let t = Tile {
+                a: self.a.as_ptr(),
+                a_stride: self.mr,
+                row0: 0,
+                panel: p,
+                kc: k,
+                first: true,
+            };
+            // SAFETY: `a` holds [k][mr] with mr = m; panels p..p+NP lie in the storage (it is padded to groups of
+            // 4 ≥ NP and task ranges are whole groups); rows 0..m of `out` exist.
+            unsafe {
+                match self.m {
+                    1 => self.tile::<I, S, 1, NP>(isa, src, t),
+                    2 => self.tile::<I, S, 2, NP>(isa, src, t),
+                    3 => self.tile::<I, S, 3, NP>(isa, src, t),
+                    _ => self.tile::<I, S, 4, NP>(isa, src, t),
+                }
+            }
+            p += NP;
+        }
+    }
+
+    /// Many rows: weight blocks widened to f32 once per task into an L2-resident buffer, then register tiles.
+    #[inline(always)]
+    fn blocked<I: Isa, S: Src, const MR: usize, const NP: usize>(&self, isa: I, src: S) {
+        let k = self.w.k();
+        let blocks = self.m.div_ceil(MR);
+        // The buffer is taken out of the thread-local for the duration (no closure around the hot loop: a closure
+        // body would be compiled without the caller's target features).
+        let mut buf = WIDE_BUF.with(|b| b.take());
+        let mut g0 = self.panels.start;
+        while g0 < self.panels.end {
+            let g1 = (g0 + GROUP_PANELS).min(self.panels.end);
+            let mut k0 = 0;
+            while k0 < k {
+                let kc = KC.min(k - k0);
+                let block = widen_block(isa, src, &mut buf, g0, g1, k0, kc);
+                for b in 0..blocks {
+                    let rows = MR.min(self.m - b * MR);
+                    // SAFETY: block b of `a` is [k][MR]; `block` holds panels g0..g1 (a whole number of NP
+                    // pairs, since task ranges and groups are multiples of 4 panels) for inputs k0..k0+kc.
+                    let a = unsafe { self.a.as_ptr().add(b * k * MR + k0 * MR) };
+                    let mut p = g0;
+                    while p < g1 {
+                        let t = Tile {
+                            a,
+                            a_stride: MR,
+                            row0: b * MR,
+                            panel: p - g0,
+                            kc,
+                            first: k0 == 0,
+                        };
+                        // SAFETY: see above; the block's panel 0 is output panel g0.
+                        unsafe { self.rows_tile::<I, MR, NP>(isa, block, t, rows, g0) };
+                        p += NP;
+                    }
+                }
+                k0 += kc;
+            }
+            g0 = g1;
+        }
+        WIDE_BUF.with(|b| b.replace(buf));
+    }
+
+    /// A tile of `rows ≤ MR` rows: the full micro-kernel, or the rows split as 8/4/2/1 for the last row block.
+    ///
+    /// # Safety
+    /// As [`Task::tile_at`]; `t.panel` is relative to `src`, whose panel 0 is output panel `col_shift`.
+    #[inline(always)]
+    unsafe fn rows_tile<I: Isa, const MR: usize, const NP: usize>(
+        &self,
+        isa: I,
+        src: F32Src,
+        t: Tile,
+        rows: usize,
+        col_shift: usize,
+    ) {
+        #[inline(always)]
+        fn at(t: Tile, r0: usize) -> Tile {
+            Tile {
+                // SAFETY: r0 < MR, inside the block's [kc][MR] rows.
+                a: unsafe { t.a.add(r0) },
+                row0: t.row0 + r0,
+                ..t
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if rows == MR {
+                return self.tile_at::<I, F32Src, MR, NP>(isa, src, t, col_shift);
+            }
+            let mut r0 = 0;
+            while r0 < rows {
+                let left = rows - r0;
+                if left >= 8 && MR > 8 {
+                    self.tile_at::<I, F32Src, 8, NP>(isa, src, at(t, r0), col_shift);
+                    r0 += 8;
+                } else if left >= 4 {
+                    self.tile_at::<I, F32Src, 4, NP>(isa, src, at(t, r0), col_shift);
+                    r0 += 4;
+                } else if left >= 2 {
+                    self.tile_at::<I, F32Src, 2, NP>(isa, src, at(t, r0), col_shift);
+                    r0 += 2;
+                } else {
+                    self.tile_at::<I, F32Src, 1, NP>(isa, src, at(t, r0), col_shift);
+                    r0 += 1;
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Task::tile_at`] with no column shift.
+    #[inline(always)]
+    unsafe fn tile<I: Isa, S: Src, const R: usize, const NP: usize>(
+        &self,
+        isa: I,
+        src: S,
+        t: Tile,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.tile_at::<I, S, R, NP>(isa, src, t, 0) }
+    }
+
+    /// Rows `t.row0..t.row0 + R` × panels `t.panel..t.panel + NP` of `src` (output panels shifted by
+    /// `col_shift`): accumulators start at zero (`t.first`) or from `out`, run the chain over `t.kc` inputs and
+    /// are stored back (only columns `< n`).
+    ///
+    /// # Safety
+    /// `t.a` must hold `[t.kc][t.a_stride]` readable f32 with `R ≤ a_stride`; `src` must hold panels `t.panel ..
+    /// t.panel + NP` for inputs `0..t.kc`; rows `t.row0..t.row0 + R` must be `< m`.
+    #[inline(always)]
+    unsafe fn tile_at<I: Isa, S: Src, const R: usize, const NP: usize>(
+        &self,
+        isa: I,
+        src: S,
+        t: Tile,
+        col_shift: usize,
+    ) {
+        let n = self.w.n();
+        let mut acc = [[isa.zero(); NP]; R];
+        let col0 = (t.panel + col_shift) * PANEL;
+        if !t.first {
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                for (j, v) in acc_r.iter_mut().enumerate() {
+                    // SAFETY: row t.row0 + r < m; columns checked by `load_out`.
+                    *v = unsafe { self.load_out(isa, t.row0 + r, col0 + j * PANEL, n) };
+                }
+            }
+        }
+        for kk in 0..t.kc {
+            let mut bv = [isa.zero(); NP];
+            for (j, b) in bv.iter_mut().enumerate() {
+                // SAFETY: the caller guarantees panel t.panel + j, input t.k0 + kk.
+                *b = unsafe { src.load(isa, t.panel + j, kk) };
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                // SAFETY: kk < kc, r < R ≤ a_stride.
+                let av = isa.splat(unsafe { *t.a.add(kk * t.a_stride + r) });
+                for (v, b) in acc_r.iter_mut().zip(&bv) {
+                    *v = isa.fma(*v, av, *b);
+                }
+            }
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (j, v) in acc_r.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { self.store_out(isa, *v, t.row0 + r, col0 + j * PANEL, n) };
+            }
+        }
+    }
+
+    /// `out[row][col..col + 16]` (columns ≥ n read as 0).
+    ///
+    /// # Safety
+    /// `row < m`.
+    #[inline(always)]
+    unsafe fn load_out<I: Isa>(&self, isa: I, row: usize, col: usize, n: usize) -> I::V {
+        // SAFETY: row < m and the columns read are < n, inside the [m, n] output.
+        unsafe {
+            let p = self.out.0.add(row * n + col);
+            if col + PANEL <= n {
+                isa.load_ptr(p)
+            } else {
+                let mut tmp = [0.0f32; PANEL];
+                for (c, t) in tmp.iter_mut().enumerate().take(n.saturating_sub(col)) {
+                    *t = *p.add(c);
+                }
+                isa.load(&tmp)
+            }
+        }
+    }
+
+    /// Writes `v` to `out[row][col..col + 16]`, dropping columns ≥ n.
+    ///
+    /// # Safety
+    /// `row < m`, and no other task writes these columns.
+    #[inline(always)]
+    unsafe fn store_out<I: Isa>(&self, isa: I, v: I::V, row: usize, col: usize, n: usize) {
+        // SAFETY: row < m and the columns written are < n, inside the [m, n] output; columns are this task's.
+        unsafe {
+            let p = self.out.0.add(row * n + col);
+            if col + PANEL <= n {
+                isa.store_ptr(v, p);
+            } else {
+                let tmp = isa.lanes(v);
+                for (c, t) in tmp.iter().enumerate().take(n.saturating_sub(col)) {
+                    *p.add(c) = *t;
+                }
+            }
+        }
+    }
+}
+
+/// Where a tile reads its `A` rows and which panels/inputs of `B`.
+#[derive(Clone, Copy)]
+struct Tile {
+    /// `[kc][a_stride]` f32.
+    a: *const f32,
+    a_stride: usize,
+    /// First output row.
+    row0: usize,
+    /// First panel, relative to the source.
+    panel: usize,
+    /// Inputs (from the source's first).
+    kc: usize,
+    /// Start from zero instead of the output's current values.
+    first: bool,
+}
+
+thread_local! {
+    /// The widened weight block of the prefill path (per thread, reused).
+    static WIDE_BUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Widens panels `g0..g1`, inputs `k0..k0 + kc` of `src` into `buf` as `[g1 - g0][kc][16]` f32; returns the block
+/// as a source whose panel 0 is `g0`.
+#[inline(always)]
+fn widen_block<I: Isa, S: Src>(
+    isa: I,
+    src: S,
+    buf: &mut Vec<f32>,
+    g0: usize,
+    g1: usize,
+    k0: usize,
+    kc: usize,
+) -> F32Src {
+    if let Some(direct) = src.as_f32(g0, k0) {
+        return direct;
+    }
+    let len = (g1 - g0) * kc * PANEL;
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    for p in g0..g1 {
+        let dst = &mut buf[(p - g0) * kc * PANEL..(p - g0 + 1) * kc * PANEL];
+        for (kk, d) in dst.chunks_exact_mut(PANEL).enumerate() {
+            // SAFETY: panel p < the storage's panels, input k0 + kk < k.
+            isa.store(unsafe { src.load(isa, p, k0 + kk) }, d);
+        }
+    }
+    F32Src {
+        base: buf.as_ptr(),
+        stride: kc * PANEL,
+    }
+}
+
+/// Panels of `B` in some dtype: element `(panel p, input kk, lane l)` at `base + p·stride + kk·16 + l`.
+trait Src: Copy {
+    /// The 16 lanes of panel `p`, input `kk`, as f32.
+    ///
+    /// # Safety
+    /// `p·stride + kk·16 + 16` must be within the storage.
+    unsafe fn load<I: Isa>(self, isa: I, p: usize, kk: usize) -> I::V;
+    /// The same panels as an f32 source starting at panel `p0`, input `k0`, if the storage is f32.
+    fn as_f32(self, p0: usize, k0: usize) -> Option<F32Src>;
+}
+
+#[derive(Clone, Copy)]
+struct F32Src {
+    base: *const f32,
+    stride: usize,
+}
+
+impl Src for F32Src {
+    #[inline(always)]
+    unsafe fn load<I: Isa>(self, isa: I, p: usize, kk: usize) -> I::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { isa.load_ptr(self.base.add(p * self.stride + kk * PANEL)) }
+    }
+
+    #[inline(always)]
+    fn as_f32(self, p0: usize, k0: usize) -> Option<F32Src> {
+        Some(F32Src {
+            // SAFETY: panel p0 / input k0 lie inside the storage (the caller's block is within it).
+            base: unsafe { self.base.add(p0 * self.stride + k0 * PANEL) },
+            stride: self.stride,
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Bf16Src {
+    base: *const u16,
+    stride: usize,
+}
+
+impl Src for Bf16Src {
+    #[inline(always)]
+    unsafe fn load<I: Isa>(self, isa: I, p: usize, kk: usize) -> I::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { isa.load_bf16(self.base.add(p * self.stride + kk * PANEL)) }
+    }
+
+    #[inline(always)]
+    fn as_f32(self, _: usize, _: usize) -> Option<F32Src> {
+        None
+    }
+}
+
+#[derive(Clone, Copy)]
+struct F16Src {
+    base: *const u16,
+    stride: usize,
+}
+
+impl Src for F16Src {
+    #[inline(always)]
+    unsafe fn load<I: Isa>(self, isa: I, p: usize, kk: usize) -> I::V {
+        // SAFETY: forwarded from the caller.
+        unsafe { isa.load_f16(self.base.add(p * self.stride + kk * PANEL)) }
+    }
+
+    #[inline(always)]
+    fn as_f32(self, _: usize, _: usize) -> Option<F32Src> {
+        None
+    }
+}

@@ -1,0 +1,33 @@
+//! Dense products `y = x · Wᵀ` against a weight matrix packed once, at load time, in its stored dtype.
+//!
+//! # Layout
+//! A [`PackedMatrix`] holds `W: [n, k]` (n outputs, k inputs, as checkpoints store projections) in *panels* of
+//! [`PANEL`] = 16 outputs: panel `p` holds rows `16p..16p+16` of `W` k-major, element `(16p + l, kk)` at
+//! `p·k·16 + kk·16 + l`. A kernel then reads 16 outputs' weights for one input as one vector, in both the decode
+//! path (one activation row, bound by memory bandwidth) and the prefill path (many rows, bound by compute). The
+//! panel count is padded to a multiple of 4 with zero rows, so kernels never read outside the storage. Weights
+//! stay in their dtype (f32, bf16 or f16: the same bytes as the checkpoint, reordered); bf16/f16 are widened to
+//! f32 exactly inside the kernels.
+//!
+//! # Arithmetic
+//! Every output element is one fused multiply-add chain over `kk = 0..k` in order, starting from `+0.0`:
+//! `acc = fma(x[i][kk], W[j][kk], acc)`. This is exactly specified by IEEE 754, so the result is the same bits on
+//! every instruction set (AVX-512, AVX2, NEON, plain Rust), for every thread count, every blocking of `k`, every
+//! batch size and every row position in the batch: a token's projections in decode equal its projections inside
+//! a prefill ubatch. [`matmul_reference`] is the obvious loop with the same chain.
+//!
+//! # Kernels
+//! Few rows (decode, ≤ 4 on AVX-512): each task streams its panels once and converts bf16/f16 in registers. Many
+//! rows (prefill): blocked as in GotoBLAS/BLIS (Goto & van de Geijn 2008; Van Zee & van de Geijn 2015): `x` is
+//! packed into row blocks of `MR` rows, weight panels are widened block by block (`KC` inputs × 16 panels) into an
+//! f32 buffer that stays in L2, and a register-tile micro-kernel (12 rows × 32 outputs on AVX-512) accumulates.
+//! Work is split over the pool's threads by contiguous ranges of panels.
+
+mod kernel;
+mod pack;
+
+pub use kernel::{matmul, matmul_reference};
+pub use pack::{PackError, PackedMatrix, RowMajor, WeightDtype};
+
+/// Outputs per panel (one 16-lane vector of f32).
+pub const PANEL: usize = crate::simd::LANES;

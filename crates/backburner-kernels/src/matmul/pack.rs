@@ -1,0 +1,385 @@
+//! [`PackedMatrix`]: construction from row-major little-endian bytes, row gathers and byte counts.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::PANEL;
+
+/// Panels are allocated in groups of this many, so a kernel reading up to 4 panels at once stays in bounds.
+pub(crate) const PANEL_GROUP: usize = 4;
+
+/// Storage dtype of a weight matrix (of its elements as stored in a checkpoint, and as kept in memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightDtype {
+    /// IEEE binary32.
+    F32,
+    /// bfloat16 (the top 16 bits of an f32).
+    Bf16,
+    /// IEEE binary16.
+    F16,
+}
+
+impl WeightDtype {
+    /// Bytes per element.
+    pub fn size_of(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            WeightDtype::Bf16 | WeightDtype::F16 => 2,
+        }
+    }
+
+    /// The dtype to keep a fused matrix in: the parts' dtype when they agree, else f32 (exact for all three).
+    pub fn common(parts: &[RowMajor]) -> WeightDtype {
+        match parts.first() {
+            Some(p) if parts.iter().all(|q| q.dtype == p.dtype) => p.dtype,
+            _ => WeightDtype::F32,
+        }
+    }
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+            WeightDtype::F16 => "f16",
+        })
+    }
+}
+
+/// A row-major `[rows, k]` matrix as little-endian bytes in `dtype` (e.g. a tensor's bytes in a memory-mapped
+/// safetensors file; no alignment needed).
+#[derive(Clone, Copy, Debug)]
+pub struct RowMajor<'a> {
+    /// Element dtype of `bytes`.
+    pub dtype: WeightDtype,
+    /// `rows · k · dtype.size_of()` bytes.
+    pub bytes: &'a [u8],
+    /// Rows (outputs).
+    pub rows: usize,
+}
+
+/// Why a matrix could not be packed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PackError {
+    /// A part's byte length is not `rows · k · size_of(dtype)`.
+    #[error("part {part}: {got} bytes, expected {rows} rows × {k} × {size} bytes")]
+    Length {
+        /// Index of the part.
+        part: usize,
+        /// Bytes given.
+        got: usize,
+        /// Rows of the part.
+        rows: usize,
+        /// Inputs per row.
+        k: usize,
+        /// Bytes per element.
+        size: usize,
+    },
+    /// The total size overflows `usize`.
+    #[error("matrix size overflows")]
+    Overflow,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Storage {
+    F32(Vec<f32>),
+    /// bf16 or f16 bit patterns (see [`PackedMatrix::dtype`]).
+    Half(Vec<u16>),
+}
+
+/// A weight matrix `W: [n, k]` in panels of 16 outputs, in its dtype (see the [module docs](super)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedMatrix {
+    n: usize,
+    k: usize,
+    n_panels: usize,
+    dtype: WeightDtype,
+    pub(crate) data: Storage,
+}
+
+impl PackedMatrix {
+    /// Packs the row-wise concatenation of `parts` (each `[rows_i, k]`) into one `[Σ rows_i, k]` matrix stored in
+    /// `dtype` (same dtype: the bits are kept; bf16/f16 → f32: exact; f32 → bf16/f16: rounded to nearest even).
+    /// Parts are fused projections that read the same input (e.g. q|k|v). Runs on the current rayon pool.
+    ///
+    /// Errors: [`PackError::Length`] when a part's bytes do not match its shape, [`PackError::Overflow`].
+    pub fn pack(k: usize, parts: &[RowMajor], dtype: WeightDtype) -> Result<Self, PackError> {
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut n = 0usize;
+        for (i, p) in parts.iter().enumerate() {
+            let want = p
+                .rows
+                .checked_mul(k)
+                .and_then(|e| e.checked_mul(p.dtype.size_of()))
+                .ok_or(PackError::Overflow)?;
+            if p.bytes.len() != want {
+                return Err(PackError::Length {
+                    part: i,
+                    got: p.bytes.len(),
+                    rows: p.rows,
+                    k,
+                    size: p.dtype.size_of(),
+                });
+            }
+            starts.push(n);
+            n = n.checked_add(p.rows).ok_or(PackError::Overflow)?;
+        }
+        starts.push(n);
+        let n_panels = n.div_ceil(PANEL).div_ceil(PANEL_GROUP) * PANEL_GROUP;
+        let len = n_panels
+            .checked_mul(k)
+            .and_then(|e| e.checked_mul(PANEL))
+            .ok_or(PackError::Overflow)?;
+        // The source of output row r: (part, row within the part).
+        let locate = |r: usize| -> Option<(usize, usize)> {
+            if r >= n {
+                return None;
+            }
+            let part = starts.partition_point(|&s| s <= r) - 1;
+            Some((part, r - starts[part]))
+        };
+        let data = match dtype {
+            WeightDtype::F32 => {
+                let mut d = vec![0.0f32; len];
+                fill_panels(&mut d, k, parts, &locate, read_f32);
+                Storage::F32(d)
+            }
+            WeightDtype::Bf16 | WeightDtype::F16 => {
+                let mut d = vec![0u16; len];
+                fill_panels(&mut d, k, parts, &locate, |from, b| {
+                    read_half(from, b, dtype)
+                });
+                Storage::Half(d)
+            }
+        };
+        Ok(PackedMatrix {
+            n,
+            k,
+            n_panels,
+            dtype,
+            data,
+        })
+    }
+
+    /// Packs a row-major f32 matrix `[n, k]` into `dtype` (rounding to nearest even for bf16/f16). For tests and
+    /// synthetic weights.
+    ///
+    /// Panics if `w.len() != n · k`.
+    pub fn from_f32(n: usize, k: usize, w: &[f32], dtype: WeightDtype) -> Self {
+        assert_eq!(w.len(), n * k, "from_f32: w is not [n, k]");
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let part = RowMajor {
+            dtype: WeightDtype::F32,
+            bytes: &bytes,
+            rows: n,
+        };
+        Self::pack(k, &[part], dtype).expect("lengths match")
+    }
+
+    /// Outputs (rows of `W`).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs (columns of `W`).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Storage dtype.
+    pub fn dtype(&self) -> WeightDtype {
+        self.dtype
+    }
+
+    /// Panels allocated (a multiple of 4, ≥ `n / 16`).
+    pub(crate) fn n_panels(&self) -> usize {
+        self.n_panels
+    }
+
+    /// Bytes of storage held (including the zero padding of the last panels).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            Storage::F32(d) => 4 * d.len(),
+            Storage::Half(d) => 2 * d.len(),
+        }
+    }
+
+    /// Row `r` of `W` (`[k]`) widened to f32 into `out`: the embedding lookup of a tied or packed embedding table.
+    ///
+    /// Panics if `r >= n` or `out.len() != k`.
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.n, "row_into: row {r} of {}", self.n);
+        assert_eq!(out.len(), self.k, "row_into: out is not [k]");
+        let base = (r / PANEL) * self.k * PANEL + r % PANEL;
+        match &self.data {
+            Storage::F32(d) => {
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = d[base + kk * PANEL];
+                }
+            }
+            Storage::Half(d) => {
+                let widen = half_to_f32(self.dtype);
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = widen(d[base + kk * PANEL]);
+                }
+            }
+        }
+    }
+
+    /// The whole matrix as row-major f32 `[n, k]` (tests and reference paths).
+    pub fn to_f32_rows(&self) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.n * self.k];
+        for (r, row) in out.chunks_mut(self.k.max(1)).enumerate().take(self.n) {
+            self.row_into(r, row);
+        }
+        out
+    }
+}
+
+/// Fills panel storage: output row `r` comes from row `locate(r)` of a part (zero padding where `None`), each
+/// element converted from its bytes by `conv(part dtype, bytes)`.
+fn fill_panels<T: Copy + Send>(
+    d: &mut [T],
+    k: usize,
+    parts: &[RowMajor],
+    locate: &(impl Fn(usize) -> Option<(usize, usize)> + Sync),
+    conv: impl Fn(WeightDtype, &[u8]) -> T + Sync,
+) {
+    if k == 0 {
+        return;
+    }
+    d.par_chunks_mut(k * PANEL)
+        .enumerate()
+        .for_each(|(p, panel)| {
+            for l in 0..PANEL {
+                let Some((part, row)) = locate(p * PANEL + l) else {
+                    continue;
+                };
+                let src = &parts[part];
+                let size = src.dtype.size_of();
+                let bytes = &src.bytes[row * k * size..(row + 1) * k * size];
+                for (kk, e) in bytes.chunks_exact(size).enumerate() {
+                    panel[kk * PANEL + l] = conv(src.dtype, e);
+                }
+            }
+        });
+}
+
+/// One element's little-endian bytes in `from` as f32 (exact).
+fn read_f32(from: WeightDtype, e: &[u8]) -> f32 {
+    match from {
+        WeightDtype::F32 => f32::from_le_bytes([e[0], e[1], e[2], e[3]]),
+        WeightDtype::Bf16 => bf16::from_bits(u16::from_le_bytes([e[0], e[1]])).to_f32(),
+        WeightDtype::F16 => f16::from_bits(u16::from_le_bytes([e[0], e[1]])).to_f32(),
+    }
+}
+
+/// One element's little-endian bytes in `from` as the bits of `to` (bf16 or f16): kept when the dtypes agree,
+/// else rounded to nearest even.
+fn read_half(from: WeightDtype, e: &[u8], to: WeightDtype) -> u16 {
+    if from == to {
+        return u16::from_le_bytes([e[0], e[1]]);
+    }
+    let v = read_f32(from, e);
+    match to {
+        WeightDtype::Bf16 => bf16::from_f32(v).to_bits(),
+        _ => f16::from_f32(v).to_bits(),
+    }
+}
+
+/// The exact widening of bf16 or f16 bits to f32.
+pub(crate) fn half_to_f32(dtype: WeightDtype) -> fn(u16) -> f32 {
+    match dtype {
+        WeightDtype::Bf16 => |b| f32::from_bits(u32::from(b) << 16),
+        _ => |b| f16::from_bits(b).to_f32(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_puts_each_element_at_its_panel_position_and_rows_read_back() {
+        let (n, k) = (37, 5);
+        let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
+        let m = PackedMatrix::from_f32(n, k, &w, WeightDtype::F32);
+        assert_eq!(m.n_panels(), 4); // 37 rows → 3 panels → padded to 4
+        let Storage::F32(d) = &m.data else { panic!() };
+        assert_eq!(d.len(), 4 * k * PANEL);
+        // element (r = 17, kk = 3): panel 1, l = 1
+        assert_eq!(d[k * PANEL + 3 * PANEL + 1], (17 * k + 3) as f32);
+        // padding rows are zero
+        assert_eq!(d[2 * k * PANEL + 2 * PANEL + 10], 0.0);
+        assert_eq!(m.to_f32_rows(), w);
+        assert_eq!(m.bytes(), 4 * 4 * k * PANEL);
+    }
+
+    #[test]
+    fn fused_parts_of_mixed_dtypes_are_kept_in_f32_exactly() {
+        let k = 3;
+        let a: Vec<u8> = [1.5f32, -2.0, 3.25]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let b: Vec<u8> = [0.5f32, 7.0, -1.0, 2.0, 4.0, 8.0]
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect();
+        let parts = [
+            RowMajor {
+                dtype: WeightDtype::F32,
+                bytes: &a,
+                rows: 1,
+            },
+            RowMajor {
+                dtype: WeightDtype::Bf16,
+                bytes: &b,
+                rows: 2,
+            },
+        ];
+        assert_eq!(WeightDtype::common(&parts), WeightDtype::F32);
+        let m = PackedMatrix::pack(k, &parts, WeightDtype::common(&parts)).unwrap();
+        assert_eq!((m.n(), m.k()), (3, 3));
+        assert_eq!(
+            m.to_f32_rows(),
+            vec![1.5, -2.0, 3.25, 0.5, 7.0, -1.0, 2.0, 4.0, 8.0]
+        );
+        let bad = [RowMajor {
+            dtype: WeightDtype::F32,
+            bytes: &a[..8],
+            rows: 1,
+        }];
+        assert_eq!(
+            PackedMatrix::pack(k, &bad, WeightDtype::F32),
+            Err(PackError::Length {
+                part: 0,
+                got: 8,
+                rows: 1,
+                k: 3,
+                size: 4
+            })
+        );
+    }
+
+    #[test]
+    fn bf16_and_f16_storage_keep_the_checkpoint_bits() {
+        let vals = [1.0f32, -0.333, 65504.0, 1e-7, 0.0, -0.0];
+        for dtype in [WeightDtype::Bf16, WeightDtype::F16] {
+            let m = PackedMatrix::from_f32(2, 3, &vals, dtype);
+            let want: Vec<f32> = vals
+                .iter()
+                .map(|&v| match dtype {
+                    WeightDtype::Bf16 => bf16::from_f32(v).to_f32(),
+                    _ => f16::from_f32(v).to_f32(),
+                })
+                .collect();
+            let got = m.to_f32_rows();
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.to_bits(), w.to_bits(), "{dtype}");
+            }
+            assert_eq!(m.bytes(), 2 * 4 * 3 * PANEL);
+        }
+    }
+}

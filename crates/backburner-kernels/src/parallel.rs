@@ -1,0 +1,103 @@
+//! Static task splitting on the current thread pool.
+//!
+//! Kernels run on whatever rayon pool the caller installed (the engine owns one per role: host, worker, server;
+//! see `backburner_engine::Compute`). They split their work into a fixed number of equal tasks, usually one per
+//! pool thread, so that each thread streams a disjoint, contiguous part of the data (for the bandwidth-bound
+//! decode path) and the result never depends on how tasks are scheduled.
+//!
+//! With profiling on, [`for_each_task`] charges the time the region waits for its slowest task to
+//! [`Op::Sync`](crate::profile::Op::Sync).
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::profile;
+
+/// Threads of the current pool (rayon's `current_num_threads`).
+#[inline]
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
+
+/// Runs `f(i)` for every task `i` in `0..n_tasks` on the current pool and returns when all are done. With one task
+/// (or a pool of one thread) everything runs on the calling thread, in order.
+pub fn for_each_task(n_tasks: usize, f: impl Fn(usize) + Sync) {
+    if n_tasks == 0 {
+        return;
+    }
+    let width = n_tasks.min(threads());
+    if width <= 1 {
+        for i in 0..n_tasks {
+            f(i);
+        }
+        return;
+    }
+    if !profile::enabled() {
+        (0..n_tasks).into_par_iter().with_max_len(1).for_each(&f);
+        return;
+    }
+    let busy = AtomicU64::new(0);
+    let t0 = Instant::now();
+    (0..n_tasks).into_par_iter().with_max_len(1).for_each(|i| {
+        let s = Instant::now();
+        f(i);
+        let ns = u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        busy.fetch_add(ns, Ordering::Relaxed);
+    });
+    let wall = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let mean_busy = busy.load(Ordering::Relaxed) / width as u64;
+    profile::charge_sync(wall.saturating_sub(mean_busy));
+}
+
+/// The `i`-th of `parts` near-equal contiguous parts of `0..n` (the first `n % parts` parts get one more).
+///
+/// Panics if `i >= parts`.
+pub fn split_range(n: usize, parts: usize, i: usize) -> Range<usize> {
+    assert!(i < parts, "split_range: part {i} of {parts}");
+    let base = n / parts;
+    let extra = n % parts;
+    let start = i * base + i.min(extra);
+    let len = base + usize::from(i < extra);
+    start..start + len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_range_covers_everything_once_in_order() {
+        for n in 0..40 {
+            for parts in 1..7 {
+                let mut next = 0;
+                for i in 0..parts {
+                    let r = split_range(n, parts, i);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() == n / parts || r.len() == n / parts + 1);
+                    next = r.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn for_each_task_runs_every_task_once_on_any_pool() {
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let hits: Vec<AtomicU64> = (0..11).map(|_| AtomicU64::new(0)).collect();
+            pool.install(|| {
+                for_each_task(11, |i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                })
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+}
