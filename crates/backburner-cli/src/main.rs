@@ -423,6 +423,7 @@ fn run(a: RunArgs) -> Result<()> {
         eos_ids,
         stop: a.stop.clone(),
         keep_logits: a.dump_logits.is_some(),
+        cancel: None,
     };
     let mut session =
         backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;

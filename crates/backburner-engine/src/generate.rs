@@ -1,6 +1,8 @@
-//! The generation loop: prefill the prompt, then sample and decode until eos, `max_tokens` or a stop string, streaming
-//! text as it becomes complete UTF-8.
+//! The generation loop: prefill the prompt, then sample and decode until eos, `max_tokens`, a stop string, a full
+//! context or a cancellation, streaming text as it becomes complete UTF-8.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use backburner_model::TextTokenizer;
@@ -23,6 +25,9 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep the logits of every sampling step in [`Generation::step_logits`].
     pub keep_logits: bool,
+    /// Stop with [`StopReason::Interrupted`] once this flag is set (checked before each token is sampled, so the
+    /// prompt is always processed; e.g. set by a Ctrl-C handler).
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// Why generation ended.
@@ -37,6 +42,8 @@ pub enum StopReason {
     StopString,
     /// The context window is full.
     ContextFull,
+    /// Cancelled through [`GenerateParams::cancel`] (Ctrl-C in the CLI).
+    Interrupted,
 }
 
 impl StopReason {
@@ -47,6 +54,7 @@ impl StopReason {
             StopReason::MaxTokens => "max_tokens",
             StopReason::StopString => "stop_string",
             StopReason::ContextFull => "context_full",
+            StopReason::Interrupted => "interrupted",
         }
     }
 }
@@ -224,7 +232,8 @@ impl<'a> TextStream<'a> {
 /// `on_prefill(done, total)` prefill progress.
 ///
 /// Errors: those of [`Session::prefill`] (the prompt must fit the context); generation itself stops with
-/// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does.
+/// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does, and with [`StopReason::Interrupted`] when
+/// [`GenerateParams::cancel`] is set; what was generated until then is returned either way.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -247,6 +256,14 @@ pub fn generate(
     let mut stop_reason = StopReason::MaxTokens;
     let mut step_logits = Vec::new();
     while tokens.len() < params.max_tokens {
+        if params
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            stop_reason = StopReason::Interrupted;
+            break;
+        }
         if tokens.len() >= room {
             stop_reason = StopReason::ContextFull;
             break;
