@@ -144,8 +144,8 @@ struct RunArgs {
 /// Options for using a worker.
 #[derive(Args, Clone)]
 pub struct LinkArgs {
-    /// Worker address (HOST:PORT) for split prefill.
-    #[arg(long)]
+    /// Worker address for split prefill (e.g. 127.0.0.1:50060; an IPv6 address in brackets).
+    #[arg(long, value_name = "HOST:PORT", value_parser = worker_cmd::parse_worker_addr)]
     pub worker: Option<String>,
     /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
     #[arg(long, requires = "worker")]
@@ -173,13 +173,23 @@ impl LinkArgs {
         };
         let cfg = loaded.model.config();
         if let Some(l) = self.split_layer {
-            let valid = backburner_engine::valid_split_layers(cfg);
-            if !valid.contains(&l) {
+            let n = cfg.num_hidden_layers;
+            let valid = backburner_engine::valid_split_layers(cfg)
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            // The host runs layers [0, L), the worker [L, n): both ranges must hold layers.
+            if l == 0 {
+                bail!("--split-layer 0 leaves the host no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
+            }
+            if l >= n {
+                bail!("--split-layer {l} is the end of this {n}-layer model and leaves the worker no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
+            }
+            if !l.is_multiple_of(cfg.full_attention_interval) {
                 bail!(
-                    "--split-layer {l} is not on a {}-layer cycle boundary of this {}-layer model; valid: {}",
+                    "--split-layer {l} is not on a {}-layer cycle boundary of this {n}-layer model; valid: {valid}",
                     cfg.full_attention_interval,
-                    cfg.num_hidden_layers,
-                    valid.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
                 );
             }
         }

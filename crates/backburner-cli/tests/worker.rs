@@ -243,6 +243,58 @@ fn worker_flags_are_validated() {
             ],
             "cycle boundary",
         ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt-tokens",
+                "1,2",
+                "--worker",
+                "127.0.0.1:1",
+                "--split-layer",
+                "0",
+            ],
+            "--split-layer 0 leaves the host no layers",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt-tokens",
+                "1,2",
+                "--worker",
+                "127.0.0.1:1",
+                "--split-layer",
+                "8",
+            ],
+            "--split-layer 8 is the end of this 8-layer model and leaves the worker no layers",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt",
+                "x",
+                "--worker",
+                "localhost",
+            ],
+            "invalid value 'localhost' for '--worker <HOST:PORT>': no port",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt",
+                "x",
+                "--worker",
+                "nonsense:99999",
+            ],
+            "\"99999\" is not a port (1 to 65535)",
+        ),
     ];
     for (args, want) in cases {
         let o = Command::new(bin())
