@@ -8,11 +8,14 @@ mod worker_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{generate, perplexity, GenerateParams, SamplingParams, SessionOptions};
+use backburner_engine::{
+    generate, perplexity, GenerateParams, SamplingParams, SessionOptions, StopReason,
+};
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{
     ChatMessage, Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, TextTokenizer,
@@ -121,7 +124,7 @@ struct RunArgs {
     /// Min-p (0 = off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
-    /// RNG seed for sampling (default: random; the seed used is in the --json output).
+    /// RNG seed for sampling (default: random; the seed used is printed in the stats line and --json).
     #[arg(long)]
     seed: Option<u64>,
     /// Stop when the output contains this text (repeatable; needs a tokenizer).
@@ -433,7 +436,7 @@ fn run(a: RunArgs) -> Result<()> {
         eos_ids,
         stop: a.stop.clone(),
         keep_logits: a.dump_logits.is_some(),
-        cancel: None,
+        cancel: Some(cancel_on_ctrl_c()?),
     };
     let mut session =
         backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
@@ -487,6 +490,7 @@ fn run(a: RunArgs) -> Result<()> {
     }
     let total_s = t_start.elapsed().as_secs_f64();
     let tm = &gen.timings;
+    let interrupted = gen.stop_reason == StopReason::Interrupted;
     if json {
         let obj = serde_json::json!({
             "prompt_tokens": prompt,
@@ -515,16 +519,28 @@ fn run(a: RunArgs) -> Result<()> {
         out_line(&obj.to_string());
     } else {
         out_line("");
-        eprintln!(
-            "prompt {} tokens | prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.0} ms | generated {} tokens ({}) in {:.2} s",
+        let mut stats = format!(
+            "prompt {} tokens | prefill {:.1} tok/s",
             prompt.len(),
-            tm.prefill_tok_s,
-            tm.decode_tok_s,
-            tm.ttft_ms,
+            tm.prefill_tok_s
+        );
+        // a decode rate needs two tokens, a time to first token one sampled token (an eos counts)
+        if gen.tokens.len() >= 2 {
+            stats += &format!(" | decode {:.1} tok/s", tm.decode_tok_s);
+        }
+        if !gen.tokens.is_empty() || gen.stop_reason == StopReason::Eos {
+            stats += &format!(" | ttft {:.0} ms", tm.ttft_ms);
+        }
+        stats += &format!(
+            " | generated {} tokens ({}) in {:.2} s",
             gen.tokens.len(),
             gen.stop_reason.as_str(),
             total_s
         );
+        if a.temp > 0.0 {
+            stats += &format!(" | seed {seed}");
+        }
+        eprintln!("{stats}");
         if session.worker().is_some() {
             let ls = session.link_stats();
             eprintln!(
@@ -536,7 +552,25 @@ fn run(a: RunArgs) -> Result<()> {
             );
         }
     }
+    if interrupted {
+        std::process::exit(130); // 128 + SIGINT, as a shell reports a Ctrl-C
+    }
     Ok(())
+}
+
+/// Installs a Ctrl-C (and SIGTERM/SIGHUP) handler for generation: the first signal raises the returned flag, so the
+/// loop stops between tokens and the run reports what it made; a second exits at once with 130 (a prefill in progress
+/// is not interrupted).
+fn cancel_on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    })
+    .context("install the Ctrl-C handler")?;
+    Ok(flag)
 }
 
 /// The reader of our stdout went away (`| head`): stop quietly, as command-line tools do.
