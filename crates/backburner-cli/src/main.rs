@@ -209,13 +209,15 @@ impl LinkArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("ctx_size", |a| a.hide(true)))]
 struct PplArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
-    /// Window length in tokens; windows do not overlap and each starts from an empty state (default: the whole text).
+    /// Window length in tokens, at least 2 and at most the model's context; windows do not overlap and each starts
+    /// from an empty state (default: the whole text).
     #[arg(long)]
     ctx: Option<usize>,
     /// Print JSON {"ppl","nll","n_tokens",...}.
@@ -615,13 +617,37 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 fn run_perplexity(a: PplArgs) -> Result<()> {
+    if let Some(n) = a.model.ctx_size {
+        bail!("perplexity takes --ctx {n} (the window length, at most the model's context), not --ctx-size");
+    }
+    if let Some(c) = a.ctx.filter(|&c| c < 2) {
+        bail!("--ctx {c} is too short: a window needs at least 2 tokens (a token to predict and one before it)");
+    }
     set_threads(a.model.threads)?;
     let loaded = load(&a.model)?;
     let tok = need_tok(&loaded.tokenizer, "perplexity", "")?;
     let text =
         std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
     let ids = tok.encode(&text)?;
-    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len()).max(2);
+    if ids.len() < 2 {
+        bail!(
+            "{} is {} token(s); perplexity needs at least 2",
+            a.file.display(),
+            ids.len()
+        );
+    }
+    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len());
+    let limit = loaded.model.config().max_position_embeddings;
+    if ctx > limit {
+        match a.ctx {
+            Some(c) => bail!("--ctx {c} is longer than the model's context of {limit} tokens (max_position_embeddings); use --ctx {limit} or less"),
+            None => bail!(
+                "{} is {} tokens, longer than the model's context of {limit} tokens (max_position_embeddings): score it in windows with --ctx {limit} (or less)",
+                a.file.display(),
+                ids.len()
+            ),
+        }
+    }
     let pb = bar(ids.len() as u64, "scoring");
     let r = perplexity(
         loaded.model.clone(),

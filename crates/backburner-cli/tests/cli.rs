@@ -453,3 +453,62 @@ fn ctrl_c_with_json_prints_the_object_with_stop_reason_interrupted_and_exits_130
     }
     panic!("the run was never interrupted during generation");
 }
+
+#[test]
+fn perplexity_checks_the_window_up_front_and_takes_only_ctx() {
+    let m = fixture("tiny-f32");
+    let ms = m.to_str().unwrap();
+    // more than the fixture's 4096-token context
+    let d = tempfile::tempdir().unwrap();
+    let long = d.path().join("long.txt");
+    std::fs::write(
+        &long,
+        std::fs::read_to_string(m.join("ppl.txt"))
+            .unwrap()
+            .repeat(60),
+    )
+    .unwrap();
+    let ls = long.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![],
+            "tokens, longer than the model's context of 4096 tokens (max_position_embeddings): score it in windows with --ctx 4096",
+        ),
+        (
+            vec!["--ctx", "5000"],
+            "--ctx 5000 is longer than the model's context of 4096 tokens",
+        ),
+        (vec!["--ctx", "1"], "--ctx 1 is too short: a window needs at least 2 tokens"),
+        (vec!["--ctx", "0"], "--ctx 0 is too short"),
+        (vec!["--ctx-size", "64"], "perplexity takes --ctx 64"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["perplexity", "--model", ms, "--file", ls];
+        args.extend_from_slice(&extra);
+        let o = bb(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+        assert!(!err.contains("context overflow"), "{err}");
+    }
+    let v = json_out(&bb(&[
+        "perplexity",
+        "--model",
+        ms,
+        "--file",
+        ls,
+        "--ctx",
+        "4096",
+        "--json",
+    ]));
+    let n = v["n_tokens"].as_u64().unwrap();
+    assert!(n > 4096 && n % 4096 >= 2, "{v}");
+    assert_eq!(v["ctx"], 4096);
+    assert_eq!(v["n_scored"].as_u64().unwrap(), n - n.div_ceil(4096));
+    let help = bb(&["perplexity", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--ctx <CTX>") && !help.contains("--ctx-size"),
+        "{help}"
+    );
+}
