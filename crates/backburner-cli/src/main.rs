@@ -1,4 +1,4 @@
-//! `backburner`: run Qwen3.5-family hybrid models on CPU (and, in later releases, with a worker over a link).
+//! `backburner`: run Qwen3.5-family hybrid models on CPU, optionally with a worker over a link for split prefill.
 
 mod bench;
 mod bench_split;
@@ -42,7 +42,7 @@ enum Cmd {
     Perplexity(PplArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
-    /// Serve layers and KV pages to a host over the link (a daemon).
+    /// Serve the tail layers of split prefill to a host over the link (a daemon).
     Worker(worker_cmd::WorkerArgs),
 }
 

@@ -512,3 +512,35 @@ fn perplexity_checks_the_window_up_front_and_takes_only_ctx() {
         "{help}"
     );
 }
+
+#[test]
+fn help_texts_say_what_the_commands_do() {
+    let help = |args: &[&str]| {
+        let o = bb(args);
+        assert!(o.status.success(), "{args:?}");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let top = help(&["--help"]);
+    assert!(
+        top.contains("Serve the tail layers of split prefill to a host over the link"),
+        "{top}"
+    );
+    assert!(!top.contains("KV pages"), "{top}");
+    let local = help(&["bench", "local", "--help"]);
+    for want in [
+        "[default: 2048,8192,16384]",
+        "[default: 1,2]",
+        "Default: the bundled bench model",
+    ] {
+        assert!(local.contains(want), "{want:?} in {local}");
+    }
+    assert!(!local.contains("Default: the bundled model"), "{local}");
+    let split = help(&["bench", "split-prefill", "--help"]);
+    for want in [
+        "[default: 2048,8192,16384]",
+        "Default: the bundled bench model",
+        "Skip the shaped-link run and the shaped ping",
+    ] {
+        assert!(split.contains(want), "{want:?} in {split}");
+    }
+}

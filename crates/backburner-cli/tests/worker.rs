@@ -307,3 +307,37 @@ fn worker_flags_are_validated() {
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
     }
 }
+
+#[test]
+fn bench_split_prefill_with_no_shaped_skips_the_shaped_run_and_ping() {
+    let m = fixture("tiny-f32");
+    let o = Command::new(bin())
+        .args([
+            "bench",
+            "split-prefill",
+            "--model",
+            m.to_str().unwrap(),
+            "--depths",
+            "64",
+            "--ubatch",
+            "16",
+            "--pings",
+            "3",
+            "--no-shaped",
+        ])
+        .env_remove("BACKBURNER_SECRET")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["results"][0]["tokens"], 64);
+    assert_eq!(v["results"][0]["shaped_tok_s"], serde_json::Value::Null);
+    assert_eq!(v["shaped_link"], serde_json::Value::Null);
+    assert_eq!(v["ping_loopback"]["n"], 3);
+    assert_eq!(v["ping_shaped"], serde_json::Value::Null);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("ping 16 B loopback") && !err.contains("shaped:"),
+        "{err}"
+    );
+}
