@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate fixtures/ (tiny random Qwen3.5 checkpoints + transformers reference outputs).
-# Not run by CI. Needs PyPI access the first time (creates /.venv-fixtures, several GB because of torch).
+# Not run by CI. Needs PyPI access the first time (creates .venv-fixtures/ in the repository root, several GB because
+# of torch).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -29,14 +29,15 @@ enum BenchKind {
 }
 
 #[derive(Args)]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
 struct LocalArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Context depths (tokens, comma-separated) at which to report prefill and decode.
-    #[arg(long, value_delimiter = ',', default_values_t = [2048usize, 8192, 16384])]
+    #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384")]
     depths: Vec<usize>,
     /// Thread counts to run, comma-separated (one full run each).
-    #[arg(long = "thread-counts", value_delimiter = ',', default_values_t = [1usize, 2])]
+    #[arg(long = "thread-counts", value_delimiter = ',', default_value = "1,2")]
     thread_counts: Vec<usize>,
     /// Tokens decoded at each depth.
     #[arg(long, default_value_t = 16)]

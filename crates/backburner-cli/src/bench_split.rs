@@ -19,11 +19,12 @@ use crate::{bench, default_model, load, set_threads, LinkArgs, ModelArgs};
 
 /// Options.
 #[derive(Args)]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
 pub struct SplitArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt lengths (tokens, comma-separated) to ingest, each from an empty context.
-    #[arg(long, value_delimiter = ',', default_values_t = [2048usize, 8192, 16384])]
+    #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384")]
     depths: Vec<usize>,
     /// Threads of the worker process (the host uses --threads, default 1 here).
     #[arg(long, default_value_t = 1)]
@@ -37,7 +38,7 @@ pub struct SplitArgs {
     /// Emulated link for the shaped run: rate in Gbit/s.
     #[arg(long, default_value_t = 10.0)]
     shaped_gbit: f64,
-    /// Skip the shaped-link run.
+    /// Skip the shaped-link run and the shaped ping.
     #[arg(long)]
     no_shaped: bool,
     /// Pings for the round-trip histogram.
@@ -248,7 +249,12 @@ pub fn run(a: SplitArgs) -> Result<()> {
     }
     // ping round trips, 16-byte request/reply
     let mut pings = Vec::new();
-    for sh in [None, Some(shaper)] {
+    let links = if a.no_shaped {
+        vec![None]
+    } else {
+        vec![None, Some(shaper)]
+    };
+    for sh in links {
         let mut c = make_client(sh)?;
         let kv = margs.kv_dtype;
         c.ping(&cfg, kv, margs.kv_page_size, margs.ubatch, &[0u8; 16])?; // connect + warm up
@@ -277,11 +283,11 @@ pub fn run(a: SplitArgs) -> Result<()> {
         "host_threads": host_threads,
         "worker_threads": a.worker_threads,
         "ubatch": margs.ubatch,
-        "shaped_link": {"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit},
+        "shaped_link": (!a.no_shaped).then(|| serde_json::json!({"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit})),
         "machine": bench::machine_description(),
         "results": results,
-        "ping_loopback": pings[0],
-        "ping_shaped": pings[1],
+        "ping_loopback": pings.first(),
+        "ping_shaped": pings.get(1),
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -62,16 +62,25 @@ pub fn ensure() -> Result<PathBuf> {
 }
 
 /// Generates a model of config `cfg` (random weights, the Qwen3.5 tokenizer) in `d` unless it is already complete.
+///
+/// The files are written to `<d>.tmp<PID>` and renamed into place when complete; the temporary directory is removed
+/// when writing fails, and ones left by generations that died (interrupted, killed) are removed on the next call.
 pub fn ensure_at(d: &Path, cfg: &serde_json::Value) -> Result<PathBuf> {
     let d = d.to_path_buf();
+    remove_stale_tmp(&d);
     if d.join("complete").exists() {
         return Ok(d);
     }
     eprintln!("generating model weights in {} (once)", d.display());
-    let tmp = d.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("create {}", tmp.display()))?;
-    write_model(&tmp, cfg)?;
-    std::fs::write(tmp.join("complete"), VERSION)?;
+    let tmp = tmp_dir(&d, std::process::id());
+    let written = std::fs::create_dir_all(&tmp)
+        .with_context(|| format!("create {}", tmp.display()))
+        .and_then(|()| write_model(&tmp, cfg))
+        .and_then(|()| Ok(std::fs::write(tmp.join("complete"), VERSION)?));
+    if let Err(e) = written {
+        std::fs::remove_dir_all(&tmp).ok();
+        return Err(e);
+    }
     if d.exists() {
         std::fs::remove_dir_all(&d).ok();
     }
@@ -81,9 +90,57 @@ pub fn ensure_at(d: &Path, cfg: &serde_json::Value) -> Result<PathBuf> {
         Err(_) if d.join("complete").exists() => {
             std::fs::remove_dir_all(&tmp).ok();
         }
-        Err(e) => return Err(e).with_context(|| format!("move model into {}", d.display())),
+        Err(e) => {
+            std::fs::remove_dir_all(&tmp).ok();
+            return Err(e).with_context(|| format!("move model into {}", d.display()));
+        }
     }
     Ok(d)
+}
+
+/// `<d>.tmp<pid>`: where process `pid` generates `d`.
+fn tmp_dir(d: &Path, pid: u32) -> PathBuf {
+    let name = d
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    d.with_file_name(format!("{name}.tmp{pid}"))
+}
+
+/// Removes the `<d>.tmp<PID>` directories of generations that died: those whose process no longer runs (checked in
+/// `/proc`, where there is one) and any older than a day (a generation takes seconds).
+fn remove_stale_tmp(d: &Path) {
+    let (Some(parent), Some(name)) = (d.parent(), d.file_name()) else {
+        return;
+    };
+    let prefix = format!("{}.tmp", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let procfs = Path::new("/proc/self").exists();
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        let dead = procfs && !Path::new("/proc").join(pid.to_string()).exists();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(24 * 3600));
+        if dead || old {
+            std::fs::remove_dir_all(e.path()).ok();
+        }
+    }
 }
 
 /// Seed of the weight generator ("backburn").
@@ -103,4 +160,45 @@ fn write_model(dir: &Path, cfg: &serde_json::Value) -> Result<()> {
 
     backburner_model::synthetic::write_random_checkpoint(dir, cfg, SEED)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn tmp_dirs_of_dead_generations_are_removed_and_live_ones_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path().join("default-model-v1");
+        // no process has id u32::MAX (Linux pids stay below 2^22); this test process is alive
+        let dead = tmp_dir(&d, u32::MAX);
+        let live = tmp_dir(&d, std::process::id());
+        let other_model = root.path().join("bench-model-v1.tmp4294967295");
+        let not_a_pid = root.path().join("default-model-v1.tmpx");
+        for t in [&dead, &live, &other_model, &not_a_pid] {
+            std::fs::create_dir_all(t.join("sub")).unwrap();
+            std::fs::write(t.join("sub/f"), "x").unwrap();
+        }
+        assert_eq!(
+            dead.file_name().unwrap().to_str().unwrap(),
+            "default-model-v1.tmp4294967295"
+        );
+        remove_stale_tmp(&d);
+        assert!(!dead.exists());
+        assert!(live.exists() && other_model.exists() && not_a_pid.exists());
+    }
+
+    #[test]
+    fn a_failed_generation_leaves_no_tmp_dir() {
+        let root = tempfile::tempdir().unwrap();
+        let d = root.path().join("m");
+        let e = ensure_at(&d, &serde_json::json!({"vocab_size": 10})).unwrap_err();
+        assert!(
+            format!("{e:#}").contains(r#"config.json has no "model_type""#),
+            "{e:#}"
+        );
+        let left: Vec<_> = std::fs::read_dir(root.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }

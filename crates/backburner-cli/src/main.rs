@@ -1,4 +1,4 @@
-//! `backburner`: run Qwen3.5-family hybrid models on CPU (and, in later releases, with a worker over a link).
+//! `backburner`: run Qwen3.5-family hybrid models on CPU, optionally with a worker over a link for split prefill.
 
 mod bench;
 mod bench_split;
@@ -8,11 +8,14 @@ mod worker_cmd;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{generate, perplexity, GenerateParams, SamplingParams, SessionOptions};
+use backburner_engine::{
+    generate, perplexity, GenerateParams, SamplingParams, SessionOptions, StopReason,
+};
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{
     ChatMessage, Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, TextTokenizer,
@@ -39,7 +42,7 @@ enum Cmd {
     Perplexity(PplArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
-    /// Serve layers and KV pages to a host over the link (a daemon).
+    /// Serve the tail layers of split prefill to a host over the link (a daemon).
     Worker(worker_cmd::WorkerArgs),
 }
 
@@ -121,7 +124,7 @@ struct RunArgs {
     /// Min-p (0 = off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
-    /// RNG seed for sampling (default: random; the seed used is in the --json output).
+    /// RNG seed for sampling (default: random; the seed used is printed in the stats line and --json).
     #[arg(long)]
     seed: Option<u64>,
     /// Stop when the output contains this text (repeatable; needs a tokenizer).
@@ -144,8 +147,8 @@ struct RunArgs {
 /// Options for using a worker.
 #[derive(Args, Clone)]
 pub struct LinkArgs {
-    /// Worker address (HOST:PORT) for split prefill.
-    #[arg(long)]
+    /// Worker address for split prefill (e.g. 127.0.0.1:50060; an IPv6 address in brackets).
+    #[arg(long, value_name = "HOST:PORT", value_parser = worker_cmd::parse_worker_addr)]
     pub worker: Option<String>,
     /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
     #[arg(long, requires = "worker")]
@@ -173,13 +176,23 @@ impl LinkArgs {
         };
         let cfg = loaded.model.config();
         if let Some(l) = self.split_layer {
-            let valid = backburner_engine::valid_split_layers(cfg);
-            if !valid.contains(&l) {
+            let n = cfg.num_hidden_layers;
+            let valid = backburner_engine::valid_split_layers(cfg)
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            // The host runs layers [0, L), the worker [L, n): both ranges must hold layers.
+            if l == 0 {
+                bail!("--split-layer 0 leaves the host no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
+            }
+            if l >= n {
+                bail!("--split-layer {l} is the end of this {n}-layer model and leaves the worker no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
+            }
+            if !l.is_multiple_of(cfg.full_attention_interval) {
                 bail!(
-                    "--split-layer {l} is not on a {}-layer cycle boundary of this {}-layer model; valid: {}",
+                    "--split-layer {l} is not on a {}-layer cycle boundary of this {n}-layer model; valid: {valid}",
                     cfg.full_attention_interval,
-                    cfg.num_hidden_layers,
-                    valid.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
                 );
             }
         }
@@ -196,13 +209,15 @@ impl LinkArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("ctx_size", |a| a.hide(true)))]
 struct PplArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
-    /// Window length in tokens; windows do not overlap and each starts from an empty state (default: the whole text).
+    /// Window length in tokens, at least 2 and at most the model's context; windows do not overlap and each starts
+    /// from an empty state (default: the whole text).
     #[arg(long)]
     ctx: Option<usize>,
     /// Print JSON {"ppl","nll","n_tokens",...}.
@@ -423,6 +438,7 @@ fn run(a: RunArgs) -> Result<()> {
         eos_ids,
         stop: a.stop.clone(),
         keep_logits: a.dump_logits.is_some(),
+        cancel: Some(cancel_on_ctrl_c()?),
     };
     let mut session =
         backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
@@ -476,6 +492,7 @@ fn run(a: RunArgs) -> Result<()> {
     }
     let total_s = t_start.elapsed().as_secs_f64();
     let tm = &gen.timings;
+    let interrupted = gen.stop_reason == StopReason::Interrupted;
     if json {
         let obj = serde_json::json!({
             "prompt_tokens": prompt,
@@ -504,16 +521,28 @@ fn run(a: RunArgs) -> Result<()> {
         out_line(&obj.to_string());
     } else {
         out_line("");
-        eprintln!(
-            "prompt {} tokens | prefill {:.1} tok/s | decode {:.1} tok/s | ttft {:.0} ms | generated {} tokens ({}) in {:.2} s",
+        let mut stats = format!(
+            "prompt {} tokens | prefill {:.1} tok/s",
             prompt.len(),
-            tm.prefill_tok_s,
-            tm.decode_tok_s,
-            tm.ttft_ms,
+            tm.prefill_tok_s
+        );
+        // a decode rate needs two tokens, a time to first token one sampled token (an eos counts)
+        if gen.tokens.len() >= 2 {
+            stats += &format!(" | decode {:.1} tok/s", tm.decode_tok_s);
+        }
+        if !gen.tokens.is_empty() || gen.stop_reason == StopReason::Eos {
+            stats += &format!(" | ttft {:.0} ms", tm.ttft_ms);
+        }
+        stats += &format!(
+            " | generated {} tokens ({}) in {:.2} s",
             gen.tokens.len(),
             gen.stop_reason.as_str(),
             total_s
         );
+        if a.temp > 0.0 {
+            stats += &format!(" | seed {seed}");
+        }
+        eprintln!("{stats}");
         if session.worker().is_some() {
             let ls = session.link_stats();
             eprintln!(
@@ -525,7 +554,25 @@ fn run(a: RunArgs) -> Result<()> {
             );
         }
     }
+    if interrupted {
+        std::process::exit(130); // 128 + SIGINT, as a shell reports a Ctrl-C
+    }
     Ok(())
+}
+
+/// Installs a Ctrl-C (and SIGTERM/SIGHUP) handler for generation: the first signal raises the returned flag, so the
+/// loop stops between tokens and the run reports what it made; a second exits at once with 130 (a prefill in progress
+/// is not interrupted).
+fn cancel_on_ctrl_c() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    })
+    .context("install the Ctrl-C handler")?;
+    Ok(flag)
 }
 
 /// The reader of our stdout went away (`| head`): stop quietly, as command-line tools do.
@@ -570,13 +617,37 @@ pub fn human_bytes(b: u64) -> String {
 }
 
 fn run_perplexity(a: PplArgs) -> Result<()> {
+    if let Some(n) = a.model.ctx_size {
+        bail!("perplexity takes --ctx {n} (the window length, at most the model's context), not --ctx-size");
+    }
+    if let Some(c) = a.ctx.filter(|&c| c < 2) {
+        bail!("--ctx {c} is too short: a window needs at least 2 tokens (a token to predict and one before it)");
+    }
     set_threads(a.model.threads)?;
     let loaded = load(&a.model)?;
     let tok = need_tok(&loaded.tokenizer, "perplexity", "")?;
     let text =
         std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
     let ids = tok.encode(&text)?;
-    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len()).max(2);
+    if ids.len() < 2 {
+        bail!(
+            "{} is {} token(s); perplexity needs at least 2",
+            a.file.display(),
+            ids.len()
+        );
+    }
+    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len());
+    let limit = loaded.model.config().max_position_embeddings;
+    if ctx > limit {
+        match a.ctx {
+            Some(c) => bail!("--ctx {c} is longer than the model's context of {limit} tokens (max_position_embeddings); use --ctx {limit} or less"),
+            None => bail!(
+                "{} is {} tokens, longer than the model's context of {limit} tokens (max_position_embeddings): score it in windows with --ctx {limit} (or less)",
+                a.file.display(),
+                ids.len()
+            ),
+        }
+    }
     let pb = bar(ids.len() as u64, "scoring");
     let r = perplexity(
         loaded.model.clone(),

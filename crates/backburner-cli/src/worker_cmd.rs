@@ -1,6 +1,6 @@
 //! `backburner worker`: the worker daemon.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,6 +61,30 @@ pub fn parse_range(s: &str) -> Result<std::ops::Range<usize>> {
         bail!("--layers {s:?}: the range is empty");
     }
     Ok(a..b)
+}
+
+/// Checks a worker address given to `--worker`: `HOST:PORT` (an IPv6 address in brackets, `[::1]:50060`) with a port
+/// in 1..=65535 and a host that resolves. Returns it unchanged; the error is the message of clap's usage error.
+pub fn parse_worker_addr(s: &str) -> std::result::Result<String, String> {
+    let example = "expected HOST:PORT, e.g. 127.0.0.1:50060 (the worker's default)";
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("no port; {example}"));
+    };
+    if host.is_empty() {
+        return Err(format!("no host; {example}"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(format!("an IPv6 address needs brackets: [{host}]:{port}"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return Err(format!("{port:?} is not a port (1 to 65535)")),
+    }
+    match s.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(_)) => Ok(s.to_string()),
+        Ok(None) => Err(format!("host {host:?} has no address")),
+        Err(e) => Err(format!("cannot resolve host {host:?}: {e}")),
+    }
 }
 
 /// Parses a byte count with an optional K/M/G suffix (binary).
@@ -144,4 +168,31 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     worker.serve(stop);
     eprintln!("backburner worker: shut down");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_addresses_need_a_host_and_a_port() {
+        assert_eq!(
+            parse_worker_addr("127.0.0.1:50060").as_deref(),
+            Ok("127.0.0.1:50060")
+        );
+        assert_eq!(
+            parse_worker_addr("localhost:7").as_deref(),
+            Ok("localhost:7")
+        );
+        assert_eq!(
+            parse_worker_addr("[::1]:50060").as_deref(),
+            Ok("[::1]:50060")
+        );
+        let err = |s: &str| parse_worker_addr(s).unwrap_err();
+        assert!(err("localhost").contains("no port"), "{}", err("localhost"));
+        assert!(err(":50060").contains("no host"));
+        assert!(err("nonsense:99999").contains("\"99999\" is not a port"));
+        assert!(err("host:0").contains("\"0\" is not a port"));
+        assert!(err("::1:50060").contains("brackets"));
+    }
 }

@@ -340,3 +340,207 @@ fn a_closed_stdout_ends_the_run_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(o.status.code(), Some(0), "{err}");
 }
+
+#[test]
+fn the_stats_line_leaves_out_rates_it_cannot_measure_and_shows_a_random_seed() {
+    let m = fixture("tiny-f32");
+    let ms = m.to_str().unwrap();
+    let stats = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            ms,
+            "--prompt-tokens",
+            "1,2,3",
+            "--ignore-eos",
+        ];
+        args.extend_from_slice(extra);
+        let o = bb(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).trim_end().to_string()
+    };
+    let e = stats(&["--max-tokens", "0"]);
+    assert!(e.contains("| generated 0 tokens (max_tokens) in "), "{e}");
+    assert!(!e.contains("decode") && !e.contains("ttft"), "{e}");
+    let e = stats(&["--max-tokens", "1"]);
+    assert!(e.contains("ttft") && !e.contains("decode"), "{e}");
+    let e = stats(&["--max-tokens", "3", "--temp", "0.8", "--seed", "7"]);
+    assert!(e.contains("| decode ") && e.ends_with(" s | seed 7"), "{e}");
+    // greedy: no seed is used, none is shown
+    let e = stats(&["--max-tokens", "3"]);
+    assert!(!e.contains("seed"), "{e}");
+}
+
+/// Sends SIGINT to a child, as Ctrl-C in a terminal does (through the `kill` utility: no libc dependency).
+#[cfg(unix)]
+fn ctrl_c(child: &std::process::Child) {
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(st.success());
+}
+
+#[cfg(unix)]
+fn spawn_long_run(extra: &[&str]) -> std::process::Child {
+    use std::process::Stdio;
+    // the bundled model: about 30 tokens/s, so a million tokens outlast any test
+    Command::new(env!("CARGO_BIN_EXE_backburner"))
+        .args([
+            "run",
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "1000000",
+            "--ignore-eos",
+        ])
+        .args(extra)
+        .env(
+            "BACKBURNER_CACHE",
+            std::env::temp_dir().join("backburner-cli-test-cache"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_prints_the_text_so_far_and_the_stats_line_and_exits_130() {
+    use std::io::Read;
+    let mut child = spawn_long_run(&[]);
+    let mut out = child.stdout.take().unwrap();
+    // text is streaming, so generation (and its Ctrl-C handler) has started
+    let mut text = vec![0u8; 1];
+    out.read_exact(&mut text).unwrap();
+    ctrl_c(&child);
+    out.read_to_end(&mut text).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    let stats = err.lines().last().unwrap();
+    assert!(
+        stats.starts_with("prompt 1 tokens | prefill ")
+            && stats.contains(" tokens (interrupted) in "),
+        "{err}"
+    );
+    assert!(text.ends_with(b"\n") && text.len() > 1);
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_with_json_prints_the_object_with_stop_reason_interrupted_and_exits_130() {
+    // With --json nothing shows that generation has started: signal after a delay, and try again with a longer one
+    // when the signal came before the handler was installed (the process then dies of SIGINT with no output).
+    for delay_ms in [1000, 2000, 4000, 8000, 16000, 32000] {
+        let child = spawn_long_run(&["--json", "--temp", "0.7", "--seed", "3"]);
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        ctrl_c(&child);
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        if o.status.code().is_none() {
+            continue; // killed by the signal: too early
+        }
+        assert_eq!(o.status.code(), Some(130), "{err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)));
+        assert_eq!(v["stop_reason"], "interrupted");
+        assert_eq!(v["seed"], 3);
+        assert_eq!(v["prompt_tokens"].as_array().unwrap().len(), 1);
+        assert!(v["tokens"].is_array() && v["text"].is_string(), "{v}");
+        return;
+    }
+    panic!("the run was never interrupted during generation");
+}
+
+#[test]
+fn perplexity_checks_the_window_up_front_and_takes_only_ctx() {
+    let m = fixture("tiny-f32");
+    let ms = m.to_str().unwrap();
+    // more than the fixture's 4096-token context
+    let d = tempfile::tempdir().unwrap();
+    let long = d.path().join("long.txt");
+    std::fs::write(
+        &long,
+        std::fs::read_to_string(m.join("ppl.txt"))
+            .unwrap()
+            .repeat(60),
+    )
+    .unwrap();
+    let ls = long.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![],
+            "tokens, longer than the model's context of 4096 tokens (max_position_embeddings): score it in windows with --ctx 4096",
+        ),
+        (
+            vec!["--ctx", "5000"],
+            "--ctx 5000 is longer than the model's context of 4096 tokens",
+        ),
+        (vec!["--ctx", "1"], "--ctx 1 is too short: a window needs at least 2 tokens"),
+        (vec!["--ctx", "0"], "--ctx 0 is too short"),
+        (vec!["--ctx-size", "64"], "perplexity takes --ctx 64"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["perplexity", "--model", ms, "--file", ls];
+        args.extend_from_slice(&extra);
+        let o = bb(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+        assert!(!err.contains("context overflow"), "{err}");
+    }
+    let v = json_out(&bb(&[
+        "perplexity",
+        "--model",
+        ms,
+        "--file",
+        ls,
+        "--ctx",
+        "4096",
+        "--json",
+    ]));
+    let n = v["n_tokens"].as_u64().unwrap();
+    assert!(n > 4096 && n % 4096 >= 2, "{v}");
+    assert_eq!(v["ctx"], 4096);
+    assert_eq!(v["n_scored"].as_u64().unwrap(), n - n.div_ceil(4096));
+    let help = bb(&["perplexity", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--ctx <CTX>") && !help.contains("--ctx-size"),
+        "{help}"
+    );
+}
+
+#[test]
+fn help_texts_say_what_the_commands_do() {
+    let help = |args: &[&str]| {
+        let o = bb(args);
+        assert!(o.status.success(), "{args:?}");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let top = help(&["--help"]);
+    assert!(
+        top.contains("Serve the tail layers of split prefill to a host over the link"),
+        "{top}"
+    );
+    assert!(!top.contains("KV pages"), "{top}");
+    let local = help(&["bench", "local", "--help"]);
+    for want in [
+        "[default: 2048,8192,16384]",
+        "[default: 1,2]",
+        "Default: the bundled bench model",
+    ] {
+        assert!(local.contains(want), "{want:?} in {local}");
+    }
+    assert!(!local.contains("Default: the bundled model"), "{local}");
+    let split = help(&["bench", "split-prefill", "--help"]);
+    for want in [
+        "[default: 2048,8192,16384]",
+        "Default: the bundled bench model",
+        "Skip the shaped-link run and the shaped ping",
+    ] {
+        assert!(split.contains(want), "{want:?} in {split}");
+    }
+}

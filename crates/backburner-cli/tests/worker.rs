@@ -243,6 +243,58 @@ fn worker_flags_are_validated() {
             ],
             "cycle boundary",
         ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt-tokens",
+                "1,2",
+                "--worker",
+                "127.0.0.1:1",
+                "--split-layer",
+                "0",
+            ],
+            "--split-layer 0 leaves the host no layers",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt-tokens",
+                "1,2",
+                "--worker",
+                "127.0.0.1:1",
+                "--split-layer",
+                "8",
+            ],
+            "--split-layer 8 is the end of this 8-layer model and leaves the worker no layers",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt",
+                "x",
+                "--worker",
+                "localhost",
+            ],
+            "invalid value 'localhost' for '--worker <HOST:PORT>': no port",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                ms,
+                "--prompt",
+                "x",
+                "--worker",
+                "nonsense:99999",
+            ],
+            "\"99999\" is not a port (1 to 65535)",
+        ),
     ];
     for (args, want) in cases {
         let o = Command::new(bin())
@@ -254,4 +306,38 @@ fn worker_flags_are_validated() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
     }
+}
+
+#[test]
+fn bench_split_prefill_with_no_shaped_skips_the_shaped_run_and_ping() {
+    let m = fixture("tiny-f32");
+    let o = Command::new(bin())
+        .args([
+            "bench",
+            "split-prefill",
+            "--model",
+            m.to_str().unwrap(),
+            "--depths",
+            "64",
+            "--ubatch",
+            "16",
+            "--pings",
+            "3",
+            "--no-shaped",
+        ])
+        .env_remove("BACKBURNER_SECRET")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["results"][0]["tokens"], 64);
+    assert_eq!(v["results"][0]["shaped_tok_s"], serde_json::Value::Null);
+    assert_eq!(v["shaped_link"], serde_json::Value::Null);
+    assert_eq!(v["ping_loopback"]["n"], 3);
+    assert_eq!(v["ping_shaped"], serde_json::Value::Null);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("ping 16 B loopback") && !err.contains("shaped:"),
+        "{err}"
+    );
 }

@@ -1,6 +1,8 @@
-//! The generation loop: prefill the prompt, then sample and decode until eos, `max_tokens` or a stop string, streaming
-//! text as it becomes complete UTF-8.
+//! The generation loop: prefill the prompt, then sample and decode until eos, `max_tokens`, a stop string, a full
+//! context or a cancellation, streaming text as it becomes complete UTF-8.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use backburner_model::TextTokenizer;
@@ -23,6 +25,9 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep the logits of every sampling step in [`Generation::step_logits`].
     pub keep_logits: bool,
+    /// Stop with [`StopReason::Interrupted`] once this flag is set (checked before each token is sampled, so the
+    /// prompt is always processed; e.g. set by a Ctrl-C handler).
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// Why generation ended.
@@ -37,6 +42,8 @@ pub enum StopReason {
     StopString,
     /// The context window is full.
     ContextFull,
+    /// Cancelled through [`GenerateParams::cancel`] (Ctrl-C in the CLI).
+    Interrupted,
 }
 
 impl StopReason {
@@ -47,6 +54,7 @@ impl StopReason {
             StopReason::MaxTokens => "max_tokens",
             StopReason::StopString => "stop_string",
             StopReason::ContextFull => "context_full",
+            StopReason::Interrupted => "interrupted",
         }
     }
 }
@@ -84,30 +92,99 @@ pub struct Generation {
     pub step_logits: Vec<f32>,
 }
 
-/// Incremental detokenizer: emits text only once it is complete UTF-8, and holds back text that might be the start
-/// of a stop string.
-struct TextStream<'a> {
+/// Incremental detokenizer for streaming: emits text only once it is complete UTF-8, and holds back text that might
+/// be the start of a stop string.
+///
+/// Each [`TextStream::push`] decodes a short window of recent ids, not the whole output (the "prefix offset / read
+/// offset" scheme of Hugging Face `TextStreamer` and TGI): `ids[prefix..read]` is the piece last taken into the text,
+/// decoded again as context; the decoding of `ids[prefix..]` extends it, and the difference is the new text. `prefix`
+/// always sits where the text so far ended in a complete character, so for byte-level BPE tokenizers (Qwen) the result
+/// is exactly that of decoding every id each time; a window whose decoding does not extend its context falls back to
+/// decoding everything. Stop strings are searched only where the text changed.
+pub struct TextStream<'a> {
     tok: &'a TextTokenizer,
     ids: Vec<u32>,
+    /// Start of the decoding window.
+    prefix: usize,
+    /// Ids before this are in `text`.
+    read: usize,
     text: String,
     emitted: usize,
     stop: &'a [String],
+    /// Bytes of the longest stop string.
+    longest_stop: usize,
 }
 
 impl<'a> TextStream<'a> {
-    /// Adds one id; returns (new text to emit, whether a stop string was hit).
-    fn push(&mut self, id: u32) -> Result<(String, bool)> {
-        self.ids.push(id);
+    /// A stream decoding with `tok` that stops at the first of `stop` (empty strings are ignored).
+    pub fn new(tok: &'a TextTokenizer, stop: &'a [String]) -> Self {
+        TextStream {
+            tok,
+            ids: Vec::new(),
+            prefix: 0,
+            read: 0,
+            text: String::new(),
+            emitted: 0,
+            stop,
+            longest_stop: stop.iter().map(String::len).max().unwrap_or(0),
+        }
+    }
+
+    /// The text so far (cut before a stop string once one was hit).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The text so far, consuming the stream.
+    pub fn into_text(self) -> String {
+        self.text
+    }
+
+    /// The decoding of all ids, as (byte offset where it first differs from `self.text`, text from that offset).
+    fn decode_all(&self) -> Result<(usize, String)> {
+        let window = self.tok.decode(&self.ids[self.prefix..])?;
+        let context = self.tok.decode(&self.ids[self.prefix..self.read])?;
+        if let Some(new) = window.strip_prefix(context.as_str()) {
+            return Ok((self.text.len(), new.to_string()));
+        }
+        // Not prefix-stable here: decode everything.
         let full = self.tok.decode(&self.ids)?;
-        if full.ends_with('\u{FFFD}') {
+        // The longest common prefix (a character boundary of both).
+        let same = full
+            .char_indices()
+            .zip(self.text.chars())
+            .find(|((_, a), b)| a != b)
+            .map(|((i, _), _)| i)
+            .unwrap_or(full.len().min(self.text.len()));
+        Ok((same, full[same..].to_string()))
+    }
+
+    /// Adds one id; returns (new text to emit, whether a stop string was hit). Errors: the tokenizer's decode errors.
+    pub fn push(&mut self, id: u32) -> Result<(String, bool)> {
+        self.ids.push(id);
+        let (from, new) = self.decode_all()?;
+        let incomplete = if new.is_empty() {
+            self.text[..from].ends_with('\u{FFFD}')
+        } else {
+            new.ends_with('\u{FFFD}')
+        };
+        if incomplete {
             return Ok((String::new(), false)); // an incomplete UTF-8 sequence: wait for more bytes
         }
-        self.text = full;
+        self.text.truncate(from);
+        self.text.push_str(&new);
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        // The text before `from` held no stop string, so a new one ends after `from`.
+        let mut search = from.saturating_sub(self.longest_stop.saturating_sub(1));
+        while !self.text.is_char_boundary(search) {
+            search -= 1;
+        }
         if let Some(pos) = self
             .stop
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text.find(s.as_str()))
+            .filter_map(|s| self.text[search..].find(s.as_str()).map(|p| search + p))
             .min()
         {
             self.text.truncate(pos);
@@ -137,11 +214,12 @@ impl<'a> TextStream<'a> {
     }
 
     /// The rest of the text, including a trailing incomplete UTF-8 sequence decoded lossily (as U+FFFD, like
-    /// transformers' decode), which `push` held back.
-    fn finish(&mut self) -> Result<String> {
-        let full = self.tok.decode(&self.ids)?;
-        if full.len() >= self.text.len() && full.starts_with(self.text.as_str()) {
-            self.text = full;
+    /// transformers' decode), which `push` held back. Errors: the tokenizer's decode errors.
+    pub fn finish(&mut self) -> Result<String> {
+        let (from, new) = self.decode_all()?;
+        // Keep what was already taken unless the full decoding extends it.
+        if from == self.text.len() {
+            self.text.push_str(&new);
         }
         let o = self.text.get(self.emitted..).unwrap_or("").to_string();
         self.emitted = self.text.len();
@@ -154,7 +232,8 @@ impl<'a> TextStream<'a> {
 /// `on_prefill(done, total)` prefill progress.
 ///
 /// Errors: those of [`Session::prefill`] (the prompt must fit the context); generation itself stops with
-/// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does.
+/// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does, and with [`StopReason::Interrupted`] when
+/// [`GenerateParams::cancel`] is set; what was generated until then is returned either way.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -170,19 +249,21 @@ pub fn generate(
     let t0 = Instant::now();
     let mut logits = session.prefill(prompt, Logits::Last, &mut on_prefill)?;
     let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let mut stream = tokenizer.map(|tok| TextStream {
-        tok,
-        ids: Vec::new(),
-        text: String::new(),
-        emitted: 0,
-        stop: &params.stop,
-    });
+    let mut stream = tokenizer.map(|tok| TextStream::new(tok, &params.stop));
     let mut tokens = Vec::new();
     let mut ttft_ms = 0.0;
     let mut t_first = Instant::now();
     let mut stop_reason = StopReason::MaxTokens;
     let mut step_logits = Vec::new();
     while tokens.len() < params.max_tokens {
+        if params
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            stop_reason = StopReason::Interrupted;
+            break;
+        }
         if tokens.len() >= room {
             stop_reason = StopReason::ContextFull;
             break;
@@ -246,7 +327,7 @@ pub fn generate(
         decode_ms,
     };
     Ok(Generation {
-        text: stream.map(|s| s.text).unwrap_or_default(),
+        text: stream.map(TextStream::into_text).unwrap_or_default(),
         tokens,
         stop_reason,
         timings,

@@ -12,7 +12,7 @@ pub mod wire;
 pub mod worker;
 
 pub use error::{EngineError, Result};
-pub use generate::{generate, GenerateParams, Generation, StopReason, Timings};
+pub use generate::{generate, GenerateParams, Generation, StopReason, TextStream, Timings};
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use session::{Logits, Session, SessionOptions};

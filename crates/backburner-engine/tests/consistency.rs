@@ -186,6 +186,54 @@ fn generation_stops_at_eos_and_at_stop_strings() {
 }
 
 #[test]
+fn a_cancelled_generation_stops_between_tokens_and_returns_what_it_made() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let r = Reference::load("tiny-f32");
+    let want = r.ids("greedy_tokens");
+    let tok = TextTokenizer::from_dir(&fixture("tiny-f32"), 512, &[])
+        .unwrap()
+        .unwrap();
+    let prompt = r.ids("prompt_ids");
+    let cancel = Arc::new(AtomicBool::new(false));
+    let params = GenerateParams {
+        max_tokens: 32,
+        cancel: Some(cancel.clone()),
+        ..Default::default()
+    };
+    // the flag goes up while the 5th token is handled (as a Ctrl-C would): the 5 tokens are kept, no 6th is sampled
+    let mut s = Session::new(load_model("tiny-f32"), opts(512, 4096, KvDtype::F32)).unwrap();
+    let mut n = 0;
+    let mut streamed = String::new();
+    let g = generate(
+        &mut s,
+        &prompt,
+        &params,
+        Some(&tok),
+        |_, _| {},
+        |_| {
+            n += 1;
+            if n == 5 {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        },
+        |t| streamed.push_str(t),
+    )
+    .unwrap();
+    assert_eq!(g.stop_reason, StopReason::Interrupted);
+    assert_eq!(g.stop_reason.as_str(), "interrupted");
+    assert_eq!(g.tokens, want[..5]);
+    assert_eq!(g.text, tok.decode(&want[..5]).unwrap());
+    assert_eq!(streamed, g.text);
+    // already set: the prompt is processed, nothing is generated
+    let mut s = Session::new(load_model("tiny-f32"), opts(512, 4096, KvDtype::F32)).unwrap();
+    let g = generate(&mut s, &prompt, &params, None, |_, _| {}, |_| {}, |_| {}).unwrap();
+    assert_eq!(g.stop_reason, StopReason::Interrupted);
+    assert!(g.tokens.is_empty());
+    assert_eq!(s.tokens(), &prompt[..]);
+}
+
+#[test]
 fn seeded_sampling_is_reproducible_and_differs_from_greedy() {
     let r = Reference::load("tiny-f32");
     let prompt = r.ids("prompt_ids");
