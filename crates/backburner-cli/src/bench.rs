@@ -7,11 +7,13 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use backburner_engine::{argmax, Logits, Session};
+use backburner_engine::{argmax, ComputePool, Logits, Session};
+use backburner_kernels::profile::{self, Op};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::{default_model, load, set_threads, ModelArgs};
+use crate::bench_report::{self, PhaseWork};
+use crate::{compute_pool, default_model, load, ModelArgs};
 
 /// Benchmark options.
 #[derive(Args)]
@@ -42,6 +44,13 @@ struct LocalArgs {
     /// Tokens decoded at each depth.
     #[arg(long, default_value_t = 16)]
     decode_tokens: usize,
+    /// Also print where the time goes: wall time per operator class (matmuls, GDN conv / chunked delta rule /
+    /// recurrence, attention, norms, RoPE, head, sampling, copies, thread synchronisation) for prefill and decode.
+    #[arg(long)]
+    profile: bool,
+    /// Skip measuring the machine's read bandwidth (a few seconds per thread count).
+    #[arg(long)]
+    no_bandwidth: bool,
     /// Print JSON only.
     #[arg(long)]
     json: bool,
@@ -85,12 +94,19 @@ struct DepthResult {
     decode_tok_s: f64,
     /// Milliseconds per decoded token at this depth.
     decode_ms_per_token: f64,
+    /// Weight bytes read per second in decode (every weight is read once per token), GB/s.
+    decode_weight_gb_s: f64,
 }
 
 #[derive(Serialize)]
 struct ThreadResult {
     threads: usize,
+    /// Measured read bandwidth of main memory with these threads, GB/s (null with --no-bandwidth).
+    read_bandwidth_gb_s: Option<f64>,
     depths: Vec<DepthResult>,
+    /// Time per operator class and phase (with --profile).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<serde_json::Value>,
 }
 
 fn run_local(a: LocalArgs) -> Result<()> {
@@ -111,10 +127,12 @@ fn run_local(a: LocalArgs) -> Result<()> {
             &bench_config(),
         )?);
     }
-    // One global pool sized for the largest count; each run sets RAYON_NUM_THREADS (candle's gemm) and runs inside a
-    // pool of its own size.
-    set_threads(Some(*a.thread_counts.iter().max().expect("non-empty")))?;
-    let loaded = load(&margs)?;
+    let load_pool = compute_pool(Some(*a.thread_counts.iter().max().expect("non-empty")))?;
+    let loaded = load(&margs, &load_pool)?;
+    drop(load_pool);
+    let peak_rss_after_load = bench_report::peak_rss();
+    let weight_bytes = loaded.model.weight_bytes();
+    let file_bytes = safetensors_bytes(&loaded.dir);
     let cfg = loaded.model.config().clone();
     let prompt = pseudo_random_prompt(max_depth, cfg.vocab_size, 0x1234_5678_9abc_def0);
     let machine = machine_description();
@@ -129,55 +147,48 @@ fn run_local(a: LocalArgs) -> Result<()> {
             margs.kv_dtype,
             margs.kv_page_size
         );
+        eprintln!(
+            "weights held {:.1} MB (checkpoint files {:.1} MB); peak resident memory after load {}",
+            weight_bytes as f64 / 1e6,
+            file_bytes as f64 / 1e6,
+            peak_rss_after_load.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6)),
+        );
     }
     let mut results = Vec::new();
     for &threads in &a.thread_counts {
-        std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()?;
-        let r = pool.install(|| -> Result<ThreadResult> {
-            let mut s = Session::new(loaded.model.clone(), margs.session_options())?;
-            let mut out = Vec::new();
-            let t0 = Instant::now();
-            let mut done = 0;
-            for &depth in &depths {
-                // prefill up to `depth` in ubatches
-                while done < depth {
-                    let end = (done + margs.ubatch).min(depth);
-                    s.prefill(&prompt[done..end], Logits::Last, |_, _| {})?;
-                    done = end;
-                }
-                let prefill_s = t0.elapsed().as_secs_f64();
-                // decode from this depth, then rewind
-                let snap = s.snapshot();
-                // any id will do as the first decode input; then follow the greedy choice
-                let mut tok = prompt[depth - 1];
-                let td = Instant::now();
-                for _ in 0..a.decode_tokens {
-                    let l = s.decode(tok)?;
-                    tok = argmax(&l);
-                }
-                let dec_s = td.elapsed().as_secs_f64();
-                s.rewind(&snap);
-                let r = DepthResult {
-                    depth,
-                    prefill_tok_s: depth as f64 / prefill_s,
-                    prefill_s,
-                    decode_tok_s: a.decode_tokens as f64 / dec_s,
-                    decode_ms_per_token: dec_s * 1e3 / a.decode_tokens as f64,
-                };
-                if !a.json {
-                    eprintln!(
-                        "threads {threads} depth {depth:>6}: prefill {:>8.1} tok/s ({:.1} s)  decode {:>7.2} tok/s ({:.1} ms/token)",
-                        r.prefill_tok_s, r.prefill_s, r.decode_tok_s, r.decode_ms_per_token
-                    );
-                }
-                out.push(r);
-            }
-            Ok(ThreadResult { threads, depths: out })
-        })?;
-        results.push(r);
+        let pool = ComputePool::new(threads)?;
+        let bw = (!a.no_bandwidth).then(|| bench_report::read_bandwidth(&pool) / 1e9);
+        if let (Some(bw), false) = (bw, a.json) {
+            eprintln!("threads {threads}: read bandwidth {bw:.1} GB/s");
+        }
+        profile::set_enabled(a.profile);
+        let _ = profile::take();
+        let run = run_threads(
+            &a,
+            &loaded.model,
+            &margs,
+            &pool,
+            &depths,
+            &prompt,
+            weight_bytes,
+            bw,
+        )?;
+        profile::set_enabled(false);
+        let prof = a.profile.then(profile::take);
+        if let (Some(p), false) = (&prof, a.json) {
+            eprintln!(
+                "profile, threads {threads} (prefill {} tokens, decode {} tokens):\n{}",
+                run.prefill.tokens,
+                run.decode.tokens,
+                bench_report::profile_table(p, run.prefill, run.decode)
+            );
+        }
+        results.push(ThreadResult {
+            threads,
+            read_bandwidth_gb_s: bw,
+            depths: run.depths,
+            profile: prof.as_ref().map(bench_report::profile_json),
+        });
     }
     let report = serde_json::json!({
         "bench": "local",
@@ -189,6 +200,9 @@ fn run_local(a: LocalArgs) -> Result<()> {
             "vocab_size": cfg.vocab_size,
             "params": param_count(&cfg),
         },
+        "weight_bytes": weight_bytes,
+        "checkpoint_bytes": file_bytes,
+        "peak_rss_after_load_bytes": peak_rss_after_load,
         "ubatch": margs.ubatch,
         "kv_dtype": margs.kv_dtype.to_string(),
         "kv_page_size": margs.kv_page_size,
@@ -198,6 +212,96 @@ fn run_local(a: LocalArgs) -> Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// One thread count's measurements.
+struct ThreadRun {
+    depths: Vec<DepthResult>,
+    prefill: PhaseWork,
+    decode: PhaseWork,
+}
+
+/// Prefills `prompt` up to each depth in ubatches and decodes `a.decode_tokens` greedy tokens there (then rewinds).
+#[allow(clippy::too_many_arguments)]
+fn run_threads(
+    a: &LocalArgs,
+    model: &std::sync::Arc<backburner_model::Model>,
+    margs: &ModelArgs,
+    pool: &ComputePool,
+    depths: &[usize],
+    prompt: &[u32],
+    weight_bytes: usize,
+    bw: Option<f64>,
+) -> Result<ThreadRun> {
+    let threads = pool.threads();
+    let mut s = Session::new(model.clone(), margs.session_options(pool))?;
+    let mut out = Vec::new();
+    let (mut prefill, mut decode) = (PhaseWork::default(), PhaseWork::default());
+    let mut done = 0;
+    for &depth in depths {
+        let t0 = Instant::now();
+        while done < depth {
+            let end = (done + margs.ubatch).min(depth);
+            s.prefill(&prompt[done..end], Logits::Last, |_, _| {})?;
+            done = end;
+        }
+        prefill.seconds += t0.elapsed().as_secs_f64();
+        prefill.tokens = depth;
+        let prefill_s = prefill.seconds;
+        // Decode from this depth, then rewind. Any id will do as the first input; then follow the greedy choice.
+        let snap = s.snapshot();
+        let mut tok = prompt[depth - 1];
+        let td = Instant::now();
+        for _ in 0..a.decode_tokens {
+            let l = s.decode(tok)?;
+            let _g = profile::scope(Op::Sampling);
+            tok = argmax(&l);
+        }
+        let dec_s = td.elapsed().as_secs_f64();
+        decode.seconds += dec_s;
+        decode.tokens += a.decode_tokens;
+        s.rewind(&snap);
+        let decode_tok_s = a.decode_tokens as f64 / dec_s;
+        let r = DepthResult {
+            depth,
+            prefill_tok_s: depth as f64 / prefill_s,
+            prefill_s,
+            decode_tok_s,
+            decode_ms_per_token: dec_s * 1e3 / a.decode_tokens as f64,
+            decode_weight_gb_s: weight_bytes as f64 * decode_tok_s / 1e9,
+        };
+        if !a.json {
+            let of_bw = bw.map_or(String::new(), |bw| {
+                format!(
+                    ", {:.0}% of read bandwidth",
+                    100.0 * r.decode_weight_gb_s / bw
+                )
+            });
+            eprintln!(
+                "threads {threads} depth {depth:>6}: prefill {:>8.1} tok/s ({:.1} s)  decode {:>7.2} tok/s ({:.1} ms/token; weights {:.1} GB/s{of_bw})",
+                r.prefill_tok_s, r.prefill_s, r.decode_tok_s, r.decode_ms_per_token, r.decode_weight_gb_s
+            );
+        }
+        out.push(r);
+    }
+    Ok(ThreadRun {
+        depths: out,
+        prefill,
+        decode,
+    })
+}
+
+/// Total size of the `*.safetensors` files in `dir` (bytes).
+fn safetensors_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// A fixed pseudo-random prompt of `n` ids in `0..vocab` (xorshift64 from `seed`), so every run ingests the same

@@ -15,7 +15,7 @@ use backburner_link::Shaper;
 use clap::Args;
 use serde::Serialize;
 
-use crate::{bench, default_model, load, set_threads, LinkArgs, ModelArgs};
+use crate::{bench, compute_pool, default_model, load, LinkArgs, ModelArgs};
 
 /// Options.
 #[derive(Args)]
@@ -133,7 +133,8 @@ fn rtt(mut samples: Vec<Duration>) -> Rtt {
 
 /// Runs the benchmark.
 pub fn run(a: SplitArgs) -> Result<()> {
-    let host_threads = set_threads(Some(a.model.threads.unwrap_or(1)))?;
+    let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
+    let host_threads = pool.threads();
     let mut margs = a.model.clone();
     if margs.model.is_none() {
         margs.model = Some(default_model::ensure_at(
@@ -141,7 +142,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
             &bench::bench_config(),
         )?);
     }
-    let loaded = load(&margs)?;
+    let loaded = load(&margs, &pool)?;
     let cfg = loaded.model.config().clone();
     let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads)?;
     let link = LinkArgs {
@@ -183,12 +184,12 @@ pub fn run(a: SplitArgs) -> Result<()> {
     for &n in &a.depths {
         let p = &prompt[..n];
         let t = Instant::now();
-        let mut s = Session::new(loaded.model.clone(), margs.session_options())?;
+        let mut s = Session::new(loaded.model.clone(), margs.session_options(&pool))?;
         let want = s.prefill(p, Logits::Last, |_, _| {})?;
         let local = t.elapsed().as_secs_f64();
         drop(s);
 
-        let mut s = Session::new(loaded.model.clone(), margs.session_options())?;
+        let mut s = Session::new(loaded.model.clone(), margs.session_options(&pool))?;
         s.attach_worker(make_client(None)?);
         let t = Instant::now();
         let got = s.prefill(p, Logits::Last, |_, _| {})?;
@@ -213,7 +214,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
         let shaped = if a.no_shaped {
             None
         } else {
-            let mut s = Session::new(loaded.model.clone(), margs.session_options())?;
+            let mut s = Session::new(loaded.model.clone(), margs.session_options(&pool))?;
             s.attach_worker(make_client(Some(shaper))?);
             let t = Instant::now();
             s.prefill(p, Logits::Last, |_, _| {})?;

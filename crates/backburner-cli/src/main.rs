@@ -1,6 +1,7 @@
 //! `backburner`: run Qwen3.5-family hybrid models on CPU, optionally with a worker over a link for split prefill.
 
 mod bench;
+mod bench_report;
 mod bench_split;
 mod default_model;
 mod prompt;
@@ -14,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use backburner_engine::{
-    generate, perplexity, GenerateParams, SamplingParams, SessionOptions, StopReason,
+    generate, perplexity, ComputePool, GenerateParams, SamplingParams, SessionOptions, StopReason,
 };
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{
@@ -70,7 +71,8 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn session_options(&self) -> SessionOptions {
+    /// The session options these flags give, computing on `pool`.
+    pub fn session_options(&self, pool: &ComputePool) -> SessionOptions {
         SessionOptions {
             ubatch: self.ubatch,
             kv: KvOptions {
@@ -78,6 +80,7 @@ impl ModelArgs {
                 dtype: self.kv_dtype,
             },
             context_length: self.ctx_size,
+            pool: pool.clone(),
         }
     }
 }
@@ -247,9 +250,8 @@ fn main() {
     }
 }
 
-/// Sets the compute thread count for rayon and candle's gemm (both read `RAYON_NUM_THREADS`). Must run before any
-/// parallel work.
-pub fn set_threads(n: Option<usize>) -> Result<usize> {
+/// The compute thread count of `--threads` (default: all cores), checked.
+pub fn thread_count(n: Option<usize>) -> Result<usize> {
     let n = n.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -267,12 +269,12 @@ pub fn set_threads(n: Option<usize>) -> Result<usize> {
             4 * cores.max(16)
         );
     }
-    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global()
-        .ok();
     Ok(n)
+}
+
+/// A compute pool of `--threads` threads (see [`thread_count`]); each command that computes owns one.
+pub fn compute_pool(n: Option<usize>) -> Result<ComputePool> {
+    Ok(ComputePool::new(thread_count(n)?)?)
 }
 
 fn bar(len: u64, msg: &str) -> ProgressBar {
@@ -300,13 +302,14 @@ pub struct Loaded {
     pub dir: PathBuf,
 }
 
-/// Loads `--model` (or the bundled default, generating it on first use), with a progress bar on a TTY.
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
+/// Loads `--model` (or the bundled default, generating it on first use), with a progress bar on a TTY; weights are
+/// packed on `pool`'s threads.
+pub fn load(args: &ModelArgs, pool: &ComputePool) -> Result<Loaded> {
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => default_model::ensure()?,
     };
-    load_dir(&dir)
+    pool.install(|| load_dir(&dir))
 }
 
 fn load_dir(dir: &Path) -> Result<Loaded> {
@@ -361,9 +364,9 @@ fn check_sampling(a: &RunArgs) -> Result<()> {
 
 fn run(a: RunArgs) -> Result<()> {
     check_sampling(&a)?;
-    let threads = set_threads(a.model.threads)?;
-    let loaded = load(&a.model)?;
-    let worker = a.link.client(&loaded, threads)?;
+    let pool = compute_pool(a.model.threads)?;
+    let loaded = load(&a.model, &pool)?;
+    let worker = a.link.client(&loaded, pool.threads())?;
     let tok = &loaded.tokenizer;
     if !a.stop.is_empty() {
         need_tok(tok, "--stop", "")?;
@@ -441,7 +444,7 @@ fn run(a: RunArgs) -> Result<()> {
         cancel: Some(cancel_on_ctrl_c()?),
     };
     let mut session =
-        backburner_engine::Session::new(loaded.model.clone(), a.model.session_options())?;
+        backburner_engine::Session::new(loaded.model.clone(), a.model.session_options(&pool))?;
     if let Some(w) = worker {
         session.attach_worker(w);
     }
@@ -623,8 +626,8 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     if let Some(c) = a.ctx.filter(|&c| c < 2) {
         bail!("--ctx {c} is too short: a window needs at least 2 tokens (a token to predict and one before it)");
     }
-    set_threads(a.model.threads)?;
-    let loaded = load(&a.model)?;
+    let pool = compute_pool(a.model.threads)?;
+    let loaded = load(&a.model, &pool)?;
     let tok = need_tok(&loaded.tokenizer, "perplexity", "")?;
     let text =
         std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
@@ -653,7 +656,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
         loaded.model.clone(),
         &ids,
         ctx,
-        a.model.session_options(),
+        a.model.session_options(&pool),
         |d, _| pb.set_position(d as u64),
     )?;
     pb.finish_and_clear();

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use backburner_engine::{Worker, WorkerOptions};
 use clap::Args;
 
-use crate::{default_model, set_threads};
+use crate::{default_model, thread_count};
 
 /// Worker options.
 #[derive(Args)]
@@ -119,7 +119,7 @@ pub fn read_secret(file: Option<&PathBuf>) -> Result<Option<Vec<u8>>> {
 
 /// Runs the daemon until SIGINT/SIGTERM.
 pub fn run(a: WorkerArgs) -> Result<()> {
-    let threads = set_threads(a.threads)?;
+    let threads = thread_count(a.threads)?;
     let addr: SocketAddr = a
         .listen
         .parse()

@@ -2,6 +2,7 @@
 //! and perplexity.
 #![warn(missing_docs)]
 
+pub mod compute;
 pub mod error;
 pub mod generate;
 pub mod perplexity;
@@ -11,6 +12,7 @@ pub mod split;
 pub mod wire;
 pub mod worker;
 
+pub use compute::ComputePool;
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateParams, Generation, StopReason, TextStream, Timings};
 pub use perplexity::{perplexity, Perplexity};

@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
+use backburner_kernels::profile::{self, Phase};
 use backburner_model::{KvOptions, Model, ModelState, StateSnapshot};
 
+use crate::compute::ComputePool;
 use crate::error::{EngineError, Result};
 use crate::split::{LinkStats, WorkerClient};
 
@@ -16,6 +18,8 @@ pub struct SessionOptions {
     pub kv: KvOptions,
     /// Context length in tokens (default: the model's `max_position_embeddings`).
     pub context_length: Option<usize>,
+    /// The threads the forward pass runs on (default: [`ComputePool::shared_default`], one per core).
+    pub pool: ComputePool,
 }
 
 impl Default for SessionOptions {
@@ -24,6 +28,7 @@ impl Default for SessionOptions {
             ubatch: 512,
             kv: KvOptions::default(),
             context_length: None,
+            pool: ComputePool::shared_default(),
         }
     }
 }
@@ -50,8 +55,17 @@ pub struct Session {
 impl Session {
     /// A new empty session on `model` (which must hold every layer and its ends).
     ///
-    /// Errors: [`EngineError::InvalidSetting`] for ubatch or page size 0.
+    /// Errors: [`EngineError::InvalidSetting`] for ubatch or page size 0, or a model that does not hold every layer
+    /// and the embedding and head.
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Self> {
+        let n = model.config().num_hidden_layers;
+        if model.layer_range() != (0..n) || !model.holds_ends() {
+            return Err(EngineError::InvalidSetting(format!(
+                "a session needs every layer and the embedding and head; this model holds layers {:?}{}",
+                model.layer_range(),
+                if model.holds_ends() { "" } else { " without the ends" }
+            )));
+        }
         if opts.ubatch == 0 {
             return Err(EngineError::InvalidSetting("ubatch must be ≥ 1".into()));
         }
@@ -129,9 +143,14 @@ impl Session {
 
     /// Runs `ids` through the model in ubatches of `ubatch` tokens, appending them to the session, and returns the
     /// logits per `which` (`[vocab]` or `[ids.len(), vocab]`, f32). `progress(done, total)` is called after each
-    /// ubatch. On error the session is rolled back to where it was.
+    /// ubatch.
     ///
-    /// Errors: [`EngineError::EmptyPrompt`], [`EngineError::ContextOverflow`], [`EngineError::Model`].
+    /// Every input is checked before the state changes, and the local forward pass cannot fail after that, so an
+    /// error leaves the session as it was. A split prefill that fails on the worker's side is undone (from a
+    /// snapshot taken only for split calls) and rerun locally.
+    ///
+    /// Errors: [`EngineError::EmptyPrompt`], [`EngineError::ContextOverflow`], [`EngineError::Model`] for a token
+    /// id outside the vocabulary.
     pub fn prefill(
         &mut self,
         ids: &[u32],
@@ -142,16 +161,17 @@ impl Session {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_fits(ids.len())?;
-        let snap = self.state.snapshot();
-        let n_before = self.tokens.len();
+        self.model.check_ids(ids)?;
         if which == Logits::Last {
             if let Some(w) = self.worker.as_mut() {
                 if w.wants(ids.len(), self.opts.ubatch) {
+                    let snap = self.state.snapshot();
                     match w.prefill(
                         &self.model,
                         &mut self.state,
                         ids,
                         self.opts.ubatch,
+                        &self.opts.pool,
                         &mut progress,
                     ) {
                         Ok(logits) => {
@@ -167,43 +187,43 @@ impl Session {
                 }
             }
         }
-        let r = self.prefill_inner(ids, which, &mut progress);
-        if r.is_err() {
-            self.state.restore(&snap);
-            self.tokens.truncate(n_before);
-        }
-        r
+        Ok(self.prefill_local(ids, which, &mut progress))
     }
 
-    fn prefill_inner(
+    /// The local forward pass over validated ids (in range, fitting the context).
+    fn prefill_local(
         &mut self,
         ids: &[u32],
         which: Logits,
         progress: &mut impl FnMut(usize, usize),
-    ) -> Result<Vec<f32>> {
-        let cfg = self.model.config();
-        let (n_layers, hidden, vocab) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size);
+    ) -> Vec<f32> {
+        profile::set_phase(if ids.len() == 1 {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        });
+        let vocab = self.model.config().vocab_size;
         let mut out = Vec::new();
         let mut done = 0;
         for chunk in ids.chunks(self.opts.ubatch) {
             let t = chunk.len();
-            let mut x = self.model.embed(chunk)?;
-            self.model
-                .forward_layers(0..n_layers, &mut x, t, &mut self.state)?;
-            self.model.commit_tokens(&mut self.state, t);
-            self.tokens.extend_from_slice(chunk);
             done += t;
-            match which {
-                Logits::All => out.extend(self.model.logits(&x, t)?),
-                Logits::Last if done == ids.len() => {
-                    out = self.model.logits(&x[(t - 1) * hidden..], 1)?;
-                }
-                Logits::Last => {}
-            }
+            let want = match which {
+                Logits::All => Some(0..t),
+                Logits::Last if done == ids.len() => Some(t - 1..t),
+                Logits::Last => None,
+            };
+            let (model, state) = (&self.model, &mut self.state);
+            let logits = self
+                .opts
+                .pool
+                .install(|| model.forward_tokens(chunk, state, want));
+            out.extend(logits);
+            self.tokens.extend_from_slice(chunk);
             progress(done, ids.len());
         }
         debug_assert!(out.len() == vocab || out.len() == vocab * ids.len());
-        Ok(out)
+        out
     }
 
     /// Runs one token (decode) and returns its logits `[vocab]`.

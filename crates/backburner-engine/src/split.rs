@@ -26,6 +26,7 @@ use backburner_model::{Model, ModelConfig, ModelState};
 use serde::Serialize;
 use tracing::{info, warn};
 
+use crate::compute::ComputePool;
 use crate::wire;
 
 /// Most bytes of KV rows (plus linear states) the host puts in one `Sync` or asks for in one `Fetch`; longer ranges
@@ -329,8 +330,10 @@ impl WorkerClient {
         state: &mut ModelState,
         ids: &[u32],
         ubatch: usize,
+        pool: &ComputePool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Vec<f32>, LinkError> {
+        backburner_kernels::profile::set_phase(backburner_kernels::profile::Phase::Prefill);
         let cfg = model.config();
         let kv = state.kv_options();
         self.ensure_connected(cfg, kv.dtype, kv.page_size, ubatch)?;
@@ -441,9 +444,8 @@ impl WorkerClient {
                 let mut x = model
                     .embed(chunk)
                     .map_err(|e| LinkError::Malformed(e.to_string()))?;
-                model
-                    .forward_layers_at(0..l, &mut x, t, pos, state)
-                    .map_err(|e| LinkError::Malformed(e.to_string()))?;
+                let st = &mut *state;
+                pool.install(|| model.forward_layers_at(0..l, &mut x, t, pos, st));
                 pos += t;
                 if ci + 1 < k {
                     let _ = tx.send((
@@ -492,9 +494,7 @@ impl WorkerClient {
             Ok((x, t))
         });
         let (mut x, t) = last?;
-        model
-            .forward_layers_at(l..n, &mut x, t, pos_last, state)
-            .map_err(|e| LinkError::Malformed(e.to_string()))?;
+        pool.install(|| model.forward_layers_at(l..n, &mut x, t, pos_last, state));
         state.set_position(pos_last + t);
         progress(ids.len(), ids.len());
         self.mirror_kv = pos_last;
@@ -502,8 +502,8 @@ impl WorkerClient {
         self.stats.worker_tokens += (pos_last - p) as u64;
         self.stats.split_calls += 1;
         self.succeeded();
-        let logits = model
-            .logits(&x[(t - 1) * hidden..], 1)
+        let logits = pool
+            .install(|| model.logits(&x[(t - 1) * hidden..], 1))
             .map_err(|e| LinkError::Malformed(e.to_string()))?;
         Ok(logits)
     }

@@ -24,6 +24,7 @@ use backburner_model::{
 };
 use tracing::{info, warn};
 
+use crate::compute::ComputePool;
 use crate::wire;
 
 /// Worker settings.
@@ -33,7 +34,7 @@ pub struct WorkerOptions {
     pub model_dir: PathBuf,
     /// Layer range to serve; `None` = whatever the first host asks for (loaded then, kept for later sessions).
     pub layers: Option<Range<usize>>,
-    /// Compute threads (reported to the host, which balances the split with it).
+    /// Compute threads: the worker's own [`ComputePool`] (reported to the host, which balances the split with it).
     pub threads: usize,
     /// Most bytes of state (KV rows + linear states) the mirror may hold; 0 = unlimited.
     pub max_memory: u64,
@@ -64,6 +65,7 @@ struct Shared {
     ckpt: Checkpoint,
     loaded: Mutex<Option<Arc<Loaded>>>,
     busy: AtomicBool,
+    pool: ComputePool,
 }
 
 /// A running worker.
@@ -79,12 +81,15 @@ impl Worker {
     pub fn bind(addr: &str, opts: WorkerOptions) -> Result<Self, WorkerError> {
         let config = ModelConfig::from_dir(&opts.model_dir)?;
         let ckpt = Checkpoint::open(&opts.model_dir)?;
+        let pool =
+            ComputePool::new(opts.threads).map_err(|e| WorkerError::Threads(e.to_string()))?;
         let shared = Arc::new(Shared {
             opts: opts.clone(),
             config,
             ckpt,
             loaded: Mutex::new(None),
             busy: AtomicBool::new(false),
+            pool,
         });
         if let Some(r) = &opts.layers {
             let c = &shared.config;
@@ -148,6 +153,9 @@ pub enum WorkerError {
     /// `--layers` is not a valid tail range.
     #[error("{0}")]
     LayerRange(String),
+    /// The compute threads could not be started (or `threads` is 0).
+    #[error("{0}")]
+    Threads(String),
 }
 
 fn check_range(c: &ModelConfig, r: &Range<usize>) -> Result<(), (ErrorCode, String)> {
@@ -186,15 +194,17 @@ fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, WorkerError
         }
     }
     info!(?range, "loading layers");
-    let model = Model::from_checkpoint(
-        shared.config.clone(),
-        &shared.ckpt,
-        &LoadOptions {
-            layers: range.clone(),
-            ends: false,
-        },
-        |_, _| {},
-    )?;
+    let model = shared.pool.install(|| {
+        Model::from_checkpoint(
+            shared.config.clone(),
+            &shared.ckpt,
+            &LoadOptions {
+                layers: range.clone(),
+                ends: false,
+            },
+            |_, _| {},
+        )
+    })?;
     let fp = fingerprint(&shared.ckpt, &shared.config, range.clone())?;
     let l = Arc::new(Loaded {
         model: Arc::new(model),
@@ -411,16 +421,13 @@ fn session(shared: &Shared, conn: &mut Conn, stop: &AtomicBool) -> Result<(), Li
                 let idle = arrived.saturating_duration_since(last_done);
                 let mut x = bytes_f32(&f.tensor)?;
                 let t0 = Instant::now();
-                if let Err(e) = l
-                    .model
-                    .forward_layers(range.clone(), &mut x, t, &mut mirror)
-                {
-                    return fail(
-                        conn,
-                        ErrorCode::Internal,
-                        format!("running layers failed: {e}"),
+                let model = &l.model;
+                shared.pool.install(|| {
+                    backburner_kernels::profile::set_phase(
+                        backburner_kernels::profile::Phase::Prefill,
                     );
-                }
+                    model.forward_layers(range.clone(), &mut x, t, &mut mirror)
+                });
                 l.model.commit_tokens(&mut mirror, t);
                 let compute = t0.elapsed();
                 last_done = Instant::now();

@@ -83,6 +83,7 @@ fn opts() -> SessionOptions {
             dtype: KvDtype::F16,
         },
         context_length: None,
+        ..SessionOptions::default()
     }
 }
 

@@ -6,6 +6,7 @@
 //!   the LSE merge of partials and the fixed left fold over pages.
 //! * [`kv`]: the paged KV cache of one full-attention layer (f16 or f32 storage).
 //! * [`matmul`]: dense products against weight matrices packed once in their dtype (f32, bf16, f16).
+//! * [`rowops`]: RMSNorms, l2 norm, activations and residual adds, vectorized and threaded.
 //! * [`parallel`]: static task splitting on the caller's thread pool; [`profile`]: opt-in time accounting by
 //!   operator class.
 //! * [`reference`](mod@reference): slow, obvious float64 twins of the kernels, for tests (also used by the model crate).
@@ -27,6 +28,7 @@ pub mod matmul;
 pub mod parallel;
 pub mod profile;
 pub mod reference;
+pub mod rowops;
 
 mod simd;
 

@@ -52,6 +52,55 @@ pub fn for_each_task(n_tasks: usize, f: impl Fn(usize) + Sync) {
     profile::charge_sync(wall.saturating_sub(mean_busy));
 }
 
+/// Splits `data` into consecutive chunks of `chunk` elements (the last may be shorter) and runs `f(index, chunk)` for
+/// each on the current pool, like [`for_each_task`] (sync time is profiled the same way).
+///
+/// Panics if `chunk == 0`.
+pub fn for_each_chunk_mut<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    assert!(chunk > 0, "for_each_chunk_mut: chunk must be positive");
+    let n_tasks = data.len().div_ceil(chunk);
+    let width = n_tasks.min(threads());
+    if width <= 1 {
+        for (i, c) in data.chunks_mut(chunk).enumerate() {
+            f(i, c);
+        }
+        return;
+    }
+    if !profile::enabled() {
+        data.par_chunks_mut(chunk)
+            .with_max_len(1)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+        return;
+    }
+    let busy = AtomicU64::new(0);
+    let t0 = Instant::now();
+    data.par_chunks_mut(chunk)
+        .with_max_len(1)
+        .enumerate()
+        .for_each(|(i, c)| {
+            let s = Instant::now();
+            f(i, c);
+            let ns = u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            busy.fetch_add(ns, Ordering::Relaxed);
+        });
+    let wall = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    profile::charge_sync(wall.saturating_sub(busy.load(Ordering::Relaxed) / width as u64));
+}
+
+/// Rows per task to split `n_rows` rows of `row_len` elements over the pool: one task per thread when the work is
+/// at least `min_elems` elements, else all rows in one task (run on the calling thread).
+pub fn rows_per_task(n_rows: usize, row_len: usize, min_elems: usize) -> usize {
+    if n_rows * row_len < min_elems {
+        return n_rows.max(1);
+    }
+    n_rows.div_ceil(threads()).max(1)
+}
+
 /// The `i`-th of `parts` near-equal contiguous parts of `0..n` (the first `n % parts` parts get one more).
 ///
 /// Panics if `i >= parts`.

@@ -68,12 +68,22 @@ impl Linear {
     ///
     /// Panics if `x.len() != n_rows · in_features`.
     pub fn forward_as(&self, op: Op, x: &[f32], n_rows: usize) -> Vec<f32> {
+        let mut y = Vec::new();
+        self.forward_into_as(op, x, n_rows, &mut y);
+        y
+    }
+
+    /// As [`Linear::forward`], into `y` (resized to `[n_rows, out]`; its capacity is reused).
+    pub fn forward_into(&self, x: &[f32], n_rows: usize, y: &mut Vec<f32>) {
+        self.forward_into_as(Op::Matmul, x, n_rows, y);
+    }
+
+    fn forward_into_as(&self, op: Op, x: &[f32], n_rows: usize, y: &mut Vec<f32>) {
         let _s = profile::scope(op);
-        let mut y = vec![0.0f32; n_rows * self.w.n()];
-        matmul(x, n_rows, &self.w, &mut y);
+        y.resize(n_rows * self.w.n(), 0.0);
+        matmul(x, n_rows, &self.w, y);
         let macs = (n_rows * self.w.n() * self.w.k()) as u64;
         profile::add_work(op, 2 * macs, self.w.bytes() as u64);
-        y
     }
 
     /// Row `r` of `W` as f32 (the embedding lookup when the table is tied to the head).

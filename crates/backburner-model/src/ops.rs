@@ -1,4 +1,5 @@
-//! Small row-wise ops of the Qwen3.5 layers (norms, activations, RoPE).
+//! Scalar activations of the Gated DeltaNet gates and partial RoPE (the row-wise norms and vectorized activations
+//! are in `backburner_kernels::rowops`).
 //!
 //! Each op names its HF counterpart in `transformers/models/qwen3_5/modeling_qwen3_5.py` (5.23).
 
@@ -6,72 +7,6 @@ use rayon::prelude::*;
 
 /// Rows per rayon task for row-wise ops; below this many rows the op runs on the calling thread.
 const PAR_ROWS: usize = 16;
-
-/// RMSNorm with a zero-centred weight (HF `Qwen3_5RMSNorm`): `y = x·rsqrt(mean(x²)+eps)·(1+w)`, in place over rows of
-/// `w.len()`. x: `[n_rows, dim]` f32.
-pub fn rms_norm_1p(x: &mut [f32], w: &[f32], eps: f32) {
-    let dim = w.len();
-    assert_eq!(x.len() % dim, 0, "rms_norm_1p: x is not [n, {dim}]");
-    let f = |row: &mut [f32]| {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for (v, wi) in row.iter_mut().zip(w) {
-            *v = (*v * r) * (1.0 + wi);
-        }
-    };
-    if x.len() / dim >= PAR_ROWS {
-        x.par_chunks_mut(dim).for_each(f);
-    } else {
-        x.chunks_mut(dim).for_each(f);
-    }
-}
-
-/// Gated RMSNorm of the Gated DeltaNet output (HF `Qwen3_5RMSNormGated`): per head of `w.len()` dims,
-/// `y = w·(o·rsqrt(mean(o²)+eps))·silu(z)` with the plain weight w. o, z: `[n_rows·n_heads, dim]` f32; o is overwritten.
-pub fn gated_rms_norm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
-    let dim = w.len();
-    assert_eq!(o.len(), z.len(), "gated_rms_norm: o and z differ in size");
-    let f = |(row, zr): (&mut [f32], &[f32])| {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for ((v, wi), zi) in row.iter_mut().zip(w).zip(zr) {
-            *v = (wi * (*v * r)) * silu(*zi);
-        }
-    };
-    if o.len() / dim >= PAR_ROWS {
-        o.par_chunks_mut(dim).zip(z.par_chunks(dim)).for_each(f);
-    } else {
-        o.chunks_mut(dim).zip(z.chunks(dim)).for_each(f);
-    }
-}
-
-/// L2 normalisation over rows of `dim` (HF `l2norm`, eps 1e-6 fixed): `x·rsqrt(Σx² + 1e-6)·scale`.
-pub fn l2_norm_scaled(x: &mut [f32], dim: usize, scale: f32) {
-    for row in x.chunks_mut(dim) {
-        let ss = row.iter().map(|v| v * v).sum::<f32>();
-        let r = 1.0 / (ss + 1e-6).sqrt();
-        for v in row.iter_mut() {
-            *v = *v * r * scale;
-        }
-    }
-}
-
-/// The MLP activation `silu(gate) ⊙ up` of fused `[n_rows, 2·inter]` rows `[gate | up]` → `[n_rows, inter]`.
-pub fn silu_mul_halves(gu: &[f32], inter: usize) -> Vec<f32> {
-    let mut act = Vec::with_capacity(gu.len() / 2);
-    for row in gu.chunks(2 * inter) {
-        let (g, u) = row.split_at(inter);
-        act.extend(g.iter().zip(u).map(|(g, u)| silu(*g) * u));
-    }
-    act
-}
-
-/// The attention output gate: `o ⊙ σ(gate)` in place (`o`, `gate`: the same shape).
-pub fn sigmoid_gate(o: &mut [f32], gate: &[f32]) {
-    for (x, g) in o.iter_mut().zip(gate) {
-        *x *= sigmoid(*g);
-    }
-}
 
 /// SiLU `x·σ(x)`.
 #[inline]
@@ -150,30 +85,9 @@ impl Rope {
     }
 }
 
-/// Copies column block `[c0, c0+width)` of a `[n_rows, n_cols]` matrix into a new `[n_rows, width]` one.
-pub fn take_cols(x: &[f32], n_cols: usize, c0: usize, width: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len() / n_cols * width);
-    for row in x.chunks(n_cols) {
-        out.extend_from_slice(&row[c0..c0 + width]);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rms_norm_1p_matches_the_formula_on_a_known_row() {
-        let mut x = vec![1.0f32, -2.0, 3.0, -4.0];
-        let w = vec![0.0f32, 0.5, -0.5, 1.0];
-        rms_norm_1p(&mut x, &w, 0.0);
-        let r = (7.5f32).sqrt();
-        let want = [1.0 / r, -2.0 / r * 1.5, 3.0 / r * 0.5, -4.0 / r * 2.0];
-        for (a, b) in x.iter().zip(want) {
-            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
-        }
-    }
 
     #[test]
     fn rope_at_position_zero_is_identity_and_rotates_only_the_first_r_dims() {

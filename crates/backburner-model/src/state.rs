@@ -7,6 +7,7 @@ use backburner_kernels::attention::{attend_pages, Partial};
 use backburner_kernels::kv::{KvDtype, PagedKvCache};
 
 use crate::config::{LayerKind, ModelConfig};
+use crate::model::Scratch;
 
 /// Where the KV pages of one full-attention layer live, as the attention op sees them.
 ///
@@ -115,6 +116,8 @@ pub struct ModelState {
     range: Range<usize>,
     n_tokens: usize,
     kv: KvOptions,
+    /// Activation buffers of the forward pass (not state: never snapshotted or sent).
+    scratch: Scratch,
 }
 
 /// A restorable copy of the state at a position: the linear layers' states (copied) and the position count (the
@@ -156,6 +159,7 @@ impl ModelState {
             range,
             n_tokens: 0,
             kv,
+            scratch: Scratch::default(),
         }
     }
 
@@ -181,6 +185,22 @@ impl ModelState {
     /// The state of layer `i`, if held.
     pub fn layer(&self, i: usize) -> Option<&LayerState> {
         self.layers.get(i).and_then(|l| l.as_ref())
+    }
+
+    /// Mutable state of layer `i` (if held) and the forward pass's activation buffers.
+    pub(crate) fn layer_and_scratch(
+        &mut self,
+        i: usize,
+    ) -> (Option<&mut LayerState>, &mut Scratch) {
+        (
+            self.layers.get_mut(i).and_then(|l| l.as_mut()),
+            &mut self.scratch,
+        )
+    }
+
+    /// Bytes held by the forward pass's reusable activation buffers (grown to the largest ubatch run).
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.bytes()
     }
 
     /// Mutable state of layer `i`, if held.

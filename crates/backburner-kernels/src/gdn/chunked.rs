@@ -22,6 +22,8 @@ use crate::simd::{dispatch, scale, Isa, Kernel};
 /// S ← exp(γ_last) S + (K ⊙ exp(γ_last − γ))ᵀ V'
 /// ```
 ///
+/// `γ` is accumulated in f64 and every exponent is a difference of two such sums rounded once to f32: within a chunk
+/// `γ` grows to tens, and f32 cumulative sums would lose their low bits exactly where `γ_i − γ_j` is small.
 /// Every exponent above is `<= 0`, so nothing overflows for any `g <= 0`. The last partial chunk is processed
 /// at its real length; this equals HF's zero padding (padded tokens have `k = v = 0`, `g = 0`, which leaves
 /// `S` untouched) without computing the padding.
@@ -128,8 +130,8 @@ struct Workspace {
     a: Vec<f32>,
     /// `[c, dk]` Q ⊙ exp(γ), then K ⊙ exp(γ_last − γ).
     qs: Vec<f32>,
-    /// `[c]` γ (cumulative log-decay) and β.
-    gamma: Vec<f32>,
+    /// `[c]` γ (cumulative log-decay, f64) and β.
+    gamma: Vec<f64>,
     beta: Vec<f32>,
 }
 
@@ -156,10 +158,10 @@ impl Workspace {
         gather_head(x.q, d.n_k_heads, self.dk, hk, t0, c, &mut self.q);
         gather_head(x.k, d.n_k_heads, self.dk, hk, t0, c, &mut self.k);
         gather_head(x.v, d.n_v_heads, self.dv, j, t0, c, &mut self.u);
-        let mut acc = 0.0f32;
+        let mut acc = 0.0f64;
         for i in 0..c {
             let idx = (t0 + i) * d.n_v_heads + j;
-            acc += x.g[idx];
+            acc += f64::from(x.g[idx]);
             self.gamma[i] = acc;
             self.beta[i] = x.beta[idx];
         }
@@ -177,7 +179,7 @@ impl Workspace {
         gram_lower(isa, k, k, c, dk, 0, &mut self.a);
         for i in 0..c {
             for j in 0..i {
-                let aij = beta[i] * self.a[i * c + j] * (gamma[i] - gamma[j]).exp();
+                let aij = beta[i] * self.a[i * c + j] * ((gamma[i] - gamma[j]) as f32).exp();
                 self.a[i * c + j] = -aij;
             }
         }
@@ -190,7 +192,7 @@ impl Workspace {
             scale(&mut u[i * dv..(i + 1) * dv], beta[i]);
             let wi = &mut w[i * dk..(i + 1) * dk];
             wi.copy_from_slice(&k[i * dk..(i + 1) * dk]);
-            scale(wi, beta[i] * gamma[i].exp());
+            scale(wi, beta[i] * (gamma[i] as f32).exp());
         }
         forward_subst(isa, u, c, dv, neg_a);
         forward_subst(isa, w, c, dk, neg_a);
@@ -204,7 +206,7 @@ impl Workspace {
         // O = (Q ⊙ exp(γ)) S + ((Q Kᵀ) ⊙ Γ) V'.
         let qs = &mut self.qs[..c * dk];
         for i in 0..c {
-            let ei = gamma[i].exp();
+            let ei = (gamma[i] as f32).exp();
             for (dst, src) in qs[i * dk..(i + 1) * dk]
                 .iter_mut()
                 .zip(&q[i * dk..(i + 1) * dk])
@@ -217,17 +219,17 @@ impl Workspace {
         gram_lower(isa, q, k, c, dk, 1, &mut self.a);
         for i in 0..c {
             for j in 0..=i {
-                self.a[i * c + j] *= (gamma[i] - gamma[j]).exp();
+                self.a[i * c + j] *= ((gamma[i] - gamma[j]) as f32).exp();
             }
         }
         gemm_acc_lower(isa, o, c, dv, View::new(&self.a[..c * c], c, 1), u, 1);
 
         // S ← exp(γ_last) S + Σ_j exp(γ_last − γ_j) k_j ⊗ V'_j.
         let last = gamma[c - 1];
-        scale(s, last.exp());
+        scale(s, (last as f32).exp());
         let kc = &mut self.qs[..c * dk];
         for j in 0..c {
-            let cj = (last - gamma[j]).exp();
+            let cj = ((last - gamma[j]) as f32).exp();
             for (dst, src) in kc[j * dk..(j + 1) * dk]
                 .iter_mut()
                 .zip(&k[j * dk..(j + 1) * dk])

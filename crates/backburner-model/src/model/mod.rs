@@ -7,15 +7,17 @@
 use std::ops::Range;
 use std::path::Path;
 
-use backburner_kernels::gdn::{self, GdnDims};
 use backburner_kernels::profile::{self, Op};
 
 use crate::checkpoint::Checkpoint;
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
-use crate::ops::{self, take_cols, Rope};
-use crate::state::{LayerState, ModelState, PageStore};
+use crate::ops::Rope;
+use crate::state::ModelState;
+
+mod forward;
+pub use forward::Scratch;
 
 /// Chunk length of the chunked delta rule (HF uses 64).
 pub const GDN_CHUNK: usize = 64;
@@ -175,6 +177,24 @@ impl Model {
         self.layers.get(i).and_then(|l| l.as_ref())
     }
 
+    /// Whether this node holds the embedding, final norm and head.
+    pub fn holds_ends(&self) -> bool {
+        self.embed.is_some() && self.final_norm.is_some()
+    }
+
+    /// Checks that every id is `< vocab_size`.
+    ///
+    /// Errors: [`ModelError::InvalidConfig`] naming the first id out of range.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            Some(&bad) => Err(ModelError::InvalidConfig(format!(
+                "token id {bad} is out of range for vocab_size {}",
+                self.config.vocab_size
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Embedding lookup: ids `[n_tokens]` → residual stream `[n_tokens, hidden]` f32.
     ///
     /// Errors: [`ModelError::InvalidConfig`] if the embedding is not loaded or an id is ≥ vocab_size.
@@ -183,12 +203,7 @@ impl Model {
             .embed
             .as_ref()
             .ok_or_else(|| ModelError::InvalidConfig("embedding not loaded on this node".into()))?;
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(ModelError::InvalidConfig(format!(
-                "token id {bad} is out of range for vocab_size {}",
-                self.config.vocab_size
-            )));
-        }
+        self.check_ids(ids)?;
         let _s = profile::scope(Op::Embed);
         let h = self.config.hidden_size;
         let mut x = vec![0.0f32; ids.len() * h];
@@ -198,6 +213,35 @@ impl Model {
         Ok(x)
     }
 
+    /// One ubatch through the whole model on a node that holds every layer and the ends: embeds `ids`, runs every
+    /// layer, advances the position, and returns the logits of the rows in `logit_rows` (`[rows, vocab]` f32; empty
+    /// for `None`).
+    ///
+    /// Panics (a caller bug) if the model does not hold every layer and the ends, an id is out of range (check with
+    /// [`Model::check_ids`] first) or `logit_rows` is outside `0..ids.len()`.
+    pub fn forward_tokens(
+        &self,
+        ids: &[u32],
+        state: &mut ModelState,
+        logit_rows: Option<Range<usize>>,
+    ) -> Vec<f32> {
+        let t = ids.len();
+        let mut x = self
+            .embed(ids)
+            .expect("forward_tokens: the embedding is loaded and the ids were checked");
+        self.forward_layers(0..self.config.num_hidden_layers, &mut x, t, state);
+        self.commit_tokens(state, t);
+        match logit_rows {
+            Some(r) => {
+                let h = self.config.hidden_size;
+                let n = r.len();
+                self.logits(&x[r.start * h..r.end * h], n)
+                    .expect("forward_tokens: the head is loaded")
+            }
+            None => Vec::new(),
+        }
+    }
+
     /// Final norm and output head on residual rows: x `[n_rows, hidden]` → logits `[n_rows, vocab]` f32.
     pub fn logits(&self, x: &[f32], n_rows: usize) -> Result<Vec<f32>> {
         let norm = self.final_norm.as_ref().ok_or_else(|| {
@@ -205,7 +249,11 @@ impl Model {
         })?;
         let _s = profile::scope(Op::Head);
         let mut h = x.to_vec();
-        ops::rms_norm_1p(&mut h, norm, self.config.rms_norm_eps as f32);
+        backburner_kernels::rowops::rms_norm_1p_inplace(
+            &mut h,
+            norm,
+            self.config.rms_norm_eps as f32,
+        );
         let head = self
             .lm_head
             .as_ref()
@@ -245,7 +293,7 @@ impl Model {
         x: &mut [f32],
         n_tokens: usize,
         state: &mut ModelState,
-    ) -> Result<()> {
+    ) {
         let pos0 = state.n_tokens();
         self.forward_layers_at(layers, x, n_tokens, pos0, state)
     }
@@ -260,7 +308,7 @@ impl Model {
         n_tokens: usize,
         pos0: usize,
         state: &mut ModelState,
-    ) -> Result<()> {
+    ) {
         assert_eq!(
             x.len(),
             n_tokens * self.config.hidden_size,
@@ -268,212 +316,15 @@ impl Model {
         );
         for i in layers {
             let layer = self.layers[i].as_ref().expect("layer not loaded");
-            let ls = state.layer_mut(i).expect("layer state not held");
-            self.forward_layer(layer, x, n_tokens, pos0, ls)?;
+            let (ls, scratch) = state.layer_and_scratch(i);
+            let ls = ls.expect("layer state not held");
+            self.forward_layer(layer, x, n_tokens, pos0, ls, scratch);
         }
-        Ok(())
     }
 
     /// Advances the state's position by `n_tokens` after [`Model::forward_layers`] ran every held layer.
     pub fn commit_tokens(&self, state: &mut ModelState, n_tokens: usize) {
         state.set_n_tokens(state.n_tokens() + n_tokens);
-    }
-
-    fn forward_layer(
-        &self,
-        layer: &Layer,
-        x: &mut [f32],
-        t: usize,
-        pos0: usize,
-        state: &mut LayerState,
-    ) -> Result<()> {
-        let eps = self.config.rms_norm_eps as f32;
-        let h = normed(x, &layer.input_norm, eps);
-        let mixed = match (&layer.mixer, state) {
-            (Mixer::Linear(w), LayerState::Linear(s)) => self.gdn(w, &h, t, s),
-            (Mixer::Attention(w), LayerState::Attention(c)) => self.attention(w, &h, t, pos0, c),
-            _ => panic!("layer kind and state kind differ"),
-        };
-        add_into(x, &mixed);
-        let h = normed(x, &layer.post_norm, eps);
-        let gu = layer.gate_up.forward(&h, t);
-        let act = {
-            let _s = profile::scope(Op::Activation);
-            ops::silu_mul_halves(&gu, self.config.intermediate_size)
-        };
-        let down = layer.down.forward(&act, t);
-        add_into(x, &down);
-        Ok(())
-    }
-
-    fn gdn(
-        &self,
-        w: &GdnWeights,
-        h: &[f32],
-        t: usize,
-        s: &mut crate::state::LinearState,
-    ) -> Vec<f32> {
-        let c = &self.config;
-        let (hk, hv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
-        let conv_dim = c.conv_dim();
-        let width = conv_dim + hv * dv + 2 * hv;
-        let proj = w.in_proj.forward(h, t); // [T, width]
-        let (mixed, z, b, a) = {
-            let _s = profile::scope(Op::Copy);
-            (
-                take_cols(&proj, width, 0, conv_dim),
-                take_cols(&proj, width, conv_dim, hv * dv),
-                take_cols(&proj, width, conv_dim + hv * dv, hv),
-                take_cols(&proj, width, conv_dim + hv * dv + hv, hv),
-            )
-        };
-        let mut conv_out = vec![0.0f32; t * conv_dim];
-        {
-            let _s = profile::scope(Op::GdnConv);
-            gdn::causal_conv1d_silu(
-                &mixed,
-                t,
-                conv_dim,
-                c.linear_conv_kernel_dim,
-                &w.conv_weight,
-                &mut s.conv,
-                &mut conv_out,
-            );
-        }
-        let (mut q, mut k, v) = {
-            let _s = profile::scope(Op::Copy);
-            (
-                take_cols(&conv_out, conv_dim, 0, hk * dk),
-                take_cols(&conv_out, conv_dim, hk * dk, hk * dk),
-                take_cols(&conv_out, conv_dim, 2 * hk * dk, hv * dv),
-            )
-        };
-        {
-            let _s = profile::scope(Op::Norm);
-            ops::l2_norm_scaled(&mut q, dk, 1.0 / (dk as f32).sqrt());
-            ops::l2_norm_scaled(&mut k, dk, 1.0);
-        }
-        let (beta, g) = {
-            let _s = profile::scope(Op::Activation);
-            let beta: Vec<f32> = b.iter().map(|&x| ops::sigmoid(x)).collect();
-            let g: Vec<f32> = a
-                .chunks(hv)
-                .flat_map(|row| {
-                    row.iter()
-                        .enumerate()
-                        .map(|(j, &x)| w.neg_a[j] * ops::softplus(x + w.dt_bias[j]))
-                })
-                .collect();
-            (beta, g)
-        };
-        let dims = GdnDims {
-            n_tokens: t,
-            n_k_heads: hk,
-            n_v_heads: hv,
-            d_k: dk,
-            d_v: dv,
-        };
-        let mut o = vec![0.0f32; t * hv * dv];
-        if t == 1 {
-            let _s = profile::scope(Op::DeltaRecurrent);
-            gdn::delta_rule_recurrent(dims, &q, &k, &v, &g, &beta, &mut s.recurrent, &mut o);
-        } else {
-            let _s = profile::scope(Op::DeltaChunked);
-            gdn::delta_rule_chunked(
-                dims,
-                GDN_CHUNK,
-                &q,
-                &k,
-                &v,
-                &g,
-                &beta,
-                &mut s.recurrent,
-                &mut o,
-            );
-        }
-        {
-            let _s = profile::scope(Op::Norm);
-            ops::gated_rms_norm(&mut o, &z, &w.norm, c.rms_norm_eps as f32);
-        }
-        w.out_proj.forward(&o, t)
-    }
-
-    fn attention(
-        &self,
-        w: &AttnWeights,
-        h: &[f32],
-        t: usize,
-        pos0: usize,
-        cache: &mut backburner_kernels::kv::PagedKvCache,
-    ) -> Vec<f32> {
-        let c = &self.config;
-        let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        let width = hq * 2 * d + 2 * hkv * d;
-        let eps = c.rms_norm_eps as f32;
-        let proj = w.qkv.forward(h, t); // [T, width]
-        let (mut q, gate, mut k, v) = {
-            let _s = profile::scope(Op::Copy);
-            let mut q = Vec::with_capacity(t * hq * d);
-            let mut gate = Vec::with_capacity(t * hq * d);
-            for row in proj.chunks(width) {
-                for head in row[..hq * 2 * d].chunks(2 * d) {
-                    q.extend_from_slice(&head[..d]);
-                    gate.extend_from_slice(&head[d..]);
-                }
-            }
-            let k = take_cols(&proj, width, hq * 2 * d, hkv * d);
-            let v = take_cols(&proj, width, hq * 2 * d + hkv * d, hkv * d);
-            (q, gate, k, v)
-        };
-        {
-            let _s = profile::scope(Op::Norm);
-            ops::rms_norm_1p(&mut q, &w.q_norm, eps);
-            ops::rms_norm_1p(&mut k, &w.k_norm, eps);
-        }
-        {
-            let _s = profile::scope(Op::Rope);
-            self.rope.apply(&mut q, t, hq, pos0);
-            self.rope.apply(&mut k, t, hkv, pos0);
-        }
-        assert_eq!(
-            cache.len(),
-            pos0,
-            "KV cache length differs from the position"
-        );
-        {
-            let _s = profile::scope(Op::KvAppend);
-            cache.append(&k, &v, t);
-        }
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut o = {
-            let _s = profile::scope(Op::Attention);
-            PageStore::attend(cache, &q, t, hq, pos0, scale, None).o
-        };
-        {
-            let _s = profile::scope(Op::Activation);
-            ops::sigmoid_gate(&mut o, &gate);
-        }
-        w.o_proj.forward(&o, t)
-    }
-}
-
-/// `x` normalised by RMSNorm1p with weight `w` into a new buffer.
-fn normed(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let _s = profile::scope(Op::Norm);
-    let mut h = x.to_vec();
-    ops::rms_norm_1p(&mut h, w, eps);
-    h
-}
-
-fn add_into(x: &mut [f32], y: &[f32]) {
-    let _s = profile::scope(Op::Activation);
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
     }
 }
 
