@@ -125,5 +125,42 @@ fn bench_delta_rule(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_attend_page, bench_delta_rule);
+/// Decode over a long context at the bench model's shape (8 query heads over 2 KV heads of dim 128): one query
+/// token against 8192 cached positions in two pages, f16.
+fn bench_attend_decode(c: &mut Criterion) {
+    let (n_heads, n_kv, dim, n_keys) = (8, 2, 128, 8192);
+    let mut r = StdRng::seed_from_u64(4);
+    let mut cache = backburner_kernels::kv::PagedKvCache::new(4096, n_kv, dim, KvDtype::F16);
+    cache.append(
+        &uniform(&mut r, n_keys * n_kv * dim, -1.0, 1.0),
+        &uniform(&mut r, n_keys * n_kv * dim, -1.0, 1.0),
+        n_keys,
+    );
+    let q = uniform(&mut r, n_heads * dim, -1.0, 1.0);
+    let mut group = c.benchmark_group("attend_decode");
+    group.sample_size(20);
+    group.throughput(Throughput::Bytes((2 * n_keys * n_kv * dim * 2) as u64));
+    group.bench_function("bench_model_8192", |b| {
+        b.iter(|| {
+            black_box(cache.attend(black_box(&q), 1, n_heads, n_keys, (dim as f32).powf(-0.5)))
+        })
+    });
+    // As in real decode, where the weights stream through the caches between two attention calls: evict first.
+    let evict = vec![1u8; 96 << 20];
+    group.bench_function("bench_model_8192_cold", |b| {
+        b.iter_batched(
+            || black_box(evict.iter().step_by(64).map(|&x| x as u64).sum::<u64>()),
+            |_| black_box(cache.attend(black_box(&q), 1, n_heads, n_keys, (dim as f32).powf(-0.5))),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_attend_page,
+    bench_delta_rule,
+    bench_attend_decode
+);
 criterion_main!(benches);

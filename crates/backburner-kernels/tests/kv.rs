@@ -149,3 +149,40 @@ fn reading_past_the_cache_length_panics() {
     c.append(&k, &v, 3);
     c.read_rows(2, 4);
 }
+
+#[test]
+fn rows_appended_in_pieces_across_storage_growth_read_back_exactly() {
+    // Pieces of 1, 7, 20 and 100 rows cross the transposed K storage's growth from 16 to 32, 64 and 128
+    // positions; a truncation in the middle is then overwritten by new rows.
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let (k, v) = rows(128, 11);
+        let mut p = KvPage::new(0, 200, HEADS, DIM, dtype);
+        let mut at = 0;
+        for n in [1, 7, 20, 100] {
+            p.append(
+                &k[at * ROW..(at + n) * ROW],
+                &v[at * ROW..(at + n) * ROW],
+                n,
+            );
+            at += n;
+        }
+        let (mut ko, mut vo) = (vec![0.0; at * ROW], vec![0.0; at * ROW]);
+        p.read_rows(0, at, &mut ko, &mut vo);
+        let stored = |x: &[f32]| -> Vec<f32> {
+            match dtype {
+                KvDtype::F16 => x.iter().map(|a| f16::from_f32(*a).to_f32()).collect(),
+                KvDtype::F32 => x.to_vec(),
+            }
+        };
+        assert_eq!(ko, stored(&k[..at * ROW]), "{dtype} keys");
+        assert_eq!(vo, stored(&v[..at * ROW]), "{dtype} values");
+        p.truncate(50);
+        let (k2, v2) = rows(10, 12);
+        p.append(&k2, &v2, 10);
+        let (mut ko, mut vo) = (vec![0.0; 60 * ROW], vec![0.0; 60 * ROW]);
+        p.read_rows(0, 60, &mut ko, &mut vo);
+        assert_eq!(&ko[..50 * ROW], &stored(&k[..50 * ROW])[..], "{dtype}");
+        assert_eq!(&ko[50 * ROW..], &stored(&k2)[..], "{dtype}");
+        assert_eq!(&vo[50 * ROW..], &stored(&v2)[..], "{dtype}");
+    }
+}

@@ -1,17 +1,9 @@
 //! The online-softmax state of a set of query rows (Milakov & Gimelshein 2018; FlashAttention, Dao et al.
 //! 2022): running max, running sum of exponentials and unnormalized output, updated block by block.
 
+use super::page_kernel::{BlockSrc, KEY_BLOCK};
 use super::Partial;
-use crate::simd::{axpy_rows, exp_fast, max, scale, sum, Isa};
-
-/// Most keys one [`RowState::update`] takes.
-pub(super) const MAX_BLOCK: usize = 64;
-
-/// Row `j` of a contiguous `[_, dim]` block.
-#[inline(always)]
-fn vrow(v: &[f32], dim: usize, j: usize) -> &[f32] {
-    &v[j * dim..(j + 1) * dim]
-}
+use crate::simd::{exp_fast, max, scale, sum, Isa, LANES};
 
 /// Unnormalized online-softmax state of `rows` query rows: running max `m`, running sum `l` of
 /// `exp(score − m)`, and `acc = Σ exp(score − m)·v` (`[rows, dim]`).
@@ -32,42 +24,59 @@ impl RowState {
         }
     }
 
-    /// Adds keys with scores `sc` (already scaled, at most [`MAX_BLOCK`] of them) and their values `vb`
-    /// (`[≥ sc.len(), dim]` contiguous f32) to row `row`.
+    /// The softmax half of adding the first `nv ≥ 1` keys of a block to row `row`: `sc` holds the block's scaled
+    /// scores (`[KEY_BLOCK]`) and is overwritten with their weights `exp(score − m)` (0 for a row that sees nothing),
+    /// the running max and sum are updated and the output rescaled. [`RowState::accumulate`] then adds the values.
     #[inline(always)]
-    pub(super) fn update<I: Isa>(&mut self, isa: I, row: usize, sc: &[f32], vb: &[f32]) {
+    pub(super) fn softmax(&mut self, row: usize, sc: &mut [f32], nv: usize) {
         let dim = self.dim;
+        let p = &mut sc[..nv];
         let m_old = self.m[row];
-        let m_new = m_old.max(max(sc));
-        let acc = &mut self.acc[row * dim..(row + 1) * dim];
+        let m_new = m_old.max(max(p));
+        if m_new == f32::NEG_INFINITY {
+            p.fill(0.0);
+            return;
+        }
         if m_new > m_old && m_old != f32::NEG_INFINITY {
             let corr = exp_fast(m_old - m_new);
             self.l[row] *= corr;
-            scale(acc, corr);
+            scale(&mut self.acc[row * dim..(row + 1) * dim], corr);
         }
         self.m[row] = m_new;
-        let mut p = [0.0f32; MAX_BLOCK];
-        let p = &mut p[..sc.len()];
-        for (pj, s) in p.iter_mut().zip(sc) {
-            *pj = exp_fast(s - m_new);
+        for x in p.iter_mut() {
+            *x = exp_fast(*x - m_new);
         }
         self.l[row] += sum(p);
-        // acc += Σ_j p_j v_j in key order, four keys per pass over acc (same rounding as one at a time).
-        let mut j = 0;
-        while j + 4 <= p.len() {
-            let pq = [p[j], p[j + 1], p[j + 2], p[j + 3]];
-            let rows = [
-                vrow(vb, dim, j),
-                vrow(vb, dim, j + 1),
-                vrow(vb, dim, j + 2),
-                vrow(vb, dim, j + 3),
-            ];
-            axpy_rows(isa, acc, pq, rows);
-            j += 4;
-        }
-        while j < p.len() {
-            axpy_rows(isa, acc, [p[j]], [vrow(vb, dim, j)]);
-            j += 1;
+    }
+
+    /// The values half: rows `r0..r0 + n` (which all see the block's first `nv` keys) add `Σ_j p_j·v_j`, with their
+    /// weights in `p` (`[n][KEY_BLOCK]`) and the values in `v` (`[KEY_BLOCK][dim]`). Each output element is one
+    /// fused multiply-add chain over the keys in order, so a row's bits do not depend on the rows beside it; rows
+    /// share each loaded value vector, in tiles of up to 4 rows × 64 dimensions.
+    #[inline(always)]
+    pub(super) fn accumulate<I: Isa, S: BlockSrc>(
+        &mut self,
+        isa: I,
+        r0: usize,
+        n: usize,
+        p: &[f32],
+        nv: usize,
+        v: S,
+    ) {
+        let mut r = 0;
+        while r < n {
+            let left = n - r;
+            let (acc, w) = (&mut self.acc[(r0 + r) * self.dim..], &p[r * KEY_BLOCK..]);
+            if left >= 4 {
+                weighted_rows::<I, S, 4>(isa, acc, w, nv, v, self.dim);
+                r += 4;
+            } else if left >= 2 {
+                weighted_rows::<I, S, 2>(isa, acc, w, nv, v, self.dim);
+                r += 2;
+            } else {
+                weighted_rows::<I, S, 1>(isa, acc, w, nv, v, self.dim);
+                r += 1;
+            }
         }
     }
 
@@ -111,6 +120,75 @@ impl RowState {
                 *x = a / l;
             }
             out.lse[t * out.n_heads + h] = self.m[row] + l.ln();
+        }
+    }
+}
+
+/// For rows `r < R` (`acc`: `[R][dim]` at row stride `dim`, `p`: `[R][KEY_BLOCK]`): `acc[r][d] = fma(p[r][j],
+/// v[j][d], acc[r][d])` for `j < nv` in order, for every `d < dim`: 4 vectors of 16 lanes at a time, then single
+/// vectors, then scalars (the same fused operation in every path).
+#[inline(always)]
+fn weighted_rows<I: Isa, S: BlockSrc, const R: usize>(
+    isa: I,
+    acc: &mut [f32],
+    p: &[f32],
+    nv: usize,
+    v: S,
+    dim: usize,
+) {
+    let full = dim / LANES * LANES;
+    let mut c0 = 0;
+    while c0 + 4 * LANES <= full {
+        weighted_cols::<I, S, R, 4>(isa, acc, p, nv, v, dim, c0);
+        c0 += 4 * LANES;
+    }
+    while c0 < full {
+        weighted_cols::<I, S, R, 1>(isa, acc, p, nv, v, dim, c0);
+        c0 += LANES;
+    }
+    for r in 0..R {
+        for d in full..dim {
+            let mut a = acc[r * dim + d];
+            for j in 0..nv {
+                a = p[r * KEY_BLOCK + j].mul_add(v.get(j * dim + d), a);
+            }
+            acc[r * dim + d] = a;
+        }
+    }
+}
+
+#[inline(always)]
+fn weighted_cols<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
+    isa: I,
+    acc: &mut [f32],
+    p: &[f32],
+    nv: usize,
+    v: S,
+    dim: usize,
+    c0: usize,
+) {
+    let mut a = [[isa.zero(); NV]; R];
+    for (r, ar) in a.iter_mut().enumerate() {
+        for (i, ai) in ar.iter_mut().enumerate() {
+            *ai = isa.load(&acc[r * dim + c0 + i * LANES..]);
+        }
+    }
+    for j in 0..nv {
+        let row = j * dim + c0;
+        let mut vv = [isa.zero(); NV];
+        for (i, x) in vv.iter_mut().enumerate() {
+            *x = v.load(isa, row + i * LANES);
+        }
+        for (r, ar) in a.iter_mut().enumerate() {
+            let pv = isa.splat(p[r * KEY_BLOCK + j]);
+            for (ai, x) in ar.iter_mut().zip(&vv) {
+                *ai = isa.fma(*ai, pv, *x);
+            }
+        }
+    }
+    for (r, ar) in a.iter().enumerate() {
+        for (i, ai) in ar.iter().enumerate() {
+            isa.store(*ai, &mut acc[r * dim + c0 + i * LANES..]);
         }
     }
 }

@@ -2,17 +2,18 @@
 
 use rayon::prelude::*;
 
-use super::online::{RowState, MAX_BLOCK};
+use super::online::RowState;
 use super::Partial;
-use crate::kv::page::Rows;
-use crate::kv::KvPage;
-use crate::simd::{dispatch, dots, f16_to_f32, scale, Isa, Kernel};
+use half::f16;
 
-/// Keys per block: f16 keys and values are converted to f32 once per block and task.
-const KEY_BLOCK: usize = 32;
-const _: () = assert!(KEY_BLOCK <= MAX_BLOCK && KEY_SEGMENT.is_multiple_of(KEY_BLOCK));
-/// Query rows scored together per pass over a key block.
-const GROUP: usize = 4;
+use crate::kv::page::Rows;
+use crate::kv::{KvPage, KV_BLOCK};
+use crate::simd::{dispatch, f16_to_f32, prefetch, scale, Isa, Kernel, LANES};
+
+/// Keys per block: the page's storage block ([`KV_BLOCK`]).
+pub(super) const KEY_BLOCK: usize = KV_BLOCK;
+const _: () = assert!(KEY_SEGMENT.is_multiple_of(KEY_BLOCK) && KEY_BLOCK.is_multiple_of(LANES));
+
 /// Keys per segment. A row's softmax runs online over the blocks of a segment; segment partials are then
 /// merged in order. Fixed, so the bits never depend on how the work is spread over threads.
 const KEY_SEGMENT: usize = 1024;
@@ -153,7 +154,6 @@ impl Ctx<'_> {
         seg: usize,
     ) -> RowState {
         let dim = self.page.head_dim();
-        let hkv = self.page.n_kv_heads();
         let r = self.group;
         let rows = (t1 - t0) * r;
         let mut st = RowState::new(rows, dim);
@@ -171,113 +171,230 @@ impl Ctx<'_> {
         }
         scale(&mut qs, self.scale);
 
-        // Each block's rows of kv head `g` are gathered into contiguous f32 buffers (f16 converted). Even
-        // for f32 pages this pays: in place, rows sit `n_kv_heads * head_dim` floats apart (often a multiple
-        // of 4 KiB), which maps them all to the same L1 cache sets.
-        let mut kbuf = vec![0.0f32; KEY_BLOCK * dim];
-        let mut vbuf = vec![0.0f32; KEY_BLOCK * dim];
-        let mut sc = [[0.0f32; KEY_BLOCK]; GROUP];
-        let mut live: Vec<(usize, usize)> = Vec::with_capacity(rows);
+        // Many rows (prefill): each block is widened once into f32 buffers (keys transposed, [dim][KEY_BLOCK];
+        // values [KEY_BLOCK][dim]) that every row tile then reads from L1. Few rows (decode): the tiles read the
+        // page directly, widening f16 in registers, so the block streams from memory once. The arithmetic is the
+        // same either way (widening is exact).
+        let direct = rows <= DIRECT_ROWS;
+        let (mut kt, mut vb) = if direct {
+            (Vec::new(), Vec::new())
+        } else {
+            (vec![0.0f32; dim * KEY_BLOCK], vec![0.0f32; KEY_BLOCK * dim])
+        };
+        let mut sc = vec![0.0f32; rows * KEY_BLOCK];
         let mut kb0 = k0;
         while kb0 < k1 {
             let nb = KEY_BLOCK.min(k1 - kb0);
-            let kblk = BlockRows::load(self.page.k_rows(), &mut kbuf, kb0, nb, g, hkv, dim);
-            let vblk = BlockRows::load(self.page.v_rows(), &mut vbuf, kb0, nb, g, hkv, dim);
-            // Rows that see part of this block, with how many of its keys.
-            live.clear();
-            for t in t0..t1 {
-                let vis = self.visible(t);
-                if vis > kb0 {
-                    let nv = (vis - kb0).min(nb);
-                    live.extend(((t - t0) * r..(t - t0 + 1) * r).map(|row| (row, nv)));
-                }
+            let b = kb0 / KEY_BLOCK;
+            if kb0 + nb < k1 {
+                prefetch_block(self.page, b + 1, g, dim);
             }
-            // Score GROUP rows against key pairs (each score has the bits of a lone `dot`, whatever the
-            // grouping), then fold each row's scores into its online softmax.
-            for grp in live.chunks(GROUP) {
-                let nv_max = grp.iter().map(|x| x.1).max().unwrap_or(0);
-                if grp.len() == GROUP {
-                    let qr: [&[f32]; GROUP] =
-                        std::array::from_fn(|i| &qs[grp[i].0 * dim..(grp[i].0 + 1) * dim]);
-                    score_block(isa, qr, &kblk, nv_max, &mut sc);
-                } else {
-                    for (i, &(row, _)) in grp.iter().enumerate() {
-                        let one: &mut [[f32; KEY_BLOCK]; 1] =
-                            (&mut sc[i..i + 1]).try_into().expect("one row");
-                        score_block(isa, [&qs[row * dim..(row + 1) * dim]], &kblk, nv_max, one);
+            let step = Step { t0, t1, kb0, nb };
+            if direct {
+                let (k, k_at, v, v_at) = self.page.block(b, g);
+                let n = dim * KEY_BLOCK;
+                match (k, v) {
+                    (Rows::F16(k), Rows::F16(v)) => {
+                        let (k, v) = (F16Block(&k[k_at..k_at + n]), F16Block(&v[v_at..v_at + n]));
+                        self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
                     }
+                    (Rows::F32(k), Rows::F32(v)) => {
+                        let (k, v) = (F32Block(&k[k_at..k_at + n]), F32Block(&v[v_at..v_at + n]));
+                        self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
+                    }
+                    _ => unreachable!("K and V share the page dtype"),
                 }
-                for (i, &(row, nv)) in grp.iter().enumerate() {
-                    st.update(isa, row, &sc[i][..nv], vblk.data);
-                }
+            } else {
+                load_block(isa, self.page, &mut kt, &mut vb, kb0, nb, g);
+                let (k, v) = (F32Block(&kt), F32Block(&vb));
+                self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
             }
             kb0 += nb;
         }
         st
     }
-}
 
-/// `nb` consecutive rows of one kv head inside a key block, as contiguous f32 `[nb, dim]`.
-struct BlockRows<'a> {
-    data: &'a [f32],
-    dim: usize,
-}
-
-impl<'a> BlockRows<'a> {
-    /// Rows `[kb0, kb0 + nb)` of kv head `g`, gathered into `buf` (f16 converted exactly).
+    /// One key block for the rows of tokens `t0..t1`: scores of the rows that see part of it, then their softmax
+    /// updates.
     #[inline(always)]
-    fn load(
-        rows: &Rows,
-        buf: &'a mut [f32],
-        kb0: usize,
-        nb: usize,
-        g: usize,
-        hkv: usize,
-        dim: usize,
-    ) -> Self {
-        let first = (kb0 * hkv + g) * dim;
-        for j in 0..nb {
-            let at = first + j * hkv * dim;
-            let dst = &mut buf[j * dim..(j + 1) * dim];
-            match rows {
-                Rows::F32(d) => dst.copy_from_slice(&d[at..at + dim]),
-                Rows::F16(d) => f16_to_f32(&d[at..at + dim], dst),
+    #[allow(clippy::too_many_arguments)]
+    fn block_step<I: Isa, S: BlockSrc>(
+        &self,
+        isa: I,
+        s: Step,
+        qs: &[f32],
+        k: S,
+        v: S,
+        sc: &mut [f32],
+        st: &mut RowState,
+    ) {
+        let dim = self.page.head_dim();
+        let r = self.group;
+        // Tokens before `first` see nothing of this block (visibility grows with the token).
+        let first = (s.t0..s.t1)
+            .find(|&t| self.visible(t) > s.kb0)
+            .unwrap_or(s.t1);
+        let row0 = (first - s.t0) * r;
+        scores(isa, &qs[row0 * dim..], k, dim, &mut sc[row0 * KEY_BLOCK..]);
+        for t in first..s.t1 {
+            let nv = (self.visible(t) - s.kb0).min(s.nb);
+            let rows = (t - s.t0) * r..(t - s.t0 + 1) * r;
+            for row in rows.clone() {
+                st.softmax(row, &mut sc[row * KEY_BLOCK..(row + 1) * KEY_BLOCK], nv);
+            }
+            let p = &sc[rows.start * KEY_BLOCK..rows.end * KEY_BLOCK];
+            st.accumulate(isa, rows.start, r, p, nv, v);
+        }
+    }
+}
+
+/// Which block a [`Ctx::block_step`] runs, for which tokens.
+#[derive(Clone, Copy)]
+struct Step {
+    t0: usize,
+    t1: usize,
+    kb0: usize,
+    nb: usize,
+}
+
+/// At most this many query rows per task read blocks straight from the page (decode: one token's GQA group).
+const DIRECT_ROWS: usize = 8;
+
+/// One block's keys (`[dim][KEY_BLOCK]`) or values (`[KEY_BLOCK][dim]`) as the kernel reads them.
+pub(super) trait BlockSrc: Copy {
+    /// Elements `[at, at + 16)` as f32 lanes.
+    fn load<I: Isa>(self, isa: I, at: usize) -> I::V;
+    /// Element `at` as f32.
+    fn get(self, at: usize) -> f32;
+}
+
+/// An f32 block.
+#[derive(Clone, Copy)]
+pub(super) struct F32Block<'a>(pub(super) &'a [f32]);
+
+impl BlockSrc for F32Block<'_> {
+    #[inline(always)]
+    fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
+        isa.load(&self.0[at..])
+    }
+
+    #[inline(always)]
+    fn get(self, at: usize) -> f32 {
+        self.0[at]
+    }
+}
+
+/// An f16 block, widened in registers (exactly).
+#[derive(Clone, Copy)]
+pub(super) struct F16Block<'a>(pub(super) &'a [f16]);
+
+impl BlockSrc for F16Block<'_> {
+    #[inline(always)]
+    fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
+        let s = &self.0[at..at + LANES];
+        // SAFETY: `s` holds 16 f16 values.
+        unsafe { isa.load_f16(s.as_ptr().cast::<u16>()) }
+    }
+
+    #[inline(always)]
+    fn get(self, at: usize) -> f32 {
+        self.0[at].to_f32()
+    }
+}
+
+/// Loads block `kb0 / KEY_BLOCK` of kv head `g` (its first `nb` keys) into `kt` (`[dim][KEY_BLOCK]`, keys
+/// transposed) and `vb` (`[KEY_BLOCK][dim]`), f16 widened exactly; each is one contiguous run of the page. Lanes
+/// and rows ≥ nb carry whatever the page holds there: the caller uses only the first `nb` keys of a block.
+#[inline(always)]
+fn load_block<I: Isa>(
+    isa: I,
+    page: &KvPage,
+    kt: &mut [f32],
+    vb: &mut [f32],
+    kb0: usize,
+    nb: usize,
+    g: usize,
+) {
+    debug_assert!(kb0.is_multiple_of(KEY_BLOCK) && nb <= KEY_BLOCK);
+    let (k, k_at, v, v_at) = page.block(kb0 / KEY_BLOCK, g);
+    read_run(isa, k, k_at, kt);
+    let dim = vb.len() / KEY_BLOCK;
+    read_run(isa, v, v_at, &mut vb[..nb * dim]);
+}
+
+/// Prefetches block `b` of kv head `g` (its keys and values) while the current block is computed.
+#[inline(always)]
+fn prefetch_block(page: &KvPage, b: usize, g: usize, dim: usize) {
+    let (k, k_at, v, v_at) = page.block(b, g);
+    for (rows, at) in [(k, k_at), (v, v_at)] {
+        match rows {
+            Rows::F32(d) => prefetch(&d[at..at + dim * KEY_BLOCK]),
+            Rows::F16(d) => prefetch(&d[at..at + dim * KEY_BLOCK]),
+        }
+    }
+}
+
+/// `dst = storage[at..at + dst.len()]` as f32 (f16 widened exactly, 16 at a time with the vector conversion).
+#[inline(always)]
+fn read_run<I: Isa>(isa: I, rows: &Rows, at: usize, dst: &mut [f32]) {
+    match rows {
+        Rows::F32(d) => dst.copy_from_slice(&d[at..at + dst.len()]),
+        Rows::F16(d) => {
+            let src = &d[at..at + dst.len()];
+            let full = src.len() / LANES * LANES;
+            for (s, o) in src[..full]
+                .chunks_exact(LANES)
+                .zip(dst.chunks_exact_mut(LANES))
+            {
+                // SAFETY: `s` holds 16 f16 values.
+                isa.store(unsafe { isa.load_f16(s.as_ptr().cast::<u16>()) }, o);
+            }
+            f16_to_f32(&src[full..], &mut dst[full..]);
+        }
+    }
+}
+
+/// `sc[row][j] = q[row] · k_j` for every row of `q` (`[_, dim]`) and the `KEY_BLOCK` keys of `kt`
+/// (`[dim][KEY_BLOCK]`): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of 4 rows.
+#[inline(always)]
+fn scores<I: Isa, S: BlockSrc>(isa: I, q: &[f32], kt: S, dim: usize, sc: &mut [f32]) {
+    let rows = q.len() / dim;
+    let mut r0 = 0;
+    while r0 + 4 <= rows {
+        score_tile::<I, S, 4>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
+        r0 += 4;
+    }
+    while r0 < rows {
+        score_tile::<I, S, 1>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
+        r0 += 1;
+    }
+}
+
+#[inline(always)]
+fn score_tile<I: Isa, S: BlockSrc, const R: usize>(
+    isa: I,
+    q: &[f32],
+    kt: S,
+    dim: usize,
+    sc: &mut [f32],
+) {
+    const NV: usize = KEY_BLOCK / LANES;
+    let mut acc = [[isa.zero(); NV]; R];
+    for d in 0..dim {
+        let mut kv = [isa.zero(); NV];
+        for (v, x) in kv.iter_mut().enumerate() {
+            *x = kt.load(isa, d * KEY_BLOCK + v * LANES);
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let qv = isa.splat(q[r * dim + d]);
+            for (a, k) in acc_r.iter_mut().zip(&kv) {
+                *a = isa.fma(*a, qv, *k);
             }
         }
-        BlockRows {
-            data: &buf[..nb * dim],
-            dim,
-        }
     }
-
-    #[inline(always)]
-    fn row(&self, j: usize) -> &[f32] {
-        &self.data[j * self.dim..(j + 1) * self.dim]
-    }
-}
-
-/// `sc[i][j] = q[i]·k_j` for the first `nv` keys of the block (two keys at a time).
-#[inline(always)]
-fn score_block<I: Isa, const R: usize>(
-    isa: I,
-    q: [&[f32]; R],
-    k: &BlockRows,
-    nv: usize,
-    sc: &mut [[f32; KEY_BLOCK]; R],
-) {
-    let mut j = 0;
-    while j + 2 <= nv {
-        let s = dots::<I, R, 2>(isa, q, [k.row(j), k.row(j + 1)]);
-        for i in 0..R {
-            sc[i][j] = s[i][0];
-            sc[i][j + 1] = s[i][1];
-        }
-        j += 2;
-    }
-    if j < nv {
-        let s = dots::<I, R, 1>(isa, q, [k.row(j)]);
-        for i in 0..R {
-            sc[i][j] = s[i][0];
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (v, a) in acc_r.iter().enumerate() {
+            isa.store(*a, &mut sc[r * KEY_BLOCK + v * LANES..]);
         }
     }
 }

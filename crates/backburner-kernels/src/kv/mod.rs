@@ -1,8 +1,8 @@
 //! Paged KV cache of one full-attention layer (DESIGN.md §3.3, §4).
 //!
 //! A [`PagedKvCache`] is a list of [`KvPage`]s of a fixed capacity (`page_size` positions); only the last
-//! page may be partly filled. K and V rows are stored as `[len, n_kv_heads, head_dim]` in a [`KvDtype`];
-//! kernels always read them back as f32 (f16 → f32 is exact).
+//! page may be partly filled. K and V rows go in and come out as `[len, n_kv_heads, head_dim]` in a [`KvDtype`]
+//! (f16 → f32 is exact); inside a page they are stored in the attention kernel's block layout.
 
 mod cache;
 pub(crate) mod page;
@@ -12,6 +12,10 @@ use std::str::FromStr;
 
 pub use cache::PagedKvCache;
 pub use page::KvPage;
+
+/// Positions per storage block of a page: the attention kernel reads one block of one KV head as one contiguous
+/// run of keys (transposed) and one of values (see [`KvPage`]).
+pub const KV_BLOCK: usize = 64;
 
 /// Storage dtype of KV rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,10 +2,10 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 
-use super::KvDtype;
+use super::{KvDtype, KV_BLOCK};
 
-/// Row storage in the page's dtype, `[len, n_kv_heads, head_dim]`.
-#[derive(Clone, Debug, PartialEq)]
+/// Element storage in the page's dtype.
+#[derive(Clone, Debug)]
 pub(crate) enum Rows {
     F16(Vec<f16>),
     F32(Vec<f32>),
@@ -19,40 +19,59 @@ impl Rows {
         }
     }
 
-    fn push(&mut self, src: &[f32]) {
+    /// Grows or shrinks to `n` elements (new ones zero).
+    fn resize(&mut self, n: usize) {
         match self {
-            Rows::F16(d) => {
-                let n = d.len();
-                d.resize(n + src.len(), f16::ZERO);
-                d[n..].convert_from_f32_slice(src);
-            }
-            Rows::F32(d) => d.extend_from_slice(src),
+            Rows::F16(d) => d.resize(n, f16::ZERO),
+            Rows::F32(d) => d.resize(n, 0.0),
         }
     }
 
-    /// Elements `[a, a + dst.len())` as f32.
+    /// Element `i` as f32.
     #[inline]
-    pub(crate) fn read(&self, a: usize, dst: &mut [f32]) {
+    fn get(&self, i: usize) -> f32 {
         match self {
-            Rows::F16(d) => d[a..a + dst.len()].convert_to_f32_slice(dst),
-            Rows::F32(d) => dst.copy_from_slice(&d[a..a + dst.len()]),
-        }
-    }
-
-    fn truncate(&mut self, n: usize) {
-        match self {
-            Rows::F16(d) => d.truncate(n),
-            Rows::F32(d) => d.truncate(n),
+            Rows::F16(d) => d[i].to_f32(),
+            Rows::F32(d) => d[i],
         }
     }
 }
 
+/// Where element `(row, head, d)` of a page lives, for K and for V (see [`KvPage`]).
+#[derive(Clone, Copy)]
+struct Layout {
+    hkv: usize,
+    dim: usize,
+}
+
+impl Layout {
+    /// K: block-major, then head, then dimension, then the key's lane in its block.
+    #[inline]
+    fn k(self, row: usize, h: usize, d: usize) -> usize {
+        (((row / KV_BLOCK) * self.hkv + h) * self.dim + d) * KV_BLOCK + row % KV_BLOCK
+    }
+
+    /// V: block-major, then head, then the key's lane, then dimension (one contiguous run per key and head).
+    #[inline]
+    fn v(self, row: usize, h: usize) -> usize {
+        (((row / KV_BLOCK) * self.hkv + h) * KV_BLOCK + row % KV_BLOCK) * self.dim
+    }
+
+    /// Elements of one block of K (or of V) for every head.
+    fn block_len(self) -> usize {
+        self.hkv * self.dim * KV_BLOCK
+    }
+}
+
 /// One page of one full-attention layer: positions `[start, start + len)` of capacity `page_size`, K and V
-/// rows each `[len, n_kv_heads, head_dim]` stored in `dtype`.
+/// rows each `[len, n_kv_heads, head_dim]` (as appended and read) stored in `dtype`.
 ///
-/// K rows are post-k_norm, post-RoPE keys, V rows the values (ARCH_SPEC "Gated full-attention layer").
-/// Storage grows with `len`; [`KvPage::bytes`] counts the stored rows, not the capacity.
-#[derive(Clone, Debug, PartialEq)]
+/// K rows are post-k_norm, post-RoPE keys, V rows the values (ARCH_SPEC "Gated full-attention layer"). Storage is
+/// laid out for the attention kernel, in blocks of [`KV_BLOCK`] = 64 positions: K as `[block, head, head_dim, 64]`
+/// (each block's keys of one head *transposed*, so 16 keys of one dimension are one vector) and V as `[block, head,
+/// 64, head_dim]`; one head's keys or values of one block are one contiguous run that streams from memory. Storage
+/// grows by whole blocks; [`KvPage::bytes`] counts the stored rows (the allocation rounds up to a block).
+#[derive(Clone, Debug)]
 pub struct KvPage {
     start: usize,
     page_size: usize,
@@ -60,8 +79,41 @@ pub struct KvPage {
     head_dim: usize,
     dtype: KvDtype,
     len: usize,
+    /// `[blocks, n_kv_heads, head_dim, KV_BLOCK]`.
     k: Rows,
+    /// `[blocks, n_kv_heads, KV_BLOCK, head_dim]`.
     v: Rows,
+}
+
+impl PartialEq for KvPage {
+    /// Pages are equal when they hold the same positions and rows (allocation size is not compared).
+    fn eq(&self, o: &Self) -> bool {
+        let meta = (
+            self.start,
+            self.page_size,
+            self.n_kv_heads,
+            self.head_dim,
+            self.dtype,
+            self.len,
+        ) == (
+            o.start,
+            o.page_size,
+            o.n_kv_heads,
+            o.head_dim,
+            o.dtype,
+            o.len,
+        );
+        if !meta {
+            return false;
+        }
+        let n = self.len * self.row_len();
+        let (mut k1, mut v1, mut k2, mut v2) =
+            (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        self.read_rows(0, self.len, &mut k1, &mut v1);
+        o.read_rows(0, o.len, &mut k2, &mut v2);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        bits(&k1) == bits(&k2) && bits(&v1) == bits(&v2)
+    }
 }
 
 impl KvPage {
@@ -162,9 +214,30 @@ impl KvPage {
             self.len,
             self.page_size
         );
-        self.k.push(k);
-        self.v.push(v);
+        let lay = self.layout();
+        let blocks = (self.len + n_rows).div_ceil(KV_BLOCK);
+        self.k.resize(blocks * lay.block_len());
+        self.v.resize(blocks * lay.block_len());
+        let len = self.len;
+        match (&mut self.k, &mut self.v) {
+            (Rows::F16(kd), Rows::F16(vd)) => {
+                let mut kc = vec![f16::ZERO; k.len()];
+                kc.convert_from_f32_slice(k);
+                let mut vc = vec![f16::ZERO; v.len()];
+                vc.convert_from_f32_slice(v);
+                scatter(lay, &kc, &vc, kd, vd, n_rows, len);
+            }
+            (Rows::F32(kd), Rows::F32(vd)) => scatter(lay, k, v, kd, vd, n_rows, len),
+            _ => unreachable!("K and V share the page dtype"),
+        }
         self.len += n_rows;
+    }
+
+    fn layout(&self) -> Layout {
+        Layout {
+            hkv: self.n_kv_heads,
+            dim: self.head_dim,
+        }
     }
 
     /// Reads page-relative rows `[r0, r1)` as f32 into `k_out`, `v_out`: `[r1 - r0, n_kv_heads, head_dim]`.
@@ -179,17 +252,30 @@ impl KvPage {
         let want = (r1 - r0) * self.row_len();
         assert_eq!(k_out.len(), want, "KvPage::read_rows: `k_out` length");
         assert_eq!(v_out.len(), want, "KvPage::read_rows: `v_out` length");
-        self.k.read(r0 * self.row_len(), k_out);
-        self.v.read(r0 * self.row_len(), v_out);
+        let (lay, dim) = (self.layout(), self.head_dim);
+        let rows = k_out
+            .chunks_exact_mut(self.row_len())
+            .zip(v_out.chunks_exact_mut(self.row_len()));
+        for (i, (kr, vr)) in rows.enumerate() {
+            for h in 0..self.n_kv_heads {
+                for d in 0..dim {
+                    kr[h * dim + d] = self.k.get(lay.k(r0 + i, h, d));
+                }
+                let at = lay.v(r0 + i, h);
+                for (d, o) in vr[h * dim..(h + 1) * dim].iter_mut().enumerate() {
+                    *o = self.v.get(at + d);
+                }
+            }
+        }
     }
 
     /// Keeps only the first `len` rows; no effect if `len >= self.len()` (like `Vec::truncate`).
     pub fn truncate(&mut self, len: usize) {
         if len < self.len {
             self.len = len;
-            let n = len * self.row_len();
-            self.k.truncate(n);
-            self.v.truncate(n);
+            let n = len.div_ceil(KV_BLOCK) * self.layout().block_len();
+            self.k.resize(n);
+            self.v.resize(n);
         }
     }
 
@@ -198,13 +284,37 @@ impl KvPage {
         2 * self.len * self.row_len() * self.dtype.size_of()
     }
 
-    /// K storage (crate-internal, for the attention kernel).
-    pub(crate) fn k_rows(&self) -> &Rows {
-        &self.k
+    /// Block `b` (`[b·64, b·64 + 64)` of the page) of KV head `h` (crate-internal, for the attention kernel): the
+    /// storage and the offsets of its K (`[head_dim][64]`, keys transposed) and of its V (`[64][head_dim]`); lanes
+    /// and rows at or past `len` hold no key (stale or zero values).
+    pub(crate) fn block(&self, b: usize, h: usize) -> (&Rows, usize, &Rows, usize) {
+        let lay = self.layout();
+        let k_at = lay.k(b * KV_BLOCK, h, 0);
+        let v_at = lay.v(b * KV_BLOCK, h);
+        (&self.k, k_at, &self.v, v_at)
     }
+}
 
-    /// V storage (crate-internal, for the attention kernel).
-    pub(crate) fn v_rows(&self) -> &Rows {
-        &self.v
+/// Writes `n_rows` rows of `k` and `v` (`[n_rows, hkv, dim]`, already in the storage dtype) as positions
+/// `len..len + n_rows` of the block layouts `kd`, `vd`.
+fn scatter<T: Copy>(
+    lay: Layout,
+    k: &[T],
+    v: &[T],
+    kd: &mut [T],
+    vd: &mut [T],
+    n_rows: usize,
+    len: usize,
+) {
+    let dim = lay.dim;
+    for i in 0..n_rows {
+        for h in 0..lay.hkv {
+            let src = (i * lay.hkv + h) * dim;
+            for d in 0..dim {
+                kd[lay.k(len + i, h, d)] = k[src + d];
+            }
+            let at = lay.v(len + i, h);
+            vd[at..at + dim].copy_from_slice(&v[src..src + dim]);
+        }
     }
 }

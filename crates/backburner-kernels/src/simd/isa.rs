@@ -202,45 +202,6 @@ pub(crate) fn dot<I: Isa>(isa: I, a: &[f32], b: &[f32]) -> f32 {
     dots::<I, 1, 1>(isa, [a], [b])[0][0]
 }
 
-/// `acc[d] = (((acc[d] + p[0]·x[0][d]) + p[1]·x[1][d]) + ...)` for every `d`: `K` row updates in order,
-/// with the same rounding as `K` separate `axpy`s but one pass over `acc`.
-///
-/// Panics if the rows are shorter than `acc`.
-#[inline(always)]
-pub(crate) fn axpy_rows<I: Isa, const K: usize>(
-    isa: I,
-    acc: &mut [f32],
-    p: [f32; K],
-    x: [&[f32]; K],
-) {
-    let n = acc.len();
-    assert!(
-        x.iter().all(|r| r.len() >= n),
-        "axpy_rows: rows shorter than acc"
-    );
-    let mut pv = [isa.zero(); K];
-    for k in 0..K {
-        pv[k] = isa.splat(p[k]);
-    }
-    let full = n / LANES * LANES;
-    let mut i = 0;
-    while i < full {
-        let mut a = isa.load(&acc[i..]);
-        for k in 0..K {
-            a = isa.mul_add(a, pv[k], isa.load(&x[k][i..]));
-        }
-        isa.store(a, &mut acc[i..]);
-        i += LANES;
-    }
-    for d in full..n {
-        let mut a = acc[d];
-        for k in 0..K {
-            a += p[k] * x[k][d];
-        }
-        acc[d] = a;
-    }
-}
-
 /// A unit of kernel work that [`dispatch`] compiles once per [`Isa`]. Implement `run` with
 /// `#[inline(always)]` and keep its hot helpers `#[inline(always)]`, so that the body is inlined into, and
 /// compiled for, each `#[target_feature]` entry point (element-wise loops then use the wide registers

@@ -1,7 +1,7 @@
 //! Vector helpers of the kernels.
 //!
 //! * [`isa`]: the explicit 16-lane vectors (plain Rust; AVX-512F, AVX2 and NEON in `arch`), the
-//!   register-blocked [`dots`] and [`axpy_rows`], and the [`Kernel`]/[`dispatch`] pair that compiles a
+//!   register-blocked [`dots`], and the [`Kernel`]/[`dispatch`] pair that compiles a
 //!   kernel body for the best instruction set the CPU has.
 //! * Here: element-wise loops written so that LLVM's loop vectorizer handles them (inside a dispatched
 //!   kernel they use the wide registers), and short reductions with a fixed lane structure.
@@ -15,7 +15,7 @@ mod isa;
 
 #[cfg(test)]
 pub(crate) use isa::ISA_CAP;
-pub(crate) use isa::{axpy_rows, dispatch, dot, dots, Isa, Kernel};
+pub(crate) use isa::{dispatch, dot, dots, Isa, Kernel};
 
 /// Number of interleaved partial sums of every reduction (one AVX-512 register of f32).
 pub(crate) const LANES: usize = 16;
@@ -148,6 +148,27 @@ pub(crate) fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
         let v = if mag >= 0x7c00 { special } else { finite };
         *d = f32::from_bits(v.to_bits() | ((h & 0x8000) << 16));
     }
+}
+
+/// Asks the CPU to bring the bytes `[p, p + len)` towards its caches (L2) ahead of use: a hint with no effect on
+/// results. Used where a kernel alternates bursts of loads with compute, so the next burst is already on its way
+/// (x86-64 `prefetcht1` per cache line; a no-op elsewhere).
+#[inline(always)]
+pub(crate) fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let bytes = std::mem::size_of_val(data);
+        let base = data.as_ptr().cast::<i8>();
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: prefetch never faults and the address lies inside `data`; SSE is in the x86-64 baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(off)) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// SiLU `x·σ(x) = x / (1 + e^{-x})` in f32.
