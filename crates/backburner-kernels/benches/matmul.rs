@@ -55,5 +55,36 @@ fn decode(c: &mut Criterion) {
     bench(c, 1, "matmul_decode_1");
 }
 
-criterion_group!(benches, prefill, decode);
+/// Decode as the model runs it: one row through a stack of matrices far larger than the caches (20 × the gate|up
+/// shape, 252 MB in bf16), so the weights stream from memory: compare with `bench local`'s read bandwidth.
+fn decode_stream(c: &mut Criterion) {
+    let mut r = StdRng::seed_from_u64(5);
+    let (n, k, count) = (6144, 1024, 20);
+    let ws: Vec<PackedMatrix> = (0..count)
+        .map(|_| PackedMatrix::from_f32(n, k, &uniform(&mut r, n * k), WeightDtype::Bf16))
+        .collect();
+    let x = uniform(&mut r, k);
+    let mut y = vec![0.0f32; n];
+    let mut group = c.benchmark_group("matmul_decode_stream");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes(ws.iter().map(|w| w.bytes() as u64).sum()));
+    for threads in [1usize, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        group.bench_function(BenchmarkId::new("bf16", format!("t{threads}")), |b| {
+            pool.install(|| {
+                b.iter(|| {
+                    for w in &ws {
+                        matmul(black_box(&x), 1, w, &mut y);
+                    }
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, prefill, decode, decode_stream);
 criterion_main!(benches);

@@ -165,7 +165,12 @@ impl Task<'_> {
     #[inline(always)]
     fn run_with<I: Isa, S: Src>(&self, isa: I, src: S) {
         if self.direct {
-            if I::WIDE {
+            if I::WIDE && self.m == 1 {
+                // One row: eight panels (eight memory streams) per pass keep more loads in flight; measured ~5 %
+                // faster than four at 1 thread on a weight stream far larger than the caches (alternating runs of
+                // the `matmul_decode_stream` bench).
+                self.direct_rows::<I, S, 8>(isa, src);
+            } else if I::WIDE {
                 self.direct_rows::<I, S, 4>(isa, src);
             } else {
                 self.direct_rows::<I, S, 2>(isa, src);
@@ -178,31 +183,41 @@ impl Task<'_> {
     }
 
     /// Few rows: each panel group is streamed once, weights widened in registers, the whole `k` chain in
-    /// registers.
+    /// registers. `NP` panels per pass (a multiple of 4, or at most 4); a task's last panels, when fewer than `NP`,
+    /// go 4 at a time (task ranges are whole groups of 4).
     #[inline(always)]
     fn direct_rows<I: Isa, S: Src, const NP: usize>(&self, isa: I, src: S) {
-        let k = self.w.k();
         let mut p = self.panels.start;
-        while p < self.panels.end {
-            let t = Tile {
-                a: self.a.as_ptr(),
-                a_stride: self.mr,
-                row0: 0,
-                panel: p,
-                kc: k,
-                first: true,
-            };
-            // SAFETY: `a` holds [k][mr] with mr = m; panels p..p+NP lie in the storage (it is padded to groups of
-            // 4 ≥ NP and task ranges are whole groups); rows 0..m of `out` exist.
-            unsafe {
-                match self.m {
-                    1 => self.tile::<I, S, 1, NP>(isa, src, t),
-                    2 => self.tile::<I, S, 2, NP>(isa, src, t),
-                    3 => self.tile::<I, S, 3, NP>(isa, src, t),
-                    _ => self.tile::<I, S, 4, NP>(isa, src, t),
-                }
-            }
+        while p + NP <= self.panels.end {
+            self.direct_pass::<I, S, NP>(isa, src, p);
             p += NP;
+        }
+        while p < self.panels.end {
+            self.direct_pass::<I, S, PANEL_GROUP>(isa, src, p);
+            p += PANEL_GROUP;
+        }
+    }
+
+    /// One pass of [`Task::direct_rows`] over panels `p..p + NP`.
+    #[inline(always)]
+    fn direct_pass<I: Isa, S: Src, const NP: usize>(&self, isa: I, src: S, p: usize) {
+        let t = Tile {
+            a: self.a.as_ptr(),
+            a_stride: self.mr,
+            row0: 0,
+            panel: p,
+            kc: self.w.k(),
+            first: true,
+        };
+        // SAFETY: `a` holds [k][mr] with mr = m; panels p..p+NP lie in the storage (the callers keep p + NP within
+        // the task's range, a whole number of groups inside the padded storage); rows 0..m of `out` exist.
+        unsafe {
+            match self.m {
+                1 => self.tile::<I, S, 1, NP>(isa, src, t),
+                2 => self.tile::<I, S, 2, NP>(isa, src, t),
+                3 => self.tile::<I, S, 3, NP>(isa, src, t),
+                _ => self.tile::<I, S, 4, NP>(isa, src, t),
+            }
         }
     }
 
