@@ -8,7 +8,7 @@ use half::f16;
 
 use crate::kv::page::Rows;
 use crate::kv::{KvPage, KV_BLOCK};
-use crate::simd::{dispatch, f16_to_f32, prefetch, scale, Isa, Kernel, LANES};
+use crate::simd::{dispatch, f16_to_f32, scale, Isa, Kernel, LANES};
 
 /// Keys per block: the page's storage block ([`KV_BLOCK`]).
 pub(super) const KEY_BLOCK: usize = KV_BLOCK;
@@ -186,9 +186,6 @@ impl Ctx<'_> {
         while kb0 < k1 {
             let nb = KEY_BLOCK.min(k1 - kb0);
             let b = kb0 / KEY_BLOCK;
-            if kb0 + nb < k1 {
-                prefetch_block(self.page, b + 1, g, dim);
-            }
             let step = Step { t0, t1, kb0, nb };
             if direct {
                 let (k, k_at, v, v_at) = self.page.block(b, g);
@@ -320,18 +317,6 @@ fn load_block<I: Isa>(
     read_run(isa, k, k_at, kt);
     let dim = vb.len() / KEY_BLOCK;
     read_run(isa, v, v_at, &mut vb[..nb * dim]);
-}
-
-/// Prefetches block `b` of kv head `g` (its keys and values) while the current block is computed.
-#[inline(always)]
-fn prefetch_block(page: &KvPage, b: usize, g: usize, dim: usize) {
-    let (k, k_at, v, v_at) = page.block(b, g);
-    for (rows, at) in [(k, k_at), (v, v_at)] {
-        match rows {
-            Rows::F32(d) => prefetch(&d[at..at + dim * KEY_BLOCK]),
-            Rows::F16(d) => prefetch(&d[at..at + dim * KEY_BLOCK]),
-        }
-    }
 }
 
 /// `dst = storage[at..at + dst.len()]` as f32 (f16 widened exactly, 16 at a time with the vector conversion).

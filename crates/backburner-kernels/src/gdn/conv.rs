@@ -70,6 +70,9 @@ pub fn causal_conv1d_silu(
     if conv_dim == 0 {
         return;
     }
+    if n_tokens == 1 {
+        return conv_one_token(x, kernel, weight, state, out);
+    }
 
     // Transpose weight to [kernel, conv_dim] and the state to rows [h, conv_dim] so every inner loop runs
     // contiguously over channels.
@@ -118,6 +121,26 @@ pub fn causal_conv1d_silu(
     for c in 0..conv_dim {
         for s in 0..h {
             state[c * h + s] = new_rows[s * conv_dim + c];
+        }
+    }
+}
+
+/// The decode case of [`causal_conv1d_silu`] (one token), channel by channel with no buffers: the same operations in
+/// the same order as the general path (`acc += w[c][j]·xe[j][c]` for `j` in order, then SiLU).
+fn conv_one_token(x: &[f32], kernel: usize, weight: &[f32], state: &mut [f32], out: &mut [f32]) {
+    let h = kernel - 1;
+    for (c, o) in out.iter_mut().enumerate() {
+        let w = &weight[c * kernel..(c + 1) * kernel];
+        let st = &mut state[c * h..(c + 1) * h];
+        let mut acc = 0.0f32;
+        for j in 0..h {
+            acc += w[j] * st[j];
+        }
+        acc += w[h] * x[c];
+        *o = silu(acc);
+        if h > 0 {
+            st.copy_within(1.., 0);
+            st[h - 1] = x[c];
         }
     }
 }

@@ -150,27 +150,6 @@ pub(crate) fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
     }
 }
 
-/// Asks the CPU to bring the bytes `[p, p + len)` towards its caches (L2) ahead of use: a hint with no effect on
-/// results. Used where a kernel alternates bursts of loads with compute, so the next burst is already on its way
-/// (x86-64 `prefetcht1` per cache line; a no-op elsewhere).
-#[inline(always)]
-pub(crate) fn prefetch<T>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let bytes = std::mem::size_of_val(data);
-        let base = data.as_ptr().cast::<i8>();
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: prefetch never faults and the address lies inside `data`; SSE is in the x86-64 baseline.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.add(off)) };
-            off += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
 /// SiLU `x·σ(x) = x / (1 + e^{-x})` in f32.
 #[inline]
 pub(crate) fn silu(x: f32) -> f32 {
