@@ -1,8 +1,8 @@
 //! Register-blocked small matrix products for the chunked delta rule.
 //!
-//! Every output element is accumulated as `c ← c + a_k·b_k` for `k` in increasing order (product rounded,
-//! then sum rounded — no FMA), whatever the tiling and the [`Isa`], so these give exactly the bits of the
-//! obvious `for k { axpy(c_row, a[i][k], b_row_k) }` loops.
+//! Every output element is accumulated as `c ← fma(a_k, b_k, c)` for `k` in increasing order (one rounding per
+//! step), whatever the tiling and the [`Isa`], so these give exactly the bits of the obvious
+//! `for k { c = a[i][k].mul_add(b[k], c) }` loops.
 
 use crate::simd::{Isa, LANES};
 
@@ -120,7 +120,7 @@ fn rows_tile<I: Isa, const R: usize>(
             let i = i0 + r;
             let mut acc = c[i * n + col];
             for k in 0..kdim {
-                acc += a.at(i, k) * b[k * n + col];
+                acc = a.at(i, k).mul_add(b[k * n + col], acc);
             }
             c[i * n + col] = acc;
         }
@@ -156,7 +156,7 @@ fn tile<I: Isa, const R: usize, const V: usize>(
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let ak = isa.splat(a.at(i0 + r, k));
             for (acc_rv, bvv) in acc_r.iter_mut().zip(&bv) {
-                *acc_rv = isa.mul_add(*acc_rv, ak, *bvv);
+                *acc_rv = isa.fma(*acc_rv, ak, *bvv);
             }
         }
     }

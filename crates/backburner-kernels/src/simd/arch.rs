@@ -8,18 +8,17 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, __m512, _mm256_add_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
     _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_extractf128_ps, _mm256_fmadd_ps,
-    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps,
-    _mm256_slli_epi32, _mm256_storeu_ps, _mm512_add_ps, _mm512_castps512_ps256,
-    _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32,
-    _mm512_storeu_ps, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps,
-    _mm_shuffle_ps,
+    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_set1_ps, _mm256_setzero_ps, _mm256_slli_epi32,
+    _mm256_storeu_ps, _mm512_add_ps, _mm512_castps512_ps256, _mm512_castsi512_ps,
+    _mm512_cvtepu16_epi32, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps,
+    _mm512_setzero_ps, _mm512_shuffle_f32x4, _mm512_slli_epi32, _mm512_storeu_ps, _mm_add_ps,
+    _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps, _mm_shuffle_ps,
 };
 
 #[cfg(target_arch = "aarch64")]
 use std::arch::aarch64::{
-    float32x4_t, vaddq_f32, vdupq_n_f32, vfmaq_f32, vld1_u16, vld1q_f32, vmulq_f32,
-    vreinterpretq_f32_u32, vshll_n_u16, vst1q_f32,
+    float32x4_t, vdupq_n_f32, vfmaq_f32, vld1_u16, vld1q_f32, vreinterpretq_f32_u32, vshll_n_u16,
+    vst1q_f32,
 };
 
 use super::{Isa, LANES};
@@ -64,17 +63,6 @@ impl Isa for Avx2 {
         unsafe {
             _mm256_storeu_ps(s.as_mut_ptr(), v[0]);
             _mm256_storeu_ps(s.as_mut_ptr().add(8), v[1]);
-        }
-    }
-
-    #[inline(always)]
-    fn mul_add(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: AVX2 is supported (token).
-        unsafe {
-            [
-                _mm256_add_ps(acc[0], _mm256_mul_ps(a[0], b[0])),
-                _mm256_add_ps(acc[1], _mm256_mul_ps(a[1], b[1])),
-            ]
         }
     }
 
@@ -183,12 +171,6 @@ impl Isa for Avx512 {
     }
 
     #[inline(always)]
-    fn mul_add(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: AVX-512F is supported (token).
-        unsafe { _mm512_add_ps(acc, _mm512_mul_ps(a, b)) }
-    }
-
-    #[inline(always)]
     fn lanes(self, v: Self::V) -> [f32; LANES] {
         // SAFETY: an __m512 is 16 f32 in lane order.
         unsafe { std::mem::transmute::<__m512, [f32; LANES]>(v) }
@@ -290,20 +272,6 @@ impl Isa for Neon {
             for (q, x) in v.iter().enumerate() {
                 vst1q_f32(p.add(4 * q), *x);
             }
-        }
-    }
-
-    #[inline(always)]
-    fn mul_add(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
-        // Separate multiply and add (not vfmaq_f32): the same rounding as every other path.
-        // SAFETY: NEON is part of the aarch64 baseline.
-        unsafe {
-            [
-                vaddq_f32(acc[0], vmulq_f32(a[0], b[0])),
-                vaddq_f32(acc[1], vmulq_f32(a[1], b[1])),
-                vaddq_f32(acc[2], vmulq_f32(a[2], b[2])),
-                vaddq_f32(acc[3], vmulq_f32(a[3], b[3])),
-            ]
         }
     }
 

@@ -4,7 +4,8 @@
 //! accumulators) from plain Rust, so the lanes are explicit: an [`Isa`] is a zero-sized token whose
 //! existence proves the CPU supports its instructions, and whose [`Isa::V`] holds 16 f32 lanes (one
 //! `__m512`, two `__m256`, four NEON registers — see `arch.rs` — or a plain array here). Lane `l` means the
-//! same thing in every implementation and no path uses FMA, so [`dots`] gives the same bits on all of them.
+//! same thing in every implementation and every product is an exactly specified fused multiply-add, so [`dots`]
+//! gives the same bits on all of them.
 
 #[cfg(target_arch = "aarch64")]
 use super::arch::Neon;
@@ -24,8 +25,6 @@ pub(crate) trait Isa: Copy {
     fn splat(self, x: f32) -> Self::V;
     /// Writes the lanes to `s[..16]`; panics if `s.len() < 16`.
     fn store(self, v: Self::V, s: &mut [f32]);
-    /// `acc + a·b` lane-wise, rounded after the product and after the sum (no FMA).
-    fn mul_add(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
     /// The lanes as an array, lane 0 first.
     fn lanes(self, v: Self::V) -> [f32; LANES];
     /// `acc + a·b` lane-wise with a single rounding (fused multiply-add, IEEE 754 `fusedMultiplyAdd`): the
@@ -88,14 +87,6 @@ impl Isa for Scalar {
     }
 
     #[inline(always)]
-    fn mul_add(self, mut acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
-        for l in 0..LANES {
-            acc[l] += a[l] * b[l];
-        }
-        acc
-    }
-
-    #[inline(always)]
     fn lanes(self, v: Self::V) -> [f32; LANES] {
         v
     }
@@ -145,8 +136,8 @@ impl Isa for Scalar {
 
 /// All `R × C` dot products `a[r]·b[c]`, sharing every load across the others (register blocking).
 ///
-/// Product `(r, c)` is accumulated in 16 lanes (lane `l` sums the indices `≡ l` mod 16 in increasing
-/// order, the tail `n mod 16` going to lanes `0..`) and the lanes are tree-reduced by [`reduce_lanes`],
+/// Product `(r, c)` is accumulated in 16 lanes by fused multiply-adds (lane `l` takes the indices `≡ l` mod 16 in
+/// increasing order, the tail `n mod 16` going to lanes `0..`) and the lanes are tree-reduced by [`reduce_lanes`],
 /// so every entry has the bits of `dot(a[r], b[c])` whatever `R`, `C` and the [`Isa`].
 ///
 /// Panics if the slices do not all have the same length.
@@ -172,7 +163,7 @@ pub(crate) fn dots<I: Isa, const R: usize, const C: usize>(
         for r in 0..R {
             let av = isa.load(&a[r][i..]);
             for c in 0..C {
-                acc[r][c] = isa.mul_add(acc[r][c], av, bv[c]);
+                acc[r][c] = isa.fma(acc[r][c], av, bv[c]);
             }
         }
         i += LANES;
@@ -185,7 +176,7 @@ pub(crate) fn dots<I: Isa, const R: usize, const C: usize>(
             } else {
                 let mut lanes = isa.lanes(acc[r][c]);
                 for l in 0..n - full {
-                    lanes[l] += a[r][full + l] * b[c][full + l];
+                    lanes[l] = a[r][full + l].mul_add(b[c][full + l], lanes[l]);
                 }
                 reduce_lanes(lanes)
             };
