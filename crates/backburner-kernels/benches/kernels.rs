@@ -27,8 +27,11 @@ fn bench_attend_page(c: &mut Criterion) {
         page.append(&k, &v, page_size);
         for n_tokens in [1usize, 64, 512] {
             let q = uniform(&mut r, n_tokens * n_heads * dim, -1.0, 1.0);
-            // Queries after the page: every query sees all 4096 keys.
-            group.throughput(Throughput::Elements((n_tokens * page_size) as u64));
+            // Queries after the page: every query sees all 4096 keys. Throughput in FLOP (2 per multiply-add of
+            // q·k and of p·v): "elem/s" reads as FLOP/s, to set beside the FMA peak (roofline).
+            group.throughput(Throughput::Elements(
+                (4 * n_heads * dim * n_tokens * page_size) as u64,
+            ));
             group.bench_with_input(
                 BenchmarkId::new(format!("{dtype}"), n_tokens),
                 &n_tokens,
@@ -95,7 +98,11 @@ fn bench_delta_rule(c: &mut Criterion) {
     let x = gdn_inputs(512);
     let state = vec![0.0f32; x.d.n_v_heads * x.d.d_k * x.d.d_v];
     let mut out = vec![0.0f32; 512 * x.d.n_v_heads * x.d.d_v];
-    group.throughput(Throughput::Elements(512));
+    // FLOP of the chunked form per chunk of c tokens and v head: three c×dk×dv products (W·S, Q·S, Kᵀ·V') and five
+    // triangular c×c products over dk or dv (K·Kᵀ, two substitutions, Q·Kᵀ, A·V'), 2 FLOP per multiply-add.
+    let (c, dk, dv) = (64u64, x.d.d_k as u64, x.d.d_v as u64);
+    let per_chunk = 3 * 2 * c * dk * dv + c * c * (3 * dk + 2 * dv);
+    group.throughput(Throughput::Elements(per_chunk * (512 / c) * x.d.n_v_heads as u64));
     group.bench_function("chunked_512", |b| {
         b.iter(|| {
             let mut s = state.clone();
@@ -103,6 +110,7 @@ fn bench_delta_rule(c: &mut Criterion) {
             black_box(&out);
         })
     });
+    group.throughput(Throughput::Elements(512));
     group.bench_function("recurrent_512", |b| {
         b.iter(|| {
             let mut s = state.clone();
