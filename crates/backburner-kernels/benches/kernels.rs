@@ -102,7 +102,9 @@ fn bench_delta_rule(c: &mut Criterion) {
     // triangular c×c products over dk or dv (K·Kᵀ, two substitutions, Q·Kᵀ, A·V'), 2 FLOP per multiply-add.
     let (c, dk, dv) = (64u64, x.d.d_k as u64, x.d.d_v as u64);
     let per_chunk = 3 * 2 * c * dk * dv + c * c * (3 * dk + 2 * dv);
-    group.throughput(Throughput::Elements(per_chunk * (512 / c) * x.d.n_v_heads as u64));
+    group.throughput(Throughput::Elements(
+        per_chunk * (512 / c) * x.d.n_v_heads as u64,
+    ));
     group.bench_function("chunked_512", |b| {
         b.iter(|| {
             let mut s = state.clone();

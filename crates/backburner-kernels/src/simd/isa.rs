@@ -111,14 +111,8 @@ impl Isa for Scalar {
 
     #[inline(always)]
     unsafe fn load_f16(self, p: *const u16) -> Self::V {
-        let mut bits = [half::f16::ZERO; LANES];
-        for (l, x) in bits.iter_mut().enumerate() {
-            // SAFETY: the caller guarantees 16 readable u16s at p.
-            *x = half::f16::from_bits(unsafe { p.add(l).read_unaligned() });
-        }
-        let mut v = [0.0f32; LANES];
-        super::f16_to_f32(&bits, &mut v);
-        v
+        // SAFETY: forwarded from the caller.
+        unsafe { super::f16x16_to_f32(p) }
     }
 
     #[inline(always)]

@@ -154,6 +154,23 @@ pub(crate) fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
     }
 }
 
+/// 16 IEEE binary16 bit patterns at `p` widened to f32 exactly (the portable `load_f16` of the [`Isa`]s without a
+/// conversion instruction).
+///
+/// # Safety
+/// `p` must be valid for reading 16 `u16`s (no alignment needed).
+#[inline(always)]
+pub(crate) unsafe fn f16x16_to_f32(p: *const u16) -> [f32; LANES] {
+    let mut bits = [half::f16::ZERO; LANES];
+    for (l, x) in bits.iter_mut().enumerate() {
+        // SAFETY: the caller guarantees 16 readable u16s at p.
+        *x = half::f16::from_bits(unsafe { p.add(l).read_unaligned() });
+    }
+    let mut v = [0.0f32; LANES];
+    f16_to_f32(&bits, &mut v);
+    v
+}
+
 /// SiLU `x·σ(x) = x / (1 + e^{-x})` in f32.
 #[inline]
 pub(crate) fn silu(x: f32) -> f32 {
