@@ -53,6 +53,45 @@ fn all_three_fixture_layouts_load_with_the_right_config() {
 }
 
 #[test]
+fn weights_stay_in_the_checkpoint_dtype_and_hold_its_bytes() {
+    use backburner_kernels::matmul::WeightDtype;
+    use backburner_model::model::Mixer;
+    use backburner_model::Linear;
+    // Packed panels round the outputs up to groups of 64 (4 panels of 16); nothing else is added or widened.
+    let held =
+        |l: &Linear| l.out_features().div_ceil(64) * 64 * l.in_features() * l.dtype().size_of();
+    for (name, dtype) in [
+        ("tiny-f32", WeightDtype::F32),
+        ("tiny-bf16", WeightDtype::Bf16),
+        ("tiny-hub", WeightDtype::F16),
+    ] {
+        let m = Model::load(&fixture(name)).unwrap();
+        let mut want = 0;
+        for i in 0..m.config().num_hidden_layers {
+            let layer = m.layer(i).unwrap();
+            let mut lins = vec![&layer.gate_up, &layer.down];
+            match &layer.mixer {
+                Mixer::Linear(w) => lins.extend([&w.in_proj, &w.out_proj]),
+                Mixer::Attention(w) => lins.extend([&w.qkv, &w.o_proj]),
+            }
+            for l in lins {
+                assert_eq!(l.dtype(), dtype, "{name} layer {i}");
+                assert_eq!(l.bytes(), held(l), "{name} layer {i}");
+                want += held(l);
+            }
+        }
+        let c = m.config();
+        let table = c.vocab_size.div_ceil(64) * 64 * c.hidden_size * dtype.size_of();
+        want += if c.tie_word_embeddings {
+            table
+        } else {
+            2 * table
+        };
+        assert_eq!(m.weight_bytes(), want, "{name}");
+    }
+}
+
+#[test]
 fn layer_kinds_come_from_full_attention_interval_without_layer_types() {
     let text = r#"{"model_type":"qwen3_5_text","num_hidden_layers":8,"full_attention_interval":4}"#;
     let c = ModelConfig::from_json_str(text).unwrap();
