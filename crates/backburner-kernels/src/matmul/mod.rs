@@ -25,6 +25,7 @@
 
 mod kernel;
 mod pack;
+mod src;
 
 pub use kernel::{matmul, matmul_reference};
 pub use pack::{PackError, PackedMatrix, RowMajor, WeightDtype};
