@@ -30,9 +30,17 @@ pub struct WorkerArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Most bytes of state (KV rows + recurrent state) to hold; 0 = unlimited. Suffixes K, M, G (binary) allowed.
-    #[arg(long, default_value = "0")]
-    max_memory: String,
+    /// Most bytes of session state (KV rows, recurrent states) and request buffers, all sessions together; default
+    /// half the machine's memory. Suffixes K, M, G (binary) allowed.
+    #[arg(long)]
+    max_memory: Option<String>,
+    /// Most host sessions served at once; more get a Busy error and run locally.
+    #[arg(long, default_value_t = 8)]
+    max_sessions: usize,
+    /// Most tokens per ubatch a host may send (bounds one request's compute); hosts with a larger --ubatch run
+    /// locally.
+    #[arg(long, default_value_t = 4096)]
+    max_ubatch: usize,
     /// File holding the shared secret (or set BACKBURNER_SECRET).
     #[arg(long)]
     secret_file: Option<PathBuf>,
@@ -140,30 +148,38 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         Some(d) => d,
         None => default_model::ensure()?,
     };
-    let worker = Worker::bind(
-        &addr.to_string(),
-        WorkerOptions {
-            model_dir: model_dir.clone(),
-            layers: layers.clone(),
-            threads,
-            max_memory: parse_bytes(&a.max_memory)?,
-            secret,
-            idle_timeout: Duration::from_secs(a.idle_timeout.max(1)),
-            max_frame: 1 << 30,
-            exit_after_frames: a.exit_after_frames,
-        },
-    )?;
+    let max_memory = match a.max_memory.as_deref() {
+        Some(m) => parse_bytes(m)?,
+        None => backburner_engine::worker::default_max_memory(),
+    };
+    if max_memory == 0 {
+        bail!("--max-memory 0: the worker needs some memory for session state (e.g. 2G)");
+    }
+    if a.max_sessions == 0 || a.max_ubatch == 0 {
+        bail!("--max-sessions and --max-ubatch must be at least 1");
+    }
+    let mut opts = WorkerOptions::new(model_dir.clone());
+    opts.layers = layers.clone();
+    opts.threads = threads;
+    opts.max_memory = max_memory;
+    opts.secret = secret;
+    opts.idle_timeout = Duration::from_secs(a.idle_timeout.max(1));
+    opts.max_sessions = a.max_sessions;
+    opts.max_ubatch = a.max_ubatch;
+    opts.exit_after_frames = a.exit_after_frames;
+    let worker = Worker::bind(&addr.to_string(), opts)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     ctrlc::set_handler(move || s2.store(true, Ordering::Relaxed))
         .context("install the SIGINT/SIGTERM handler")?;
     eprintln!(
-        "backburner worker listening on {} (model {}, layers {}, {threads} threads)",
+        "backburner worker listening on {} (model {}, layers {}, {threads} threads, {} MiB for state)",
         worker.local_addr(),
         model_dir.display(),
         layers
             .map(|r| format!("{}..{}", r.start, r.end))
-            .unwrap_or_else(|| "from the host".into())
+            .unwrap_or_else(|| "from the host".into()),
+        max_memory >> 20
     );
     worker.serve(stop);
     eprintln!("backburner worker: shut down");

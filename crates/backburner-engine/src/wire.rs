@@ -44,25 +44,33 @@ fn get(b: &[u8], dtype: KvDtype) -> Vec<f32> {
     }
 }
 
-/// Size in bytes of a payload for `n_rows` positions over `layers` (with or without linear states).
+/// Size in bytes of a payload for `n_rows` positions over `layers` (with or without linear states), or `None` when
+/// it does not fit in `usize` (a size taken from the wire may be anything).
 pub fn payload_len(
     cfg: &ModelConfig,
     layers: Range<usize>,
     n_rows: usize,
     dtype: KvDtype,
     linear: bool,
-) -> usize {
-    let row = cfg.num_key_value_heads * cfg.head_dim * elem(dtype);
+) -> Option<usize> {
+    let row = (cfg.num_key_value_heads * cfg.head_dim * elem(dtype)).checked_mul(2)?;
     let lin = 4
         * (cfg.conv_dim() * (cfg.linear_conv_kernel_dim - 1)
             + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim);
-    layers
-        .map(|i| match cfg.layer_types[i] {
-            LayerKind::FullAttention => 2 * n_rows * row,
+    layers.clone().try_fold(0usize, |acc, i| {
+        let add = match cfg.layer_types.get(i)? {
+            LayerKind::FullAttention => n_rows.checked_mul(row)?,
             LayerKind::LinearAttention if linear => lin,
             LayerKind::LinearAttention => 0,
-        })
-        .sum()
+        };
+        acc.checked_add(add)
+    })
+}
+
+/// Bytes of K and V rows of one full-attention layer as f32 (the transient buffer encoding or applying a payload
+/// allocates per layer), or `None` on overflow.
+pub fn layer_rows_f32_bytes(cfg: &ModelConfig, n_rows: usize) -> Option<usize> {
+    n_rows.checked_mul(8 * cfg.num_key_value_heads * cfg.head_dim)
 }
 
 /// Encodes rows `[p0, p1)` of the attention layers of `layers` and (if `linear`) the linear states.
@@ -75,7 +83,8 @@ pub fn encode(
     linear: bool,
 ) -> Vec<u8> {
     let dtype = state.kv_options().dtype;
-    let mut out = Vec::with_capacity(payload_len(cfg, layers.clone(), p1 - p0, dtype, linear));
+    let mut out =
+        Vec::with_capacity(payload_len(cfg, layers.clone(), p1 - p0, dtype, linear).unwrap_or(0));
     for i in layers.clone() {
         if let Some((k, v)) = state.read_kv_rows(i, p0, p1) {
             put(&mut out, &k, dtype);
@@ -111,9 +120,9 @@ pub fn apply(
 ) -> Result<(), LinkError> {
     let dtype = state.kv_options().dtype;
     let want = payload_len(cfg, layers.clone(), n_rows, dtype, linear);
-    if payload.len() != want {
+    if Some(payload.len()) != want {
         return Err(LinkError::Malformed(format!(
-            "state payload is {} bytes, expected {want} for {n_rows} rows of layers {layers:?}",
+            "state payload is {} bytes, expected {want:?} for {n_rows} rows of layers {layers:?}",
             payload.len()
         )));
     }

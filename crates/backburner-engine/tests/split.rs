@@ -50,20 +50,18 @@ fn start_worker(
     layers: Option<std::ops::Range<usize>>,
     secret: Option<&[u8]>,
 ) -> RunningWorker {
-    let w = Worker::bind(
-        "127.0.0.1:0",
-        WorkerOptions {
-            model_dir: dir.to_path_buf(),
-            layers,
-            threads: 1,
-            max_memory: 0,
-            secret: secret.map(|s| s.to_vec()),
-            idle_timeout: Duration::from_secs(30),
-            max_frame: 1 << 30,
-            exit_after_frames: None,
-        },
-    )
-    .unwrap();
+    start_worker_with(dir, |o| {
+        o.layers = layers;
+        o.secret = secret.map(|s| s.to_vec());
+    })
+}
+
+fn start_worker_with(dir: &Path, edit: impl FnOnce(&mut WorkerOptions)) -> RunningWorker {
+    let mut o = WorkerOptions::new(dir.to_path_buf());
+    o.threads = 1;
+    o.idle_timeout = Duration::from_secs(30);
+    edit(&mut o);
+    let w = Worker::bind("127.0.0.1:0", o).unwrap();
     let addr = w.local_addr().to_string();
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
@@ -392,7 +390,7 @@ fn bad_hosts_get_typed_errors_and_the_worker_keeps_serving() {
     }
     // an invalid split layer is refused by the host before it asks
     match handshake_error(&w.addr, f.dir.path(), 3, b"s3cret") {
-        LinkError::Malformed(m) => assert!(m.contains("cycle boundary"), "{m}"),
+        LinkError::Refused(m) => assert!(m.contains("cycle boundary"), "{m}"),
         e => panic!("{e:?}"),
     }
     // garbage bytes
@@ -408,6 +406,7 @@ fn bad_hosts_get_typed_errors_and_the_worker_keeps_serving() {
     h.extend_from_slice(&1u16.to_le_bytes());
     h.extend_from_slice(&0u32.to_le_bytes());
     h.extend_from_slice(&u32::MAX.to_le_bytes());
+    h.extend_from_slice(&0u64.to_le_bytes());
     o.write_all(&h).unwrap();
     let mut rest = Vec::new();
     let _ = o.read_to_end(&mut rest); // the worker closes the connection
@@ -436,26 +435,36 @@ fn bad_hosts_get_typed_errors_and_the_worker_keeps_serving() {
 }
 
 #[test]
-fn a_second_host_gets_busy() {
+fn hosts_share_a_worker_up_to_max_sessions_and_a_late_one_gets_busy() {
     let f = model_with_layers(8, 7);
-    let w = start_worker(f.dir.path(), None, None);
+    let w = start_worker_with(f.dir.path(), |o| o.max_sessions = 2);
+    let cfg = f.model.config();
     let mut first = client(f.dir.path(), &w.addr, Some(4), b"");
-    first
-        .ping(f.model.config(), KvDtype::F16, 64, UBATCH, b"hello")
+    first.ping(cfg, KvDtype::F16, 64, UBATCH, b"hello").unwrap();
+    let mut second = client(f.dir.path(), &w.addr, Some(4), b"");
+    second
+        .ping(cfg, KvDtype::F16, 64, UBATCH, b"again")
         .unwrap();
     match handshake_error(&w.addr, f.dir.path(), 4, b"") {
         LinkError::Remote {
             code: ErrorCode::Busy,
-            ..
-        } => {}
+            message,
+        } => assert!(message.contains("max-sessions"), "{message}"),
         e => panic!("{e:?}"),
     }
+    // both sessions keep working side by side
+    first
+        .ping(cfg, KvDtype::F16, 64, UBATCH, &[1u8; 1000])
+        .unwrap();
+    second
+        .ping(cfg, KvDtype::F16, 64, UBATCH, &[2u8; 1000])
+        .unwrap();
     drop(first);
     std::thread::sleep(Duration::from_millis(100));
     let mut again = client(f.dir.path(), &w.addr, Some(4), b"");
     let rtt = again
-        .ping(f.model.config(), KvDtype::F16, 64, UBATCH, &[7u8; 16])
+        .ping(cfg, KvDtype::F16, 64, UBATCH, &[7u8; 16])
         .unwrap();
     assert!(rtt < Duration::from_secs(5));
-    let _ = Conn::connect; // the client owns its connection; dropping it frees the worker
+    let _ = Conn::connect; // the client owns its connection; dropping it frees its slot
 }

@@ -34,6 +34,11 @@ pub fn verify(key: &[u8], label: &[u8], parts: &[&[u8]], tag: &[u8; 32]) -> bool
     m.verify_slice(tag).is_ok()
 }
 
+/// Constant-time equality of two MACs.
+pub fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Reads a shared secret: the file's contents with surrounding whitespace trimmed. Errors if it is empty.
 pub fn read_secret_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     let s = std::fs::read(path)?;

@@ -1,14 +1,18 @@
-//! A TCP connection carrying frames, with byte counters, per-read timeouts and an optional shaper that emulates a
-//! slower link (one-way delay and rate) in user space (the kernel here has no netem).
+//! A TCP connection carrying frames: whole-message deadlines on both halves, byte counters, per-frame sealing after
+//! the handshake, and an optional shaper that emulates a slower link (one-way delay and rate) in user space (the
+//! kernel here has no netem).
 
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::codec::{decode_body, encode_control, encode_frame, wire_body_len};
+use crate::crypto::FrameKey;
+use crate::crypto::SessionKeys;
 use crate::error::{ErrorCode, LinkError};
-use crate::frame::{read_frame, write_frame, Frame, Kind, DEFAULT_MAX_TENSOR};
+use crate::frame::{Frame, Header, Kind, DEFAULT_MAX_TENSOR, HEADER_LEN};
 use crate::message::ErrorMsg;
 
 /// Bytes sent and received on a connection (shared by its reader and writer halves).
@@ -49,32 +53,162 @@ impl Shaper {
     }
 }
 
+/// A point in time by which a whole message must have been read or written, and the budget it was set from (for
+/// the error message).
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    at: Instant,
+    budget: Duration,
+}
+
+impl Deadline {
+    fn after(budget: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + budget,
+            budget,
+        }
+    }
+
+    /// Time left, or the timeout error.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left.max(Duration::from_millis(1)))
+    }
+}
+
+/// How long a frame may take once its first byte has arrived: `base + bytes / min_rate`. Set on a worker, whose
+/// idle wait between requests is long but whose requests must arrive at a useful pace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    /// Fixed allowance per frame.
+    pub base: Duration,
+    /// Slowest accepted transfer rate (bytes per second, > 0).
+    pub min_rate: u64,
+}
+
+impl Pace {
+    /// The allowance for `bytes` bytes.
+    pub fn allowance(&self, bytes: usize) -> Duration {
+        self.base + Duration::from_secs_f64(bytes as f64 / self.min_rate.max(1) as f64)
+    }
+}
+
+/// The socket under the reader: every read waits at most until the deadline.
+#[derive(Debug)]
+struct DeadlineStream {
+    s: TcpStream,
+    deadline: Option<Deadline>,
+    applied: Option<Option<Duration>>,
+}
+
+impl DeadlineStream {
+    fn set_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()> {
+        if self.applied != Some(t) {
+            self.s.set_read_timeout(t)?;
+            self.applied = Some(t);
+        }
+        Ok(())
+    }
+}
+
+impl Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let t = self.deadline.map(|d| d.left()).transpose()?;
+        self.set_timeout(t)?;
+        self.s.read(buf)
+    }
+}
+
+fn map_io(e: std::io::Error, d: Option<Deadline>) -> LinkError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            LinkError::Timeout(d.map(|d| d.budget).unwrap_or_default())
+        }
+        _ => LinkError::Io(e),
+    }
+}
+
 /// The writing half of a connection.
 #[derive(Debug)]
 pub struct FrameWriter {
-    w: BufWriter<TcpStream>,
+    s: TcpStream,
+    buf: Vec<u8>,
     counters: Arc<Counters>,
     shaper: Option<Shaper>,
+    key: Option<FrameKey>,
+    session: u64,
+    deadline: Option<Deadline>,
 }
 
 impl FrameWriter {
-    /// Sends one frame. Errors: [`LinkError::Io`] (a dead peer shows up here or on the next read).
+    /// Sends one frame (sealed after the handshake) within the writer's deadline; returns the bytes written.
+    ///
+    /// Errors: [`LinkError::Timeout`] when the peer does not take the bytes in time, [`LinkError::Io`] (a dead peer
+    /// shows up here or on the next read), [`LinkError::FrameTooLarge`] for a section over its bound.
     pub fn send<T: serde::Serialize>(
         &mut self,
         kind: Kind,
         control: &T,
         tensor: &[u8],
     ) -> Result<usize, LinkError> {
-        if let Some(s) = &self.shaper {
-            s.hold(crate::frame::HEADER_LEN + tensor.len());
-        }
-        let n = write_frame(&mut self.w, kind, control, tensor)?;
-        self.counters.sent.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
+        let c = encode_control(control)?;
+        self.send_raw(kind, &c, tensor).map(|(_, n)| n)
     }
 
-    /// Sends an `Error` frame (best effort).
+    /// Sends a frame whose control section is already encoded; returns its header and the bytes written.
+    pub fn send_raw(
+        &mut self,
+        kind: Kind,
+        control: &[u8],
+        tensor: &[u8],
+    ) -> Result<(Header, usize), LinkError> {
+        if let Some(s) = &self.shaper {
+            s.hold(HEADER_LEN + tensor.len());
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let r = encode_frame(
+            &mut buf,
+            kind,
+            control,
+            tensor,
+            self.session,
+            self.key.as_mut(),
+        )
+        .and_then(|h| self.write_all(&buf).map(|()| (h, buf.len())));
+        // keep a small buffer around for the next frame, not the largest one ever sent
+        if buf.capacity() <= 1 << 20 {
+            self.buf = buf;
+        }
+        let (h, n) = r?;
+        self.counters.sent.fetch_add(n as u64, Ordering::Relaxed);
+        Ok((h, n))
+    }
+
+    fn write_all(&mut self, mut b: &[u8]) -> Result<(), LinkError> {
+        while !b.is_empty() {
+            let t = self
+                .deadline
+                .map(|d| d.left())
+                .transpose()
+                .map_err(|e| map_io(e, self.deadline))?;
+            self.s.set_write_timeout(t)?;
+            match self.s.write(b) {
+                Ok(0) => return Err(LinkError::Closed),
+                Ok(n) => b = &b[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map_io(e, self.deadline)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends an `Error` frame, best effort, waiting at most 1 s for the peer to take it.
     pub fn send_error(&mut self, code: ErrorCode, message: impl Into<String>) {
+        let keep = self.deadline;
+        self.deadline = Some(Deadline::after(Duration::from_secs(1)));
         let _ = self.send(
             Kind::Error,
             &ErrorMsg {
@@ -83,29 +217,89 @@ impl FrameWriter {
             },
             &[],
         );
+        self.deadline = keep;
+    }
+
+    /// Every later send must complete within `d` from now (None = no deadline).
+    pub fn set_deadline(&mut self, d: Option<Duration>) {
+        self.deadline = d.map(Deadline::after);
     }
 }
 
 /// The reading half of a connection.
 #[derive(Debug)]
 pub struct FrameReader {
-    r: BufReader<TcpStream>,
+    r: BufReader<DeadlineStream>,
     counters: Arc<Counters>,
     max_tensor: usize,
-    timeout: Option<Duration>,
+    key: Option<FrameKey>,
+    session: u64,
+    pace: Option<Pace>,
 }
 
 impl FrameReader {
-    /// Receives one frame. An `Error` frame from the peer becomes [`LinkError::Remote`].
-    pub fn recv(&mut self) -> Result<Frame, LinkError> {
-        let f = read_frame(&mut self.r, self.max_tensor).map_err(|e| match e {
-            LinkError::Io(io) => LinkError::from_io(io, self.timeout),
-            other => other,
-        })?;
+    fn deadline(&self) -> Option<Deadline> {
+        self.r.get_ref().deadline
+    }
+
+    fn read_exact(&mut self, b: &mut [u8]) -> Result<(), LinkError> {
+        let d = self.deadline();
+        self.r.read_exact(b).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                LinkError::Malformed("the peer closed the connection inside a frame".into())
+            }
+            _ => map_io(e, d),
+        })
+    }
+
+    /// Reads and validates the next header (nothing of the body is read or allocated). With a [`Pace`], the wait for
+    /// the first byte is bounded by the deadline and the rest of the frame by the pace from then on.
+    ///
+    /// Errors: [`LinkError::Closed`] on a clean end of stream before a frame, the header errors of
+    /// [`Header::decode`], [`LinkError::Timeout`], [`LinkError::Io`].
+    pub fn recv_header(&mut self) -> Result<Header, LinkError> {
+        let mut h = [0u8; HEADER_LEN];
+        let d = self.deadline();
+        let n = loop {
+            match self.r.read(&mut h[..1]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(map_io(e, d)),
+            }
+        };
+        if n == 0 {
+            return Err(LinkError::Closed);
+        }
+        if let Some(p) = self.pace {
+            self.r.get_mut().deadline = Some(Deadline::after(p.base));
+        }
+        self.read_exact(&mut h[1..])?;
+        let header = Header::decode(&h, self.max_tensor)?;
+        if let Some(p) = self.pace {
+            self.r.get_mut().deadline = Some(Deadline::after(p.allowance(header.body_len())));
+        }
+        Ok(header)
+    }
+
+    /// Reads the body of a frame whose header [`FrameReader::recv_header`] returned, checks its tag and session id.
+    /// An `Error` frame from the peer becomes [`LinkError::Remote`].
+    ///
+    /// Errors: [`LinkError::Integrity`] (tag or session id), [`LinkError::Timeout`], [`LinkError::Io`],
+    /// [`LinkError::Malformed`].
+    pub fn recv_body(&mut self, h: Header) -> Result<Frame, LinkError> {
+        let mut wire = vec![0u8; wire_body_len(&h, self.key.is_some())];
+        self.read_exact(&mut wire)?;
         self.counters
             .received
-            .fetch_add(f.wire_len() as u64, Ordering::Relaxed);
-        if f.kind == Kind::Error {
+            .fetch_add((HEADER_LEN + wire.len()) as u64, Ordering::Relaxed);
+        let f = decode_body(h, wire, self.key.as_mut())?;
+        if self.key.is_some() && h.session != self.session {
+            return Err(LinkError::Integrity(format!(
+                "frame of session {} on session {}",
+                h.session, self.session
+            )));
+        }
+        if f.kind() == Kind::Error {
             let m: ErrorMsg = f.control()?;
             return Err(LinkError::Remote {
                 code: m.code,
@@ -115,6 +309,12 @@ impl FrameReader {
         Ok(f)
     }
 
+    /// Receives one whole frame within the deadline.
+    pub fn recv(&mut self) -> Result<Frame, LinkError> {
+        let h = self.recv_header()?;
+        self.recv_body(h)
+    }
+
     /// Receives a frame of `kind` and decodes its control section. Errors: [`LinkError::Unexpected`] for another kind.
     pub fn expect<T: serde::de::DeserializeOwned>(
         &mut self,
@@ -122,26 +322,29 @@ impl FrameReader {
         name: &'static str,
     ) -> Result<(T, Vec<u8>), LinkError> {
         let f = self.recv()?;
-        if f.kind != kind {
+        if f.kind() != kind {
             return Err(LinkError::Unexpected {
                 expected: name,
-                got: f.kind,
+                got: f.kind(),
             });
         }
         let c = f.control()?;
         Ok((c, f.tensor))
     }
 
-    /// Sets the bound on a frame's tensor section (bytes). A worker keeps it small until the host has authenticated.
+    /// Sets the bound on a frame's tensor section (bytes). A worker keeps it at 0 until the host has authenticated.
     pub fn set_max_tensor(&mut self, max: usize) {
         self.max_tensor = max;
     }
 
-    /// Sets the read timeout (None = block forever).
-    pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<(), LinkError> {
-        self.r.get_ref().set_read_timeout(t)?;
-        self.timeout = t;
-        Ok(())
+    /// Every later read must complete within `d` from now (None = wait forever).
+    pub fn set_deadline(&mut self, d: Option<Duration>) {
+        self.r.get_mut().deadline = d.map(Deadline::after);
+    }
+
+    /// Bounds each frame by `pace` once its first byte has arrived (None = only the deadline).
+    pub fn set_pace(&mut self, pace: Option<Pace>) {
+        self.pace = pace;
     }
 }
 
@@ -158,29 +361,42 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Wraps a connected stream: sets `TCP_NODELAY`, the read timeout and the tensor bound.
+    /// Wraps a connected stream: sets `TCP_NODELAY`, the deadline of both halves and the tensor bound (default
+    /// [`DEFAULT_MAX_TENSOR`]).
     pub fn new(
         stream: TcpStream,
-        timeout: Option<Duration>,
+        deadline: Option<Duration>,
         max_tensor: Option<usize>,
         shaper: Option<Shaper>,
     ) -> Result<Self, LinkError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(timeout)?;
-        // A peer that stops reading must not block our writer forever either.
-        stream.set_write_timeout(timeout)?;
         let counters = Arc::new(Counters::default());
-        let writer = FrameWriter {
-            w: BufWriter::with_capacity(1 << 16, stream.try_clone()?),
+        let mut writer = FrameWriter {
+            s: stream.try_clone()?,
+            buf: Vec::new(),
             counters: counters.clone(),
             shaper,
+            key: None,
+            session: 0,
+            deadline: None,
         };
-        let reader = FrameReader {
-            r: BufReader::with_capacity(1 << 16, stream.try_clone()?),
+        writer.set_deadline(deadline);
+        let mut reader = FrameReader {
+            r: BufReader::with_capacity(
+                1 << 16,
+                DeadlineStream {
+                    s: stream.try_clone()?,
+                    deadline: None,
+                    applied: None,
+                },
+            ),
             counters: counters.clone(),
             max_tensor: max_tensor.unwrap_or(DEFAULT_MAX_TENSOR),
-            timeout,
+            key: None,
+            session: 0,
+            pace: None,
         };
+        reader.set_deadline(deadline);
         Ok(Conn {
             writer,
             reader,
@@ -189,7 +405,8 @@ impl Conn {
         })
     }
 
-    /// Connects to `addr` within `timeout`.
+    /// Connects to `addr` within `timeout` (each resolved address in turn); both halves get `timeout` as their
+    /// first deadline.
     pub fn connect(
         addr: &str,
         timeout: Duration,
@@ -206,6 +423,20 @@ impl Conn {
         Err(last
             .map(LinkError::Io)
             .unwrap_or_else(|| LinkError::Malformed(format!("{addr} resolves to no address"))))
+    }
+
+    /// Seals every later frame with the session keys and stamps (and expects) `session` in every header.
+    pub fn protect(&mut self, keys: SessionKeys, session: u64) {
+        self.writer.key = Some(keys.send);
+        self.writer.session = session;
+        self.reader.key = Some(keys.recv);
+        self.reader.session = session;
+    }
+
+    /// Sets the deadline of both halves (None = none).
+    pub fn set_deadline(&mut self, d: Option<Duration>) {
+        self.writer.set_deadline(d);
+        self.reader.set_deadline(d);
     }
 
     /// Bytes sent so far.

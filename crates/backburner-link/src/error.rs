@@ -25,6 +25,10 @@ pub enum ErrorCode {
     BadState,
     /// Anything else.
     Internal,
+    /// The worker dropped this session to make room for another (memory budget) or is shutting down.
+    Evicted,
+    /// A request did not arrive completely within its deadline.
+    Deadline,
 }
 
 /// Everything that can go wrong on the link.
@@ -33,8 +37,8 @@ pub enum LinkError {
     /// Socket error.
     #[error("link I/O error: {0}")]
     Io(#[from] std::io::Error),
-    /// A read or write took longer than the timeout.
-    #[error("link timeout after {0:?}")]
+    /// A message did not arrive (or could not be sent) completely within its deadline.
+    #[error("link deadline of {0:?} passed")]
     Timeout(std::time::Duration),
     /// The peer closed the connection.
     #[error("the peer closed the connection")]
@@ -80,6 +84,14 @@ pub enum LinkError {
         /// The peer's explanation.
         message: String,
     },
+    /// A frame after the handshake failed its authentication tag (corrupted, forged, reordered, replayed, or a frame
+    /// before it was lost), or carried another session's id.
+    #[error("link integrity check failed: {0}")]
+    Integrity(String),
+    /// This side will not use the peer (no usable split point, a limit of the peer below what this side needs, a
+    /// value that does not fit a protocol field); nothing was sent, or the handshake was abandoned.
+    #[error("not using the worker: {0}")]
+    Refused(String),
     /// The peer's MAC did not verify.
     #[error("authentication failed: {0}")]
     AuthFailed(String),

@@ -1,16 +1,15 @@
-//! Frames: a 16-byte header followed by a control section (postcard-encoded struct) and a raw tensor section
-//! (little-endian). See docs/PROTOCOL.md for the byte layout.
-
-use std::io::{Read, Write};
+//! Frame headers and message kinds. A frame is a 24-byte header, a control section (a postcard-encoded struct), a
+//! tensor section (raw little-endian numbers) and, after the handshake, a 16-byte authentication tag. See
+//! docs/PROTOCOL.md §2 for the byte layout and [`crate::codec`] for encoding and decoding.
 
 use crate::error::LinkError;
 
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BBLK";
 /// The protocol version this build speaks. Peers must match exactly (see docs/PROTOCOL.md, "Versioning").
-pub const PROTOCOL_VERSION: u16 = 1;
-/// Header length in bytes: magic (4) | version u16 | kind u16 | control length u32 | tensor length u32.
-pub const HEADER_LEN: usize = 16;
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Header length in bytes: magic (4) | version u16 | kind u16 | control length u32 | tensor length u32 | session u64.
+pub const HEADER_LEN: usize = 24;
 /// Largest control section accepted (bytes); control structs are small.
 pub const MAX_CONTROL: usize = 64 << 10;
 /// Default bound on a frame's tensor section (bytes): 1 GiB.
@@ -20,15 +19,15 @@ pub const DEFAULT_MAX_TENSOR: usize = 1 << 30;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum Kind {
-    /// host → worker: the host's nonce (the protocol version is in every header).
+    /// host → worker: the host's nonce.
     Hello = 1,
-    /// worker → host: the worker's nonce.
+    /// worker → host: the worker's nonce and what it offers.
     Challenge = 2,
-    /// host → worker: MAC over both nonces and the session parameters.
+    /// host → worker: MAC over the transcript and the session parameters.
     Auth = 3,
-    /// worker → host: the worker's MAC (mutual authentication) and its description.
+    /// worker → host: the worker's MAC over the whole transcript, the session id and the worker's limits.
     Welcome = 4,
-    /// worker → host: a typed error; the worker closes the connection after it.
+    /// either way: a typed error; the sender closes the connection after it.
     Error = 5,
     /// host → worker: round-trip probe (any payload).
     Ping = 6,
@@ -52,36 +51,110 @@ pub enum Kind {
     ResetDone = 15,
 }
 
+impl Kind {
+    /// Whether frames of this kind may carry a tensor section.
+    pub fn has_tensor(self) -> bool {
+        matches!(
+            self,
+            Kind::Ping | Kind::Pong | Kind::Sync | Kind::RunLayers | Kind::FetchDone
+        )
+    }
+}
+
 impl TryFrom<u16> for Kind {
     type Error = LinkError;
     fn try_from(v: u16) -> Result<Self, LinkError> {
         use Kind::*;
-        Ok(match v {
-            1 => Hello,
-            2 => Challenge,
-            3 => Auth,
-            4 => Welcome,
-            5 => Error,
-            6 => Ping,
-            7 => Pong,
-            8 => Sync,
-            9 => SyncDone,
-            10 => RunLayers,
-            11 => LayersDone,
-            12 => Fetch,
-            13 => FetchDone,
-            14 => Reset,
-            15 => ResetDone,
-            other => return Err(LinkError::UnknownKind(other)),
-        })
+        const ALL: [Kind; 15] = [
+            Hello, Challenge, Auth, Welcome, Error, Ping, Pong, Sync, SyncDone, RunLayers,
+            LayersDone, Fetch, FetchDone, Reset, ResetDone,
+        ];
+        ALL.into_iter()
+            .find(|k| *k as u16 == v)
+            .ok_or(LinkError::UnknownKind(v))
     }
 }
 
-/// A received frame.
-#[derive(Debug)]
-pub struct Frame {
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
     /// Message kind.
     pub kind: Kind,
+    /// Control section length (bytes), ≤ [`MAX_CONTROL`].
+    pub control_len: u32,
+    /// Tensor section length (bytes), ≤ the receiver's bound.
+    pub tensor_len: u32,
+    /// Session id (0 during the handshake; the worker's id from `Welcome` afterwards).
+    pub session: u64,
+}
+
+impl Header {
+    /// The 24 header bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&MAGIC);
+        h[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        h[6..8].copy_from_slice(&(self.kind as u16).to_le_bytes());
+        h[8..12].copy_from_slice(&self.control_len.to_le_bytes());
+        h[12..16].copy_from_slice(&self.tensor_len.to_le_bytes());
+        h[16..24].copy_from_slice(&self.session.to_le_bytes());
+        h
+    }
+
+    /// Parses and validates a header before anything is read or allocated for the body: magic, version, kind,
+    /// control length ≤ [`MAX_CONTROL`], tensor length ≤ `max_tensor` and 0 for kinds without a tensor section.
+    ///
+    /// Errors: [`LinkError::BadMagic`], [`LinkError::VersionMismatch`], [`LinkError::UnknownKind`],
+    /// [`LinkError::FrameTooLarge`], [`LinkError::Malformed`] (tensor bytes on a kind that has none).
+    pub fn decode(h: &[u8; HEADER_LEN], max_tensor: usize) -> Result<Header, LinkError> {
+        if h[..4] != MAGIC {
+            return Err(LinkError::BadMagic([h[0], h[1], h[2], h[3]]));
+        }
+        let version = u16::from_le_bytes([h[4], h[5]]);
+        if version != PROTOCOL_VERSION {
+            return Err(LinkError::VersionMismatch {
+                ours: PROTOCOL_VERSION,
+                theirs: version,
+            });
+        }
+        let kind = Kind::try_from(u16::from_le_bytes([h[6], h[7]]))?;
+        let control_len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+        let tensor_len = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
+        let session = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let too_large = |len: u32, max: usize| LinkError::FrameTooLarge {
+            len: len as usize,
+            max,
+        };
+        if control_len as usize > MAX_CONTROL {
+            return Err(too_large(control_len, MAX_CONTROL));
+        }
+        if tensor_len as usize > max_tensor {
+            return Err(too_large(tensor_len, max_tensor));
+        }
+        if tensor_len > 0 && !kind.has_tensor() {
+            return Err(LinkError::Malformed(format!(
+                "{kind:?} carries no tensor section, got {tensor_len} bytes"
+            )));
+        }
+        Ok(Header {
+            kind,
+            control_len,
+            tensor_len,
+            session,
+        })
+    }
+
+    /// Control plus tensor bytes.
+    pub fn body_len(&self) -> usize {
+        self.control_len as usize + self.tensor_len as usize
+    }
+}
+
+/// A received frame, its body already authenticated (after the handshake) and decrypted.
+#[derive(Debug)]
+pub struct Frame {
+    /// The header as received.
+    pub header: Header,
     /// Control section (postcard bytes).
     pub control: Vec<u8>,
     /// Tensor section (raw little-endian values).
@@ -89,105 +162,15 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// Total bytes on the wire.
-    pub fn wire_len(&self) -> usize {
-        HEADER_LEN + self.control.len() + self.tensor.len()
+    /// Message kind.
+    pub fn kind(&self) -> Kind {
+        self.header.kind
     }
 
-    /// Decodes the control section as `T`. Errors: [`LinkError::Malformed`].
+    /// Decodes the control section as `T`, refusing trailing bytes. Errors: [`LinkError::Malformed`].
     pub fn control<T: serde::de::DeserializeOwned>(&self) -> Result<T, LinkError> {
-        postcard::from_bytes(&self.control)
-            .map_err(|e| LinkError::Malformed(format!("{:?} control section: {e}", self.kind)))
+        crate::codec::decode_control(self.header.kind, &self.control)
     }
-}
-
-/// Writes one frame; returns the bytes written. The control struct is encoded with postcard; `tensor` is written as
-/// is (no copy).
-pub fn write_frame<T: serde::Serialize>(
-    w: &mut impl Write,
-    kind: Kind,
-    control: &T,
-    tensor: &[u8],
-) -> Result<usize, LinkError> {
-    let ctl = postcard::to_stdvec(control).map_err(|e| LinkError::Malformed(e.to_string()))?;
-    if ctl.len() > MAX_CONTROL {
-        return Err(LinkError::FrameTooLarge {
-            len: ctl.len(),
-            max: MAX_CONTROL,
-        });
-    }
-    let tlen = u32::try_from(tensor.len()).map_err(|_| LinkError::FrameTooLarge {
-        len: tensor.len(),
-        max: u32::MAX as usize,
-    })?;
-    let mut h = [0u8; HEADER_LEN];
-    h[..4].copy_from_slice(&MAGIC);
-    h[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-    h[6..8].copy_from_slice(&(kind as u16).to_le_bytes());
-    h[8..12].copy_from_slice(&(ctl.len() as u32).to_le_bytes());
-    h[12..16].copy_from_slice(&tlen.to_le_bytes());
-    w.write_all(&h)?;
-    w.write_all(&ctl)?;
-    w.write_all(tensor)?;
-    w.flush()?;
-    Ok(HEADER_LEN + ctl.len() + tensor.len())
-}
-
-/// Reads one frame, validating the header before reading (and allocating for) the body.
-///
-/// Errors: [`LinkError::Closed`] on a clean EOF before a header, [`LinkError::BadMagic`],
-/// [`LinkError::VersionMismatch`], [`LinkError::UnknownKind`], [`LinkError::FrameTooLarge`] (control section over
-/// [`MAX_CONTROL`] or tensor section over `max_tensor`), [`LinkError::Timeout`] / [`LinkError::Io`].
-pub fn read_frame(r: &mut impl Read, max_tensor: usize) -> Result<Frame, LinkError> {
-    let mut h = [0u8; HEADER_LEN];
-    let mut got = 0;
-    while got < HEADER_LEN {
-        match r.read(&mut h[got..]) {
-            Ok(0) if got == 0 => return Err(LinkError::Closed),
-            Ok(0) => {
-                return Err(LinkError::Malformed(format!(
-                    "connection closed inside a header ({got} of {HEADER_LEN} bytes)"
-                )))
-            }
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    if h[..4] != MAGIC {
-        return Err(LinkError::BadMagic([h[0], h[1], h[2], h[3]]));
-    }
-    let version = u16::from_le_bytes([h[4], h[5]]);
-    if version != PROTOCOL_VERSION {
-        return Err(LinkError::VersionMismatch {
-            ours: PROTOCOL_VERSION,
-            theirs: version,
-        });
-    }
-    let kind = Kind::try_from(u16::from_le_bytes([h[6], h[7]]))?;
-    let clen = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    let tlen = u32::from_le_bytes([h[12], h[13], h[14], h[15]]) as usize;
-    if clen > MAX_CONTROL {
-        return Err(LinkError::FrameTooLarge {
-            len: clen,
-            max: MAX_CONTROL,
-        });
-    }
-    if tlen > max_tensor {
-        return Err(LinkError::FrameTooLarge {
-            len: tlen,
-            max: max_tensor,
-        });
-    }
-    let mut control = vec![0u8; clen];
-    r.read_exact(&mut control)?;
-    let mut tensor = vec![0u8; tlen];
-    r.read_exact(&mut tensor)?;
-    Ok(Frame {
-        kind,
-        control,
-        tensor,
-    })
 }
 
 /// f32 values as little-endian bytes.

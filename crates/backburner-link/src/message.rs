@@ -1,14 +1,37 @@
-//! Control structs of each message kind (postcard-encoded in the control section).
+//! Control structs of each message kind (postcard-encoded in the control section) and the typed requests a worker
+//! receives. Every integer is as wide on the wire as the value it carries (no truncation on either side).
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ErrorCode;
+use crate::codec::decode_control;
+use crate::error::{ErrorCode, LinkError};
+use crate::frame::{Frame, Kind};
+
+/// KV cache storage dtype (postcard: varint variant index, 0 = f16, 1 = f32; any other index fails to decode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WireKvDtype {
+    /// IEEE binary16.
+    F16,
+    /// IEEE binary32.
+    F32,
+}
 
 /// `Hello` (host → worker).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
     /// The host's random nonce for this connection.
     pub host_nonce: [u8; 32],
+}
+
+/// What a worker accepts per request, announced in `Challenge` and `Welcome`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLimits {
+    /// Most tokens in one `RunLayers` (the host's ubatch must not exceed it).
+    pub max_ubatch: u32,
+    /// Most tensor bytes in one frame.
+    pub max_frame: u64,
+    /// The worker's state memory budget (bytes) shared by all its sessions.
+    pub max_memory: u64,
 }
 
 /// `Challenge` (worker → host).
@@ -20,6 +43,8 @@ pub struct Challenge {
     pub threads: u32,
     /// The layer range the worker was started with (`--layers`), if fixed.
     pub layers: Option<(u32, u32)>,
+    /// What the worker accepts.
+    pub limits: WorkerLimits,
 }
 
 /// What the host asks the worker to be, checked in the handshake.
@@ -35,10 +60,10 @@ pub struct SessionParams {
     pub layer_end: u32,
     /// Width of the residual stream.
     pub hidden: u32,
-    /// KV cache dtype: 0 = f16, 1 = f32.
-    pub kv_dtype: u8,
+    /// KV cache dtype.
+    pub kv_dtype: WireKvDtype,
     /// KV page size (positions).
-    pub kv_page_size: u32,
+    pub kv_page_size: u64,
     /// Largest ubatch the host sends (tokens).
     pub ubatch: u32,
 }
@@ -46,7 +71,7 @@ pub struct SessionParams {
 /// `Auth` (host → worker).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Auth {
-    /// HMAC-SHA256(key, "bb-host" ‖ worker_nonce ‖ host_nonce ‖ postcard(params)).
+    /// HMAC-SHA256(secret, "bb2-host" ‖ th(Hello, Challenge) ‖ postcard(params)).
     pub mac: [u8; 32],
     /// The session parameters.
     pub params: SessionParams,
@@ -55,12 +80,14 @@ pub struct Auth {
 /// `Welcome` (worker → host).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Welcome {
-    /// HMAC-SHA256(key, "bb-worker" ‖ host_nonce ‖ worker_nonce).
+    /// HMAC-SHA256(secret, "bb2-worker" ‖ th(Hello, Challenge, Auth) ‖ session ‖ threads ‖ limits), fixed-width LE.
     pub mac: [u8; 32],
+    /// The session id every later frame header carries (never 0).
+    pub session: u64,
     /// Compute threads of the worker.
     pub threads: u32,
-    /// The worker's state memory budget (bytes; 0 = unlimited).
-    pub max_memory: u64,
+    /// What the worker accepts.
+    pub limits: WorkerLimits,
 }
 
 /// `Error` (either way).
@@ -130,3 +157,45 @@ pub struct FetchDone {
 /// An empty control section (`Ping`, `Pong`, `SyncDone`, `Reset`, `ResetDone`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Empty {}
+
+/// A request as the worker receives it after the handshake, decoded and typed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Request {
+    /// Echo the payload.
+    Ping(Vec<u8>),
+    /// Bring the mirror to the host's state; the payload is the state rows.
+    Sync(Sync, Vec<u8>),
+    /// Run the layers on a residual stream (`[n_tokens, hidden]` f32 bytes).
+    RunLayers(RunLayers, Vec<u8>),
+    /// Send back rows and states.
+    Fetch(Fetch),
+    /// Forget the mirror.
+    Reset,
+}
+
+impl Request {
+    /// Decodes a session frame into a request. Errors: [`LinkError::Malformed`] for a control section that does not
+    /// decode exactly, [`LinkError::Unexpected`] for a kind that is not a request.
+    pub fn decode(f: Frame) -> Result<Request, LinkError> {
+        let k = f.kind();
+        Ok(match k {
+            Kind::Ping => {
+                decode_control::<Empty>(k, &f.control)?;
+                Request::Ping(f.tensor)
+            }
+            Kind::Sync => Request::Sync(decode_control(k, &f.control)?, f.tensor),
+            Kind::RunLayers => Request::RunLayers(decode_control(k, &f.control)?, f.tensor),
+            Kind::Fetch => Request::Fetch(decode_control(k, &f.control)?),
+            Kind::Reset => {
+                decode_control::<Empty>(k, &f.control)?;
+                Request::Reset
+            }
+            other => {
+                return Err(LinkError::Unexpected {
+                    expected: "a request (Ping, Sync, RunLayers, Fetch, Reset)",
+                    got: other,
+                })
+            }
+        })
+    }
+}

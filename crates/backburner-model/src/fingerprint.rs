@@ -9,26 +9,12 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::Result;
 
-/// SHA-256 over the validated config (its `Debug` form: every field that affects the math) and, for every tensor of
-/// decoder layers `layers` (sorted by name), its name, dtype, shape and the XXH3-128 hash of its bytes. Two
-/// checkpoints with the same fingerprint compute the same function on those layers; the layout (hub or causal,
-/// sharding) does not enter.
+/// The digest of one decoder layer: SHA-256 over, for every tensor of layer `layer` (sorted by its canonical name
+/// `layers.<i>.<rest>`), the canonical name, `format!("{dtype:?}{shape:?}")` and the XXH3-128 hash of its bytes (16
+/// bytes little-endian). Cost: one pass over the layer's bytes at memory speed.
 ///
-/// Cost: one pass over the layers' bytes at memory speed (XXH3), e.g. ~2 s for 20 GB.
-///
-/// Errors: [`crate::ModelError::MissingTensor`] cannot happen (only present names are read); errors reading the mmap
-/// surface as [`crate::ModelError::CorruptSafetensors`].
-pub fn fingerprint(
-    ckpt: &Checkpoint,
-    config: &ModelConfig,
-    layers: Range<usize>,
-) -> Result<[u8; 32]> {
-    let mut h = Sha256::new();
-    let mut c = config.clone();
-    c.model_type = String::new(); // layout-independent
-    c.layout = crate::config::WeightLayout::CausalLm;
-    h.update(format!("{c:?}").as_bytes());
-    h.update(format!("layers {}..{}", layers.start, layers.end).as_bytes());
+/// Errors: errors reading the mmap surface as [`crate::ModelError::CorruptSafetensors`].
+pub fn layer_digest(ckpt: &Checkpoint, config: &ModelConfig, layer: usize) -> Result<[u8; 32]> {
     let prefix = config.layout.prefix();
     let mut names: Vec<(String, &str)> = Vec::new();
     for name in ckpt.names() {
@@ -41,14 +27,12 @@ pub fn fingerprint(
         let Some((idx, tail)) = rest.split_once('.') else {
             continue;
         };
-        let Ok(i) = idx.parse::<usize>() else {
-            continue;
-        };
-        if layers.contains(&i) {
-            names.push((format!("layers.{i}.{tail}"), name));
+        if idx.parse::<usize>() == Ok(layer) {
+            names.push((format!("layers.{layer}.{tail}"), name));
         }
     }
     names.sort();
+    let mut h = Sha256::new();
     for (canon, name) in names {
         let (dtype, bytes) = ckpt.raw(name)?;
         h.update(canon.as_bytes());
@@ -56,4 +40,41 @@ pub fn fingerprint(
         h.update(xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes());
     }
     Ok(h.finalize().into())
+}
+
+/// Combines per-layer digests ([`layer_digest`] of each layer of `layers`, in order) into the fingerprint: SHA-256
+/// over the validated config's `Debug` form (with `model_type` emptied and the layout set to `CausalLm`, so the Hub
+/// and CausalLM layouts of the same weights agree), the string `layers {a}..{b}`, and the digests.
+///
+/// Panics if `digests.len() != layers.len()`.
+pub fn combine(config: &ModelConfig, layers: Range<usize>, digests: &[[u8; 32]]) -> [u8; 32] {
+    assert_eq!(digests.len(), layers.len(), "one digest per layer");
+    let mut h = Sha256::new();
+    let mut c = config.clone();
+    c.model_type = String::new(); // layout-independent
+    c.layout = crate::config::WeightLayout::CausalLm;
+    h.update(format!("{c:?}").as_bytes());
+    h.update(format!("layers {}..{}", layers.start, layers.end).as_bytes());
+    for d in digests {
+        h.update(d);
+    }
+    h.finalize().into()
+}
+
+/// The fingerprint of decoder layers `layers`: [`combine`] of their [`layer_digest`]s. Two checkpoints with the same
+/// fingerprint compute the same function on those layers; the layout (hub or causal, sharding) does not enter.
+///
+/// Cost: one pass over the layers' bytes at memory speed (XXH3), e.g. ~2 s for 20 GB.
+///
+/// Errors: as [`layer_digest`].
+pub fn fingerprint(
+    ckpt: &Checkpoint,
+    config: &ModelConfig,
+    layers: Range<usize>,
+) -> Result<[u8; 32]> {
+    let d = layers
+        .clone()
+        .map(|i| layer_digest(ckpt, config, i))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(combine(config, layers, &d))
 }

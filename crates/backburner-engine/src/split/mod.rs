@@ -1,0 +1,136 @@
+//! Host side of split prefill: a client for one worker, and the pipelined prefill that uses it.
+//!
+//! For a batch of N new tokens in ubatches u₁…u_k (k ≥ 2), the host runs layers `[0, L)` of u₁…u_{k−1} and sends
+//! each residual stream to the worker, which runs `[L, n)` on its mirror while the host computes the next ubatch (a
+//! sender and a receiver thread keep the socket busy, so both sides compute at once). The host runs `[0, L)` of u_k
+//! while the worker drains, fetches the worker's new KV rows and linear states of `[L, n)`, adopts them, and runs
+//! `[L, n)` of u_k itself: logits never cross the link. The mirror then matches the host up to the watermark
+//! `N − |u_k|` past the start; the next call first syncs rows past the watermark and the linear states.
+//!
+//! Any error undoes the call (the caller restores its snapshot and reruns locally) and the worker is retried later
+//! with exponential backoff.
+
+mod client;
+mod pipeline;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use backburner_link::Shaper;
+use backburner_model::ModelConfig;
+use serde::Serialize;
+
+pub use client::WorkerClient;
+
+/// Most bytes of KV rows (plus linear states) the host puts in one `Sync` or asks for in one `Fetch`; longer ranges
+/// travel in several frames. Below the worker's default frame bound (1 GiB).
+pub const FRAME_BUDGET: usize = 256 << 20;
+
+/// How to reach and use a worker.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// `host:port`.
+    pub addr: String,
+    /// Shared secret (empty = none).
+    pub secret: Vec<u8>,
+    /// First worker layer L; `None` = balance by the two sides' threads.
+    pub split_layer: Option<usize>,
+    /// Smallest batch (tokens) that goes through the worker (default 512).
+    pub split_min_tokens: usize,
+    /// The base of every deadline: connecting and the whole handshake get this; every request and reply gets this
+    /// plus its transfer time at `min_rate` and the worker's expected compute (`--worker-timeout`).
+    pub timeout: Duration,
+    /// The host's compute threads (for the default split).
+    pub host_threads: usize,
+    /// Emulated link shaping (benchmarks).
+    pub shaper: Option<Shaper>,
+    /// Most bytes per `Sync`/`Fetch` frame (default [`FRAME_BUDGET`]; also bounded by the worker's frame limit).
+    pub frame_budget: usize,
+    /// Slowest transfer rate a deadline allows for (bytes per second; default 1 MiB/s): a message of `b` bytes gets
+    /// `timeout + b / min_rate` plus the worker's expected compute.
+    pub min_rate: u64,
+}
+
+impl WorkerSettings {
+    /// Settings with the defaults: no secret, balanced split, 512-token minimum, 60 s timeout.
+    pub fn new(addr: impl Into<String>, host_threads: usize) -> Self {
+        WorkerSettings {
+            addr: addr.into(),
+            secret: Vec::new(),
+            split_layer: None,
+            split_min_tokens: 512,
+            timeout: Duration::from_secs(60),
+            host_threads,
+            shaper: None,
+            frame_budget: FRAME_BUDGET,
+            min_rate: 1 << 20,
+        }
+    }
+}
+
+/// What went over the link, for the stats line and `--json`.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Tokens whose tail layers ran on the worker.
+    pub worker_tokens: u64,
+    /// Bytes sent to the worker.
+    pub bytes_sent: u64,
+    /// Bytes received from the worker.
+    pub bytes_received: u64,
+    /// Split calls that failed and were rerun locally.
+    pub fallbacks: u64,
+    /// Split calls that succeeded.
+    pub split_calls: u64,
+    /// Worker compute time (µs) over all ubatches.
+    pub worker_compute_us: u64,
+    /// Worker idle time between ubatches (µs): the pipeline bubble.
+    pub worker_idle_us: u64,
+}
+
+/// Chooses L: layer times balance when L / host_threads = (n − L) / worker_threads; rounded to the cycle and kept
+/// strictly inside `(0, n)`. `None` when the model has no such split point (its layer cycle is as long as the model).
+pub fn balanced_split(
+    cfg: &ModelConfig,
+    host_threads: usize,
+    worker_threads: usize,
+) -> Option<usize> {
+    let cyc = cfg.full_attention_interval.max(1);
+    let hi = cfg.num_hidden_layers.saturating_sub(1) / cyc * cyc;
+    if hi < cyc {
+        return None;
+    }
+    let n = cfg.num_hidden_layers as f64;
+    let ideal =
+        n * host_threads.max(1) as f64 / (host_threads.max(1) + worker_threads.max(1)) as f64;
+    let l = ((ideal / cyc as f64).round() as usize) * cyc;
+    Some(l.clamp(cyc, hi))
+}
+
+/// Computes the host's model fingerprint of a layer range (see `backburner_model::fingerprint`).
+pub type FingerprintFn = Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + Send>;
+
+/// The fingerprint function of a checkpoint directory. The first call hashes every decoder layer once (one pass over
+/// the weights) and keeps the per-layer digests, so any later range, such as the one chosen during a handshake, is
+/// answered at once.
+pub fn dir_fingerprint(
+    dir: std::path::PathBuf,
+) -> impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static {
+    let digests: std::sync::Mutex<Option<(ModelConfig, Vec<[u8; 32]>)>> = Default::default();
+    move |r| {
+        let mut g = digests.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
+            let ck = backburner_model::Checkpoint::open(&dir).map_err(|e| e.to_string())?;
+            let d = (0..cfg.num_hidden_layers)
+                .map(|i| backburner_model::fingerprint::layer_digest(&ck, &cfg, i))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            *g = Some((cfg, d));
+        }
+        let (cfg, d) = g.as_ref().expect("computed above");
+        let part = d
+            .get(r.clone())
+            .ok_or_else(|| format!("layers {r:?} outside the model"))?;
+        Ok(backburner_model::fingerprint::combine(cfg, r, part))
+    }
+}

@@ -1,0 +1,295 @@
+//! One session's state on the worker and the handling of its requests, free of sockets: a typed [`Request`] in, a
+//! [`Reply`] or a typed fault out. Every size taken from a request is checked (no wrapping arithmetic, no
+//! truncating casts) and every allocation is reserved against the worker's [`MemoryBudget`] first.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use backburner_kernels::kv::KvDtype;
+use backburner_link::frame::bytes_f32;
+use backburner_link::message::{Fetch, FetchDone, LayersDone, RunLayers, Sync};
+use backburner_link::{ErrorCode, Request};
+use backburner_model::{KvOptions, Model, ModelConfig, ModelState};
+
+use super::budget::{MemoryBudget, OverBudget, Reservation};
+use crate::compute::ComputePool;
+use crate::wire;
+
+/// A request the worker refuses: the code and message of the `Error` frame it sends before closing the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// The code.
+    pub code: ErrorCode,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl Fault {
+    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Fault {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<OverBudget> for Fault {
+    fn from(e: OverBudget) -> Self {
+        Fault::new(ErrorCode::OutOfMemory, e.to_string())
+    }
+}
+
+/// The worker's answer to a request.
+#[derive(Debug)]
+pub enum Reply {
+    /// The ping's payload.
+    Pong(Vec<u8>),
+    /// Sync applied.
+    SyncDone,
+    /// Layers run.
+    LayersDone(LayersDone),
+    /// Rows and states, and the reservation that covers the payload until it is sent.
+    FetchDone(FetchDone, Vec<u8>, Reservation),
+    /// Mirror cleared.
+    ResetDone,
+}
+
+/// What a session was agreed to be in the handshake.
+#[derive(Clone, Debug)]
+pub struct SessionSpec {
+    /// The worker's layers.
+    pub range: Range<usize>,
+    /// KV page size and dtype.
+    pub kv: KvOptions,
+    /// Most tokens per `RunLayers`.
+    pub ubatch: usize,
+    /// Most positions the mirror may reach (the host's context length).
+    pub max_positions: usize,
+    /// Most tensor bytes per frame (a fetch must fit in one).
+    pub max_frame: usize,
+}
+
+/// One session's mirror and what it holds against the budget.
+pub struct SessionCore {
+    model: Arc<Model>,
+    spec: SessionSpec,
+    mirror: ModelState,
+    held: Reservation,
+    budget: Arc<MemoryBudget>,
+    last_done: Instant,
+}
+
+fn bad(message: impl Into<String>) -> Fault {
+    Fault::new(ErrorCode::BadState, message)
+}
+
+fn size(v: u64, what: &str) -> Result<usize, Fault> {
+    usize::try_from(v).map_err(|_| {
+        Fault::new(
+            ErrorCode::Malformed,
+            format!("{what} {v} does not fit this machine"),
+        )
+    })
+}
+
+impl SessionCore {
+    /// A session with an empty mirror of `spec.range`. Errors: [`Fault`] with `OutOfMemory` if the mirror's linear
+    /// states do not fit the budget.
+    pub fn new(
+        model: Arc<Model>,
+        spec: SessionSpec,
+        budget: &Arc<MemoryBudget>,
+    ) -> Result<Self, Fault> {
+        let mirror = ModelState::new(model.config(), spec.range.clone(), spec.kv);
+        let held = budget.reserve(mirror.bytes() as u64, "a session's state")?;
+        Ok(SessionCore {
+            model,
+            spec,
+            mirror,
+            held,
+            budget: budget.clone(),
+            last_done: Instant::now(),
+        })
+    }
+
+    /// The mirror (tests).
+    pub fn mirror(&self) -> &ModelState {
+        &self.mirror
+    }
+
+    fn cfg(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn dtype(&self) -> KvDtype {
+        self.spec.kv.dtype
+    }
+
+    /// Bytes of KV rows for `rows` more positions plus the transient f32 copy of one layer's rows, checked.
+    fn growth(&self, rows: usize) -> Result<u64, Fault> {
+        let c = self.cfg();
+        let kv = wire::payload_len(c, self.spec.range.clone(), rows, self.dtype(), false);
+        let tmp = wire::layer_rows_f32_bytes(c, rows);
+        kv.zip(tmp)
+            .and_then(|(a, b)| a.checked_add(b))
+            .and_then(|b| u64::try_from(b).ok())
+            .ok_or_else(|| Fault::new(ErrorCode::Malformed, format!("{rows} rows overflow a size")))
+    }
+
+    fn reserve_growth(&mut self, rows: usize) -> Result<(), Fault> {
+        let want = (self.mirror.bytes() as u64).saturating_add(self.growth(rows)?);
+        Ok(self.held.resize(want)?)
+    }
+
+    fn settle(&mut self) {
+        // shrinking never fails
+        let _ = self.held.resize(self.mirror.bytes() as u64);
+    }
+
+    fn check_positions(&self, end: u64) -> Result<(), Fault> {
+        if end > self.spec.max_positions as u64 {
+            return Err(bad(format!(
+                "position {end} is past the session's context of {} positions",
+                self.spec.max_positions
+            )));
+        }
+        Ok(())
+    }
+
+    /// Handles one request. `arrived` is when it had been read completely (for the pipeline bubble). Errors: a
+    /// [`Fault`] to send back; the session ends after it (its mirror may be partly changed).
+    pub fn handle(
+        &mut self,
+        req: Request,
+        arrived: Instant,
+        pool: &ComputePool,
+    ) -> Result<Reply, Fault> {
+        match req {
+            Request::Ping(p) => Ok(Reply::Pong(p)),
+            Request::Reset => {
+                self.mirror.clear();
+                self.settle();
+                Ok(Reply::ResetDone)
+            }
+            Request::Sync(s, payload) => self.sync(s, &payload),
+            Request::RunLayers(r, x) => self.run_layers(r, &x, arrived, pool),
+            Request::Fetch(f) => self.fetch(f),
+        }
+    }
+
+    fn sync(&mut self, s: Sync, payload: &[u8]) -> Result<Reply, Fault> {
+        let pos = self.mirror.n_tokens() as u64;
+        if s.truncate_to > pos || s.pos_after < s.truncate_to {
+            return Err(bad(format!(
+                "sync truncate_to {} / pos_after {} does not fit a mirror at {pos}",
+                s.truncate_to, s.pos_after
+            )));
+        }
+        self.check_positions(s.pos_after)?;
+        let n = size(s.pos_after - s.truncate_to, "sync rows")?;
+        let want = wire::payload_len(
+            self.cfg(),
+            self.spec.range.clone(),
+            n,
+            self.dtype(),
+            s.linear,
+        );
+        if want != Some(payload.len()) {
+            return Err(Fault::new(
+                ErrorCode::Malformed,
+                format!(
+                    "sync payload of {} bytes, expected {want:?} for {n} rows",
+                    payload.len()
+                ),
+            ));
+        }
+        self.reserve_growth(n)?;
+        let (range, to) = (self.spec.range.clone(), size(s.truncate_to, "truncate_to")?);
+        wire::truncate_kv(&mut self.mirror, range.clone(), to);
+        let cfg = self.model.config().clone();
+        let r = wire::apply(&mut self.mirror, &cfg, range, n, s.linear, payload);
+        self.settle();
+        r.map_err(|e| Fault::new(ErrorCode::Malformed, e.to_string()))?;
+        self.mirror.set_position(size(s.pos_after, "pos_after")?);
+        Ok(Reply::SyncDone)
+    }
+
+    fn run_layers(
+        &mut self,
+        r: RunLayers,
+        x: &[u8],
+        arrived: Instant,
+        pool: &ComputePool,
+    ) -> Result<Reply, Fault> {
+        let t = size(u64::from(r.n_tokens), "n_tokens")?;
+        let hidden = self.cfg().hidden_size;
+        let pos = self.mirror.n_tokens();
+        let want = t.checked_mul(hidden).and_then(|v| v.checked_mul(4));
+        if r.pos != pos as u64 || t == 0 || t > self.spec.ubatch || want != Some(x.len()) {
+            return Err(bad(format!(
+                "RunLayers at {} for {t} tokens with {} bytes does not fit a mirror at {pos} (ubatch {}, hidden {hidden})",
+                r.pos, x.len(), self.spec.ubatch
+            )));
+        }
+        self.check_positions(r.pos + u64::from(r.n_tokens))?;
+        self.reserve_growth(t)?;
+        let idle = arrived.saturating_duration_since(self.last_done);
+        let mut x = bytes_f32(x).map_err(|e| Fault::new(ErrorCode::Malformed, e.to_string()))?;
+        let t0 = Instant::now();
+        let (model, range, mirror) = (&self.model, self.spec.range.clone(), &mut self.mirror);
+        pool.install(|| {
+            backburner_kernels::profile::set_phase(backburner_kernels::profile::Phase::Prefill);
+            model.forward_layers(range, &mut x, t, mirror)
+        });
+        self.model.commit_tokens(&mut self.mirror, t);
+        self.settle();
+        let compute = t0.elapsed();
+        self.last_done = Instant::now();
+        Ok(Reply::LayersDone(LayersDone {
+            pos_after: self.mirror.n_tokens() as u64,
+            compute_us: u64::try_from(compute.as_micros()).unwrap_or(u64::MAX),
+            idle_us: u64::try_from(idle.as_micros()).unwrap_or(u64::MAX),
+        }))
+    }
+
+    /// The payload of a fetch and a reservation covering it and the frame buffer it is sealed into.
+    fn fetch(&mut self, q: Fetch) -> Result<Reply, Fault> {
+        let pos = self.mirror.n_tokens() as u64;
+        if q.from_pos > q.to_pos || q.to_pos > pos {
+            return Err(bad(format!(
+                "fetch {}..{} outside the mirror's 0..{pos}",
+                q.from_pos, q.to_pos
+            )));
+        }
+        let (a, b) = (size(q.from_pos, "from_pos")?, size(q.to_pos, "to_pos")?);
+        let len = wire::payload_len(
+            self.cfg(),
+            self.spec.range.clone(),
+            b - a,
+            self.dtype(),
+            q.linear,
+        )
+        .filter(|l| *l <= self.spec.max_frame)
+        .ok_or_else(|| {
+            bad(format!(
+                "fetch {a}..{b} exceeds the frame bound of {} bytes",
+                self.spec.max_frame
+            ))
+        })?;
+        // the payload, its sealed copy in the frame buffer, and one layer's rows as f32 while encoding
+        let tmp = wire::layer_rows_f32_bytes(self.cfg(), b - a).unwrap_or(usize::MAX);
+        let transient = (len as u64).saturating_mul(2).saturating_add(tmp as u64);
+        let hold = self.budget.reserve(transient, "a fetch's payload")?;
+        let cfg = self.model.config().clone();
+        let payload = wire::encode(&self.mirror, &cfg, self.spec.range.clone(), a, b, q.linear);
+        Ok(Reply::FetchDone(
+            FetchDone {
+                from_pos: q.from_pos,
+                to_pos: q.to_pos,
+            },
+            payload,
+            hold,
+        ))
+    }
+}

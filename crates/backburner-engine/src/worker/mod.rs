@@ -1,0 +1,573 @@
+//! The worker daemon: serves several hosts' sessions at once, each running a tail layer range `[L, n)` on residual
+//! streams its host sends and keeping a mirror of those layers' state (KV rows and linear states) that the host
+//! syncs and fetches. See docs/PROTOCOL.md.
+//!
+//! Threads: one accept loop; one thread per connection, bounded: at most `max_pending` connections in their
+//! handshake (the oldest is dropped for a new one, and each has `handshake_timeout` for the whole handshake) and at
+//! most `max_sessions` sessions. A connection thread that cannot be started is refused, never a panic. A malformed
+//! frame, a missed deadline or a refused request ends that session with a typed `Error` frame; the daemon keeps
+//! listening.
+
+mod budget;
+mod core;
+mod registry;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backburner_kernels::kv::KvDtype;
+use backburner_link::frame::Kind;
+use backburner_link::handshake::{worker_handshake, WorkerOffer};
+use backburner_link::message::{Empty, SessionParams};
+use backburner_link::{Conn, ErrorCode, LinkError, Pace, Request, WireKvDtype, WorkerLimits};
+use backburner_model::{fingerprint, Checkpoint, KvOptions, LoadOptions, Model, ModelConfig};
+use tracing::{info, warn};
+
+pub use self::budget::{default_max_memory, MemoryBudget, OverBudget, Reservation};
+pub use self::core::{Fault, Reply, SessionCore, SessionSpec};
+use self::registry::{Registry, SessionGuard};
+use crate::compute::ComputePool;
+
+/// Worker settings.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Checkpoint directory (the worker reads only its layers' tensors).
+    pub model_dir: PathBuf,
+    /// Layer range to serve; `None` = whatever the first host asks for (loaded then, kept for later sessions).
+    pub layers: Option<Range<usize>>,
+    /// Compute threads: the worker's own [`ComputePool`] (reported to the host, which balances the split with it).
+    pub threads: usize,
+    /// Bytes of session state (KV rows, linear states) and request buffers all sessions together may hold
+    /// (default: [`default_max_memory`]).
+    pub max_memory: u64,
+    /// Shared secret; `None` accepts any host (only allowed on loopback, enforced by the caller).
+    pub secret: Option<Vec<u8>>,
+    /// How long a session may wait for its host's next request.
+    pub idle_timeout: Duration,
+    /// Bound on a frame's tensor section after authentication (bytes); before it, frames carry no tensors.
+    pub max_frame: usize,
+    /// Most tokens per `RunLayers` (a host with a larger ubatch runs locally).
+    pub max_ubatch: usize,
+    /// Most sessions at once.
+    pub max_sessions: usize,
+    /// Most connections in their handshake at once (the oldest is dropped for a new one).
+    pub max_pending: usize,
+    /// The whole handshake must complete within this.
+    pub handshake_timeout: Duration,
+    /// Once a request's first byte has arrived, the rest must arrive within `pace.allowance(bytes)`.
+    pub pace: Pace,
+    /// Fault injection for tests: exit the whole process (as a crash would) on receiving this many session frames
+    /// (1 = the first frame after the handshake). Never set in normal use.
+    pub exit_after_frames: Option<usize>,
+}
+
+impl WorkerOptions {
+    /// The defaults for a model directory: layers from the host, all cores, half the RAM, 600 s idle timeout, 1 GiB
+    /// frames, 4096-token ubatches, 8 sessions, 16 pending handshakes of at most 5 s, requests at ≥ 1 MiB/s after a
+    /// 30 s allowance.
+    pub fn new(model_dir: PathBuf) -> Self {
+        WorkerOptions {
+            model_dir,
+            layers: None,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_memory: default_max_memory(),
+            secret: None,
+            idle_timeout: Duration::from_secs(600),
+            max_frame: 1 << 30,
+            max_ubatch: 4096,
+            max_sessions: 8,
+            max_pending: 16,
+            handshake_timeout: Duration::from_secs(5),
+            pace: Pace {
+                base: Duration::from_secs(30),
+                min_rate: 1 << 20,
+            },
+            exit_after_frames: None,
+        }
+    }
+}
+
+/// Most positions a session may ask for (2⁴⁰): far beyond any context, small enough that position arithmetic
+/// cannot overflow.
+const MAX_POSITIONS: u64 = 1 << 40;
+
+struct Loaded {
+    model: Arc<Model>,
+    range: Range<usize>,
+    fingerprint: [u8; 32],
+}
+
+struct Shared {
+    opts: WorkerOptions,
+    config: ModelConfig,
+    ckpt: Checkpoint,
+    loaded: Mutex<Option<Arc<Loaded>>>,
+    registry: Arc<Registry>,
+    budget: Arc<MemoryBudget>,
+    pool: ComputePool,
+}
+
+/// A running worker.
+pub struct Worker {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+}
+
+impl Worker {
+    /// Opens the checkpoint (and loads `opts.layers` if given) and binds `addr`.
+    ///
+    /// Errors: model loading errors, a bad layer range or thread count, or the bind error.
+    pub fn bind(addr: &str, opts: WorkerOptions) -> Result<Self, WorkerError> {
+        let config = ModelConfig::from_dir(&opts.model_dir)?;
+        let ckpt = Checkpoint::open(&opts.model_dir)?;
+        let pool =
+            ComputePool::new(opts.threads).map_err(|e| WorkerError::Threads(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            registry: Registry::new(opts.max_pending, opts.max_sessions),
+            budget: MemoryBudget::new(opts.max_memory),
+            opts: opts.clone(),
+            config,
+            ckpt,
+            loaded: Mutex::new(None),
+            pool,
+        });
+        if let Some(r) = &opts.layers {
+            check_range(&shared.config, r).map_err(|(_, m)| WorkerError::LayerRange(m))?;
+            load(&shared, r.clone())?;
+        }
+        let listener = TcpListener::bind(addr).map_err(|source| WorkerError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+        Ok(Worker { shared, listener })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    /// Serves until `stop` is set (checked every 20 ms). Each connection runs on its own thread; a thread that
+    /// cannot be created (a process or thread limit) refuses that connection, and accept errors (out of file
+    /// descriptors) back off, so the daemon never exits on them.
+    pub fn serve(self, stop: Arc<AtomicBool>) {
+        if let Err(e) = self.listener.set_nonblocking(true) {
+            return warn!("cannot make the listener non-blocking: {e}");
+        }
+        info!(addr = %self.local_addr(), "worker listening");
+        while !stop.load(Ordering::Relaxed) {
+            match self.listener.accept() {
+                Ok((stream, peer)) => self.spawn_connection(stream, peer, &stop),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => {
+                    warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+        info!("worker stopped");
+    }
+
+    fn spawn_connection(&self, stream: TcpStream, peer: SocketAddr, stop: &Arc<AtomicBool>) {
+        let handle = match stream.try_clone() {
+            Ok(h) => h,
+            Err(e) => return warn!(%peer, "refused: cannot clone the socket ({e})"),
+        };
+        let pending = self.shared.registry.admit(handle);
+        let (shared, stop) = (self.shared.clone(), stop.clone());
+        let spawned = std::thread::Builder::new()
+            .name("bb-worker-conn".into())
+            .spawn(move || {
+                let _pending = pending;
+                handle_connection(shared, stream, peer, _pending, stop)
+            });
+        if let Err(e) = spawned {
+            // the closure (with the stream and the pending slot) was dropped: the connection is closed
+            warn!(%peer, "refused: cannot start a connection thread ({e})");
+        }
+    }
+}
+
+/// Errors starting a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The checkpoint failed to open or load.
+    #[error(transparent)]
+    Model(#[from] backburner_model::ModelError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `--layers` is not a valid tail range.
+    #[error("{0}")]
+    LayerRange(String),
+    /// The compute threads could not be started (or `threads` is 0).
+    #[error("{0}")]
+    Threads(String),
+}
+
+fn check_range(c: &ModelConfig, r: &Range<usize>) -> Result<(), (ErrorCode, String)> {
+    let cyc = c.full_attention_interval;
+    if r.end != c.num_hidden_layers
+        || r.start == 0
+        || r.start >= r.end
+        || !r.start.is_multiple_of(cyc)
+    {
+        let valid = valid_split_layers(c);
+        return Err((
+            ErrorCode::LayerRangeMismatch,
+            format!(
+                "layer range {}..{} is not a tail range on a {cyc}-layer cycle boundary of this {}-layer model (valid starts: {})",
+                r.start,
+                r.end,
+                c.num_hidden_layers,
+                if valid.is_empty() { "none".to_string() } else { valid.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ") }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Split points a host may use: multiples of `full_attention_interval` strictly inside `(0, n_layers)` (none when
+/// the cycle is as long as the model).
+pub fn valid_split_layers(c: &ModelConfig) -> Vec<usize> {
+    (1..c.num_hidden_layers)
+        .filter(|l| l % c.full_attention_interval == 0)
+        .collect()
+}
+
+fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, WorkerError> {
+    let mut g = shared.loaded.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(l) = g.as_ref() {
+        if l.range == range {
+            return Ok(l.clone());
+        }
+        if Arc::strong_count(l) > 1 {
+            return Err(WorkerError::LayerRange(format!(
+                "this worker serves layers {}..{} to other hosts now",
+                l.range.start, l.range.end
+            )));
+        }
+    }
+    info!(?range, "loading layers");
+    *g = None; // free the old range's weights before loading the new one
+    let model = shared.pool.install(|| {
+        Model::from_checkpoint(
+            shared.config.clone(),
+            &shared.ckpt,
+            &LoadOptions {
+                layers: range.clone(),
+                ends: false,
+            },
+            |_, _| {},
+        )
+    })?;
+    let fp = fingerprint(&shared.ckpt, &shared.config, range.clone())?;
+    let l = Arc::new(Loaded {
+        model: Arc::new(model),
+        range,
+        fingerprint: fp,
+    });
+    *g = Some(l.clone());
+    Ok(l)
+}
+
+/// Checks the host's parameters (after its MAC verified); loads the layers and opens the session slot.
+fn accept_params(
+    shared: &Shared,
+    p: &SessionParams,
+    session: u64,
+    handle: TcpStream,
+) -> Result<(Arc<Loaded>, SessionGuard, SessionSpec), (ErrorCode, String)> {
+    let c = &shared.config;
+    let o = &shared.opts;
+    let range = p.layer_start as usize..p.layer_end as usize;
+    if p.n_layers as usize != c.num_hidden_layers || p.hidden as usize != c.hidden_size {
+        return Err((
+            ErrorCode::ModelMismatch,
+            format!(
+                "host model has {} layers / hidden {}, this worker's has {} / {}",
+                p.n_layers, p.hidden, c.num_hidden_layers, c.hidden_size
+            ),
+        ));
+    }
+    check_range(c, &range)?;
+    if let Some(fixed) = &o.layers {
+        if *fixed != range {
+            return Err((
+                ErrorCode::LayerRangeMismatch,
+                format!(
+                    "this worker serves layers {}..{} (--layers), the host asked for {}..{}",
+                    fixed.start, fixed.end, range.start, range.end
+                ),
+            ));
+        }
+    }
+    let page = usize::try_from(p.kv_page_size)
+        .ok()
+        .filter(|v| *v > 0 && (*v as u64) <= MAX_POSITIONS);
+    let max_positions = usize::try_from(MAX_POSITIONS).unwrap_or(usize::MAX);
+    let Some(page) = page else {
+        return Err((
+            ErrorCode::ParamMismatch,
+            format!("kv_page_size {} must be in 1..=2^40", p.kv_page_size),
+        ));
+    };
+    if p.ubatch == 0 || p.ubatch as usize > o.max_ubatch {
+        return Err((
+            ErrorCode::ParamMismatch,
+            format!(
+                "ubatch {} is outside 1..={} (the worker's --max-ubatch)",
+                p.ubatch, o.max_ubatch
+            ),
+        ));
+    }
+    let guard = shared
+        .registry
+        .open_session(session, handle)
+        .map_err(|m| (ErrorCode::Busy, m))?;
+    let l = load(shared, range).map_err(|e| (ErrorCode::LayerRangeMismatch, e.to_string()))?;
+    if l.fingerprint != p.fingerprint {
+        return Err((
+            ErrorCode::ModelMismatch,
+            format!(
+                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}) is not the host's",
+                p.layer_start,
+                p.layer_end,
+                o.model_dir.display()
+            ),
+        ));
+    }
+    let kv = KvOptions {
+        page_size: page,
+        dtype: match p.kv_dtype {
+            WireKvDtype::F16 => KvDtype::F16,
+            WireKvDtype::F32 => KvDtype::F32,
+        },
+    };
+    let spec = SessionSpec {
+        range: l.range.clone(),
+        kv,
+        ubatch: p.ubatch as usize,
+        max_positions,
+        max_frame: o.max_frame,
+    };
+    Ok((l, guard, spec))
+}
+
+fn handle_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    pending: registry::PendingGuard,
+    stop: Arc<AtomicBool>,
+) {
+    let _ = stream.set_nonblocking(false);
+    // No handshake message carries a tensor section: until the host authenticates, any tensor bytes are refused.
+    // The whole handshake (every read and write) has `handshake_timeout`.
+    let setup = stream.try_clone().map_err(LinkError::Io).and_then(|h| {
+        Ok((
+            Conn::new(stream, Some(shared.opts.handshake_timeout), Some(0), None)?,
+            h,
+        ))
+    });
+    let (mut conn, handle) = match setup {
+        Ok(v) => v,
+        Err(e) => return warn!(%peer, "connection setup failed: {e}"),
+    };
+    let c = &mut conn;
+    let r = handshake(&shared, c, handle).and_then(|(core, guard)| {
+        drop(pending);
+        let (sessions, pending) = shared.registry.counts();
+        info!(%peer, session = guard.id(), sessions, pending, "session started");
+        serve_session(&shared, c, core, &guard, &stop)
+    });
+    match r {
+        Ok(()) | Err(LinkError::Closed) => info!(%peer, "host disconnected"),
+        Err(e) => {
+            if let Some(code) = framing_code(&e) {
+                c.writer.send_error(code, e.to_string());
+            }
+            warn!(%peer, "session ended: {e}");
+        }
+    }
+    c.shutdown();
+}
+
+/// The error code a framing fault is answered with (None: the peer already got an `Error`, or cannot be told).
+fn framing_code(e: &LinkError) -> Option<ErrorCode> {
+    match e {
+        LinkError::VersionMismatch { .. } => Some(ErrorCode::VersionMismatch),
+        LinkError::BadMagic(_)
+        | LinkError::UnknownKind(_)
+        | LinkError::FrameTooLarge { .. }
+        | LinkError::Malformed(_)
+        | LinkError::Integrity(_)
+        | LinkError::Unexpected { .. } => Some(ErrorCode::Malformed),
+        LinkError::Timeout(_) => Some(ErrorCode::Deadline),
+        _ => None,
+    }
+}
+
+fn handshake(
+    shared: &Shared,
+    conn: &mut Conn,
+    handle: TcpStream,
+) -> Result<(SessionCore, SessionGuard), LinkError> {
+    let o = &shared.opts;
+    let offer = WorkerOffer {
+        secret: o.secret.clone(),
+        threads: u32::try_from(o.threads).unwrap_or(u32::MAX),
+        layers: o.layers.as_ref().map(|r| (r.start as u32, r.end as u32)),
+        limits: WorkerLimits {
+            max_ubatch: u32::try_from(o.max_ubatch).unwrap_or(u32::MAX),
+            max_frame: o.max_frame as u64,
+            max_memory: o.max_memory,
+        },
+        session: loop {
+            let s: u64 = rand::random();
+            if s != 0 {
+                break s;
+            }
+        },
+        reply_timeout: o.pace.base,
+    };
+    let mut accepted = None;
+    worker_handshake(conn, &offer, |p| {
+        accepted = Some(accept_params(shared, p, offer.session, handle)?);
+        Ok(())
+    })?;
+    let (l, guard, spec) = accepted.expect("the handshake accepted the parameters");
+    let core = SessionCore::new(l.model.clone(), spec, &shared.budget).map_err(|f| {
+        conn.writer.send_error(f.code, f.message.clone());
+        LinkError::Remote {
+            code: f.code,
+            message: f.message,
+        }
+    })?;
+    conn.reader.set_max_tensor(o.max_frame);
+    conn.reader.set_pace(Some(o.pace));
+    Ok((core, guard))
+}
+
+/// Reserves `bytes` for a request's buffers; when they do not fit, evicts idle sessions (least recently active
+/// first), giving each up to 500 ms to drop its state, until they fit or no idle session is left.
+fn reserve_evicting(
+    shared: &Shared,
+    me: &SessionGuard,
+    bytes: u64,
+    what: &'static str,
+) -> Result<Reservation, Fault> {
+    loop {
+        let e = match shared.budget.reserve(bytes, what) {
+            Ok(r) => return Ok(r),
+            Err(e) => e,
+        };
+        if !shared.registry.evict_idle_except(me.id()) {
+            return Err(e.into());
+        }
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until
+            && shared.budget.used().saturating_add(bytes) > shared.budget.limit()
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn serve_session(
+    shared: &Shared,
+    conn: &mut Conn,
+    mut core: SessionCore,
+    me: &SessionGuard,
+    stop: &AtomicBool,
+) -> Result<(), LinkError> {
+    let o = &shared.opts;
+    let mut frames = 0usize;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            conn.writer
+                .send_error(ErrorCode::Evicted, "the worker is shutting down");
+            return Ok(());
+        }
+        me.set_idle(true);
+        conn.reader.set_deadline(Some(o.idle_timeout));
+        let h = conn.reader.recv_header();
+        me.set_idle(false);
+        if me.evicted() {
+            conn.writer.send_error(
+                ErrorCode::Evicted,
+                "evicted: another session needed this worker's memory",
+            );
+            return Err(LinkError::Remote {
+                code: ErrorCode::Evicted,
+                message: "evicted to free memory".into(),
+            });
+        }
+        let h = h?;
+        // the received body and, for a ping, its echo
+        let hold = match reserve_evicting(
+            shared,
+            me,
+            (h.body_len() as u64).saturating_mul(2),
+            "a request's buffers",
+        ) {
+            Ok(r) => r,
+            Err(f) => return refuse(conn, f),
+        };
+        let f = conn.reader.recv_body(h)?;
+        let arrived = Instant::now();
+        frames += 1;
+        if o.exit_after_frames == Some(frames) {
+            warn!(
+                "fault injection: exiting on session frame {frames} ({:?})",
+                f.kind()
+            );
+            std::process::exit(101);
+        }
+        let req = Request::decode(f)?;
+        let reply = core.handle(req, arrived, &shared.pool);
+        drop(hold);
+        let reply = match reply {
+            Ok(r) => r,
+            Err(fault) => return refuse(conn, fault),
+        };
+        send_reply(conn, o.pace, reply)?;
+    }
+}
+
+fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError> {
+    let bytes = match &reply {
+        Reply::Pong(p) | Reply::FetchDone(_, p, _) => p.len(),
+        _ => 0,
+    };
+    conn.writer.set_deadline(Some(pace.allowance(bytes)));
+    match reply {
+        Reply::Pong(p) => conn.writer.send(Kind::Pong, &Empty {}, &p),
+        Reply::SyncDone => conn.writer.send(Kind::SyncDone, &Empty {}, &[]),
+        Reply::LayersDone(d) => conn.writer.send(Kind::LayersDone, &d, &[]),
+        Reply::FetchDone(d, p, _hold) => conn.writer.send(Kind::FetchDone, &d, &p),
+        Reply::ResetDone => conn.writer.send(Kind::ResetDone, &Empty {}, &[]),
+    }
+    .map(|_| ())
+}
+
+fn refuse(conn: &mut Conn, f: Fault) -> Result<(), LinkError> {
+    conn.writer.send_error(f.code, f.message.clone());
+    Err(LinkError::Remote {
+        code: f.code,
+        message: f.message,
+    })
+}
