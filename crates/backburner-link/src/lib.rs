@@ -16,6 +16,7 @@ pub mod error;
 pub mod frame;
 pub mod handshake;
 pub mod message;
+pub mod relay;
 
 pub use conn::{Conn, Counters, FrameReader, FrameWriter, Pace, Shaper};
 pub use error::{ErrorCode, LinkError};
