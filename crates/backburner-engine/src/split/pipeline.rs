@@ -131,7 +131,6 @@ impl WorkerClient {
             base.0 + compute + Duration::from_secs_f64(bytes as f64 / base.1 as f64)
         };
         let (conn_w, conn_r) = (&mut conn.writer, &mut conn.reader);
-        type Fetched = (Vec<LayersDone>, Vec<(FetchDone, Vec<u8>)>);
         let observed = self.us_per_token_layer;
         let host_threads = self.settings.host_threads;
         let last: Result<(Vec<f32>, usize), LinkError> = std::thread::scope(|s| {
@@ -229,6 +228,9 @@ impl WorkerClient {
     }
 }
 
+/// The worker's acknowledgements and the fetched rows with their payloads.
+type Fetched = (Vec<LayersDone>, Vec<(FetchDone, Vec<u8>)>);
+
 /// The sender thread: each residual as it comes, then the fetches. A `RunLayers` may wait in the socket while the
 /// worker computes the previous ubatch, so its send deadline includes that ubatch's expected compute.
 fn send_all(
@@ -262,7 +264,7 @@ fn receive_all(
     fetches: &[Fetch],
     fetch_bytes: &[usize],
     allow: &impl Fn(usize, Duration) -> Duration,
-) -> Result<(Vec<LayersDone>, Vec<(FetchDone, Vec<u8>)>), LinkError> {
+) -> Result<Fetched, LinkError> {
     let mut acks = Vec::with_capacity(expected);
     let mut last = Instant::now();
     for _ in 0..expected {
