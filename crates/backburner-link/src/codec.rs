@@ -111,10 +111,8 @@ pub fn decode_body(
         )));
     }
     if let Some(k) = key {
-        let n = h.body_len();
-        let tag: [u8; TAG_LEN] = wire[n..].try_into().expect("tag length checked");
+        let n = k.open(&h.encode(), &mut wire)?;
         wire.truncate(n);
-        k.open(&h.encode(), &mut wire, &tag)?;
     }
     let c = h.control_len as usize;
     let control = wire[..c].to_vec();
