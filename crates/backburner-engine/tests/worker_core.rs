@@ -1,0 +1,209 @@
+//! The worker's request handling without sockets: every size from the wire at 0, its maximum and past it gets a
+//! typed error, never a panic or a wrapped size; random request sequences (a bounded fuzz run in CI) keep the
+//! memory accounting exact and under the budget.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use backburner_engine::worker::{MemoryBudget, Reply, SessionCore, SessionSpec};
+use backburner_engine::ComputePool;
+use backburner_kernels::kv::KvDtype;
+use backburner_link::message::{Fetch, RunLayers, Sync};
+use backburner_link::{ErrorCode, Request};
+use backburner_model::{synthetic, KvOptions, Model};
+use proptest::prelude::*;
+
+fn model(n_layers: usize, interval: usize) -> (tempfile::TempDir, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = synthetic::tiny_config(n_layers);
+    cfg["full_attention_interval"] = interval.into();
+    synthetic::write_random_checkpoint(dir.path(), &cfg, 3).unwrap();
+    let m = Arc::new(Model::load(dir.path()).unwrap());
+    (dir, m)
+}
+
+fn spec(n: usize) -> SessionSpec {
+    SessionSpec {
+        range: 4..n,
+        kv: KvOptions {
+            page_size: 64,
+            dtype: KvDtype::F16,
+        },
+        ubatch: 16,
+        max_positions: 1 << 40,
+        max_frame: 1 << 20,
+    }
+}
+
+fn code(r: Result<Reply, backburner_engine::worker::Fault>) -> ErrorCode {
+    match r {
+        Ok(r) => panic!("accepted: {r:?}"),
+        Err(f) => f.code,
+    }
+}
+
+fn sync(t: u64, a: u64, payload: Vec<u8>) -> Request {
+    Request::Sync(
+        Sync {
+            truncate_to: t,
+            pos_after: a,
+            linear: false,
+        },
+        payload,
+    )
+}
+
+fn run(pos: u64, n: u32, bytes: usize) -> Request {
+    Request::RunLayers(RunLayers { pos, n_tokens: n }, vec![0; bytes])
+}
+
+fn fetch(a: u64, b: u64) -> Request {
+    Request::Fetch(Fetch {
+        from_pos: a,
+        to_pos: b,
+        linear: true,
+    })
+}
+
+#[test]
+fn wire_values_at_their_extremes_get_typed_errors() {
+    let (_d, m) = model(8, 4);
+    let pool = ComputePool::new(1).unwrap();
+    let budget = MemoryBudget::new(1 << 30);
+    let mut core = SessionCore::new(m.clone(), spec(8), &budget).unwrap();
+    let now = Instant::now();
+    let mut h = |r: Request| core.handle(r, now, &pool);
+    // 2^56 rows with an empty payload (their byte count used to wrap to 0 and pass): past the position bound
+    for a in [1u64 << 56, u64::MAX] {
+        assert_eq!(
+            code(h(sync(0, a, vec![]))),
+            ErrorCode::BadState,
+            "pos_after {a}"
+        );
+    }
+    // within the bound, the checked byte count does not match the empty payload
+    for a in [1u64 << 39, 1] {
+        assert_eq!(
+            code(h(sync(0, a, vec![]))),
+            ErrorCode::Malformed,
+            "pos_after {a}"
+        );
+    }
+    assert_eq!(
+        code(h(sync(5, 5, vec![]))),
+        ErrorCode::BadState,
+        "truncate past the mirror"
+    );
+    assert_eq!(code(h(sync(0, u64::MAX, vec![0; 7]))), ErrorCode::BadState);
+    // one row: 1 attention layer × K,V × 2 heads × 32 dims × f16
+    assert!(matches!(h(sync(0, 1, vec![0; 256])), Ok(Reply::SyncDone)));
+    for (pos, n, bytes) in [
+        (1, u32::MAX, 64),
+        (1, 17, 17 * 256),  // over the ubatch
+        (1, 0, 0),          // empty
+        (0, 1, 256),        // wrong position
+        (u64::MAX, 1, 256), // position at the maximum
+        (1, 2, 256),        // wrong byte count
+    ] {
+        assert_eq!(
+            code(h(run(pos, n, bytes))),
+            ErrorCode::BadState,
+            "RunLayers {pos} {n} {bytes}"
+        );
+    }
+    assert!(matches!(h(run(1, 2, 2 * 64 * 4)), Ok(Reply::LayersDone(d)) if d.pos_after == 3));
+    for (a, b) in [(0, 4), (2, 1), (0, u64::MAX), (u64::MAX, u64::MAX)] {
+        assert_eq!(code(h(fetch(a, b))), ErrorCode::BadState, "fetch {a}..{b}");
+    }
+    assert!(
+        matches!(h(fetch(0, 3)), Ok(Reply::FetchDone(f, p, _)) if f.to_pos == 3 && p.len() == 3 * 256 + 3 * 4 * (160 * 3 + 4 * 16 * 24))
+    );
+    assert!(matches!(h(Request::Reset), Ok(Reply::ResetDone)));
+    drop(h);
+    assert_eq!(budget.used(), core.mirror().bytes() as u64);
+}
+
+#[test]
+fn a_range_without_attention_layers_bounds_positions() {
+    // full_attention_interval 16 on 8 layers: no attention layer, so a row costs 0 bytes and only the position
+    // bound stops a huge sync (the host side refuses such a model for split: there is no split point)
+    let (_d, m) = model(8, 16);
+    let pool = ComputePool::new(1).unwrap();
+    let budget = MemoryBudget::new(1 << 30);
+    let mut core = SessionCore::new(m, spec(8), &budget).unwrap();
+    let r = core.handle(sync(0, 1 << 56, vec![]), Instant::now(), &pool);
+    assert_eq!(code(r), ErrorCode::BadState);
+    assert!(backburner_engine::balanced_split(&synthetic_config(8, 16), 1, 1).is_none());
+}
+
+fn synthetic_config(n: usize, interval: usize) -> backburner_model::ModelConfig {
+    let (_d, m) = model(n, interval);
+    m.config().clone()
+}
+
+#[test]
+fn the_budget_refuses_growth_before_allocating() {
+    let (_d, m) = model(8, 4);
+    let pool = ComputePool::new(1).unwrap();
+    let base = SessionCore::new(m.clone(), spec(8), &MemoryBudget::new(1 << 30))
+        .unwrap()
+        .mirror()
+        .bytes() as u64;
+    // room for the linear states and 10 rows' growth, not for 16
+    let budget = MemoryBudget::new(base + 10 * (256 + 512));
+    let mut core = SessionCore::new(m, spec(8), &budget).unwrap();
+    let r = core.handle(run(0, 16, 16 * 64 * 4), Instant::now(), &pool);
+    assert_eq!(code(r), ErrorCode::OutOfMemory);
+    assert_eq!(core.mirror().n_tokens(), 0);
+    assert_eq!(budget.used(), base);
+    assert!(matches!(
+        core.handle(run(0, 4, 4 * 64 * 4), Instant::now(), &pool),
+        Ok(Reply::LayersDone(_))
+    ));
+}
+
+fn any_request() -> impl Strategy<Value = Request> {
+    let pos = prop_oneof![0u64..40, Just(u64::MAX), Just(1u64 << 56), any::<u64>()];
+    prop_oneof![
+        (pos.clone(), pos.clone(), 0usize..4, any::<bool>()).prop_map(|(t, a, rows, linear)| {
+            let lin = if linear {
+                3 * 4 * (160 * 3 + 4 * 16 * 24)
+            } else {
+                0
+            };
+            Request::Sync(
+                Sync {
+                    truncate_to: t,
+                    pos_after: a,
+                    linear,
+                },
+                vec![1; rows * 256 + lin],
+            )
+        }),
+        (pos.clone(), 0u32..20, 0usize..20).prop_map(|(p, n, rows)| run(p, n, rows * 256)),
+        (pos.clone(), pos).prop_map(|(a, b)| fetch(a, b)),
+        proptest::collection::vec(any::<u8>(), 0..64).prop_map(Request::Ping),
+        Just(Request::Reset),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn random_requests_never_panic_and_keep_the_accounting_exact(reqs in proptest::collection::vec(any_request(), 1..24)) {
+        let (_d, m) = model(8, 4);
+        let pool = ComputePool::new(1).unwrap();
+        let budget = MemoryBudget::new(1 << 22);
+        let mut core = SessionCore::new(m, spec(8), &budget).unwrap();
+        for r in reqs {
+            let out = core.handle(r, Instant::now(), &pool);
+            if let Err(f) = &out {
+                prop_assert!(matches!(f.code, ErrorCode::BadState | ErrorCode::Malformed | ErrorCode::OutOfMemory), "{f:?}");
+            }
+            drop(out);
+            prop_assert_eq!(budget.used(), core.mirror().bytes() as u64);
+            prop_assert!(budget.used() <= budget.limit());
+        }
+    }
+}
