@@ -119,7 +119,6 @@ fn wire_values_at_their_extremes_get_typed_errors() {
         matches!(h(fetch(0, 3)), Ok(Reply::FetchDone(f, p, _)) if f.to_pos == 3 && p.len() == 3 * 256 + 3 * 4 * (160 * 3 + 4 * 16 * 24))
     );
     assert!(matches!(h(Request::Reset), Ok(Reply::ResetDone)));
-    drop(h);
     assert_eq!(budget.used(), core.mirror().bytes() as u64);
 }
 
