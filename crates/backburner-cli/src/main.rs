@@ -203,6 +203,12 @@ impl LinkArgs {
         st.split_layer = self.split_layer;
         st.split_min_tokens = self.split_min_tokens;
         st.secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
+        if st.secret.is_empty() && !worker_cmd::is_loopback(addr) {
+            eprintln!(
+                "warning: --worker {addr} is not on this machine and no secret is set: any worker there is trusted and \
+                 the link is readable by anyone on the path (set --secret-file or BACKBURNER_SECRET on both sides)"
+            );
+        }
         st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
         Ok(Some(backburner_engine::WorkerClient::new(
             st,

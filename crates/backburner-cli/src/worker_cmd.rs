@@ -95,6 +95,13 @@ pub fn parse_worker_addr(s: &str) -> std::result::Result<String, String> {
     }
 }
 
+/// Whether every address `addr` (HOST:PORT) resolves to is a loopback address.
+pub fn is_loopback(addr: &str) -> bool {
+    addr.to_socket_addrs()
+        .map(|mut a| a.all(|s| s.ip().is_loopback()))
+        .unwrap_or(false)
+}
+
 /// Parses a byte count with an optional K/M/G suffix (binary).
 pub fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();

@@ -344,3 +344,38 @@ fn hosts_share_a_worker_up_to_max_sessions_and_a_late_one_gets_busy() {
     assert!(rtt < Duration::from_secs(5));
     let _ = Conn::connect; // the client owns its connection; dropping it frees its slot
 }
+
+#[test]
+fn an_idle_session_is_evicted_for_a_busy_one_and_its_host_falls_back_exactly() {
+    let f = model_with_layers(8, 13);
+    // Worker layers 4..8: one attention layer (a row is K,V × 2 heads × 32 dims × f16 = 256 bytes) and three linear
+    // layers (24 192 bytes of state). After a 20-ubatch prompt a mirror holds 304 rows: 102 016 bytes. Fetching
+    // them reserves the payload twice (buffer and sealed frame) and one layer's rows as f32 (304 × 512 bytes):
+    // a session peaks at 461 696 bytes. 512 KiB holds one peak, not a peak beside an idle mirror.
+    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 512 << 10);
+    let (p1, p2, more) = (
+        prompt(20 * UBATCH, 1),
+        prompt(20 * UBATCH, 2),
+        prompt(2 * UBATCH + 3, 3),
+    );
+    let mut la = Session::new(f.model.clone(), opts()).unwrap();
+    let want_a = run(&mut la, &p1, 2);
+    let want_more = bits(&la.prefill(&more, Logits::Last, |_, _| {}).unwrap());
+    let mut lb = Session::new(f.model.clone(), opts()).unwrap();
+    let want_b = run(&mut lb, &p2, 2);
+
+    let mut a = Session::new(f.model.clone(), opts()).unwrap();
+    a.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    assert!(run(&mut a, &p1, 2) == want_a);
+    assert_eq!(a.link_stats().fallbacks, 0);
+    // b needs a's memory: a (idle) is evicted and b runs split
+    let mut b = Session::new(f.model.clone(), opts()).unwrap();
+    b.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    assert!(run(&mut b, &p2, 2) == want_b);
+    assert_eq!(b.link_stats().fallbacks, 0, "b should have made room");
+    assert_eq!(b.link_stats().worker_tokens, 19 * UBATCH as u64);
+    // a's next split call meets Error{Evicted} and reruns locally with the same bits
+    let got = bits(&a.prefill(&more, Logits::Last, |_, _| {}).unwrap());
+    assert!(got == want_more);
+    assert_eq!(a.link_stats().fallbacks, 1);
+}

@@ -96,7 +96,28 @@ impl Pace {
     }
 }
 
-/// The socket under the reader: every read waits at most until the deadline.
+/// Fixed slack by which a socket timeout may exceed the time left before a deadline.
+const SLACK: Duration = Duration::from_millis(10);
+
+/// The socket timeout to apply when `want` is left before the deadline (None = no deadline), given the one
+/// `applied` last: `Some(new)` when it must change, `None` when the applied one can stay. An applied timeout is never
+/// shorter than the time left and at most an eighth of it plus [`SLACK`] longer (so a deadline holds within that);
+/// new ones are rounded up to 10 ms, so successive messages with the same budget reuse it and cost no system call.
+fn retime(applied: Option<Option<Duration>>, want: Option<Duration>) -> Option<Option<Duration>> {
+    match (applied, want) {
+        (Some(None), None) => None,
+        (Some(Some(a)), Some(w)) if a >= w && a <= w + w / 8 + SLACK => None,
+        (_, Some(w)) => {
+            let ms = u64::try_from(w.as_millis()).unwrap_or(u64::MAX / 2);
+            Some(Some(Duration::from_millis(
+                ms.div_ceil(10).saturating_add(1).saturating_mul(10),
+            )))
+        }
+        (_, None) => Some(None),
+    }
+}
+
+/// The socket under the reader: every read waits at most until the deadline (within the slack of [`retime`]).
 #[derive(Debug)]
 struct DeadlineStream {
     s: TcpStream,
@@ -106,7 +127,7 @@ struct DeadlineStream {
 
 impl DeadlineStream {
     fn set_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()> {
-        if self.applied != Some(t) {
+        if let Some(t) = retime(self.applied, t) {
             self.s.set_read_timeout(t)?;
             self.applied = Some(t);
         }
@@ -141,6 +162,7 @@ pub struct FrameWriter {
     key: Option<FrameKey>,
     session: u64,
     deadline: Option<Deadline>,
+    applied: Option<Option<Duration>>,
 }
 
 impl FrameWriter {
@@ -194,7 +216,10 @@ impl FrameWriter {
                 .map(|d| d.left())
                 .transpose()
                 .map_err(|e| map_io(e, self.deadline))?;
-            self.s.set_write_timeout(t)?;
+            if let Some(t) = retime(self.applied, t) {
+                self.s.set_write_timeout(t)?;
+                self.applied = Some(t);
+            }
             match self.s.write(b) {
                 Ok(0) => return Err(LinkError::Closed),
                 Ok(n) => b = &b[n..],
@@ -379,6 +404,7 @@ impl Conn {
             key: None,
             session: 0,
             deadline: None,
+            applied: None,
         };
         writer.set_deadline(deadline);
         let mut reader = FrameReader {
@@ -457,5 +483,39 @@ impl Conn {
     /// A handle that can shut the socket down from another thread.
     pub fn shutdown_handle(&self) -> Result<TcpStream, LinkError> {
         Ok(self.stream.try_clone()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_timeouts_are_never_shorter_than_the_time_left_and_rarely_reset() {
+        let ms = Duration::from_millis;
+        // first use, and a change between a deadline and none, always apply
+        assert_eq!(retime(None, Some(ms(60_000))), Some(Some(ms(60_010))));
+        assert_eq!(retime(None, None), Some(None));
+        assert_eq!(retime(Some(Some(ms(5))), None), Some(None));
+        assert_eq!(retime(Some(None), Some(ms(7))), Some(Some(ms(20))));
+        // the same budget again (a little less left): kept
+        assert_eq!(retime(Some(Some(ms(60_010))), Some(ms(59_999))), None);
+        assert_eq!(retime(Some(None), None), None);
+        // more left than applied: reset upward; far less left: reset downward
+        assert_eq!(
+            retime(Some(Some(ms(60_010))), Some(ms(60_011))),
+            Some(Some(ms(60_030)))
+        );
+        assert_eq!(
+            retime(Some(Some(ms(60_010))), Some(ms(1_000))),
+            Some(Some(ms(1_010)))
+        );
+        // never shorter than what is left
+        for w in [1u64, 9, 10, 11, 99, 1000, 123_456] {
+            let Some(Some(a)) = retime(None, Some(ms(w))) else {
+                panic!()
+            };
+            assert!(a >= ms(w) && a <= ms(w) + ms(20), "{w}: {a:?}");
+        }
     }
 }

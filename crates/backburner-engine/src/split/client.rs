@@ -191,8 +191,10 @@ impl WorkerClient {
                 "this {n}-layer model has no split point on its {cyc}-layer cycle"
             )));
         };
-        // Warm the fingerprint cache before connecting: the worker bounds the whole handshake.
-        (self.fingerprint)(first..n).map_err(LinkError::Refused)?;
+        // Warm the fingerprint cache before connecting, for every range the handshake may choose (from the given
+        // split layer, or from the first split point): the worker bounds the whole handshake.
+        let widest = self.settings.split_layer.unwrap_or(cyc).clamp(1, n - 1);
+        (self.fingerprint)(widest..n).map_err(LinkError::Refused)?;
         let st = &self.settings;
         let mut conn = Conn::connect(&st.addr, st.timeout, st.shaper)?;
         let mut chosen = 0;

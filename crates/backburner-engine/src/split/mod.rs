@@ -109,28 +109,45 @@ pub fn balanced_split(
 /// Computes the host's model fingerprint of a layer range (see `backburner_model::fingerprint`).
 pub type FingerprintFn = Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + Send>;
 
-/// The fingerprint function of a checkpoint directory. The first call hashes every decoder layer once (one pass over
-/// the weights) and keeps the per-layer digests, so any later range, such as the one chosen during a handshake, is
-/// answered at once.
+/// The fingerprint function of a checkpoint directory. It keeps the checkpoint open and each layer's digest once
+/// computed (one pass over that layer's weights), so the range chosen during a handshake is answered from the cache
+/// once the client has asked for the widest range it may choose before connecting.
 pub fn dir_fingerprint(
     dir: std::path::PathBuf,
 ) -> impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static {
-    let digests: std::sync::Mutex<Option<(ModelConfig, Vec<[u8; 32]>)>> = Default::default();
+    type Cache = (
+        Option<(ModelConfig, backburner_model::Checkpoint)>,
+        std::collections::HashMap<usize, [u8; 32]>,
+    );
+    let cache: std::sync::Mutex<Cache> = Default::default();
     move |r| {
-        let mut g = digests.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() {
+        let mut g = cache.lock().unwrap_or_else(|p| p.into_inner());
+        let (opened, digests) = &mut *g;
+        if opened.is_none() {
             let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
             let ck = backburner_model::Checkpoint::open(&dir).map_err(|e| e.to_string())?;
-            let d = (0..cfg.num_hidden_layers)
-                .map(|i| backburner_model::fingerprint::layer_digest(&ck, &cfg, i))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
-            *g = Some((cfg, d));
+            *opened = Some((cfg, ck));
         }
-        let (cfg, d) = g.as_ref().expect("computed above");
-        let part = d
-            .get(r.clone())
-            .ok_or_else(|| format!("layers {r:?} outside the model"))?;
-        Ok(backburner_model::fingerprint::combine(cfg, r, part))
+        let (cfg, ck) = opened.as_ref().expect("opened above");
+        if r.end > cfg.num_hidden_layers {
+            return Err(format!(
+                "layers {r:?} outside the {}-layer model",
+                cfg.num_hidden_layers
+            ));
+        }
+        let mut part = Vec::with_capacity(r.len());
+        for i in r.clone() {
+            let d = match digests.get(&i) {
+                Some(d) => *d,
+                None => {
+                    let d = backburner_model::fingerprint::layer_digest(ck, cfg, i)
+                        .map_err(|e| e.to_string())?;
+                    digests.insert(i, d);
+                    d
+                }
+            };
+            part.push(d);
+        }
+        Ok(backburner_model::fingerprint::combine(cfg, r, &part))
     }
 }

@@ -182,7 +182,8 @@ impl WorkerClient {
                     );
                     let msg = RunLayers {
                         pos: (pos - t) as u64,
-                        n_tokens: t as u32,
+                        n_tokens: u32::try_from(t)
+                            .expect("ubatch checked to fit u32 in the handshake"),
                     };
                     let _ = tx.send((msg, f32_bytes(&x), compute));
                     progress(pos - p, ids.len());

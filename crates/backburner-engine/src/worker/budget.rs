@@ -20,6 +20,10 @@ pub struct OverBudget {
     pub limit: u64,
 }
 
+/// Frees memory held elsewhere when a reservation does not fit (the worker evicts an idle session); returns whether
+/// it freed anything worth waiting for.
+pub type MakeRoom = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// A byte budget shared by all sessions of a worker.
 #[derive(Debug)]
 pub struct MemoryBudget {
@@ -72,6 +76,34 @@ impl MemoryBudget {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
+    /// Waits up to 500 ms for `bytes` more to fit (memory freed by an evicted session's thread).
+    fn wait_for(&self, bytes: u64) {
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        while std::time::Instant::now() < until && self.used().saturating_add(bytes) > self.limit {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// As [`MemoryBudget::reserve`], but when `bytes` do not fit, asks `room` to free memory (and waits for it) until
+    /// they fit or `room` has nothing left to free.
+    pub fn reserve_with(
+        self: &Arc<Self>,
+        bytes: u64,
+        what: &'static str,
+        room: Option<&MakeRoom>,
+    ) -> Result<Reservation, OverBudget> {
+        loop {
+            let e = match self.reserve(bytes, what) {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            match room {
+                Some(f) if f() => self.wait_for(bytes),
+                _ => return Err(e),
+            }
+        }
+    }
+
     /// Reserves `bytes`, released when the returned value is dropped. Errors: [`OverBudget`].
     pub fn reserve(
         self: &Arc<Self>,
@@ -111,6 +143,22 @@ impl Reservation {
         }
         self.bytes = bytes;
         Ok(())
+    }
+}
+
+impl Reservation {
+    /// As [`Reservation::resize`], asking `room` to free memory when growing does not fit.
+    pub fn resize_with(&mut self, bytes: u64, room: Option<&MakeRoom>) -> Result<(), OverBudget> {
+        loop {
+            let e = match self.resize(bytes) {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            match room {
+                Some(f) if f() => self.budget.wait_for(bytes.saturating_sub(self.bytes)),
+                _ => return Err(e),
+            }
+        }
     }
 }
 

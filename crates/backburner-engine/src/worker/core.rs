@@ -12,7 +12,7 @@ use backburner_link::message::{Fetch, FetchDone, LayersDone, RunLayers, Sync};
 use backburner_link::{ErrorCode, Request};
 use backburner_model::{KvOptions, Model, ModelConfig, ModelState};
 
-use super::budget::{MemoryBudget, OverBudget, Reservation};
+use super::budget::{MakeRoom, MemoryBudget, OverBudget, Reservation};
 use crate::compute::ComputePool;
 use crate::wire;
 
@@ -77,6 +77,7 @@ pub struct SessionCore {
     mirror: ModelState,
     held: Reservation,
     budget: Arc<MemoryBudget>,
+    room: Option<MakeRoom>,
     last_done: Instant,
 }
 
@@ -109,8 +110,15 @@ impl SessionCore {
             mirror,
             held,
             budget: budget.clone(),
+            room: None,
             last_done: Instant::now(),
         })
+    }
+
+    /// Lets the session free memory held elsewhere (evict idle sessions) when a reservation does not fit.
+    pub fn with_room(mut self, room: MakeRoom) -> Self {
+        self.room = Some(room);
+        self
     }
 
     /// The mirror (tests).
@@ -139,7 +147,7 @@ impl SessionCore {
 
     fn reserve_growth(&mut self, rows: usize) -> Result<(), Fault> {
         let want = (self.mirror.bytes() as u64).saturating_add(self.growth(rows)?);
-        Ok(self.held.resize(want)?)
+        Ok(self.held.resize_with(want, self.room.as_ref())?)
     }
 
     fn settle(&mut self) {
@@ -280,7 +288,9 @@ impl SessionCore {
         // the payload, its sealed copy in the frame buffer, and one layer's rows as f32 while encoding
         let tmp = wire::layer_rows_f32_bytes(self.cfg(), b - a).unwrap_or(usize::MAX);
         let transient = (len as u64).saturating_mul(2).saturating_add(tmp as u64);
-        let hold = self.budget.reserve(transient, "a fetch's payload")?;
+        let hold = self
+            .budget
+            .reserve_with(transient, "a fetch's payload", self.room.as_ref())?;
         let cfg = self.model.config().clone();
         let payload = wire::encode(&self.mirror, &cfg, self.spec.range.clone(), a, b, q.linear);
         Ok(Reply::FetchDone(

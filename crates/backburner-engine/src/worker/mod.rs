@@ -27,7 +27,7 @@ use backburner_link::{Conn, ErrorCode, LinkError, Pace, Request, WireKvDtype, Wo
 use backburner_model::{fingerprint, Checkpoint, KvOptions, LoadOptions, Model, ModelConfig};
 use tracing::{info, warn};
 
-pub use self::budget::{default_max_memory, MemoryBudget, OverBudget, Reservation};
+pub use self::budget::{default_max_memory, MakeRoom, MemoryBudget, OverBudget, Reservation};
 pub use self::core::{Fault, Reply, SessionCore, SessionSpec};
 use self::registry::{Registry, SessionGuard};
 use crate::compute::ComputePool;
@@ -58,7 +58,8 @@ pub struct WorkerOptions {
     pub max_pending: usize,
     /// The whole handshake must complete within this.
     pub handshake_timeout: Duration,
-    /// Once a request's first byte has arrived, the rest must arrive within `pace.allowance(bytes)`.
+    /// Once a request's first byte has arrived, the rest of its header must arrive within `pace.base` and its body
+    /// within `pace.allowance(body bytes)` of the header.
     pub pace: Pace,
     /// Fault injection for tests: exit the whole process (as a crash would) on receiving this many session frames
     /// (1 = the first frame after the handshake). Never set in normal use.
@@ -285,12 +286,20 @@ fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, WorkerError
 }
 
 /// Checks the host's parameters (after its MAC verified); loads the layers and opens the session slot.
+/// A session the handshake accepted: the layers it uses (held, so no other range replaces them meanwhile), its slot
+/// and its state.
+struct Accepted {
+    loaded: Arc<Loaded>,
+    guard: SessionGuard,
+    core: SessionCore,
+}
+
 fn accept_params(
     shared: &Shared,
     p: &SessionParams,
     session: u64,
     handle: TcpStream,
-) -> Result<(Arc<Loaded>, SessionGuard, SessionSpec), (ErrorCode, String)> {
+) -> Result<Accepted, (ErrorCode, String)> {
     let c = &shared.config;
     let o = &shared.opts;
     let range = p.layer_start as usize..p.layer_end as usize;
@@ -338,7 +347,10 @@ fn accept_params(
         .registry
         .open_session(session, handle)
         .map_err(|m| (ErrorCode::Busy, m))?;
-    let l = load(shared, range).map_err(|e| (ErrorCode::LayerRangeMismatch, e.to_string()))?;
+    let l = load(shared, range).map_err(|e| match e {
+        WorkerError::LayerRange(m) => (ErrorCode::LayerRangeMismatch, m),
+        other => (ErrorCode::Internal, other.to_string()),
+    })?;
     if l.fingerprint != p.fingerprint {
         return Err((
             ErrorCode::ModelMismatch,
@@ -364,7 +376,14 @@ fn accept_params(
         max_positions,
         max_frame: o.max_frame,
     };
-    Ok((l, guard, spec))
+    // the session's state is reserved before the host is welcomed, so a full worker says so in the handshake
+    let core =
+        SessionCore::new(l.model.clone(), spec, &shared.budget).map_err(|f| (f.code, f.message))?;
+    Ok(Accepted {
+        loaded: l,
+        guard,
+        core,
+    })
 }
 
 fn handle_connection(
@@ -388,12 +407,19 @@ fn handle_connection(
         Err(e) => return warn!(%peer, "connection setup failed: {e}"),
     };
     let c = &mut conn;
-    let r = handshake(&shared, c, handle).and_then(|(core, guard)| {
-        drop(pending);
-        let (sessions, pending) = shared.registry.counts();
-        info!(%peer, session = guard.id(), sessions, pending, "session started");
-        serve_session(&shared, c, core, &guard, &stop)
-    });
+    let r = handshake(&shared, c, handle).and_then(
+        |Accepted {
+             loaded,
+             guard,
+             core,
+         }| {
+            let _layers = loaded;
+            drop(pending);
+            let (sessions, pending) = shared.registry.counts();
+            info!(%peer, session = guard.id(), sessions, pending, "session started");
+            serve_session(&shared, c, core, &guard, &stop)
+        },
+    );
     match r {
         Ok(()) | Err(LinkError::Closed) => info!(%peer, "host disconnected"),
         Err(e) => {
@@ -421,16 +447,15 @@ fn framing_code(e: &LinkError) -> Option<ErrorCode> {
     }
 }
 
-fn handshake(
-    shared: &Shared,
-    conn: &mut Conn,
-    handle: TcpStream,
-) -> Result<(SessionCore, SessionGuard), LinkError> {
+fn handshake(shared: &Shared, conn: &mut Conn, handle: TcpStream) -> Result<Accepted, LinkError> {
     let o = &shared.opts;
     let offer = WorkerOffer {
         secret: o.secret.clone(),
         threads: u32::try_from(o.threads).unwrap_or(u32::MAX),
-        layers: o.layers.as_ref().map(|r| (r.start as u32, r.end as u32)),
+        layers: o
+            .layers
+            .as_ref()
+            .and_then(|r| Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?))),
         limits: WorkerLimits {
             max_ubatch: u32::try_from(o.max_ubatch).unwrap_or(u32::MAX),
             max_frame: o.max_frame as u64,
@@ -449,53 +474,26 @@ fn handshake(
         accepted = Some(accept_params(shared, p, offer.session, handle)?);
         Ok(())
     })?;
-    let (l, guard, spec) = accepted.expect("the handshake accepted the parameters");
-    let core = SessionCore::new(l.model.clone(), spec, &shared.budget).map_err(|f| {
-        conn.writer.send_error(f.code, f.message.clone());
-        LinkError::Remote {
-            code: f.code,
-            message: f.message,
-        }
-    })?;
+    let acc = accepted.expect("the handshake accepted the parameters");
     conn.reader.set_max_tensor(o.max_frame);
     conn.reader.set_pace(Some(o.pace));
-    Ok((core, guard))
-}
-
-/// Reserves `bytes` for a request's buffers; when they do not fit, evicts idle sessions (least recently active
-/// first), giving each up to 500 ms to drop its state, until they fit or no idle session is left.
-fn reserve_evicting(
-    shared: &Shared,
-    me: &SessionGuard,
-    bytes: u64,
-    what: &'static str,
-) -> Result<Reservation, Fault> {
-    loop {
-        let e = match shared.budget.reserve(bytes, what) {
-            Ok(r) => return Ok(r),
-            Err(e) => e,
-        };
-        if !shared.registry.evict_idle_except(me.id()) {
-            return Err(e.into());
-        }
-        let until = Instant::now() + Duration::from_millis(500);
-        while Instant::now() < until
-            && shared.budget.used().saturating_add(bytes) > shared.budget.limit()
-        {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
+    Ok(acc)
 }
 
 fn serve_session(
     shared: &Shared,
     conn: &mut Conn,
-    mut core: SessionCore,
+    core: SessionCore,
     me: &SessionGuard,
     stop: &AtomicBool,
 ) -> Result<(), LinkError> {
     let o = &shared.opts;
     let mut frames = 0usize;
+    let reg = shared.registry.clone();
+    let id = me.id();
+    let room: MakeRoom = Arc::new(move || reg.evict_idle_except(id));
+    let room = &room;
+    let mut core = core.with_room(room.clone());
     loop {
         if stop.load(Ordering::Relaxed) {
             conn.writer
@@ -518,14 +516,13 @@ fn serve_session(
         }
         let h = h?;
         // the received body and, for a ping, its echo
-        let hold = match reserve_evicting(
-            shared,
-            me,
-            (h.body_len() as u64).saturating_mul(2),
-            "a request's buffers",
-        ) {
+        let need = (h.body_len() as u64).saturating_mul(2);
+        let hold = match shared
+            .budget
+            .reserve_with(need, "a request's buffers", Some(room))
+        {
             Ok(r) => r,
-            Err(f) => return refuse(conn, f),
+            Err(e) => return refuse(conn, e.into()),
         };
         let f = conn.reader.recv_body(h)?;
         let arrived = Instant::now();

@@ -80,6 +80,9 @@ impl Registry {
         handle: TcpStream,
     ) -> Result<SessionGuard, String> {
         let mut g = self.lock();
+        if g.sessions.contains_key(&id) {
+            return Err(format!("session id {id} is in use (try again)"));
+        }
         if g.sessions.len() >= self.max_sessions {
             return Err(format!(
                 "this worker serves {} sessions, its --max-sessions",
