@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crate::codec::{decode_body, encode_control, encode_frame, wire_body_len};
 use crate::crypto::FrameKey;
 use crate::crypto::SessionKeys;
+pub use crate::deadline::Pace;
+use crate::deadline::{map_io, retime, Deadline, DeadlineStream};
 use crate::error::{ErrorCode, LinkError};
 use crate::frame::{Frame, Header, Kind, DEFAULT_MAX_TENSOR, HEADER_LEN};
 use crate::message::ErrorMsg;
@@ -50,105 +52,6 @@ impl Shaper {
                 std::hint::spin_loop();
             }
         }
-    }
-}
-
-/// A point in time by which a whole message must have been read or written, and the budget it was set from (for
-/// the error message).
-#[derive(Clone, Copy, Debug)]
-struct Deadline {
-    at: Instant,
-    budget: Duration,
-}
-
-impl Deadline {
-    fn after(budget: Duration) -> Self {
-        Deadline {
-            at: Instant::now() + budget,
-            budget,
-        }
-    }
-
-    /// Time left, or the timeout error.
-    fn left(&self) -> std::io::Result<Duration> {
-        let left = self.at.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        Ok(left.max(Duration::from_millis(1)))
-    }
-}
-
-/// How long a frame may take once its first byte has arrived: `base + bytes / min_rate`. Set on a worker, whose
-/// idle wait between requests is long but whose requests must arrive at a useful pace.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Pace {
-    /// Fixed allowance per frame.
-    pub base: Duration,
-    /// Slowest accepted transfer rate (bytes per second, > 0).
-    pub min_rate: u64,
-}
-
-impl Pace {
-    /// The allowance for `bytes` bytes.
-    pub fn allowance(&self, bytes: usize) -> Duration {
-        self.base + Duration::from_secs_f64(bytes as f64 / self.min_rate.max(1) as f64)
-    }
-}
-
-/// Fixed slack by which a socket timeout may exceed the time left before a deadline.
-const SLACK: Duration = Duration::from_millis(10);
-
-/// The socket timeout to apply when `want` is left before the deadline (None = no deadline), given the one
-/// `applied` last: `Some(new)` when it must change, `None` when the applied one can stay. An applied timeout is never
-/// shorter than the time left and at most an eighth of it plus [`SLACK`] longer (so a deadline holds within that);
-/// new ones are rounded up to 10 ms, so successive messages with the same budget reuse it and cost no system call.
-fn retime(applied: Option<Option<Duration>>, want: Option<Duration>) -> Option<Option<Duration>> {
-    match (applied, want) {
-        (Some(None), None) => None,
-        (Some(Some(a)), Some(w)) if a >= w && a <= w + w / 8 + SLACK => None,
-        (_, Some(w)) => {
-            let ms = u64::try_from(w.as_millis()).unwrap_or(u64::MAX / 2);
-            Some(Some(Duration::from_millis(
-                ms.div_ceil(10).saturating_add(1).saturating_mul(10),
-            )))
-        }
-        (_, None) => Some(None),
-    }
-}
-
-/// The socket under the reader: every read waits at most until the deadline (within the slack of [`retime`]).
-#[derive(Debug)]
-struct DeadlineStream {
-    s: TcpStream,
-    deadline: Option<Deadline>,
-    applied: Option<Option<Duration>>,
-}
-
-impl DeadlineStream {
-    fn set_timeout(&mut self, t: Option<Duration>) -> std::io::Result<()> {
-        if let Some(t) = retime(self.applied, t) {
-            self.s.set_read_timeout(t)?;
-            self.applied = Some(t);
-        }
-        Ok(())
-    }
-}
-
-impl Read for DeadlineStream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let t = self.deadline.map(|d| d.left()).transpose()?;
-        self.set_timeout(t)?;
-        self.s.read(buf)
-    }
-}
-
-fn map_io(e: std::io::Error, d: Option<Deadline>) -> LinkError {
-    match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            LinkError::Timeout(d.map(|d| d.budget).unwrap_or_default())
-        }
-        _ => LinkError::Io(e),
     }
 }
 
@@ -483,39 +386,5 @@ impl Conn {
     /// A handle that can shut the socket down from another thread.
     pub fn shutdown_handle(&self) -> Result<TcpStream, LinkError> {
         Ok(self.stream.try_clone()?)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn socket_timeouts_are_never_shorter_than_the_time_left_and_rarely_reset() {
-        let ms = Duration::from_millis;
-        // first use, and a change between a deadline and none, always apply
-        assert_eq!(retime(None, Some(ms(60_000))), Some(Some(ms(60_010))));
-        assert_eq!(retime(None, None), Some(None));
-        assert_eq!(retime(Some(Some(ms(5))), None), Some(None));
-        assert_eq!(retime(Some(None), Some(ms(7))), Some(Some(ms(20))));
-        // the same budget again (a little less left): kept
-        assert_eq!(retime(Some(Some(ms(60_010))), Some(ms(59_999))), None);
-        assert_eq!(retime(Some(None), None), None);
-        // more left than applied: reset upward; far less left: reset downward
-        assert_eq!(
-            retime(Some(Some(ms(60_010))), Some(ms(60_011))),
-            Some(Some(ms(60_030)))
-        );
-        assert_eq!(
-            retime(Some(Some(ms(60_010))), Some(ms(1_000))),
-            Some(Some(ms(1_010)))
-        );
-        // never shorter than what is left
-        for w in [1u64, 9, 10, 11, 99, 1000, 123_456] {
-            let Some(Some(a)) = retime(None, Some(ms(w))) else {
-                panic!()
-            };
-            assert!(a >= ms(w) && a <= ms(w) + ms(20), "{w}: {a:?}");
-        }
     }
 }

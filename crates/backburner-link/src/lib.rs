@@ -12,6 +12,7 @@ pub mod auth;
 pub mod codec;
 pub mod conn;
 pub mod crypto;
+mod deadline;
 pub mod error;
 pub mod frame;
 pub mod handshake;

@@ -1,0 +1,222 @@
+//! Accepting a host: the handshake on the worker's side, the checks of the session parameters, and loading the
+//! layer range a session asks for.
+
+use std::net::TcpStream;
+use std::ops::Range;
+use std::sync::Arc;
+
+use backburner_kernels::kv::KvDtype;
+use backburner_link::handshake::{worker_handshake, WorkerOffer};
+use backburner_link::message::SessionParams;
+use backburner_link::{Conn, ErrorCode, LinkError, WireKvDtype, WorkerLimits};
+use backburner_model::{fingerprint, KvOptions, LoadOptions, Model, ModelConfig};
+use tracing::info;
+
+use super::registry::SessionGuard;
+use super::{Loaded, SessionCore, SessionSpec, Shared, WorkerError, MAX_POSITIONS};
+
+pub(super) fn check_range(c: &ModelConfig, r: &Range<usize>) -> Result<(), (ErrorCode, String)> {
+    let cyc = c.full_attention_interval;
+    if r.end != c.num_hidden_layers
+        || r.start == 0
+        || r.start >= r.end
+        || !r.start.is_multiple_of(cyc)
+    {
+        let valid = valid_split_layers(c);
+        return Err((
+            ErrorCode::LayerRangeMismatch,
+            format!(
+                "layer range {}..{} is not a tail range on a {cyc}-layer cycle boundary of this {}-layer model (valid starts: {})",
+                r.start,
+                r.end,
+                c.num_hidden_layers,
+                if valid.is_empty() { "none".to_string() } else { valid.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ") }
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Split points a host may use: multiples of `full_attention_interval` strictly inside `(0, n_layers)` (none when
+/// the cycle is as long as the model).
+pub fn valid_split_layers(c: &ModelConfig) -> Vec<usize> {
+    (1..c.num_hidden_layers)
+        .filter(|l| l % c.full_attention_interval == 0)
+        .collect()
+}
+
+pub(super) fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, WorkerError> {
+    let mut g = shared.loaded.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(l) = g.as_ref() {
+        if l.range == range {
+            return Ok(l.clone());
+        }
+        if Arc::strong_count(l) > 1 {
+            return Err(WorkerError::LayerRange(format!(
+                "this worker serves layers {}..{} to other hosts now",
+                l.range.start, l.range.end
+            )));
+        }
+    }
+    info!(?range, "loading layers");
+    *g = None; // free the old range's weights before loading the new one
+    let model = shared.pool.install(|| {
+        Model::from_checkpoint(
+            shared.config.clone(),
+            &shared.ckpt,
+            &LoadOptions {
+                layers: range.clone(),
+                ends: false,
+            },
+            |_, _| {},
+        )
+    })?;
+    let fp = fingerprint(&shared.ckpt, &shared.config, range.clone())?;
+    let l = Arc::new(Loaded {
+        model: Arc::new(model),
+        range,
+        fingerprint: fp,
+    });
+    *g = Some(l.clone());
+    Ok(l)
+}
+
+/// A session the handshake accepted: the layers it uses (held, so no other range replaces them meanwhile), its slot
+/// and its state.
+pub(super) struct Accepted {
+    pub loaded: Arc<Loaded>,
+    pub guard: SessionGuard,
+    pub core: SessionCore,
+}
+
+/// Checks the host's parameters (after its MAC verified); loads the layers, opens the session slot and reserves
+/// the session's state.
+fn accept_params(
+    shared: &Shared,
+    p: &SessionParams,
+    session: u64,
+    handle: TcpStream,
+) -> Result<Accepted, (ErrorCode, String)> {
+    let c = &shared.config;
+    let o = &shared.opts;
+    let range = p.layer_start as usize..p.layer_end as usize;
+    if p.n_layers as usize != c.num_hidden_layers || p.hidden as usize != c.hidden_size {
+        return Err((
+            ErrorCode::ModelMismatch,
+            format!(
+                "host model has {} layers / hidden {}, this worker's has {} / {}",
+                p.n_layers, p.hidden, c.num_hidden_layers, c.hidden_size
+            ),
+        ));
+    }
+    check_range(c, &range)?;
+    if let Some(fixed) = &o.layers {
+        if *fixed != range {
+            return Err((
+                ErrorCode::LayerRangeMismatch,
+                format!(
+                    "this worker serves layers {}..{} (--layers), the host asked for {}..{}",
+                    fixed.start, fixed.end, range.start, range.end
+                ),
+            ));
+        }
+    }
+    let page = usize::try_from(p.kv_page_size)
+        .ok()
+        .filter(|v| *v > 0 && (*v as u64) <= MAX_POSITIONS);
+    let max_positions = usize::try_from(MAX_POSITIONS).unwrap_or(usize::MAX);
+    let Some(page) = page else {
+        return Err((
+            ErrorCode::ParamMismatch,
+            format!("kv_page_size {} must be in 1..=2^40", p.kv_page_size),
+        ));
+    };
+    if p.ubatch == 0 || p.ubatch as usize > o.max_ubatch {
+        return Err((
+            ErrorCode::ParamMismatch,
+            format!(
+                "ubatch {} is outside 1..={} (the worker's --max-ubatch)",
+                p.ubatch, o.max_ubatch
+            ),
+        ));
+    }
+    let guard = shared
+        .registry
+        .open_session(session, handle)
+        .map_err(|m| (ErrorCode::Busy, m))?;
+    let l = load(shared, range).map_err(|e| match e {
+        WorkerError::LayerRange(m) => (ErrorCode::LayerRangeMismatch, m),
+        other => (ErrorCode::Internal, other.to_string()),
+    })?;
+    if l.fingerprint != p.fingerprint {
+        return Err((
+            ErrorCode::ModelMismatch,
+            format!(
+                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}) is not the host's",
+                p.layer_start,
+                p.layer_end,
+                o.model_dir.display()
+            ),
+        ));
+    }
+    let kv = KvOptions {
+        page_size: page,
+        dtype: match p.kv_dtype {
+            WireKvDtype::F16 => KvDtype::F16,
+            WireKvDtype::F32 => KvDtype::F32,
+        },
+    };
+    let spec = SessionSpec {
+        range: l.range.clone(),
+        kv,
+        ubatch: p.ubatch as usize,
+        max_positions,
+        max_frame: o.max_frame,
+    };
+    // the session's state is reserved before the host is welcomed, so a full worker says so in the handshake
+    let core =
+        SessionCore::new(l.model.clone(), spec, &shared.budget).map_err(|f| (f.code, f.message))?;
+    Ok(Accepted {
+        loaded: l,
+        guard,
+        core,
+    })
+}
+
+/// The worker's side of the handshake on a new connection, within the connection's handshake deadline.
+pub(super) fn handshake(
+    shared: &Shared,
+    conn: &mut Conn,
+    handle: TcpStream,
+) -> Result<Accepted, LinkError> {
+    let o = &shared.opts;
+    let offer = WorkerOffer {
+        secret: o.secret.clone(),
+        threads: u32::try_from(o.threads).unwrap_or(u32::MAX),
+        layers: o
+            .layers
+            .as_ref()
+            .and_then(|r| Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?))),
+        limits: WorkerLimits {
+            max_ubatch: u32::try_from(o.max_ubatch).unwrap_or(u32::MAX),
+            max_frame: o.max_frame as u64,
+            max_memory: o.max_memory,
+        },
+        session: loop {
+            let s: u64 = rand::random();
+            if s != 0 {
+                break s;
+            }
+        },
+        reply_timeout: o.pace.base,
+    };
+    let mut accepted = None;
+    worker_handshake(conn, &offer, |p| {
+        accepted = Some(accept_params(shared, p, offer.session, handle)?);
+        Ok(())
+    })?;
+    let acc = accepted.expect("the handshake accepted the parameters");
+    conn.reader.set_max_tensor(o.max_frame);
+    conn.reader.set_pace(Some(o.pace));
+    Ok(acc)
+}
