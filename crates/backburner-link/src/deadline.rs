@@ -55,7 +55,7 @@ const SLACK: Duration = Duration::from_millis(10);
 
 /// The socket timeout to apply when `want` is left before the deadline (None = no deadline), given the one
 /// `applied` last: `Some(new)` when it must change, `None` when the applied one can stay. An applied timeout is never
-/// shorter than the time left and at most an eighth of it plus [`SLACK`] longer (so a deadline holds within that);
+/// shorter than the time left and at most 1/64 of it plus [`SLACK`] longer (so a deadline holds within that);
 /// new ones are rounded up to 10 ms, so successive messages with the same budget reuse it and cost no system call.
 pub(crate) fn retime(
     applied: Option<Option<Duration>>,
@@ -63,7 +63,7 @@ pub(crate) fn retime(
 ) -> Option<Option<Duration>> {
     match (applied, want) {
         (Some(None), None) => None,
-        (Some(Some(a)), Some(w)) if a >= w && a <= w + w / 8 + SLACK => None,
+        (Some(Some(a)), Some(w)) if a >= w && a <= w + w / 64 + SLACK => None,
         (_, Some(w)) => {
             let ms = u64::try_from(w.as_millis()).unwrap_or(u64::MAX / 2);
             Some(Some(Duration::from_millis(
