@@ -3,8 +3,10 @@
 
 mod common;
 
-use backburner_kernels::attention::{attend_page, attend_pages, merge_into, Partial};
-use backburner_kernels::kv::{KvDtype, KvPage, PagedKvCache};
+use backburner_kernels::attention::{
+    attend_page, attend_pages, fold_pages, fold_partials, merge_into, page_partial, Partial,
+};
+use backburner_kernels::kv::{KvDtype, KvPage, PageView, PagedKvCache, RowsRef};
 use backburner_kernels::reference::attention_reference;
 use common::*;
 use half::f16;
@@ -251,4 +253,122 @@ fn a_single_page_partial_matches_the_reference_over_that_page() {
 fn attend_page_panics_when_heads_do_not_divide_into_kv_heads() {
     let page = KvPage::new(0, 16, 2, D, KvDtype::F32);
     attend_page(&vec![0.0; 3 * D], 1, 3, 0, &page, 1.0);
+}
+
+fn pbits(p: &Partial) -> (Vec<u32>, Vec<u32>) {
+    (
+        p.o.iter().map(|x| x.to_bits()).collect(),
+        p.lse.iter().map(|x| x.to_bits()).collect(),
+    )
+}
+
+/// A page's storage copied out (as it would cross the link) and viewed again.
+fn copied(v: PageView<'_>) -> (Vec<u8>, Vec<u8>, KvDtype) {
+    let raw = |r: RowsRef<'_>| match r {
+        RowsRef::F16(d) => d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+        RowsRef::F32(d) => d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+    };
+    let dt = match v.k() {
+        RowsRef::F16(_) => KvDtype::F16,
+        RowsRef::F32(_) => KvDtype::F32,
+    };
+    (raw(v.k()), raw(v.v()), dt)
+}
+
+#[test]
+fn partials_computed_anywhere_and_folded_in_page_order_keep_the_bits() {
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let kv = Kv::random(300, 2, 40);
+        let cache = kv.cache(64, dtype);
+        let pages = cache.pages();
+        for (n_tokens, pos0) in [(1usize, 299usize), (37, 263)] {
+            let q = queries(n_tokens, 4, 41);
+            let want = attend_pages(&q, n_tokens, 4, pos0, pages, scale(), None);
+            // every page's partial computed on its own, then folded in page order
+            let parts: Vec<Partial> = pages
+                .iter()
+                .filter_map(|p| page_partial(&q, n_tokens, 4, pos0, p.view(), scale()))
+                .collect();
+            let mut acc = Partial::empty(n_tokens, 4, D);
+            fold_partials(&mut acc, &parts);
+            assert_eq!(pbits(&acc), pbits(&want), "{dtype:?} {n_tokens}");
+            // a "worker" folds the first two pages from copies of their bytes, the "host" continues with the rest
+            let copies: Vec<_> = pages[..2].iter().map(|p| copied(p.view())).collect();
+            let f16s: Vec<(Vec<half::f16>, Vec<half::f16>)>;
+            let f32s: Vec<(Vec<f32>, Vec<f32>)>;
+            let views: Vec<PageView<'_>> = match dtype {
+                KvDtype::F16 => {
+                    let dec = |b: &[u8]| {
+                        b.chunks_exact(2)
+                            .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                            .collect()
+                    };
+                    f16s = copies.iter().map(|(k, v, _)| (dec(k), dec(v))).collect();
+                    f16s.iter()
+                        .zip(&pages[..2])
+                        .map(|((k, v), p)| {
+                            PageView::new(
+                                p.start(),
+                                p.len(),
+                                2,
+                                D,
+                                RowsRef::F16(k),
+                                RowsRef::F16(v),
+                            )
+                            .unwrap()
+                        })
+                        .collect()
+                }
+                KvDtype::F32 => {
+                    let dec = |b: &[u8]| {
+                        b.chunks_exact(4)
+                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                            .collect()
+                    };
+                    f32s = copies.iter().map(|(k, v, _)| (dec(k), dec(v))).collect();
+                    f32s.iter()
+                        .zip(&pages[..2])
+                        .map(|((k, v), p)| {
+                            PageView::new(
+                                p.start(),
+                                p.len(),
+                                2,
+                                D,
+                                RowsRef::F32(k),
+                                RowsRef::F32(v),
+                            )
+                            .unwrap()
+                        })
+                        .collect()
+                }
+            };
+            let prefix = fold_pages(&q, n_tokens, 4, pos0, views, scale(), Some(D), None);
+            let rest = attend_pages(&q, n_tokens, 4, pos0, &pages[2..], scale(), Some(prefix));
+            assert_eq!(
+                pbits(&rest),
+                pbits(&want),
+                "{dtype:?} {n_tokens}: prefix elsewhere"
+            );
+        }
+    }
+}
+
+#[test]
+fn page_views_refuse_storage_that_does_not_fit() {
+    let k = vec![0.0f32; 2 * D * 64];
+    let short = vec![0.0f32; 2 * D * 64 - 1];
+    let h = vec![half::f16::ZERO; 2 * D * 64];
+    assert!(PageView::new(0, 64, 2, D, RowsRef::F32(&k), RowsRef::F32(&k)).is_ok());
+    assert!(PageView::new(0, 1, 2, D, RowsRef::F32(&k), RowsRef::F32(&k)).is_ok());
+    let e = PageView::new(0, 65, 2, D, RowsRef::F32(&k), RowsRef::F32(&k)).unwrap_err();
+    assert_eq!(e.need, 2 * 2 * D * 64);
+    assert!(PageView::new(0, 64, 2, D, RowsRef::F32(&short), RowsRef::F32(&k)).is_err());
+    assert!(PageView::new(0, 64, 2, D, RowsRef::F32(&k), RowsRef::F16(&h)).is_err());
+    assert!(PageView::new(0, 64, 0, D, RowsRef::F32(&k), RowsRef::F32(&k)).is_err());
+    assert_eq!(
+        PageView::new(0, usize::MAX, 2, D, RowsRef::F32(&k), RowsRef::F32(&k))
+            .unwrap_err()
+            .need,
+        usize::MAX
+    );
 }

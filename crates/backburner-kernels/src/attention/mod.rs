@@ -20,7 +20,7 @@ mod page_kernel;
 pub use merge::merge_into;
 pub use page_kernel::attend_page;
 
-use crate::kv::KvPage;
+use crate::kv::{KvPage, PageView};
 
 /// Attention partial over some keys: normalized output and log-sum-exp of the scaled scores.
 ///
@@ -83,9 +83,38 @@ pub fn attend_pages(
     scale: f32,
     init: Option<Partial>,
 ) -> Partial {
-    let head_dim = match (&init, pages.first()) {
+    let head_dim = pages.first().map(KvPage::head_dim);
+    fold_pages(
+        q,
+        n_tokens,
+        n_heads,
+        q_pos0,
+        pages.iter().map(KvPage::view),
+        scale,
+        head_dim,
+        init,
+    )
+}
+
+/// The fold of [`attend_pages`] over page views from anywhere (local pages, pages received from a host, packed
+/// copies): the same operations in the same order, so the same bits. `head_dim` is needed only when there is
+/// neither an `init` nor a page to take it from (it defaults to `q.len() / (n_tokens · n_heads)`).
+///
+/// Panics as [`attend_pages`].
+#[allow(clippy::too_many_arguments)]
+pub fn fold_pages<'p>(
+    q: &[f32],
+    n_tokens: usize,
+    n_heads: usize,
+    q_pos0: usize,
+    pages: impl IntoIterator<Item = PageView<'p>>,
+    scale: f32,
+    head_dim: Option<usize>,
+    init: Option<Partial>,
+) -> Partial {
+    let head_dim = match (&init, head_dim) {
         (Some(p), _) => p.head_dim,
-        (None, Some(p)) => p.head_dim(),
+        (None, Some(d)) => d,
         (None, None) if n_tokens * n_heads > 0 => q.len() / (n_tokens * n_heads),
         (None, None) => 0,
     };
@@ -102,18 +131,43 @@ pub fn attend_pages(
             && acc.head_dim == head_dim,
         "attend_pages: `init` must be a [{n_tokens}, {n_heads}, {head_dim}] partial"
     );
-    let last_pos = (q_pos0 + n_tokens).saturating_sub(1);
     for page in pages {
         assert_eq!(
             page.head_dim(),
             head_dim,
             "attend_pages: page head_dim differs from the query's"
         );
-        if n_tokens == 0 || page.is_empty() || page.start() > last_pos {
-            continue;
+        if let Some(part) = page_partial(q, n_tokens, n_heads, q_pos0, page, scale) {
+            merge_into(&mut acc, &part);
         }
-        let part = attend_page(q, n_tokens, n_heads, q_pos0, page, scale);
-        merge_into(&mut acc, &part);
     }
     acc
+}
+
+/// One page's partial for the fold, or `None` when the page adds nothing (no query sees any of its rows), in which
+/// case the fold skips it. Pages' partials may be computed in any order or place (for example while a worker
+/// computes the fold over its pages) and then folded with [`fold_partials`] in page order.
+pub fn page_partial(
+    q: &[f32],
+    n_tokens: usize,
+    n_heads: usize,
+    q_pos0: usize,
+    page: PageView<'_>,
+    scale: f32,
+) -> Option<Partial> {
+    let last_pos = (q_pos0 + n_tokens).saturating_sub(1);
+    if n_tokens == 0 || page.is_empty() || page.start() > last_pos {
+        return None;
+    }
+    Some(attend_page(q, n_tokens, n_heads, q_pos0, page, scale))
+}
+
+/// Merges page partials into `acc` in the order given (page order): with the partials of [`page_partial`] this is
+/// exactly the fold of [`fold_pages`], bit for bit.
+///
+/// Panics if a partial's shape differs from `acc`'s.
+pub fn fold_partials<'a>(acc: &mut Partial, parts: impl IntoIterator<Item = &'a Partial>) {
+    for p in parts {
+        merge_into(acc, p);
+    }
 }

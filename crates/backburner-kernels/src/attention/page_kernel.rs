@@ -6,8 +6,7 @@ use super::online::RowState;
 use super::Partial;
 use half::f16;
 
-use crate::kv::page::Rows;
-use crate::kv::{KvPage, KV_BLOCK};
+use crate::kv::{PageView, RowsRef, KV_BLOCK};
 use crate::simd::{dispatch, f16_to_f32, scale, Isa, Kernel, LANES};
 
 /// Keys per block: the page's storage block ([`KV_BLOCK`]).
@@ -37,14 +36,15 @@ const TOKEN_BLOCK: usize = 16;
 /// alone gives the same bits as inside a batch.
 ///
 /// Panics if `n_heads` is not a positive multiple of `page.n_kv_heads()` or `q` has the wrong length.
-pub fn attend_page(
+pub fn attend_page<'p>(
     q: &[f32],
     n_tokens: usize,
     n_heads: usize,
     q_pos0: usize,
-    page: &KvPage,
+    page: impl Into<PageView<'p>>,
     scale: f32,
 ) -> Partial {
+    let page = page.into();
     let (hkv, dim) = (page.n_kv_heads(), page.head_dim());
     assert!(
         n_heads > 0 && n_heads.is_multiple_of(hkv),
@@ -121,7 +121,7 @@ struct Ctx<'a> {
     n_heads: usize,
     group: usize,
     q_pos0: usize,
-    page: &'a KvPage,
+    page: PageView<'a>,
     scale: f32,
 }
 
@@ -191,18 +191,18 @@ impl Ctx<'_> {
                 let (k, k_at, v, v_at) = self.page.block(b, g);
                 let n = dim * KEY_BLOCK;
                 match (k, v) {
-                    (Rows::F16(k), Rows::F16(v)) => {
+                    (RowsRef::F16(k), RowsRef::F16(v)) => {
                         let (k, v) = (F16Block(&k[k_at..k_at + n]), F16Block(&v[v_at..v_at + n]));
                         self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
                     }
-                    (Rows::F32(k), Rows::F32(v)) => {
+                    (RowsRef::F32(k), RowsRef::F32(v)) => {
                         let (k, v) = (F32Block(&k[k_at..k_at + n]), F32Block(&v[v_at..v_at + n]));
                         self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
                     }
                     _ => unreachable!("K and V share the page dtype"),
                 }
             } else {
-                load_block(isa, self.page, &mut kt, &mut vb, kb0, nb, g);
+                load_block(isa, &self.page, &mut kt, &mut vb, kb0, nb, g);
                 let (k, v) = (F32Block(&kt), F32Block(&vb));
                 self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
             }
@@ -305,7 +305,7 @@ impl BlockSrc for F16Block<'_> {
 #[inline(always)]
 fn load_block<I: Isa>(
     isa: I,
-    page: &KvPage,
+    page: &PageView<'_>,
     kt: &mut [f32],
     vb: &mut [f32],
     kb0: usize,
@@ -314,17 +314,17 @@ fn load_block<I: Isa>(
 ) {
     debug_assert!(kb0.is_multiple_of(KEY_BLOCK) && nb <= KEY_BLOCK);
     let (k, k_at, v, v_at) = page.block(kb0 / KEY_BLOCK, g);
-    read_run(isa, k, k_at, kt);
+    read_run(isa, &k, k_at, kt);
     let dim = vb.len() / KEY_BLOCK;
-    read_run(isa, v, v_at, &mut vb[..nb * dim]);
+    read_run(isa, &v, v_at, &mut vb[..nb * dim]);
 }
 
 /// `dst = storage[at..at + dst.len()]` as f32 (f16 widened exactly, 16 at a time with the vector conversion).
 #[inline(always)]
-fn read_run<I: Isa>(isa: I, rows: &Rows, at: usize, dst: &mut [f32]) {
+fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
     match rows {
-        Rows::F32(d) => dst.copy_from_slice(&d[at..at + dst.len()]),
-        Rows::F16(d) => {
+        RowsRef::F32(d) => dst.copy_from_slice(&d[at..at + dst.len()]),
+        RowsRef::F16(d) => {
             let src = &d[at..at + dst.len()];
             let full = src.len() / LANES * LANES;
             for (s, o) in src[..full]

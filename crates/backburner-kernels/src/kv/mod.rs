@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use cache::PagedKvCache;
-pub use page::KvPage;
+pub use page::{KvPage, PageView, PageViewError, RowsRef};
 
 /// Positions per storage block of a page: the attention kernel reads one block of one KV head as one contiguous
 /// run of keys (transposed) and one of values (see [`KvPage`]).
