@@ -2,7 +2,8 @@
 
 mod common;
 
-use backburner_kernels::kv::{KvDtype, KvPage, PagedKvCache};
+use backburner_kernels::attention::fold_pages;
+use backburner_kernels::kv::{KvDtype, KvError, KvPage, PagedKvCache};
 use common::*;
 use half::f16;
 
@@ -184,5 +185,85 @@ fn rows_appended_in_pieces_across_storage_growth_read_back_exactly() {
         assert_eq!(&ko[..50 * ROW], &stored(&k[..50 * ROW])[..], "{dtype}");
         assert_eq!(&ko[50 * ROW..], &stored(&k2)[..], "{dtype}");
         assert_eq!(&vo[50 * ROW..], &stored(&v2)[..], "{dtype}");
+    }
+}
+
+#[test]
+fn the_oldest_pages_move_out_and_back_and_the_fold_continues_with_the_same_bits() {
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let mut c = PagedKvCache::new(16, HEADS, DIM, dtype);
+        let (k, v) = rows(70, 7);
+        c.append(&k, &v, 70); // pages at 0, 16, 32, 48 (full) and 64 (6 rows)
+        let whole = c.clone();
+        assert_eq!(c.movable_pages(), 4);
+        assert_eq!(
+            c.take_oldest(5),
+            Err(KvError::NotMovable {
+                asked: 5,
+                movable: 4
+            })
+        );
+        let taken = c.take_oldest(2).unwrap();
+        assert_eq!((c.offloaded(), c.len(), c.pages().len()), (32, 70, 3));
+        assert_eq!(
+            taken.iter().map(|p| p.start()).collect::<Vec<_>>(),
+            vec![0, 16]
+        );
+        assert_eq!(
+            c.bytes(),
+            whole.bytes() - taken.iter().map(KvPage::bytes).sum::<usize>()
+        );
+        // the pages elsewhere fold first, the cache continues: same bits as the whole cache
+        let q: Vec<f32> = uniform(&mut rng(8), 3 * 4 * DIM, -2.0, 2.0);
+        let scale = (DIM as f32).powf(-0.5);
+        let want = whole.attend(&q, 3, 4, 67, scale);
+        let prefix = fold_pages(
+            &q,
+            3,
+            4,
+            67,
+            taken.iter().map(KvPage::view),
+            scale,
+            Some(DIM),
+            None,
+        );
+        let got = c.attend_after(prefix, &q, 3, 4, 67, scale);
+        let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            (b(&got.o), b(&got.lse)),
+            (b(&want.o), b(&want.lse)),
+            "{dtype:?}"
+        );
+        // rows elsewhere cannot be read or cut here
+        assert_eq!(
+            c.try_read_rows(16, 40).unwrap_err(),
+            KvError::Offloaded {
+                offloaded: 32,
+                from: 16
+            }
+        );
+        assert_eq!(c.try_read_rows(32, 70).unwrap(), whole.read_rows(32, 70));
+        assert!(c.try_truncate(31).is_err());
+        // appending and truncating above the pages elsewhere work as before
+        let mut d = c.clone();
+        d.try_truncate(40).unwrap();
+        assert_eq!((d.offloaded(), d.len(), d.pages().len()), (32, 40, 1));
+        d.try_truncate(32).unwrap();
+        assert!(d.pages().is_empty());
+        let (k2, v2) = rows(20, 9);
+        d.append(&k2, &v2, 20);
+        assert_eq!(
+            d.pages().iter().map(|p| p.start()).collect::<Vec<_>>(),
+            vec![32, 48]
+        );
+        // only the pages taken last go back, in order, and then the cache is whole again
+        let mut wrong = taken.clone();
+        wrong.reverse();
+        assert!(c.restore_oldest(wrong).is_err());
+        assert!(c.restore_oldest(taken[1..].to_vec()).is_ok());
+        assert_eq!(c.offloaded(), 16);
+        assert!(c.restore_oldest(taken[1..].to_vec()).is_err());
+        c.restore_oldest(taken[..1].to_vec()).unwrap();
+        assert_eq!(c, whole);
     }
 }

@@ -3,6 +3,35 @@
 use super::{KvDtype, KvPage};
 use crate::attention::{attend_pages, Partial};
 
+/// A change to the cache that would lose or invent rows.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    /// Only full pages other than the newest one may leave the cache (the newest may still be written).
+    #[error(
+        "cannot take {asked} pages: only {movable} full pages before the newest one are held here"
+    )]
+    NotMovable {
+        /// Pages asked for.
+        asked: usize,
+        /// Full pages that could move.
+        movable: usize,
+    },
+    /// Pages put back must be the ones taken last, full, of this cache's shape and dtype, in order.
+    #[error("the pages put back do not end at position {offloaded} in whole pages of this cache's shape")]
+    BadRestore {
+        /// Positions held elsewhere now.
+        offloaded: usize,
+    },
+    /// The positions asked for are held elsewhere (a worker).
+    #[error("positions below {offloaded} are held elsewhere; asked for {from}")]
+    Offloaded {
+        /// Positions held elsewhere.
+        offloaded: usize,
+        /// The first position asked for.
+        from: usize,
+    },
+}
+
 /// The paged KV cache of one full-attention layer: a `Vec` of [`KvPage`]s, all of `page_size` capacity;
 /// page `i` holds absolute positions `[i * page_size, ...)`, every page is full except possibly the last,
 /// and no page is empty.
@@ -17,6 +46,8 @@ pub struct PagedKvCache {
     head_dim: usize,
     dtype: KvDtype,
     len: usize,
+    /// Positions `[0, offloaded)` are held elsewhere (whole pages); `pages` starts at `offloaded`.
+    offloaded: usize,
     pages: Vec<KvPage>,
 }
 
@@ -40,8 +71,60 @@ impl PagedKvCache {
             head_dim,
             dtype,
             len: 0,
+            offloaded: 0,
             pages: Vec::new(),
         }
+    }
+
+    /// Positions `[0, offloaded)` held elsewhere (a multiple of the page size); the pages here start there.
+    pub fn offloaded(&self) -> usize {
+        self.offloaded
+    }
+
+    /// Full pages held here that may move elsewhere: every full page before the newest (which may still be
+    /// written).
+    pub fn movable_pages(&self) -> usize {
+        self.pages.len().saturating_sub(1)
+    }
+
+    /// Moves the `n` oldest pages held here out of the cache (to be held elsewhere) and returns them in position
+    /// order; `offloaded` grows by `n · page_size`. Errors: [`KvError::NotMovable`] if fewer than `n` pages may
+    /// move ([`PagedKvCache::movable_pages`]); nothing changes then.
+    pub fn take_oldest(&mut self, n: usize) -> Result<Vec<KvPage>, KvError> {
+        let movable = self.movable_pages();
+        if n > movable {
+            return Err(KvError::NotMovable { asked: n, movable });
+        }
+        let taken: Vec<KvPage> = self.pages.drain(..n).collect();
+        self.offloaded += n * self.page_size;
+        Ok(taken)
+    }
+
+    /// Puts back the pages taken last (for example re-ingested after a worker was lost): they must be full, of
+    /// this cache's shape and dtype, consecutive, and end exactly at `offloaded`. Errors: [`KvError::BadRestore`];
+    /// nothing changes then.
+    pub fn restore_oldest(&mut self, pages: Vec<KvPage>) -> Result<(), KvError> {
+        let n = pages.len();
+        let bad = KvError::BadRestore {
+            offloaded: self.offloaded,
+        };
+        let Some(first) = self.offloaded.checked_sub(n * self.page_size) else {
+            return Err(bad);
+        };
+        let fits = pages.iter().enumerate().all(|(i, p)| {
+            p.start() == first + i * self.page_size
+                && p.is_full()
+                && p.capacity() == self.page_size
+                && p.n_kv_heads() == self.n_kv_heads
+                && p.head_dim() == self.head_dim
+                && p.dtype() == self.dtype
+        });
+        if !fits {
+            return Err(bad);
+        }
+        self.pages.splice(..0, pages);
+        self.offloaded = first;
+        Ok(())
     }
 
     /// Positions stored (the next append goes to position `len`).
@@ -74,7 +157,7 @@ impl PagedKvCache {
         self.head_dim
     }
 
-    /// The pages in position order.
+    /// The pages held here in position order (from position `offloaded`).
     pub fn pages(&self) -> &[KvPage] {
         &self.pages
     }
@@ -121,11 +204,12 @@ impl PagedKvCache {
 
     /// Reads positions `[p0, p1)` across pages as f32: `(k, v)`, each `[p1 - p0, n_kv_heads, head_dim]`.
     ///
-    /// Panics unless `p0 <= p1 <= len`.
+    /// Panics unless `offloaded <= p0 <= p1 <= len` (see [`PagedKvCache::try_read_rows`]).
     pub fn read_rows(&self, p0: usize, p1: usize) -> (Vec<f32>, Vec<f32>) {
         assert!(
-            p0 <= p1 && p1 <= self.len,
-            "PagedKvCache::read_rows: positions [{p0}, {p1}) out of range (len {})",
+            self.offloaded <= p0 && p0 <= p1 && p1 <= self.len,
+            "PagedKvCache::read_rows: positions [{p0}, {p1}) out of range ({}..{} held here)",
+            self.offloaded,
             self.len
         );
         let row = self.n_kv_heads * self.head_dim;
@@ -143,11 +227,44 @@ impl PagedKvCache {
         (k, v)
     }
 
+    /// As [`PagedKvCache::read_rows`]. Errors: [`KvError::Offloaded`] when `p0` is below the positions held here
+    /// (the range must be in `offloaded..len`; past `len` still panics, a caller bug).
+    pub fn try_read_rows(&self, p0: usize, p1: usize) -> Result<(Vec<f32>, Vec<f32>), KvError> {
+        if p0 < self.offloaded {
+            return Err(KvError::Offloaded {
+                offloaded: self.offloaded,
+                from: p0,
+            });
+        }
+        Ok(self.read_rows(p0, p1))
+    }
+
+    /// Drops positions `>= len` (and the pages left empty); no effect if `len >= self.len()`. Errors:
+    /// [`KvError::Offloaded`] when `len` is below the positions held here (the pages elsewhere must be cut
+    /// there); nothing changes then.
+    pub fn try_truncate(&mut self, len: usize) -> Result<(), KvError> {
+        if len < self.offloaded {
+            return Err(KvError::Offloaded {
+                offloaded: self.offloaded,
+                from: len,
+            });
+        }
+        self.truncate(len);
+        Ok(())
+    }
+
     /// Drops positions `>= len` (and the pages left empty); no effect if `len >= self.len()`.
+    ///
+    /// Panics if `len < offloaded` (see [`PagedKvCache::try_truncate`]).
     pub fn truncate(&mut self, len: usize) {
         if len >= self.len {
             return;
         }
+        assert!(
+            len >= self.offloaded,
+            "PagedKvCache::truncate: positions below {} are held elsewhere",
+            self.offloaded
+        );
         self.pages.retain(|p| p.start() < len);
         if let Some(last) = self.pages.last_mut() {
             let keep = len - last.start();
@@ -156,8 +273,8 @@ impl PagedKvCache {
         self.len = len;
     }
 
-    /// Bytes held by the stored K and V rows over all pages
-    /// (`2 * len * n_kv_heads * head_dim * dtype.size_of()`).
+    /// Bytes held here by the stored K and V rows (`2 * (len - offloaded) * n_kv_heads * head_dim *
+    /// dtype.size_of()`).
     pub fn bytes(&self) -> usize {
         self.pages.iter().map(KvPage::bytes).sum()
     }
@@ -177,6 +294,10 @@ impl PagedKvCache {
         q_pos0: usize,
         scale: f32,
     ) -> Partial {
+        assert_eq!(
+            self.offloaded, 0,
+            "PagedKvCache::attend: pages are held elsewhere; continue their fold with attend_after"
+        );
         if self.pages.is_empty() {
             assert_eq!(
                 q.len(),
@@ -187,5 +308,30 @@ impl PagedKvCache {
             return Partial::empty(n_tokens, n_heads, self.head_dim);
         }
         attend_pages(q, n_tokens, n_heads, q_pos0, &self.pages, scale, None)
+    }
+
+    /// Continues the fold from `prefix`, the partial of the same queries over the pages held elsewhere (positions
+    /// `[0, offloaded)`, folded in page order, e.g. by a worker), over the pages held here: the same bits as
+    /// [`PagedKvCache::attend`] over a cache holding every page.
+    ///
+    /// Panics on the shape errors of [`attend_pages`].
+    pub fn attend_after(
+        &self,
+        prefix: Partial,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+    ) -> Partial {
+        attend_pages(
+            q,
+            n_tokens,
+            n_heads,
+            q_pos0,
+            &self.pages,
+            scale,
+            Some(prefix),
+        )
     }
 }

@@ -10,7 +10,7 @@ pub(crate) mod page;
 use std::fmt;
 use std::str::FromStr;
 
-pub use cache::PagedKvCache;
+pub use cache::{KvError, PagedKvCache};
 pub use page::{KvPage, PageView, PageViewError, RowsRef};
 
 /// Positions per storage block of a page: the attention kernel reads one block of one KV head as one contiguous
