@@ -11,6 +11,7 @@
 mod accept;
 mod budget;
 mod core;
+pub mod pages;
 mod registry;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};

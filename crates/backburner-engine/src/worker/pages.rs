@@ -1,0 +1,262 @@
+//! The worker's store of a session's offloaded KV pages (KV offload, docs/KV_OFFLOAD.md): per full-attention layer a
+//! contiguous run of the oldest whole pages, kept as received (block layout, the host's KV dtype, so placement never
+//! changes a number), bounded by the worker's memory budget, and attended in place through `PageView`s.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use backburner_kernels::attention::{fold_pages, Partial};
+use backburner_kernels::kv::{KvDtype, PageView, RowsRef, KV_BLOCK};
+use backburner_link::ErrorCode;
+use half::f16;
+
+use super::budget::{MemoryBudget, Reservation};
+use super::core::Fault;
+
+/// The shape every page of a session has (agreed in the handshake).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageShape {
+    /// Positions per page.
+    pub page_size: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Storage dtype.
+    pub dtype: KvDtype,
+}
+
+impl PageShape {
+    /// Elements of K (and of V) of one page in the block layout: whole blocks of 64 positions, or `None` on
+    /// overflow.
+    pub fn elems(&self) -> Option<usize> {
+        self.page_size
+            .div_ceil(KV_BLOCK)
+            .checked_mul(self.n_kv_heads)?
+            .checked_mul(self.head_dim)?
+            .checked_mul(KV_BLOCK)
+    }
+
+    /// Bytes of one page on the wire and in the store (K then V), or `None` on overflow.
+    pub fn page_bytes(&self) -> Option<usize> {
+        self.elems()?
+            .checked_mul(2)?
+            .checked_mul(self.dtype.size_of())
+    }
+}
+
+#[derive(Debug)]
+enum Store {
+    F16(Vec<f16>, Vec<f16>),
+    F32(Vec<f32>, Vec<f32>),
+}
+
+/// One full page as received.
+#[derive(Debug)]
+struct StoredPage {
+    start: usize,
+    store: Store,
+}
+
+fn malformed(m: impl Into<String>) -> Fault {
+    Fault {
+        code: ErrorCode::Malformed,
+        message: m.into(),
+    }
+}
+
+fn bad_state(m: impl Into<String>) -> Fault {
+    Fault {
+        code: ErrorCode::BadState,
+        message: m.into(),
+    }
+}
+
+/// A session's offloaded pages.
+#[derive(Debug)]
+pub struct SessionPages {
+    shape: PageShape,
+    layers: BTreeMap<usize, Vec<StoredPage>>,
+    held: Reservation,
+}
+
+impl SessionPages {
+    /// An empty store of pages of `shape`, holding its bytes against `budget`. Errors: a [`Fault`] (`Malformed`)
+    /// when a page of that shape does not fit in memory arithmetic.
+    pub fn new(shape: PageShape, budget: &Arc<MemoryBudget>) -> Result<Self, Fault> {
+        shape
+            .page_bytes()
+            .filter(|b| *b > 0)
+            .ok_or_else(|| malformed(format!("pages of {shape:?} overflow a size")))?;
+        Ok(SessionPages {
+            shape,
+            layers: BTreeMap::new(),
+            held: budget
+                .reserve(0, "offloaded KV pages")
+                .map_err(Fault::from)?,
+        })
+    }
+
+    /// Positions of `layer` held here (its run covers `[0, positions)`).
+    pub fn positions(&self, layer: usize) -> usize {
+        self.layers
+            .get(&layer)
+            .map_or(0, |r| r.len() * self.shape.page_size)
+    }
+
+    /// Pages held over all layers.
+    pub fn pages(&self) -> usize {
+        self.layers.values().map(Vec::len).sum()
+    }
+
+    /// Bytes held (reserved against the budget).
+    pub fn bytes(&self) -> u64 {
+        self.held.bytes()
+    }
+
+    /// Appends `n_pages` whole pages to `layer`'s run, starting at position `first_pos` (the run's end): `bytes` holds
+    /// each page's K then V storage in the block layout and the session's dtype, little-endian. The bytes are
+    /// reserved before anything is allocated.
+    ///
+    /// Errors ([`Fault`]): `BadState` when `first_pos` is not the end of the run; `Malformed` when the byte count is
+    /// not `n_pages` pages; `OutOfMemory` over the budget. Nothing changes on error.
+    pub fn put(
+        &mut self,
+        layer: usize,
+        first_pos: u64,
+        n_pages: usize,
+        bytes: &[u8],
+    ) -> Result<(), Fault> {
+        let end = self.positions(layer);
+        if first_pos != end as u64 {
+            return Err(bad_state(format!(
+                "pages for layer {layer} must start at {end} (the end of its run), not {first_pos}"
+            )));
+        }
+        let per = self.shape.page_bytes().expect("checked in new");
+        let want = per.checked_mul(n_pages);
+        if want != Some(bytes.len()) || n_pages == 0 {
+            return Err(malformed(format!(
+                "{} bytes are not {n_pages} pages of {per} bytes",
+                bytes.len()
+            )));
+        }
+        let grow = u64::try_from(bytes.len()).map_err(|_| malformed("size"))?;
+        self.held.resize(self.held.bytes().saturating_add(grow))?;
+        let elems = self.shape.elems().expect("checked in new");
+        let run = self.layers.entry(layer).or_default();
+        for (i, page) in bytes.chunks_exact(per).enumerate() {
+            let (k, v) = page.split_at(per / 2);
+            let store = match self.shape.dtype {
+                KvDtype::F16 => Store::F16(decode_f16(k, elems), decode_f16(v, elems)),
+                KvDtype::F32 => Store::F32(decode_f32(k, elems), decode_f32(v, elems)),
+            };
+            run.push(StoredPage {
+                start: end + i * self.shape.page_size,
+                store,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops every page at or past position `positions` (a page boundary) in every layer; the bytes go back to the
+    /// budget. Errors: `BadState` when `positions` is not a multiple of the page size.
+    pub fn truncate(&mut self, positions: u64) -> Result<(), Fault> {
+        let ps = self.shape.page_size as u64;
+        if positions % ps != 0 {
+            return Err(bad_state(format!(
+                "truncation to {positions} is not on a {ps}-position page boundary"
+            )));
+        }
+        let keep = usize::try_from(positions / ps).unwrap_or(usize::MAX);
+        let per = self.shape.page_bytes().expect("checked in new") as u64;
+        let mut freed = 0u64;
+        for run in self.layers.values_mut() {
+            if run.len() > keep {
+                freed += (run.len() - keep) as u64 * per;
+                run.truncate(keep);
+            }
+        }
+        self.layers.retain(|_, r| !r.is_empty());
+        let _ = self.held.resize(self.held.bytes() - freed);
+        Ok(())
+    }
+
+    /// The attention partial of `q` (`[n_tokens, n_heads, head_dim]` f32 at positions `q_pos0..`) over `layer`'s
+    /// pages, folded in page order from empty: the first steps of the host's own fold, bit for bit.
+    ///
+    /// Errors: `Malformed` when `q`'s length is not `n_tokens · n_heads · head_dim` or `n_heads` is not a positive
+    /// multiple of the KV heads.
+    pub fn attend(
+        &self,
+        layer: usize,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+    ) -> Result<Partial, Fault> {
+        let s = &self.shape;
+        let want = n_tokens
+            .checked_mul(n_heads)
+            .and_then(|x| x.checked_mul(s.head_dim));
+        if want != Some(q.len()) || n_heads == 0 || !n_heads.is_multiple_of(s.n_kv_heads) {
+            return Err(malformed(format!(
+                "q of {} values is not [{n_tokens}, {n_heads}, {}] with heads a multiple of {}",
+                q.len(),
+                s.head_dim,
+                s.n_kv_heads
+            )));
+        }
+        let run = self.layers.get(&layer).map(Vec::as_slice).unwrap_or(&[]);
+        let views = run.iter().map(|p| {
+            let (k, v) = match &p.store {
+                Store::F16(k, v) => (RowsRef::F16(k), RowsRef::F16(v)),
+                Store::F32(k, v) => (RowsRef::F32(k), RowsRef::F32(v)),
+            };
+            PageView::new(p.start, s.page_size, s.n_kv_heads, s.head_dim, k, v)
+                .expect("stored pages have whole blocks of the session's shape")
+        });
+        Ok(fold_pages(
+            q,
+            n_tokens,
+            n_heads,
+            q_pos0,
+            views,
+            scale,
+            Some(s.head_dim),
+            None,
+        ))
+    }
+}
+
+fn decode_f16(b: &[u8], n: usize) -> Vec<f16> {
+    debug_assert_eq!(b.len(), 2 * n);
+    b.chunks_exact(2)
+        .map(|c| f16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn decode_f32(b: &[u8], n: usize) -> Vec<f32> {
+    debug_assert_eq!(b.len(), 4 * n);
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A page's storage as bytes for [`SessionPages::put`] (K then V, little-endian), from a view of a full page.
+pub fn page_bytes(v: PageView<'_>, shape: &PageShape) -> Vec<u8> {
+    let n = shape.elems().unwrap_or(0);
+    let mut out = Vec::with_capacity(shape.page_bytes().unwrap_or(0));
+    for r in [v.k(), v.v()] {
+        match r {
+            RowsRef::F16(d) => d[..n]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            RowsRef::F32(d) => d[..n]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        }
+    }
+    out
+}
