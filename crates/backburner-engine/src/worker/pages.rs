@@ -163,7 +163,7 @@ impl SessionPages {
     /// budget. Errors: `BadState` when `positions` is not a multiple of the page size.
     pub fn truncate(&mut self, positions: u64) -> Result<(), Fault> {
         let ps = self.shape.page_size as u64;
-        if positions % ps != 0 {
+        if !positions.is_multiple_of(ps) {
             return Err(bad_state(format!(
                 "truncation to {positions} is not on a {ps}-position page boundary"
             )));
