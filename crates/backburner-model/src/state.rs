@@ -118,6 +118,8 @@ pub struct ModelState {
     kv: KvOptions,
     /// Activation buffers of the forward pass (not state: never snapshotted or sent).
     scratch: Scratch,
+    /// Where pages held elsewhere are attended (KV offload), and the step's first failure.
+    remote: crate::remote::RemoteSlot,
 }
 
 /// A restorable copy of the state at a position: the linear layers' states (copied) and the position count (the
@@ -160,6 +162,7 @@ impl ModelState {
             n_tokens: 0,
             kv,
             scratch: Scratch::default(),
+            remote: Default::default(),
         }
     }
 
@@ -171,6 +174,35 @@ impl ModelState {
     /// KV settings.
     pub fn kv_options(&self) -> KvOptions {
         self.kv
+    }
+
+    /// Attaches the store of this sequence's pages held elsewhere (KV offload); attention ops of layers with
+    /// offloaded pages go through it. Returns the previous one.
+    pub fn set_remote(
+        &mut self,
+        r: Box<dyn crate::RemotePages>,
+    ) -> Option<Box<dyn crate::RemotePages>> {
+        self.remote.pages.replace(r)
+    }
+
+    /// Detaches the remote store.
+    pub fn take_remote(&mut self) -> Option<Box<dyn crate::RemotePages>> {
+        self.remote.pages.take()
+    }
+
+    /// The first failure of remote pages since the last call, if any: the forward steps since then produced
+    /// meaningless output and must be discarded (restore a snapshot; the state's KV rows past it are dropped by
+    /// truncation).
+    pub fn take_remote_error(&mut self) -> Option<crate::RemoteError> {
+        self.remote.error.take()
+    }
+
+    /// The KV cache of full-attention layer `i`, if held (to move its oldest pages elsewhere).
+    pub fn kv_cache_mut(&mut self, i: usize) -> Option<&mut PagedKvCache> {
+        match self.layers.get_mut(i)?.as_mut()? {
+            LayerState::Attention(c) => Some(c),
+            LayerState::Linear(_) => None,
+        }
     }
 
     /// Positions processed so far (tokens in the sequence).
@@ -191,10 +223,15 @@ impl ModelState {
     pub(crate) fn layer_and_scratch(
         &mut self,
         i: usize,
-    ) -> (Option<&mut LayerState>, &mut Scratch) {
+    ) -> (
+        Option<&mut LayerState>,
+        &mut Scratch,
+        &mut crate::remote::RemoteSlot,
+    ) {
         (
             self.layers.get_mut(i).and_then(|l| l.as_mut()),
             &mut self.scratch,
+            &mut self.remote,
         )
     }
 

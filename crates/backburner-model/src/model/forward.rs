@@ -2,6 +2,7 @@
 //! attention) → residual add → RMSNorm1p → SwiGLU MLP → residual add, on activation buffers that a sequence's
 //! [`Scratch`] keeps between calls (no allocation per op once the buffers have grown to the ubatch size).
 
+use backburner_kernels::attention::Partial;
 use backburner_kernels::gdn::{self, GdnDims};
 use backburner_kernels::kv::PagedKvCache;
 use backburner_kernels::profile::{self, Op};
@@ -9,6 +10,7 @@ use backburner_kernels::rowops;
 
 use super::{AttnWeights, GdnWeights, Layer, Mixer, Model, GDN_CHUNK};
 use crate::ops;
+use crate::remote::RemoteSlot;
 use crate::state::{LayerState, LinearState, PageStore};
 
 /// Reusable activation buffers of the forward pass (f32), grown to the largest ubatch seen. Held per sequence in its
@@ -74,14 +76,17 @@ fn take_cols_into(x: &[f32], n_cols: usize, c0: usize, width: usize, out: &mut V
 
 impl Model {
     /// One layer on the residual stream `x` (`[t, H]`, in place) for tokens at `pos0..pos0 + t`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn forward_layer(
         &self,
+        idx: usize,
         layer: &Layer,
         x: &mut [f32],
         t: usize,
         pos0: usize,
         state: &mut LayerState,
         s: &mut Scratch,
+        remote: &mut RemoteSlot,
     ) {
         let eps = self.config.rms_norm_eps as f32;
         {
@@ -90,7 +95,9 @@ impl Model {
         }
         match (&layer.mixer, state) {
             (Mixer::Linear(w), LayerState::Linear(st)) => self.gdn(w, t, st, s),
-            (Mixer::Attention(w), LayerState::Attention(c)) => self.attention(w, t, pos0, c, s),
+            (Mixer::Attention(w), LayerState::Attention(c)) => {
+                self.attention(idx, w, t, pos0, c, s, remote)
+            }
             _ => panic!("layer kind and state kind differ"),
         }
         residual_add(x, &s.out);
@@ -196,13 +203,16 @@ impl Model {
     }
 
     /// Gated full attention (HF `Qwen3_5Attention`) on `s.h` at positions `pos0..`, output in `s.out`.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
+        idx: usize,
         w: &AttnWeights,
         t: usize,
         pos0: usize,
         cache: &mut PagedKvCache,
         s: &mut Scratch,
+        remote: &mut RemoteSlot,
     ) {
         let c = &self.config;
         let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
@@ -253,7 +263,16 @@ impl Model {
         let scale = 1.0 / (d as f32).sqrt();
         let part = {
             let _p = profile::scope(Op::Attention);
-            PageStore::attend(cache, &s.a, t, hq, pos0, scale, None)
+            if cache.offloaded() == 0 {
+                PageStore::attend(cache, &s.a, t, hq, pos0, scale, None)
+            } else {
+                // the oldest pages are elsewhere: their fold first, then ours (docs/KV_OFFLOAD.md); on a failure the
+                // output is zeros and the error is latched for the caller, which discards this step
+                match remote.prefix(idx, &s.a, t, hq, pos0, scale) {
+                    Some(prefix) => cache.attend_after(prefix, &s.a, t, hq, pos0, scale),
+                    None => Partial::empty(t, hq, d),
+                }
+            }
         };
         s.o = part.o;
         {

@@ -316,9 +316,9 @@ impl Model {
         );
         for i in layers {
             let layer = self.layers[i].as_ref().expect("layer not loaded");
-            let (ls, scratch) = state.layer_and_scratch(i);
+            let (ls, scratch, remote) = state.layer_and_scratch(i);
             let ls = ls.expect("layer state not held");
-            self.forward_layer(layer, x, n_tokens, pos0, ls, scratch);
+            self.forward_layer(i, layer, x, n_tokens, pos0, ls, scratch, remote);
         }
     }
 

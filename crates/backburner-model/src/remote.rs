@@ -1,0 +1,104 @@
+//! Attention over KV pages held elsewhere (KV offload, docs/KV_OFFLOAD.md): the seam between the forward pass and
+//! whatever holds a layer's oldest pages (a worker over the link, or an in-process store in tests).
+//!
+//! For a full-attention layer whose cache has pages elsewhere (`PagedKvCache::offloaded() > 0`), the forward pass
+//! calls [`RemotePages::begin`] with the layer's queries, then [`RemotePages::finish`] for the partial over those
+//! pages (folded in page order from empty: the first steps of the local fold), and continues the fold over the pages
+//! it holds (`PagedKvCache::attend_after`): the same bits as a local cache holding every page. A failure is latched in
+//! the state ([`crate::ModelState::take_remote_error`]); the step's output is then meaningless and the caller must
+//! discard it and restore the state (it never reaches a sampler).
+
+use backburner_kernels::attention::Partial;
+
+/// Pages of some layers' oldest positions held elsewhere.
+pub trait RemotePages: Send {
+    /// Starts the partial attention of `q` (`[n_tokens, n_heads, head_dim]` f32 at positions `q_pos0..`, scores
+    /// scaled by `scale`) over `layer`'s pages held elsewhere; the host computes its own pages meanwhile.
+    ///
+    /// Errors: [`RemoteError`] when the pages are unreachable (a dead or stalled worker, a refused request).
+    fn begin(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+    ) -> Result<(), RemoteError>;
+
+    /// The partial started by the last [`RemotePages::begin`] for `layer`: `o` `[n_tokens, n_heads, head_dim]` and
+    /// `lse` `[n_tokens, n_heads]`, folded over the pages in position order from empty.
+    ///
+    /// Errors: [`RemoteError`].
+    fn finish(&mut self, layer: usize) -> Result<Partial, RemoteError>;
+}
+
+/// The pages held elsewhere could not be attended.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("KV pages held elsewhere are unavailable: {0}")]
+pub struct RemoteError(pub String);
+
+/// The forward pass's handle on the remote pages of a sequence and the first failure of the current step.
+#[derive(Default)]
+pub(crate) struct RemoteSlot {
+    pub pages: Option<Box<dyn RemotePages>>,
+    pub error: Option<RemoteError>,
+}
+
+impl std::fmt::Debug for RemoteSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSlot")
+            .field("attached", &self.pages.is_some())
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl RemoteSlot {
+    /// The partial over `layer`'s pages held elsewhere, or `None` after latching the failure (or when no store is
+    /// attached although pages are elsewhere).
+    pub fn prefix(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+    ) -> Option<Partial> {
+        if self.error.is_some() {
+            return None;
+        }
+        let Some(r) = self.pages.as_mut() else {
+            self.error = Some(RemoteError(format!(
+                "layer {layer} has pages elsewhere but no remote store is attached"
+            )));
+            return None;
+        };
+        let got = r
+            .begin(layer, q, n_tokens, n_heads, q_pos0, scale)
+            .and_then(|()| r.finish(layer));
+        match got {
+            Ok(p)
+                if p.n_tokens == n_tokens
+                    && p.n_heads == n_heads
+                    && p.o.len() == q.len()
+                    && p.lse.len() == n_tokens * n_heads
+                    && p.head_dim * n_tokens * n_heads == q.len() =>
+            {
+                Some(p)
+            }
+            Ok(p) => {
+                self.error = Some(RemoteError(format!(
+                    "layer {layer}: a [{}, {}, {}] partial for [{n_tokens}, {n_heads}] queries",
+                    p.n_tokens, p.n_heads, p.head_dim
+                )));
+                None
+            }
+            Err(e) => {
+                self.error = Some(e);
+                None
+            }
+        }
+    }
+}
