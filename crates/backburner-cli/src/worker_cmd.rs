@@ -102,6 +102,21 @@ pub fn is_loopback(addr: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A byte count for people: `512 B`, `1.5 KiB`, `64.0 MiB`, `31.2 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
 /// Parses a byte count with an optional K/M/G suffix (binary).
 pub fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
@@ -159,6 +174,14 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         Some(m) => parse_bytes(m)?,
         None => backburner_engine::worker::default_max_memory(),
     };
+    let ram = backburner_engine::worker::default_max_memory().saturating_mul(2);
+    if max_memory > ram {
+        eprintln!(
+            "warning: --max-memory {} is more than this machine's {} of memory: the system, not the worker, will run out",
+            human_bytes(max_memory),
+            human_bytes(ram)
+        );
+    }
     if max_memory == 0 {
         bail!("--max-memory 0: the worker needs some memory for session state (e.g. 2G)");
     }
@@ -180,13 +203,13 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     ctrlc::set_handler(move || s2.store(true, Ordering::Relaxed))
         .context("install the SIGINT/SIGTERM handler")?;
     eprintln!(
-        "backburner worker listening on {} (model {}, layers {}, {threads} threads, {} MiB for state)",
+        "backburner worker listening on {} (model {}, layers {}, {threads} threads, {} for state)",
         worker.local_addr(),
         model_dir.display(),
         layers
             .map(|r| format!("{}..{}", r.start, r.end))
             .unwrap_or_else(|| "from the host".into()),
-        max_memory >> 20
+        human_bytes(max_memory)
     );
     worker.serve(stop);
     eprintln!("backburner worker: shut down");

@@ -109,7 +109,8 @@ pub fn encode(
 /// Applies a payload for `n_rows` positions: appends the KV rows to each attention layer of `layers` and, if `linear`,
 /// replaces the linear states. The caller sets the position afterwards.
 ///
-/// Errors: [`LinkError::Malformed`] when the payload length does not match (nothing is applied then).
+/// Errors: [`LinkError::Malformed`] when the payload length does not match (nothing is applied then) or a value is
+/// not finite (earlier layers may be applied then: the caller restores or discards the state).
 pub fn apply(
     state: &mut ModelState,
     cfg: &ModelConfig,
@@ -132,6 +133,8 @@ pub fn apply(
         if cfg.layer_types[i] == LayerKind::FullAttention {
             let k = get(&payload[off..off + kv], dtype);
             let v = get(&payload[off + kv..off + 2 * kv], dtype);
+            finite(&k, i)?;
+            finite(&v, i)?;
             off += 2 * kv;
             if !state.append_kv_rows(i, &k, &v, n_rows) {
                 return Err(LinkError::Malformed(format!("layer {i} is not held")));
@@ -146,6 +149,8 @@ pub fn apply(
                 let conv = backburner_link::frame::bytes_f32(&payload[off..off + 4 * nc])?;
                 off += 4 * nc;
                 let recurrent = backburner_link::frame::bytes_f32(&payload[off..off + 4 * nr])?;
+                finite(&conv, i)?;
+                finite(&recurrent, i)?;
                 off += 4 * nr;
                 if !state.set_linear(i, LinearState { conv, recurrent }) {
                     return Err(LinkError::Malformed(format!("layer {i} is not held")));
@@ -154,6 +159,18 @@ pub fn apply(
         }
     }
     Ok(())
+}
+
+/// Refuses rows or states with a NaN or an infinity: a correct peer never sends them for a model whose local run is
+/// finite, and adopting them would turn every later logit into NaN. (A local run that overflows f16 falls back to
+/// local compute and gets its own result.)
+fn finite(x: &[f32], layer: usize) -> Result<(), LinkError> {
+    if x.iter().all(|v| v.is_finite()) {
+        return Ok(());
+    }
+    Err(LinkError::Malformed(format!(
+        "non-finite values in the state of layer {layer} from the peer"
+    )))
 }
 
 /// Truncates the attention layers' KV caches of `state` to `len` positions (the linear states are left alone; the

@@ -379,3 +379,84 @@ fn an_idle_session_is_evicted_for_a_busy_one_and_its_host_falls_back_exactly() {
     assert!(got == want_more);
     assert_eq!(a.link_stats().fallbacks, 1);
 }
+
+#[test]
+fn page_sizes_off_the_64_position_block_are_refused_by_the_worker() {
+    let f = model_with_layers(8, 14);
+    let w = start_worker(f.dir.path(), None, None);
+    for page in [1usize, 63, 100] {
+        let mut c = client(f.dir.path(), &w.addr, Some(4), b"");
+        match c.ping(f.model.config(), KvDtype::F16, page, UBATCH, b"x") {
+            Err(LinkError::Remote {
+                code: ErrorCode::ParamMismatch,
+                message,
+            }) => assert!(message.contains("multiple of 64"), "{message}"),
+            other => panic!("page {page}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_fake_worker_cannot_make_the_host_read_a_frame_before_the_handshake() {
+    let f = model_with_layers(8, 15);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut hello = [0u8; 56];
+        s.read_exact(&mut hello).unwrap();
+        // a FetchDone announcing a 1 GiB tensor instead of a Challenge
+        let mut h = Vec::new();
+        h.extend_from_slice(b"BBLK");
+        h.extend_from_slice(&backburner_link::PROTOCOL_VERSION.to_le_bytes());
+        h.extend_from_slice(&13u16.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        h.extend_from_slice(&(1u32 << 30).to_le_bytes());
+        h.extend_from_slice(&0u64.to_le_bytes());
+        s.write_all(&h).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let mut c = client(f.dir.path(), &addr, Some(4), b"");
+    let t = std::time::Instant::now();
+    match c.ping(f.model.config(), KvDtype::F16, 64, UBATCH, b"x") {
+        Err(LinkError::FrameTooLarge { len, max: 0 }) => assert_eq!(len, 1 << 30),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "refused at the header"
+    );
+    fake.join().unwrap();
+}
+
+#[test]
+fn a_request_that_cannot_fit_evicts_nobody() {
+    let f = model_with_layers(8, 16);
+    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 8 << 20);
+    let p = prompt(6 * UBATCH, 5);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 1);
+    let more = prompt(3 * UBATCH, 6);
+    let want_more = bits(&local.prefill(&more, Logits::Last, |_, _| {}).unwrap());
+    let mut a = Session::new(f.model.clone(), opts()).unwrap();
+    a.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    assert!(run(&mut a, &p, 1) == want);
+    // another host asks for 2 × 5 MiB of request buffers on an 8 MiB worker: refused, and the idle session stays
+    let mut b = client(f.dir.path(), &w.addr, Some(4), b"");
+    match b.ping(
+        f.model.config(),
+        KvDtype::F16,
+        64,
+        UBATCH,
+        &vec![0u8; 5 << 20],
+    ) {
+        Err(LinkError::Remote {
+            code: ErrorCode::OutOfMemory,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(bits(&a.prefill(&more, Logits::Last, |_, _| {}).unwrap()) == want_more);
+    assert_eq!(a.link_stats().fallbacks, 0, "a was evicted");
+    assert_eq!(a.link_stats().split_calls, 2);
+}

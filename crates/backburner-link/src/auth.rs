@@ -46,7 +46,7 @@ pub fn read_secret_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     if t.is_empty() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("secret file {} is empty", path.display()),
+            "it is empty (or only whitespace)",
         ));
     }
     Ok(t)

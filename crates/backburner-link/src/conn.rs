@@ -335,7 +335,7 @@ impl Conn {
     }
 
     /// Connects to `addr` within `timeout` (each resolved address in turn); both halves get `timeout` as their
-    /// first deadline.
+    /// first deadline, and the tensor bound is 0 until the handshake raises it.
     pub fn connect(
         addr: &str,
         timeout: Duration,
@@ -345,7 +345,8 @@ impl Conn {
         let mut last = None;
         for a in addr.to_socket_addrs()? {
             match TcpStream::connect_timeout(&a, timeout) {
-                Ok(s) => return Conn::new(s, Some(timeout), None, shaper),
+                // no handshake frame carries a tensor: none is read (or allocated) from an unauthenticated peer
+                Ok(s) => return Conn::new(s, Some(timeout), Some(0), shaper),
                 Err(e) => last = Some(e),
             }
         }
@@ -376,6 +377,23 @@ impl Conn {
     /// Bytes received so far.
     pub fn bytes_received(&self) -> u64 {
         self.counters.received.load(Ordering::Relaxed)
+    }
+
+    /// Closes after an `Error` frame so that the peer can read it: shuts the writing side, then reads and discards
+    /// what the peer is still sending (at most `max_bytes`, for at most `max_wait`) before closing. Closing at once
+    /// with unread bytes would reset the connection and could destroy the `Error` frame in flight.
+    pub fn linger_close(&mut self, max_bytes: usize, max_wait: Duration) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        self.reader.set_deadline(Some(max_wait));
+        let mut buf = [0u8; 64 << 10];
+        let mut left = max_bytes;
+        while left > 0 {
+            match self.reader.r.read(&mut buf[..left.min(64 << 10)]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left -= n,
+            }
+        }
+        self.shutdown();
     }
 
     /// Closes both directions (wakes a thread blocked on the other half).

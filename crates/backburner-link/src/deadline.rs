@@ -18,7 +18,10 @@ pub(crate) struct Deadline {
 impl Deadline {
     pub(crate) fn after(budget: Duration) -> Self {
         Deadline {
-            at: Instant::now() + budget,
+            // a budget past what the clock can represent (a huge flag value) is as good as none
+            at: Instant::now()
+                .checked_add(budget.min(FOREVER))
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400)),
             budget,
         }
     }
@@ -33,6 +36,9 @@ impl Deadline {
     }
 }
 
+/// The longest deadline budget honoured (about 30 years): larger ones are clamped, never an overflow.
+pub(crate) const FOREVER: Duration = Duration::from_secs(30 * 365 * 86_400);
+
 /// How long a frame may take once its first byte has arrived: `base + bytes / min_rate`. Set on a worker, whose
 /// idle wait between requests is long but whose requests must arrive at a useful pace.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,7 +52,8 @@ pub struct Pace {
 impl Pace {
     /// The allowance for `bytes` bytes.
     pub fn allowance(&self, bytes: usize) -> Duration {
-        self.base + Duration::from_secs_f64(bytes as f64 / self.min_rate.max(1) as f64)
+        let t = (bytes as f64 / self.min_rate.max(1) as f64).min(FOREVER.as_secs_f64());
+        self.base.saturating_add(Duration::from_secs_f64(t))
     }
 }
 
@@ -140,5 +147,33 @@ mod tests {
             };
             assert!(a >= ms(w) && a <= ms(w) + ms(20), "{w}: {a:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod huge {
+    use super::*;
+
+    #[test]
+    fn huge_budgets_are_clamped_not_overflowed() {
+        for b in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            FOREVER,
+            Duration::from_secs(1),
+        ] {
+            let d = Deadline::after(b);
+            assert!(d.left().unwrap() > Duration::ZERO);
+        }
+        let p = Pace {
+            base: Duration::MAX,
+            min_rate: 1,
+        };
+        assert_eq!(p.allowance(usize::MAX), Duration::MAX);
+        let p = Pace {
+            base: Duration::from_secs(30),
+            min_rate: 0,
+        };
+        assert!(p.allowance(usize::MAX) <= Duration::from_secs(30) + FOREVER);
     }
 }

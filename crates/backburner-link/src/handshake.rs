@@ -126,6 +126,7 @@ pub fn host_handshake(
         return Err(LinkError::Malformed("Welcome with session id 0".into()));
     }
     conn.protect(derive(secret, &t.hash(), Role::Host), w.session);
+    conn.reader.set_max_tensor(crate::frame::DEFAULT_MAX_TENSOR);
     Ok((params, w))
 }
 

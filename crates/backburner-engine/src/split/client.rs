@@ -13,6 +13,16 @@ use tracing::{info, warn};
 
 use super::{balanced_split, FingerprintFn, LinkStats, WorkerSettings};
 
+/// The reason a send failed: the worker's `Error` frame if it sent one before closing (a refused request), else the
+/// send's own error.
+pub(super) fn why(c: &mut Conn, e: LinkError) -> LinkError {
+    c.reader.set_deadline(Some(Duration::from_millis(500)));
+    match c.reader.recv() {
+        Err(remote @ LinkError::Remote { .. }) => remote,
+        _ => e,
+    }
+}
+
 /// A connection to one worker plus what the host knows about its mirror.
 pub struct WorkerClient {
     pub(super) settings: WorkerSettings,
@@ -112,9 +122,11 @@ impl WorkerClient {
 
     /// The deadline budget of a message of `bytes` bytes whose reply also waits for `compute` on the worker.
     pub(super) fn allowance(&self, bytes: usize, compute: Duration) -> Duration {
-        self.settings.timeout
-            + compute
-            + Duration::from_secs_f64(bytes as f64 / self.settings.min_rate.max(1) as f64)
+        let transfer = (bytes as f64 / self.settings.min_rate.max(1) as f64).min(1e9);
+        self.settings
+            .timeout
+            .saturating_add(compute)
+            .saturating_add(Duration::from_secs_f64(transfer))
     }
 
     /// Round trip of a `Ping` with `payload` bytes; connects first if needed.
@@ -131,7 +143,9 @@ impl WorkerClient {
         let c = self.conn.as_mut().expect("connected");
         c.set_deadline(Some(d));
         let t = Instant::now();
-        c.writer.send(Kind::Ping, &Empty {}, payload)?;
+        if let Err(e) = c.writer.send(Kind::Ping, &Empty {}, payload) {
+            return Err(why(c, e));
+        }
         let (_e, back): (Empty, _) = c.reader.expect(Kind::Pong, "Pong")?;
         let dt = t.elapsed();
         if back != payload {
@@ -198,7 +212,7 @@ impl WorkerClient {
         let st = &self.settings;
         let mut conn = Conn::connect(&st.addr, st.timeout, st.shaper)?;
         let mut chosen = 0;
-        let (_, welcome) = host_handshake(&mut conn, &st.secret, |ch| {
+        let shaken = host_handshake(&mut conn, &st.secret, |ch| {
             let l = match (st.split_layer, ch.layers) {
                 (Some(l), _) => l,
                 (None, Some((a, _))) => a as usize,
@@ -219,7 +233,16 @@ impl WorkerClient {
             }
             chosen = l;
             self.params(cfg, l, kv, page, ubatch)
-        })?;
+        });
+        let welcome = match shaken {
+            Ok((_, w)) => w,
+            Err(e) => {
+                // what a failed handshake sent and received still went over the link
+                self.stats.bytes_sent += conn.bytes_sent();
+                self.stats.bytes_received += conn.bytes_received();
+                return Err(e);
+            }
+        };
         info!(addr = %st.addr, split = chosen, worker_threads = welcome.threads, session = welcome.session, "worker attached");
         self.split = chosen;
         self.limits = Some(welcome.limits);

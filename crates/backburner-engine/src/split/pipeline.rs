@@ -60,7 +60,9 @@ impl WorkerClient {
                 pos_after: to as u64,
                 linear: last,
             };
-            conn.writer.send(Kind::Sync, &msg, &payload)?;
+            if let Err(e) = conn.writer.send(Kind::Sync, &msg, &payload) {
+                return Err(super::client::why(conn, e));
+            }
             let _: (Empty, _) = conn.reader.expect(Kind::SyncDone, "SyncDone")?;
             at = to;
             if last {
@@ -128,7 +130,10 @@ impl WorkerClient {
         let (sent_tx, sent_rx) = mpsc::channel::<(Instant, Duration)>();
         let base = (self.settings.timeout, self.settings.min_rate.max(1));
         let allow = move |bytes: usize, compute: Duration| {
-            base.0 + compute + Duration::from_secs_f64(bytes as f64 / base.1 as f64)
+            let transfer = (bytes as f64 / base.1 as f64).min(1e9);
+            base.0
+                .saturating_add(compute)
+                .saturating_add(Duration::from_secs_f64(transfer))
         };
         let (conn_w, conn_r) = (&mut conn.writer, &mut conn.reader);
         let observed = self.us_per_token_layer;
@@ -174,9 +179,11 @@ impl WorkerClient {
                 let host_us = t0.elapsed().as_secs_f64() * 1e6 / (t * l.max(1)) as f64;
                 pos += t;
                 if ci + 1 < k {
-                    let per = observed.unwrap_or(
-                        host_us * host_threads.max(1) as f64 / worker_threads.max(1) as f64,
-                    );
+                    // the worker's own timings set the allowance, but never more than 25× what the host's own
+                    // speed suggests (a worker cannot buy itself day-long deadlines)
+                    let host_based =
+                        host_us * host_threads.max(1) as f64 / worker_threads.max(1) as f64;
+                    let per = observed.map_or(host_based, |o| o.min(25.0 * host_based));
                     let compute = Duration::from_secs_f64(
                         (4.0 * per * ((n - l) * t) as f64 / 1e6).min(86_400.0),
                     );

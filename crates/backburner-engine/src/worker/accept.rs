@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::ops::Range;
 use std::sync::Arc;
 
-use backburner_kernels::kv::KvDtype;
+use backburner_kernels::kv::{KvDtype, KV_BLOCK};
 use backburner_link::handshake::{worker_handshake, WorkerOffer};
 use backburner_link::message::SessionParams;
 use backburner_link::{Conn, ErrorCode, LinkError, WireKvDtype, WorkerLimits};
@@ -123,12 +123,17 @@ fn accept_params(
     }
     let page = usize::try_from(p.kv_page_size)
         .ok()
-        .filter(|v| *v > 0 && (*v as u64) <= MAX_POSITIONS);
+        .filter(|v| *v > 0 && v.is_multiple_of(KV_BLOCK) && (*v as u64) <= MAX_POSITIONS);
     let max_positions = usize::try_from(MAX_POSITIONS).unwrap_or(usize::MAX);
     let Some(page) = page else {
         return Err((
             ErrorCode::ParamMismatch,
-            format!("kv_page_size {} must be in 1..=2^40", p.kv_page_size),
+            // pages allocate whole blocks of 64 positions: smaller or ragged pages would hold up to 64 times the
+            // memory the budget counts
+            format!(
+                "kv_page_size {} must be a multiple of {KV_BLOCK} in {KV_BLOCK}..=2^40",
+                p.kv_page_size
+            ),
         ));
     };
     if p.ubatch == 0 || p.ubatch as usize > o.max_ubatch {

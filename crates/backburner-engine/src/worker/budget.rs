@@ -20,9 +20,13 @@ pub struct OverBudget {
     pub limit: u64,
 }
 
-/// Frees memory held elsewhere when a reservation does not fit (the worker evicts an idle session); returns whether
-/// it freed anything worth waiting for.
-pub type MakeRoom = Arc<dyn Fn() -> bool + Send + Sync>;
+/// Frees memory held elsewhere when a reservation of the given bytes does not fit (the worker evicts an idle
+/// session); returns whether it freed anything worth waiting for (false when even evicting every idle session could
+/// not make the bytes fit).
+pub type MakeRoom = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+
+/// Most rounds of eviction one reservation may trigger.
+const MAX_ROUNDS: usize = 64;
 
 /// A byte budget shared by all sessions of a worker.
 #[derive(Debug)]
@@ -92,13 +96,15 @@ impl MemoryBudget {
         what: &'static str,
         room: Option<&MakeRoom>,
     ) -> Result<Reservation, OverBudget> {
+        let mut rounds = 0;
         loop {
             let e = match self.reserve(bytes, what) {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
+            rounds += 1;
             match room {
-                Some(f) if f() => self.wait_for(bytes),
+                Some(f) if rounds <= MAX_ROUNDS && f(bytes) => self.wait_for(bytes),
                 _ => return Err(e),
             }
         }
@@ -149,13 +155,16 @@ impl Reservation {
 impl Reservation {
     /// As [`Reservation::resize`], asking `room` to free memory when growing does not fit.
     pub fn resize_with(&mut self, bytes: u64, room: Option<&MakeRoom>) -> Result<(), OverBudget> {
+        let mut rounds = 0;
         loop {
             let e = match self.resize(bytes) {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
+            rounds += 1;
+            let more = bytes.saturating_sub(self.bytes);
             match room {
-                Some(f) if f() => self.budget.wait_for(bytes.saturating_sub(self.bytes)),
+                Some(f) if rounds <= MAX_ROUNDS && f(more) => self.budget.wait_for(more),
                 _ => return Err(e),
             }
         }

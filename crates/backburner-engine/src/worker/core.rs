@@ -121,6 +121,11 @@ impl SessionCore {
         self
     }
 
+    /// Bytes the session's state holds against the budget.
+    pub fn held_bytes(&self) -> u64 {
+        self.held.bytes()
+    }
+
     /// The mirror (tests).
     pub fn mirror(&self) -> &ModelState {
         &self.mirror

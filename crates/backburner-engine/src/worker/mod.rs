@@ -112,6 +112,8 @@ struct Shared {
     registry: Arc<Registry>,
     budget: Arc<MemoryBudget>,
     pool: ComputePool,
+    /// Connection threads alive (handshakes, sessions, and ones still winding down after being closed).
+    live: std::sync::atomic::AtomicUsize,
 }
 
 /// A running worker.
@@ -137,6 +139,7 @@ impl Worker {
             ckpt,
             loaded: Mutex::new(None),
             pool,
+            live: Default::default(),
         });
         if let Some(r) = &opts.layers {
             check_range(&shared.config, r).map_err(|(_, m)| WorkerError::LayerRange(m))?;
@@ -180,22 +183,39 @@ impl Worker {
     }
 
     fn spawn_connection(&self, stream: TcpStream, peer: SocketAddr, stop: &Arc<AtomicBool>) {
+        // a hard cap on connection threads: handshakes and sessions, plus a few closed ones still winding down
+        let cap = self.shared.opts.max_pending + self.shared.opts.max_sessions + 8;
+        if self.shared.live.load(Ordering::Acquire) >= cap {
+            return tracing::debug!(%peer, "refused: {cap} connection threads alive");
+        }
         let handle = match stream.try_clone() {
             Ok(h) => h,
             Err(e) => return warn!(%peer, "refused: cannot clone the socket ({e})"),
         };
         let pending = self.shared.registry.admit(handle);
+        self.shared.live.fetch_add(1, Ordering::AcqRel);
         let (shared, stop) = (self.shared.clone(), stop.clone());
         let spawned = std::thread::Builder::new()
             .name("bb-worker-conn".into())
             .spawn(move || {
-                let _pending = pending;
-                handle_connection(shared, stream, peer, _pending, stop)
+                let _live = LiveThread(&shared.live);
+                let pending = pending;
+                handle_connection(&shared, stream, peer, pending, stop)
             });
         if let Err(e) = spawned {
             // the closure (with the stream and the pending slot) was dropped: the connection is closed
+            self.shared.live.fetch_sub(1, Ordering::AcqRel);
             warn!(%peer, "refused: cannot start a connection thread ({e})");
         }
+    }
+}
+
+/// Counts a connection thread as alive until it ends.
+struct LiveThread<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for LiveThread<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -222,7 +242,7 @@ pub enum WorkerError {
 }
 
 fn handle_connection(
-    shared: Arc<Shared>,
+    shared: &Arc<Shared>,
     stream: TcpStream,
     peer: SocketAddr,
     pending: registry::PendingGuard,
@@ -242,7 +262,7 @@ fn handle_connection(
         Err(e) => return warn!(%peer, "connection setup failed: {e}"),
     };
     let c = &mut conn;
-    let r = handshake(&shared, c, handle).and_then(
+    let r = handshake(shared, c, handle).and_then(
         |Accepted {
              loaded,
              guard,
@@ -252,7 +272,7 @@ fn handle_connection(
             drop(pending);
             let (sessions, pending) = shared.registry.counts();
             info!(%peer, session = guard.id(), sessions, pending, "session started");
-            serve_session(&shared, c, core, &guard, &stop)
+            serve_session(shared, c, core, &guard, &stop)
         },
     );
     match r {
@@ -260,6 +280,7 @@ fn handle_connection(
         Err(e) => {
             if let Some(code) = framing_code(&e) {
                 c.writer.send_error(code, e.to_string());
+                c.linger_close(16 << 20, Duration::from_secs(1));
             }
             warn!(%peer, "session ended: {e}");
         }
@@ -293,9 +314,11 @@ fn serve_session(
     let mut frames = 0usize;
     let reg = shared.registry.clone();
     let id = me.id();
-    let room: MakeRoom = Arc::new(move || reg.evict_idle_except(id));
+    let budget = shared.budget.clone();
+    let room: MakeRoom = Arc::new(move |need| reg.evict_idle_except(id, need, &budget));
     let room = &room;
     let mut core = core.with_room(room.clone());
+    me.set_bytes(core.held_bytes());
     loop {
         if stop.load(Ordering::Relaxed) {
             conn.writer
@@ -318,11 +341,9 @@ fn serve_session(
         }
         let h = h?;
         // the received body and, for a ping, its echo
+        // the body is not authenticated yet: its buffers never evict another session
         let need = (h.body_len() as u64).saturating_mul(2);
-        let hold = match shared
-            .budget
-            .reserve_with(need, "a request's buffers", Some(room))
-        {
+        let hold = match shared.budget.reserve(need, "a request's buffers") {
             Ok(r) => r,
             Err(e) => return refuse(conn, e.into()),
         };
@@ -344,6 +365,7 @@ fn serve_session(
             Err(fault) => return refuse(conn, fault),
         };
         send_reply(conn, o.pace, reply)?;
+        me.set_bytes(core.held_bytes());
     }
 }
 
@@ -363,8 +385,11 @@ fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError
     .map(|_| ())
 }
 
+/// Answers a refused request with its `Error` frame and closes so that the host can read it (draining at most
+/// 16 MiB of the request for at most 1 s).
 fn refuse(conn: &mut Conn, f: Fault) -> Result<(), LinkError> {
     conn.writer.send_error(f.code, f.message.clone());
+    conn.linger_close(16 << 20, Duration::from_secs(1));
     Err(LinkError::Remote {
         code: f.code,
         message: f.message,

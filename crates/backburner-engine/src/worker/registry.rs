@@ -17,6 +17,8 @@ pub(crate) struct SessionFlags {
     pub evicted: AtomicBool,
     /// Milliseconds since the registry's epoch of the last request.
     pub last_active_ms: AtomicU64,
+    /// Bytes the session holds against the budget (as of its last request).
+    pub bytes: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -93,6 +95,7 @@ impl Registry {
             idle: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
             last_active_ms: AtomicU64::new(self.now_ms()),
+            bytes: AtomicU64::new(0),
         });
         g.sessions.insert(
             id,
@@ -112,14 +115,24 @@ impl Registry {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Evicts the least recently active idle session other than `me`: marks it and shuts its socket's reading side,
-    /// so its thread wakes, tells its host `Evicted` and drops its state. Returns whether one was found.
-    pub fn evict_idle_except(&self, me: u64) -> bool {
+    /// Makes room for `need` more bytes of `budget` by evicting the least recently active idle session other than
+    /// `me` (it is marked and its socket's reading side shut, so its thread wakes, tells its host `Evicted` and drops
+    /// its state). Returns false, evicting nothing, when even every idle session's bytes could not make `need` fit;
+    /// true when a session was evicted or evicted ones are still freeing their memory.
+    pub fn evict_idle_except(&self, me: u64, need: u64, budget: &super::MemoryBudget) -> bool {
         let g = self.lock();
-        let victim = g
-            .sessions
-            .iter()
-            .filter(|(id, e)| **id != me && e.flags.idle.load(Ordering::Acquire))
+        let others = || g.sessions.iter().filter(|(id, _)| **id != me);
+        let freeable: u64 = others()
+            .filter(|(_, e)| {
+                e.flags.idle.load(Ordering::Acquire) || e.flags.evicted.load(Ordering::Acquire)
+            })
+            .map(|(_, e)| e.flags.bytes.load(Ordering::Acquire))
+            .sum();
+        if budget.used().saturating_sub(freeable).saturating_add(need) > budget.limit() {
+            return false;
+        }
+        let victim = others()
+            .filter(|(_, e)| e.flags.idle.load(Ordering::Acquire))
             .filter(|(_, e)| !e.flags.evicted.load(Ordering::Acquire))
             .min_by_key(|(_, e)| e.flags.last_active_ms.load(Ordering::Acquire));
         match victim {
@@ -128,7 +141,8 @@ impl Registry {
                 let _ = e.handle.shutdown(Shutdown::Read);
                 true
             }
-            None => false,
+            // sessions evicted earlier may still be dropping their state
+            None => others().any(|(_, e)| e.flags.evicted.load(Ordering::Acquire)),
         }
     }
 
@@ -171,6 +185,11 @@ impl SessionGuard {
                 .store(self.reg.now_ms(), Ordering::Release);
         }
         self.flags.idle.store(idle, Ordering::Release);
+    }
+
+    /// Records the bytes the session holds (for eviction decisions).
+    pub fn set_bytes(&self, bytes: u64) {
+        self.flags.bytes.store(bytes, Ordering::Release);
     }
 
     /// Whether the registry evicted this session.
