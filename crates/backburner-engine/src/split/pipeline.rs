@@ -15,7 +15,7 @@ use crate::wire;
 
 /// Sets `r`'s deadline to `start + budget`.
 fn deadline_from(r: &mut FrameReader, start: Instant, budget: Duration) {
-    let left = (start + budget).saturating_duration_since(Instant::now());
+    let left = budget.saturating_sub(start.elapsed());
     r.set_deadline(Some(left.max(Duration::from_millis(1))));
 }
 
