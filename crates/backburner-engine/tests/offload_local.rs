@@ -67,6 +67,21 @@ fn model() -> (tempfile::TempDir, Model) {
     (dir, m)
 }
 
+/// The worker-side store for this model's pages (f16, `PAGE` positions) under a `budget`-byte limit.
+fn page_store(
+    cfg: &backburner_model::ModelConfig,
+    budget: u64,
+) -> (PageShape, Arc<Mutex<SessionPages>>) {
+    let shape = PageShape {
+        page_size: PAGE,
+        n_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+        dtype: KvDtype::F16,
+    };
+    let store = SessionPages::new(shape, &MemoryBudget::new(budget)).unwrap();
+    (shape, Arc::new(Mutex::new(store)))
+}
+
 fn ids(n: usize, salt: u32) -> Vec<u32> {
     (0..n as u32)
         .map(|i| (i * 37 + salt * 11) % 500 + 3)
@@ -88,15 +103,7 @@ fn run(
     let cfg = m.config();
     let n = cfg.num_hidden_layers;
     let mut st = ModelState::new(cfg, 0..n, kv());
-    let shape = PageShape {
-        page_size: PAGE,
-        n_kv_heads: cfg.num_key_value_heads,
-        head_dim: cfg.head_dim,
-        dtype: KvDtype::F16,
-    };
-    let store = Arc::new(Mutex::new(
-        SessionPages::new(shape, &MemoryBudget::new(1 << 30)).unwrap(),
-    ));
+    let (shape, store) = page_store(cfg, 1 << 30);
     st.set_remote(Box::new(InProcess {
         store: store.clone(),
         pending: None,
@@ -179,15 +186,7 @@ fn a_failing_store_is_latched_for_the_caller() {
     let e = st.take_remote_error().unwrap();
     assert!(e.0.contains("no remote store"), "{e}");
     // a store that fails: latched with its message
-    let shape = PageShape {
-        page_size: PAGE,
-        n_kv_heads: cfg.num_key_value_heads,
-        head_dim: cfg.head_dim,
-        dtype: KvDtype::F16,
-    };
-    let store = Arc::new(Mutex::new(
-        SessionPages::new(shape, &MemoryBudget::new(1 << 20)).unwrap(),
-    ));
+    let (_, store) = page_store(cfg, 1 << 20);
     fail.store(true, Ordering::Relaxed);
     st.set_remote(Box::new(InProcess {
         store,
