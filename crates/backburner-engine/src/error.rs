@@ -22,6 +22,18 @@ pub enum EngineError {
     /// The model produced NaN or infinite logits (broken weights or config); no token is sampled from them.
     #[error("the model produced non-finite logits (NaN or infinity): the checkpoint's weights or config are broken")]
     NonFinite,
+    /// The host's KV budget (`--kv-budget`) cannot hold what the request needs and no worker can take the oldest
+    /// pages (none attached, unreachable, lost, or full). The session keeps its tokens; a later request rebuilds
+    /// the state once a worker is back.
+    #[error("KV budget exceeded: {need} positions of KV cache would be on this host but --kv-budget allows {budget}: {why}")]
+    KvBudget {
+        /// The host's budget (positions).
+        budget: usize,
+        /// Positions the host would have to hold.
+        need: usize,
+        /// Why no worker took the pages.
+        why: String,
+    },
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),

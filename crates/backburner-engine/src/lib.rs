@@ -5,6 +5,7 @@
 pub mod compute;
 pub mod error;
 pub mod generate;
+pub mod offload;
 pub mod perplexity;
 pub mod sampling;
 pub mod session;

@@ -7,6 +7,7 @@ use backburner_model::{KvOptions, Model, ModelState, StateSnapshot};
 
 use crate::compute::ComputePool;
 use crate::error::{EngineError, Result};
+use crate::offload::{KvBudget, Placement, Workers};
 use crate::split::{LinkStats, WorkerClient};
 
 /// Session settings.
@@ -20,6 +21,9 @@ pub struct SessionOptions {
     pub context_length: Option<usize>,
     /// The threads the forward pass runs on (default: [`ComputePool::shared_default`], one per core).
     pub pool: ComputePool,
+    /// Most KV cache the host holds (`--kv-budget`); past it the oldest pages move to the workers (KV offload).
+    /// `None` = unlimited.
+    pub kv_budget: Option<KvBudget>,
 }
 
 impl Default for SessionOptions {
@@ -29,6 +33,7 @@ impl Default for SessionOptions {
             kv: KvOptions::default(),
             context_length: None,
             pool: ComputePool::shared_default(),
+            kv_budget: None,
         }
     }
 }
@@ -42,14 +47,22 @@ pub enum Logits {
     All,
 }
 
-/// One sequence: its tokens, its model state, the options it runs with, and optionally a worker for split prefill.
+/// One sequence: its tokens, its model state, the options it runs with, and optionally workers for split prefill
+/// (the first) and KV offload (all, in order).
 #[derive(Debug)]
 pub struct Session {
-    model: Arc<Model>,
-    state: ModelState,
-    tokens: Vec<u32>,
-    opts: SessionOptions,
-    worker: Option<WorkerClient>,
+    pub(crate) model: Arc<Model>,
+    pub(crate) state: ModelState,
+    /// The token history. While `rebuild` is set the state is empty and these wait to be re-ingested.
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) opts: SessionOptions,
+    pub(crate) workers: Workers,
+    /// Where the offloaded pages live.
+    pub(crate) placement: Placement,
+    /// The state was lost (a worker holding pages failed): the next prefill first re-ingests `tokens`.
+    pub(crate) rebuild: bool,
+    /// Offload counters kept by the session (the workers keep their own link counters).
+    pub(crate) offload_stats: LinkStats,
 }
 
 impl Session {
@@ -81,24 +94,46 @@ impl Session {
             state,
             tokens: Vec::new(),
             opts,
-            worker: None,
+            workers: Default::default(),
+            placement: Placement::default(),
+            rebuild: false,
+            offload_stats: LinkStats::default(),
         })
     }
 
-    /// Attaches a worker: prefills of at least its `split_min_tokens` (and more than one ubatch) that ask only for the
-    /// last logits run split; everything else, and any call where the worker fails, runs locally with the same result.
+    /// Attaches a worker (call again for more, in order). The first runs split prefill: prefills of at least its
+    /// `split_min_tokens` (and more than one ubatch) that ask only for the last logits run split while no page is
+    /// offloaded; everything else, and any call where the worker fails, runs locally with the same result. With a
+    /// KV budget every worker may take pages (KV offload), the first ones the oldest.
     pub fn attach_worker(&mut self, w: WorkerClient) {
-        self.worker = Some(w);
+        self.lock_workers().push(w);
     }
 
-    /// The attached worker, if any.
-    pub fn worker(&self) -> Option<&WorkerClient> {
-        self.worker.as_ref()
+    /// The attached workers (locked for the caller; do not hold the guard across a call to the session).
+    pub fn workers(&self) -> std::sync::MutexGuard<'_, Vec<WorkerClient>> {
+        self.lock_workers()
     }
 
-    /// Link statistics (zeros without a worker).
+    pub(crate) fn lock_workers(&self) -> std::sync::MutexGuard<'_, Vec<WorkerClient>> {
+        self.workers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where the pages held by workers live (KV offload).
+    pub fn placement(&self) -> &crate::offload::Placement {
+        &self.placement
+    }
+
+    /// Link statistics summed over the workers, with the session's offload counters (zeros without a worker).
     pub fn link_stats(&self) -> LinkStats {
-        self.worker.as_ref().map(|w| w.stats()).unwrap_or_default()
+        let mut s = self.offload_stats.clone();
+        for w in self.lock_workers().iter() {
+            s.add(&w.stats());
+        }
+        let ps = self.opts.kv.page_size.max(1);
+        let n_attn = crate::offload::attention_layers(self.model.config()).len();
+        s.positions_on_workers = self.placement.end() as u64;
+        s.pages_on_workers = (self.placement.end() / ps * n_attn) as u64;
+        s
     }
 
     /// The model.
@@ -162,8 +197,13 @@ impl Session {
         }
         self.check_fits(ids.len())?;
         self.model.check_ids(ids)?;
+        if self.offload_needed(ids.len()) {
+            return self.prefill_budgeted(ids, which, &mut progress);
+        }
         if which == Logits::Last {
-            if let Some(w) = self.worker.as_mut() {
+            let workers = self.workers.clone();
+            let mut ws = workers.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = ws.first_mut() {
                 if w.wants(ids.len(), self.opts.ubatch) {
                     let snap = self.state.snapshot();
                     match w.prefill(
@@ -237,20 +277,28 @@ impl Session {
     }
 
     /// Goes back to a snapshot of this session (drops the tokens after it). Regenerating a reply rewinds to the
-    /// snapshot taken after the prompt.
+    /// snapshot taken after the prompt. Going back below the positions held by workers drops their pages and the
+    /// state; the next prefill re-ingests the tokens kept.
     pub fn rewind(&mut self, snap: &StateSnapshot) {
-        self.state.restore(snap);
-        self.tokens.truncate(snap.n_tokens());
-        if let Some(w) = self.worker.as_mut() {
-            w.on_truncate(snap.n_tokens());
+        let n = snap.n_tokens();
+        if self.rebuild || n < self.state.offloaded() {
+            self.tokens.truncate(n);
+            self.drop_state_for_rebuild();
+        } else {
+            self.state.restore(snap);
+            self.tokens.truncate(n);
+        }
+        for w in self.lock_workers().iter_mut() {
+            w.on_truncate(n);
         }
     }
 
-    /// Forgets every token.
+    /// Forgets every token (and the pages on workers).
     pub fn clear(&mut self) {
-        self.state.clear();
+        self.drop_state_for_rebuild();
+        self.rebuild = false;
         self.tokens.clear();
-        if let Some(w) = self.worker.as_mut() {
+        for w in self.lock_workers().iter_mut() {
             w.on_truncate(0);
         }
     }

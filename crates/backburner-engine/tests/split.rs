@@ -64,7 +64,7 @@ fn a_second_turn_reuses_the_mirror_and_a_regenerate_below_the_watermark_stays_ex
         }
     }
     let after1 = split.link_stats();
-    let wm = split.worker().unwrap().watermark();
+    let wm = split.workers()[0].watermark();
     assert_eq!(
         wm,
         4 * UBATCH,
@@ -304,7 +304,7 @@ fn bad_hosts_get_typed_errors_and_the_worker_keeps_serving() {
     assert_eq!(s.link_stats().fallbacks, 0);
     assert!(s.link_stats().worker_tokens > 0);
     assert_eq!(
-        s.worker().unwrap().split_layer(),
+        s.workers()[0].split_layer(),
         4,
         "the host adopts the worker's --layers"
     );

@@ -8,7 +8,7 @@ use std::time::Instant;
 use backburner_engine::worker::{MemoryBudget, Reply, SessionCore, SessionSpec};
 use backburner_engine::ComputePool;
 use backburner_kernels::kv::KvDtype;
-use backburner_link::message::{Fetch, RunLayers, Sync};
+use backburner_link::message::{Attend, Fetch, PagesDrop, PagesPut, RunLayers, Sync};
 use backburner_link::{ErrorCode, Request};
 use backburner_model::{synthetic, KvOptions, Model};
 use proptest::prelude::*;
@@ -161,6 +161,122 @@ fn the_budget_refuses_growth_before_allocating() {
     ));
 }
 
+/// One page of both attention layers (3 and 7): 2 × (K, V) × 2 heads × 32 dims × 64 positions × f16.
+const PAGE_PUT: usize = 2 * 2 * 2 * 32 * 64 * 2;
+
+fn put(first: u64, n: u32, bytes: usize) -> Request {
+    Request::PagesPut(
+        PagesPut {
+            first_pos: first,
+            n_pages: n,
+        },
+        vec![0x3c; bytes],
+    )
+}
+
+fn attend(
+    layer: u32,
+    pos: u64,
+    t: u32,
+    heads: u32,
+    scale: f32,
+    per_page: bool,
+    bytes: usize,
+) -> Request {
+    Request::Attend(
+        Attend {
+            layer,
+            q_pos0: pos,
+            n_tokens: t,
+            n_heads: heads,
+            scale,
+            per_page,
+        },
+        vec![0; bytes],
+    )
+}
+
+#[test]
+fn page_requests_at_their_extremes_get_typed_errors_and_a_full_worker_says_so() {
+    let (_d, m) = model(8, 4);
+    let pool = ComputePool::new(1).unwrap();
+    let budget = MemoryBudget::new(1 << 30);
+    let mut core = SessionCore::new(m.clone(), spec(8), &budget).unwrap();
+    let now = Instant::now();
+    let mut h = |r: Request| core.handle(r, now, &pool);
+    for (first, n, bytes, want) in [
+        (0, 0, 0, ErrorCode::Malformed),               // no page
+        (0, 1, PAGE_PUT - 1, ErrorCode::Malformed),    // a byte short
+        (0, 2, PAGE_PUT, ErrorCode::Malformed),        // half the bytes
+        (0, u32::MAX, PAGE_PUT, ErrorCode::Malformed), // a count whose bytes overflow nothing but mismatch
+        (32, 1, PAGE_PUT, ErrorCode::BadState),        // off a page boundary
+        (u64::MAX, 1, PAGE_PUT, ErrorCode::BadState),  // past every position
+        (1 << 40, 1, PAGE_PUT, ErrorCode::BadState),   // past the session's positions
+    ] {
+        assert_eq!(
+            code(h(put(first, n, bytes))),
+            want,
+            "PagesPut {first} {n} {bytes}"
+        );
+    }
+    assert!(
+        matches!(h(put(64, 2, 2 * PAGE_PUT)), Ok(Reply::PagesDone(d)) if (d.first_pos, d.end_pos) == (64, 192))
+    );
+    assert_eq!(
+        code(h(put(64, 1, PAGE_PUT))),
+        ErrorCode::BadState,
+        "not at the run's end"
+    );
+    let q = 4 * 32 * 4;
+    for (layer, pos, t, heads, scale, bytes, want) in [
+        (2, 192, 1, 4, 0.1, q, ErrorCode::Malformed), // a linear layer
+        (8, 192, 1, 4, 0.1, q, ErrorCode::Malformed), // past the model
+        (u32::MAX, 192, 1, 4, 0.1, q, ErrorCode::Malformed), //
+        (3, 192, 1, 8, 0.1, 2 * q, ErrorCode::Malformed), // not the model's heads
+        (3, 192, 1, 4, f32::NAN, q, ErrorCode::Malformed), // scale
+        (3, 192, 1, 4, -1.0, q, ErrorCode::Malformed), //
+        (3, 192, 1, 4, 0.1, q - 4, ErrorCode::Malformed), // q a value short
+        (3, 100, 1, 4, 0.1, q, ErrorCode::BadState),  // queries inside the pages held
+        (3, 192, 0, 4, 0.1, 0, ErrorCode::BadState),  // no query
+        (3, 192, 17, 4, 0.1, 17 * q, ErrorCode::BadState), // over the ubatch
+        (3, u64::MAX, 1, 4, 0.1, q, ErrorCode::BadState), // position overflow
+        (3, 192, u32::MAX, 4, 0.1, q, ErrorCode::BadState), //
+    ] {
+        assert_eq!(
+            code(h(attend(layer, pos, t, heads, scale, false, bytes))),
+            want,
+            "Attend {layer} {pos} {t} {heads} {scale} {bytes}"
+        );
+    }
+    assert!(matches!(
+        h(attend(7, 192, 2, 4, 0.1, false, 2 * q)),
+        Ok(Reply::Partials(p, b, _)) if p.n_parts == 1 && b.len() == 2 * 4 * 33 * 4
+    ));
+    assert!(matches!(
+        h(attend(7, 200, 1, 4, 0.1, true, q)),
+        Ok(Reply::Partials(p, b, _)) if p.n_parts == 2 && b.len() == 2 * 4 * 33 * 4
+    ));
+    assert_eq!(
+        code(h(Request::PagesDrop(PagesDrop { to_pos: 100 }))),
+        ErrorCode::BadState
+    );
+    assert!(
+        matches!(h(Request::PagesDrop(PagesDrop { to_pos: 128 })), Ok(Reply::PagesDone(d)) if d.end_pos == 128)
+    );
+    drop(h);
+    assert_eq!(budget.used(), core.held_bytes());
+    // a worker without room answers PagesFull and keeps the session
+    let small = MemoryBudget::new(core.mirror().bytes() as u64 + PAGE_PUT as u64 / 2);
+    let mut core = SessionCore::new(m, spec(8), &small).unwrap();
+    let full = core.handle(put(0, 1, PAGE_PUT), now, &pool);
+    assert!(
+        matches!(full, Ok(Reply::PagesFull(ref f)) if f.needed == PAGE_PUT as u64),
+        "{full:?}"
+    );
+    assert_eq!(core.pages().pages(), 0);
+    assert_eq!(small.used(), core.held_bytes());
+}
+
 fn any_request() -> impl Strategy<Value = Request> {
     let pos = prop_oneof![0u64..40, Just(u64::MAX), Just(1u64 << 56), any::<u64>()];
     prop_oneof![
@@ -180,9 +296,20 @@ fn any_request() -> impl Strategy<Value = Request> {
             )
         }),
         (pos.clone(), 0u32..20, 0usize..20).prop_map(|(p, n, rows)| run(p, n, rows * 256)),
-        (pos.clone(), pos).prop_map(|(a, b)| fetch(a, b)),
+        (pos.clone(), pos.clone()).prop_map(|(a, b)| fetch(a, b)),
         proptest::collection::vec(any::<u8>(), 0..64).prop_map(Request::Ping),
         Just(Request::Reset),
+        (pos.clone(), 0u32..4, 0usize..4).prop_map(|(p, n, k)| put(p / 64 * 64, n, k * PAGE_PUT)),
+        pos.clone().prop_map(|p| Request::PagesDrop(PagesDrop {
+            to_pos: p / 64 * 64
+        })),
+        (
+            prop_oneof![Just(3u32), Just(7), any::<u32>()],
+            pos,
+            0u32..18,
+            any::<bool>()
+        )
+            .prop_map(|(l, p, t, pp)| attend(l, p, t, 4, 0.1, pp, t as usize * 4 * 32 * 4)),
     ]
 }
 
@@ -201,7 +328,7 @@ proptest! {
                 prop_assert!(matches!(f.code, ErrorCode::BadState | ErrorCode::Malformed | ErrorCode::OutOfMemory), "{f:?}");
             }
             drop(out);
-            prop_assert_eq!(budget.used(), core.mirror().bytes() as u64);
+            prop_assert_eq!(budget.used(), core.held_bytes());
             prop_assert!(budget.used() <= budget.limit());
         }
     }

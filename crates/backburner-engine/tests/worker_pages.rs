@@ -88,9 +88,9 @@ fn malformed_puts_and_queries_and_a_full_budget_change_nothing() {
     let mut s = SessionPages::new(shape, &budget).unwrap();
     let code = |r: Result<(), backburner_engine::worker::Fault>| r.unwrap_err().code;
     assert_eq!(
-        code(s.put(0, 64, 1, &vec![0; per])),
+        code(s.put(0, 32, 1, &vec![0; per])),
         ErrorCode::BadState,
-        "not the end of the run"
+        "a run starts on a page boundary"
     );
     assert_eq!(
         code(s.put(0, 0, 1, &vec![0; per - 1])),
@@ -107,6 +107,11 @@ fn malformed_puts_and_queries_and_a_full_budget_change_nothing() {
     );
     assert_eq!((s.pages(), budget.used()), (0, 0));
     s.put(0, 0, 1, &vec![0; per]).unwrap();
+    assert_eq!(
+        code(s.put(0, 0, 1, &vec![0; per])),
+        ErrorCode::BadState,
+        "not the end of the run"
+    );
     assert_eq!(code(s.put(0, 64, 1, &vec![0; per])), ErrorCode::OutOfMemory);
     assert_eq!(s.pages(), 1);
     let bad_q = |q: &[f32], t: usize, h: usize| s.attend(0, q, t, h, 70, 0.1).unwrap_err().code;

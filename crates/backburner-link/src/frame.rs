@@ -7,7 +7,7 @@ use crate::error::LinkError;
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BBLK";
 /// The protocol version this build speaks. Peers must match exactly (see docs/PROTOCOL.md, "Versioning").
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Header length in bytes: magic (4) | version u16 | kind u16 | control length u32 | tensor length u32 | session u64.
 pub const HEADER_LEN: usize = 24;
 /// Largest control section accepted (bytes); control structs are small.
@@ -49,6 +49,19 @@ pub enum Kind {
     Reset = 14,
     /// worker → host: mirror cleared.
     ResetDone = 15,
+    /// host → worker: whole KV pages of every full-attention layer to hold (KV offload).
+    PagesPut = 16,
+    /// worker → host: pages stored or dropped; what the session's store holds now.
+    PagesDone = 17,
+    /// worker → host: the pages of a `PagesPut` do not fit the worker's memory; nothing was stored, the session goes
+    /// on.
+    PagesFull = 18,
+    /// host → worker: drop the pages at or past a position.
+    PagesDrop = 19,
+    /// host → worker: queries of one full-attention layer to attend over the pages held.
+    Attend = 20,
+    /// worker → host: the attention partials (normalized output and log-sum-exp) over the pages held.
+    Partials = 21,
 }
 
 impl Kind {
@@ -56,7 +69,14 @@ impl Kind {
     pub fn has_tensor(self) -> bool {
         matches!(
             self,
-            Kind::Ping | Kind::Pong | Kind::Sync | Kind::RunLayers | Kind::FetchDone
+            Kind::Ping
+                | Kind::Pong
+                | Kind::Sync
+                | Kind::RunLayers
+                | Kind::FetchDone
+                | Kind::PagesPut
+                | Kind::Attend
+                | Kind::Partials
         )
     }
 }
@@ -65,9 +85,10 @@ impl TryFrom<u16> for Kind {
     type Error = LinkError;
     fn try_from(v: u16) -> Result<Self, LinkError> {
         use Kind::*;
-        const ALL: [Kind; 15] = [
+        const ALL: [Kind; 21] = [
             Hello, Challenge, Auth, Welcome, Error, Ping, Pong, Sync, SyncDone, RunLayers,
-            LayersDone, Fetch, FetchDone, Reset, ResetDone,
+            LayersDone, Fetch, FetchDone, Reset, ResetDone, PagesPut, PagesDone, PagesFull,
+            PagesDrop, Attend, Partials,
         ];
         ALL.into_iter()
             .find(|k| *k as u16 == v)

@@ -154,6 +154,75 @@ pub struct FetchDone {
     pub to_pos: u64,
 }
 
+/// `PagesPut` (host → worker, KV offload). Tensor section: for each full-attention layer of the model in layer
+/// order, for each of the `n_pages` pages in position order, the page's K storage then its V storage in the block
+/// layout (K `[blocks, n_kv_heads, head_dim, 64]`, V `[blocks, n_kv_heads, 64, head_dim]`, `blocks =
+/// ceil(page_size / 64)`) in the session's KV dtype, little-endian. Pages are whole: positions
+/// `[first_pos, first_pos + n_pages · page_size)`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesPut {
+    /// First position of the first page: the end of the session's run (or any page boundary for an empty store).
+    pub first_pos: u64,
+    /// Pages per layer.
+    pub n_pages: u32,
+}
+
+/// `PagesDone` (worker → host): the session's store after a `PagesPut` or `PagesDrop`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesDone {
+    /// First position held (0 for an empty store).
+    pub first_pos: u64,
+    /// One past the last position held (equal to `first_pos` for an empty store).
+    pub end_pos: u64,
+    /// Bytes the store holds against the worker's budget.
+    pub bytes: u64,
+}
+
+/// `PagesFull` (worker → host): a `PagesPut` that does not fit the worker's memory budget; nothing was stored and
+/// the session goes on (the host keeps the pages or places them elsewhere).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesFull {
+    /// Bytes the put needed.
+    pub needed: u64,
+    /// Bytes the worker's budget had free.
+    pub free: u64,
+}
+
+/// `PagesDrop` (host → worker): drop every page at or past `to_pos` (a page boundary; 0 drops all).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PagesDrop {
+    /// Positions kept: `[first_pos, to_pos)` of the store.
+    pub to_pos: u64,
+}
+
+/// `Attend` (host → worker). Tensor section: `q`, `[n_tokens, n_heads, head_dim]` f32 (post q-norm and RoPE) at
+/// positions `q_pos0..q_pos0 + n_tokens`, every one of them at or past the end of the pages held.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attend {
+    /// The full-attention layer.
+    pub layer: u32,
+    /// Position of the first query.
+    pub q_pos0: u64,
+    /// Query tokens.
+    pub n_tokens: u32,
+    /// Query heads (the model's attention heads).
+    pub n_heads: u32,
+    /// Score scale (finite, > 0; `head_dim^-0.5` for Qwen3.5).
+    pub scale: f32,
+    /// One partial per page held (else one partial folded over the pages in order from empty).
+    pub per_page: bool,
+}
+
+/// `Partials` (worker → host). Tensor section: `n_parts` partials in page order, each `o` `[n_tokens, n_heads,
+/// head_dim]` f32 then `lse` `[n_tokens, n_heads]` f32.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partials {
+    /// Partials that follow (1 unless the `Attend` asked for one per page).
+    pub n_parts: u32,
+    /// Worker compute time (µs).
+    pub compute_us: u64,
+}
+
 /// An empty control section (`Ping`, `Pong`, `SyncDone`, `Reset`, `ResetDone`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Empty {}
@@ -171,6 +240,12 @@ pub enum Request {
     Fetch(Fetch),
     /// Forget the mirror.
     Reset,
+    /// Hold whole KV pages; the payload is their storage.
+    PagesPut(PagesPut, Vec<u8>),
+    /// Drop pages at or past a position.
+    PagesDrop(PagesDrop),
+    /// Attend queries (`[n_tokens, n_heads, head_dim]` f32 bytes) over the pages held.
+    Attend(Attend, Vec<u8>),
 }
 
 impl Request {
@@ -190,12 +265,14 @@ impl Request {
                 decode_control::<Empty>(k, &f.control)?;
                 Request::Reset
             }
-            other => {
-                return Err(LinkError::Unexpected {
-                    expected: "a request (Ping, Sync, RunLayers, Fetch, Reset)",
-                    got: other,
-                })
-            }
+            Kind::PagesPut => Request::PagesPut(decode_control(k, &f.control)?, f.tensor),
+            Kind::PagesDrop => Request::PagesDrop(decode_control(k, &f.control)?),
+            Kind::Attend => Request::Attend(decode_control(k, &f.control)?, f.tensor),
+            other => return Err(LinkError::Unexpected {
+                expected:
+                    "a request (Ping, Sync, RunLayers, Fetch, Reset, PagesPut, PagesDrop, Attend)",
+                got: other,
+            }),
         })
     }
 }

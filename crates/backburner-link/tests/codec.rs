@@ -10,7 +10,7 @@ use backburner_link::message::{
 use backburner_link::{LinkError, Request, WireKvDtype};
 use proptest::prelude::*;
 
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 21] = [
     Kind::Hello,
     Kind::Challenge,
     Kind::Auth,
@@ -26,6 +26,12 @@ const KINDS: [Kind; 15] = [
     Kind::FetchDone,
     Kind::Reset,
     Kind::ResetDone,
+    Kind::PagesPut,
+    Kind::PagesDone,
+    Kind::PagesFull,
+    Kind::PagesDrop,
+    Kind::Attend,
+    Kind::Partials,
 ];
 
 fn keys() -> (SessionKeys, SessionKeys) {
@@ -182,12 +188,12 @@ fn header_fields_at_zero_max_and_past_max() {
     assert!(too_large(err(header(10, PROTOCOL_VERSION, u32::MAX, 0))));
     assert!(too_large(err(header(10, PROTOCOL_VERSION, 0, 1001))));
     assert!(too_large(err(header(10, PROTOCOL_VERSION, 0, u32::MAX))));
-    for k in [0u16, 16, u16::MAX] {
+    for k in [0u16, 22, u16::MAX] {
         assert!(
             matches!(err(header(k, PROTOCOL_VERSION, 0, 0)), LinkError::UnknownKind(v) if v == k)
         );
     }
-    for v in [0u16, 1, 3, u16::MAX] {
+    for v in [0u16, 1, 2, 4, u16::MAX] {
         assert!(
             matches!(err(header(1, v, 0, 0)), LinkError::VersionMismatch { theirs, .. } if theirs == v)
         );
@@ -347,4 +353,71 @@ fn requests_decode_to_typed_values_and_replies_are_not_requests() {
     encode_frame(&mut wire, Kind::Ping, &[1], &[], 9, Some(&mut host.send)).unwrap();
     let f = dec.decode(&mut wire).unwrap().unwrap();
     assert!(matches!(Request::decode(f), Err(LinkError::Malformed(_))));
+}
+
+#[test]
+fn page_messages_decode_to_typed_requests_and_malformed_controls_are_refused() {
+    use backburner_link::message::{Attend, PagesDrop, PagesPut};
+    let (mut host, worker) = keys();
+    let mut dec = decoder(Some(worker));
+    let mut wire = Vec::new();
+    let mut roundtrip = |kind: Kind, control: Vec<u8>, tensor: &[u8]| {
+        encode_frame(&mut wire, kind, &control, tensor, 9, Some(&mut host.send)).unwrap();
+        Request::decode(dec.decode(&mut wire).unwrap().unwrap())
+    };
+    let put = PagesPut {
+        first_pos: 4096,
+        n_pages: u32::MAX,
+    };
+    assert_eq!(
+        roundtrip(Kind::PagesPut, encode_control(&put).unwrap(), &[7; 5]).unwrap(),
+        Request::PagesPut(put, vec![7; 5])
+    );
+    let drop = PagesDrop { to_pos: u64::MAX };
+    assert_eq!(
+        roundtrip(Kind::PagesDrop, encode_control(&drop).unwrap(), &[]).unwrap(),
+        Request::PagesDrop(drop)
+    );
+    let a = Attend {
+        layer: 3,
+        q_pos0: 1 << 40,
+        n_tokens: 1,
+        n_heads: 8,
+        scale: 0.0625,
+        per_page: true,
+    };
+    assert_eq!(
+        roundtrip(Kind::Attend, encode_control(&a).unwrap(), &[0; 4]).unwrap(),
+        Request::Attend(a.clone(), vec![0; 4])
+    );
+    // trailing bytes, a bool other than 0/1, a u32 field past u32, a truncated f32
+    let mut trailing = encode_control(&a).unwrap();
+    trailing.push(0);
+    assert!(matches!(
+        roundtrip(Kind::Attend, trailing, &[]),
+        Err(LinkError::Malformed(_))
+    ));
+    let mut bad_bool = encode_control(&a).unwrap();
+    *bad_bool.last_mut().unwrap() = 2;
+    assert!(matches!(
+        roundtrip(Kind::Attend, bad_bool, &[]),
+        Err(LinkError::Malformed(_))
+    ));
+    let big = encode_control(&(0u64, u64::from(u32::MAX) + 1)).unwrap();
+    assert!(matches!(
+        roundtrip(Kind::PagesPut, big, &[]),
+        Err(LinkError::Malformed(_))
+    ));
+    let short = encode_control(&a).unwrap();
+    assert!(matches!(
+        roundtrip(Kind::Attend, short[..short.len() - 3].to_vec(), &[]),
+        Err(LinkError::Malformed(_))
+    ));
+    // replies are not requests
+    for k in [Kind::PagesDone, Kind::PagesFull, Kind::Partials] {
+        assert!(matches!(
+            roundtrip(k, vec![0, 0, 0], &[]),
+            Err(LinkError::Unexpected { .. })
+        ));
+    }
 }

@@ -93,15 +93,15 @@ fn the_documented_handshake_and_sealed_frames() {
     };
     let welcome = handshake_frame(&mut t, Kind::Welcome, &encode_control(&w).unwrap());
 
-    assert_eq!(hello, hex("42 42 4c 4b 02 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
-    assert_eq!(challenge, hex("42 42 4c 4b 02 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(th2.to_vec(), hex("8c 97 f4 2a 4c 04 13 d2 71 2a 61 d2 7a 71 d9 81 23 7b c1 fd 68 17 ec 61 44 c9 b8 c6 88 d3 55 d9"));
-    assert_eq!(mac_h.to_vec(), hex("73 fd a2 24 55 ac 1c df c1 79 6f bf 04 0f d8 c0 a8 8b 51 42 a5 08 cc 8c 7f 8c 43 6e cc e5 45 da"));
-    assert_eq!(auth_frame, hex("42 42 4c 4b 02 00 03 00 4a 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 73 fd a2 24 55 ac 1c df c1 79 6f bf 04 0f d8 c0 a8 8b 51 42 a5 08 cc 8c 7f 8c 43 6e cc e5 45 da aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04"));
-    assert_eq!(th3.to_vec(), hex("09 c6 29 ee f1 a9 3d da e6 9e f3 3e fd 99 a5 6f b1 6d e7 55 a4 23 1d 44 bd cc d7 d3 d6 18 73 53"));
-    assert_eq!(mac_w.to_vec(), hex("66 f2 95 ac 12 7a 5f 72 a6 72 e6 48 cb 09 ea 99 bb 5c b9 07 f5 61 dd c5 13 ed 66 bf 7e f1 68 99"));
-    assert_eq!(welcome, hex("42 42 4c 4b 02 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 66 f2 95 ac 12 7a 5f 72 a6 72 e6 48 cb 09 ea 99 bb 5c b9 07 f5 61 dd c5 13 ed 66 bf 7e f1 68 99 ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(t.hash().to_vec(), hex("ef 10 8f 7b 0d 49 4b bb 2f d2 2b c0 aa 1e 25 8a 83 56 0e b9 3b ea 14 e5 8d 34 29 5a 81 23 73 cf"));
+    assert_eq!(hello, hex("42 42 4c 4b 03 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
+    assert_eq!(challenge, hex("42 42 4c 4b 03 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(th2.to_vec(), hex("af 0b 1f 7b f2 57 06 14 0a ac ce 65 01 7c df b1 27 78 b4 1b 62 65 4d e8 a3 d5 38 43 b1 a5 c9 82"));
+    assert_eq!(mac_h.to_vec(), hex("e5 04 1c 3c 58 b8 64 dc 51 21 2b cb 5a 8c 37 de 86 b0 09 96 ad f4 f1 8e 15 d4 34 31 2b dc 16 47"));
+    assert_eq!(auth_frame, hex("42 42 4c 4b 03 00 03 00 4a 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 e5 04 1c 3c 58 b8 64 dc 51 21 2b cb 5a 8c 37 de 86 b0 09 96 ad f4 f1 8e 15 d4 34 31 2b dc 16 47 aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04"));
+    assert_eq!(th3.to_vec(), hex("f8 27 5d 31 8a b9 ae cd 50 c7 b7 20 c1 a3 38 ec 09 a8 15 90 cd a7 54 09 89 02 d9 31 5b d9 59 73"));
+    assert_eq!(mac_w.to_vec(), hex("e0 1d 3d 7b 25 fc 6d fa 2c 95 30 85 b8 73 f8 0a 22 8b b7 7d d7 e5 b1 a8 df 4b 99 6d a3 72 49 0b"));
+    assert_eq!(welcome, hex("42 42 4c 4b 03 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 e0 1d 3d 7b 25 fc 6d fa 2c 95 30 85 b8 73 f8 0a 22 8b b7 7d d7 e5 b1 a8 df 4b 99 6d a3 72 49 0b ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(t.hash().to_vec(), hex("f3 7a 19 15 8b 50 01 4f fc b6 4d f8 c6 64 ac e1 f5 93 db 9f 50 ac 40 45 01 b3 b3 b9 a0 92 66 36"));
 
     let th4 = t.hash();
     let mut host = derive(secret, &th4, Role::Host);
@@ -116,7 +116,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 02 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 1d 04 55 63 | c3 b1 54 ef 2e de c9 f5 22 94 21 b6 e8 26 0a f5"));
+    assert_eq!(out, hex("42 42 4c 4b 03 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 63 25 b5 fc | b9 f9 40 e9 3f e3 83 32 82 ed 1f b6 55 df 5d 17"));
     encode_frame(
         &mut out,
         Kind::Pong,
@@ -126,7 +126,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut worker.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 02 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | bc 2e 97 08 | f7 90 e4 12 1a e0 8e 62 b1 56 f0 8e a6 94 f0 6d"));
+    assert_eq!(out, hex("42 42 4c 4b 03 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | de fa 4b bc | 59 14 c8 55 d6 0d 63 8e a4 9f 22 76 e5 e6 7b d2"));
     let fetch = encode_control(&Fetch {
         from_pos: 0,
         to_pos: 3,
@@ -143,5 +143,5 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 02 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | 67 be d9 | 4e 9f 8a 39 07 65 03 73 bb f4 5b f7 22 bb 03 9a"));
+    assert_eq!(out, hex("42 42 4c 4b 03 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | cc 53 51 | 1b 6e d5 2b 92 e1 d0 58 b8 7e 66 b6 e3 ec 3d 23"));
 }

@@ -197,6 +197,20 @@ impl ModelState {
         self.remote.error.take()
     }
 
+    /// Positions held elsewhere (KV offload): the largest `offloaded()` of the held attention caches (they move
+    /// together).
+    pub fn offloaded(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| match l {
+                LayerState::Attention(c) => c.offloaded(),
+                LayerState::Linear(_) => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The KV cache of full-attention layer `i`, if held (to move its oldest pages elsewhere).
     pub fn kv_cache_mut(&mut self, i: usize) -> Option<&mut PagedKvCache> {
         match self.layers.get_mut(i)?.as_mut()? {
@@ -345,11 +359,13 @@ impl ModelState {
         self.n_tokens = snap.n_tokens;
     }
 
-    /// Forgets everything (sequence start), keeping allocations where cheap.
+    /// Forgets everything (sequence start), pages held elsewhere included (their holder must drop them too),
+    /// keeping allocations where cheap.
     pub fn clear(&mut self) {
+        self.remote.error = None;
         for l in self.layers.iter_mut().flatten() {
             match l {
-                LayerState::Attention(c) => c.truncate(0),
+                LayerState::Attention(c) => c.clear(),
                 LayerState::Linear(s) => {
                     s.conv.fill(0.0);
                     s.recurrent.fill(0.0);

@@ -15,7 +15,7 @@ use super::{balanced_split, FingerprintFn, LinkStats, WorkerSettings};
 
 /// The reason a send failed: the worker's `Error` frame if it sent one before closing (a refused request), else the
 /// send's own error.
-pub(super) fn why(c: &mut Conn, e: LinkError) -> LinkError {
+pub(crate) fn why(c: &mut Conn, e: LinkError) -> LinkError {
     c.reader.set_deadline(Some(Duration::from_millis(500)));
     match c.reader.recv() {
         Err(remote @ LinkError::Remote { .. }) => remote,
@@ -25,12 +25,12 @@ pub(super) fn why(c: &mut Conn, e: LinkError) -> LinkError {
 
 /// A connection to one worker plus what the host knows about its mirror.
 pub struct WorkerClient {
-    pub(super) settings: WorkerSettings,
+    pub(crate) settings: WorkerSettings,
     fingerprint: FingerprintFn,
-    pub(super) conn: Option<Conn>,
+    pub(crate) conn: Option<Conn>,
     pub(super) split: usize,
     /// What the worker accepts (from its `Welcome`).
-    pub(super) limits: Option<WorkerLimits>,
+    pub(crate) limits: Option<WorkerLimits>,
     /// KV rows the mirror holds that match the host (positions `[0, mirror_kv)`).
     pub(super) mirror_kv: usize,
     /// Position the mirror's linear states correspond to (None = unknown).
@@ -39,7 +39,7 @@ pub struct WorkerClient {
     pub(super) us_per_token_layer: Option<f64>,
     /// The worker's compute threads (from its `Welcome`).
     pub(super) worker_threads: usize,
-    pub(super) stats: LinkStats,
+    pub(crate) stats: LinkStats,
     retry_at: Option<Instant>,
     backoff: Duration,
     counted: (u64, u64),
@@ -113,6 +113,11 @@ impl WorkerClient {
         self.mirror_kv = self.mirror_kv.min(len);
     }
 
+    /// Whether the worker may be tried now (not waiting out a backoff after a failure).
+    pub fn available(&self) -> bool {
+        self.retry_at.is_none_or(|t| Instant::now() >= t)
+    }
+
     /// Whether a batch of `n_tokens` should try the worker now.
     pub fn wants(&self, n_tokens: usize, ubatch: usize) -> bool {
         n_tokens >= self.settings.split_min_tokens.max(1)
@@ -121,7 +126,7 @@ impl WorkerClient {
     }
 
     /// The deadline budget of a message of `bytes` bytes whose reply also waits for `compute` on the worker.
-    pub(super) fn allowance(&self, bytes: usize, compute: Duration) -> Duration {
+    pub(crate) fn allowance(&self, bytes: usize, compute: Duration) -> Duration {
         let transfer = (bytes as f64 / self.settings.min_rate.max(1) as f64).min(1e9);
         self.settings
             .timeout
@@ -188,7 +193,7 @@ impl WorkerClient {
     ///
     /// Errors: [`LinkError::Refused`] when this host cannot use the worker (no split point, a ubatch above the
     /// worker's limit, no fingerprint), the worker's typed errors, and transport errors and deadlines.
-    pub(super) fn ensure_connected(
+    pub(crate) fn ensure_connected(
         &mut self,
         cfg: &ModelConfig,
         kv: KvDtype,
@@ -279,7 +284,7 @@ impl WorkerClient {
         self.backoff = (self.backoff * 2).min(Duration::from_secs(60));
     }
 
-    pub(super) fn succeeded(&mut self) {
+    pub(crate) fn succeeded(&mut self) {
         self.backoff = Duration::from_millis(500);
         self.retry_at = None;
         self.account();

@@ -13,6 +13,8 @@
 mod client;
 mod pipeline;
 
+pub(crate) use client::why;
+
 use std::ops::Range;
 use std::time::Duration;
 
@@ -85,6 +87,47 @@ pub struct LinkStats {
     pub worker_compute_us: u64,
     /// Worker idle time between ubatches (µs): the pipeline bubble.
     pub worker_idle_us: u64,
+    /// KV offload: workers' compute time attending their pages (µs).
+    pub offload_compute_us: u64,
+    /// KV offload: pages held by workers now, over all full-attention layers.
+    pub pages_on_workers: u64,
+    /// KV offload: positions held by workers now (of every full-attention layer).
+    pub positions_on_workers: u64,
+    /// KV offload: pages that moved to workers so far (over all full-attention layers).
+    pub pages_moved: u64,
+    /// KV offload: decode steps that attended pages on workers.
+    pub offload_decode_tokens: u64,
+    /// KV offload: link bytes (both ways) of those decode steps.
+    pub offload_decode_bytes: u64,
+    /// KV offload: requests that failed on a worker and were recovered (re-ingested) or refused.
+    pub offload_failures: u64,
+}
+
+impl LinkStats {
+    /// Adds `o`'s counters to these (the gauges `pages_on_workers` and `positions_on_workers` too).
+    pub fn add(&mut self, o: &LinkStats) {
+        self.worker_tokens += o.worker_tokens;
+        self.bytes_sent += o.bytes_sent;
+        self.bytes_received += o.bytes_received;
+        self.fallbacks += o.fallbacks;
+        self.split_calls += o.split_calls;
+        self.worker_compute_us += o.worker_compute_us;
+        self.worker_idle_us += o.worker_idle_us;
+        self.offload_compute_us += o.offload_compute_us;
+        self.pages_on_workers += o.pages_on_workers;
+        self.positions_on_workers += o.positions_on_workers;
+        self.pages_moved += o.pages_moved;
+        self.offload_decode_tokens += o.offload_decode_tokens;
+        self.offload_decode_bytes += o.offload_decode_bytes;
+        self.offload_failures += o.offload_failures;
+    }
+
+    /// Mean link bytes per decode step with pages on workers (0 when there was none).
+    pub fn bytes_per_decode_token(&self) -> u64 {
+        self.offload_decode_bytes
+            .checked_div(self.offload_decode_tokens)
+            .unwrap_or(0)
+    }
 }
 
 /// Chooses L: layer times balance when L / host_threads = (n − L) / worker_threads; rounded to the cycle and kept

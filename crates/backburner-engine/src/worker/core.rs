@@ -8,11 +8,15 @@ use std::time::Instant;
 
 use backburner_kernels::kv::KvDtype;
 use backburner_link::frame::bytes_f32;
-use backburner_link::message::{Fetch, FetchDone, LayersDone, RunLayers, Sync};
+use backburner_link::message::{
+    Fetch, FetchDone, LayersDone, PagesDone, PagesFull, Partials, RunLayers, Sync,
+};
 use backburner_link::{ErrorCode, Request};
-use backburner_model::{KvOptions, Model, ModelConfig, ModelState};
+use backburner_model::{KvOptions, LayerKind, Model, ModelConfig, ModelState};
 
 use super::budget::{MakeRoom, MemoryBudget, OverBudget, Reservation};
+use super::page_requests::{self, PageLimits};
+use super::pages::{PageShape, SessionPages};
 use crate::compute::ComputePool;
 use crate::wire;
 
@@ -53,6 +57,12 @@ pub enum Reply {
     FetchDone(FetchDone, Vec<u8>, Reservation),
     /// Mirror cleared.
     ResetDone,
+    /// Pages stored or dropped.
+    PagesDone(PagesDone),
+    /// Pages that did not fit; nothing stored.
+    PagesFull(PagesFull),
+    /// Attention partials, and the reservation that covers them until they are sent.
+    Partials(Partials, Vec<u8>, Reservation),
 }
 
 /// What a session was agreed to be in the handshake.
@@ -79,6 +89,23 @@ pub struct SessionCore {
     budget: Arc<MemoryBudget>,
     room: Option<MakeRoom>,
     last_done: Instant,
+    /// KV pages of every full-attention layer the host offloaded to this worker.
+    pages: SessionPages,
+    attn_layers: Vec<usize>,
+}
+
+fn page_limits<'a>(
+    model: &'a Model,
+    spec: &SessionSpec,
+    attn_layers: &'a [usize],
+) -> PageLimits<'a> {
+    PageLimits {
+        cfg: model.config(),
+        attn_layers,
+        max_positions: spec.max_positions,
+        max_ubatch: spec.ubatch,
+        max_frame: spec.max_frame,
+    }
 }
 
 fn bad(message: impl Into<String>) -> Fault {
@@ -102,9 +129,22 @@ impl SessionCore {
         spec: SessionSpec,
         budget: &Arc<MemoryBudget>,
     ) -> Result<Self, Fault> {
-        let mirror = ModelState::new(model.config(), spec.range.clone(), spec.kv);
+        let cfg = model.config();
+        let mirror = ModelState::new(cfg, spec.range.clone(), spec.kv);
         let held = budget.reserve(mirror.bytes() as u64, "a session's state")?;
+        let shape = PageShape {
+            page_size: spec.kv.page_size,
+            n_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            dtype: spec.kv.dtype,
+        };
+        let pages = SessionPages::new(shape, budget)?;
+        let attn_layers = (0..cfg.num_hidden_layers)
+            .filter(|&i| cfg.layer_types[i] == LayerKind::FullAttention)
+            .collect();
         Ok(SessionCore {
+            pages,
+            attn_layers,
             model,
             spec,
             mirror,
@@ -121,9 +161,14 @@ impl SessionCore {
         self
     }
 
-    /// Bytes the session's state holds against the budget.
+    /// Bytes the session's state and offloaded pages hold against the budget.
     pub fn held_bytes(&self) -> u64 {
-        self.held.bytes()
+        self.held.bytes().saturating_add(self.pages.bytes())
+    }
+
+    /// The offloaded pages (tests, stats).
+    pub fn pages(&self) -> &SessionPages {
+        &self.pages
     }
 
     /// The mirror (tests).
@@ -188,6 +233,19 @@ impl SessionCore {
             Request::Sync(s, payload) => self.sync(s, &payload),
             Request::RunLayers(r, x) => self.run_layers(r, &x, arrived, pool),
             Request::Fetch(f) => self.fetch(f),
+            Request::PagesPut(p, bytes) => {
+                let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
+                page_requests::put(&mut self.pages, &lim, &self.budget, p, &bytes)
+            }
+            Request::PagesDrop(d) => {
+                let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
+                page_requests::drop_to(&mut self.pages, &lim, d)
+            }
+            Request::Attend(a, q) => {
+                let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
+                let room = self.room.as_ref();
+                page_requests::attend(&self.pages, &lim, &self.budget, room, a, &q)
+            }
         }
     }
 

@@ -11,6 +11,7 @@
 mod accept;
 mod budget;
 mod core;
+mod page_requests;
 pub mod pages;
 mod registry;
 
@@ -342,7 +343,10 @@ fn serve_session(
         let h = h?;
         // the received body and, for a ping, its echo
         // the body is not authenticated yet: its buffers never evict another session
-        let need = (h.body_len() as u64).saturating_mul(2);
+        // (a page put's pages are reserved by the store, which answers PagesFull when they do not fit: only its
+        // received body is reserved here)
+        let copies = if h.kind == Kind::PagesPut { 1 } else { 2 };
+        let need = (h.body_len() as u64).saturating_mul(copies);
         let hold = match shared.budget.reserve(need, "a request's buffers") {
             Ok(r) => r,
             Err(e) => return refuse(conn, e.into()),
@@ -371,7 +375,7 @@ fn serve_session(
 
 fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError> {
     let bytes = match &reply {
-        Reply::Pong(p) | Reply::FetchDone(_, p, _) => p.len(),
+        Reply::Pong(p) | Reply::FetchDone(_, p, _) | Reply::Partials(_, p, _) => p.len(),
         _ => 0,
     };
     conn.writer.set_deadline(Some(pace.allowance(bytes)));
@@ -381,6 +385,9 @@ fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError
         Reply::LayersDone(d) => conn.writer.send(Kind::LayersDone, &d, &[]),
         Reply::FetchDone(d, p, _hold) => conn.writer.send(Kind::FetchDone, &d, &p),
         Reply::ResetDone => conn.writer.send(Kind::ResetDone, &Empty {}, &[]),
+        Reply::PagesDone(d) => conn.writer.send(Kind::PagesDone, &d, &[]),
+        Reply::PagesFull(d) => conn.writer.send(Kind::PagesFull, &d, &[]),
+        Reply::Partials(d, p, _hold) => conn.writer.send(Kind::Partials, &d, &p),
     }
     .map(|_| ())
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use backburner_kernels::attention::{fold_pages, Partial};
+use backburner_kernels::attention::{fold_pages, page_partial, Partial};
 use backburner_kernels::kv::{KvDtype, PageView, RowsRef, KV_BLOCK};
 use backburner_link::ErrorCode;
 use half::f16;
@@ -72,11 +72,19 @@ fn bad_state(m: impl Into<String>) -> Fault {
     }
 }
 
-/// A session's offloaded pages.
+/// A layer's run: whole pages in position order from `start`.
+#[derive(Debug, Default)]
+struct Run {
+    start: usize,
+    pages: Vec<StoredPage>,
+}
+
+/// A session's offloaded pages: per full-attention layer one contiguous run of whole pages (the oldest run for the
+/// first worker, a later run for the next ones).
 #[derive(Debug)]
 pub struct SessionPages {
     shape: PageShape,
-    layers: BTreeMap<usize, Vec<StoredPage>>,
+    layers: BTreeMap<usize, Run>,
     held: Reservation,
 }
 
@@ -97,16 +105,31 @@ impl SessionPages {
         })
     }
 
-    /// Positions of `layer` held here (its run covers `[0, positions)`).
+    /// The page shape.
+    pub fn shape(&self) -> PageShape {
+        self.shape
+    }
+
+    /// Positions `[start, end)` of `layer` held here (`(0, 0)` when none).
+    pub fn span(&self, layer: usize) -> (usize, usize) {
+        self.layers.get(&layer).map_or((0, 0), |r| {
+            (r.start, r.start + r.pages.len() * self.shape.page_size)
+        })
+    }
+
+    /// One past the last position of `layer` held here (0 when none).
     pub fn positions(&self, layer: usize) -> usize {
-        self.layers
-            .get(&layer)
-            .map_or(0, |r| r.len() * self.shape.page_size)
+        self.span(layer).1
     }
 
     /// Pages held over all layers.
     pub fn pages(&self) -> usize {
-        self.layers.values().map(Vec::len).sum()
+        self.layers.values().map(|r| r.pages.len()).sum()
+    }
+
+    /// Pages of `layer` held here.
+    pub fn layer_pages(&self, layer: usize) -> usize {
+        self.layers.get(&layer).map_or(0, |r| r.pages.len())
     }
 
     /// Bytes held (reserved against the budget).
@@ -114,12 +137,10 @@ impl SessionPages {
         self.held.bytes()
     }
 
-    /// Appends `n_pages` whole pages to `layer`'s run, starting at position `first_pos` (the run's end): `bytes` holds
-    /// each page's K then V storage in the block layout and the session's dtype, little-endian. The bytes are
-    /// reserved before anything is allocated.
+    /// Appends `n_pages` whole pages to `layer`'s run, starting at position `first_pos`: `bytes` holds each page's K
+    /// then V storage in the block layout and the session's dtype, little-endian (see [`SessionPages::put_layers`]).
     ///
-    /// Errors ([`Fault`]): `BadState` when `first_pos` is not the end of the run; `Malformed` when the byte count is
-    /// not `n_pages` pages; `OutOfMemory` over the budget. Nothing changes on error.
+    /// Errors: as [`SessionPages::put_layers`].
     pub fn put(
         &mut self,
         layer: usize,
@@ -127,34 +148,69 @@ impl SessionPages {
         n_pages: usize,
         bytes: &[u8],
     ) -> Result<(), Fault> {
-        let end = self.positions(layer);
-        if first_pos != end as u64 {
-            return Err(bad_state(format!(
-                "pages for layer {layer} must start at {end} (the end of its run), not {first_pos}"
-            )));
+        self.put_layers(&[layer], first_pos, n_pages, bytes)
+    }
+
+    /// Appends `n_pages` whole pages to the run of each of `layers` (in that order in `bytes`), starting at position
+    /// `first_pos`: the end of each layer's run, or any page boundary for a layer holding none. The bytes are
+    /// reserved before anything is allocated, and either every layer takes its pages or none does.
+    ///
+    /// Errors ([`Fault`]): `BadState` when `first_pos` is not the end of a run (or off a page boundary);
+    /// `Malformed` when the byte count is not `layers.len() · n_pages` pages or `n_pages` is 0; `OutOfMemory` over
+    /// the budget. Nothing changes on error.
+    pub fn put_layers(
+        &mut self,
+        layers: &[usize],
+        first_pos: u64,
+        n_pages: usize,
+        bytes: &[u8],
+    ) -> Result<(), Fault> {
+        let ps = self.shape.page_size;
+        let first = usize::try_from(first_pos).map_err(|_| malformed("first_pos"))?;
+        for &layer in layers {
+            let (start, end) = self.span(layer);
+            let fits = if start == end {
+                first.is_multiple_of(ps)
+            } else {
+                first == end
+            };
+            if !fits {
+                return Err(bad_state(format!(
+                    "pages for layer {layer} must start at {end} (the end of its run), not {first_pos}"
+                )));
+            }
         }
         let per = self.shape.page_bytes().expect("checked in new");
-        let want = per.checked_mul(n_pages);
-        if want != Some(bytes.len()) || n_pages == 0 {
+        let want = per
+            .checked_mul(n_pages)
+            .and_then(|b| b.checked_mul(layers.len()));
+        let last = n_pages.checked_mul(ps).and_then(|b| b.checked_add(first));
+        if want != Some(bytes.len()) || n_pages == 0 || last.is_none() {
             return Err(malformed(format!(
-                "{} bytes are not {n_pages} pages of {per} bytes",
-                bytes.len()
+                "{} bytes are not {n_pages} pages of {per} bytes for each of {} layers",
+                bytes.len(),
+                layers.len()
             )));
         }
         let grow = u64::try_from(bytes.len()).map_err(|_| malformed("size"))?;
         self.held.resize(self.held.bytes().saturating_add(grow))?;
         let elems = self.shape.elems().expect("checked in new");
-        let run = self.layers.entry(layer).or_default();
-        for (i, page) in bytes.chunks_exact(per).enumerate() {
-            let (k, v) = page.split_at(per / 2);
-            let store = match self.shape.dtype {
-                KvDtype::F16 => Store::F16(decode_f16(k, elems), decode_f16(v, elems)),
-                KvDtype::F32 => Store::F32(decode_f32(k, elems), decode_f32(v, elems)),
-            };
-            run.push(StoredPage {
-                start: end + i * self.shape.page_size,
-                store,
-            });
+        for (&layer, chunk) in layers.iter().zip(bytes.chunks_exact(per * n_pages)) {
+            let run = self.layers.entry(layer).or_default();
+            if run.pages.is_empty() {
+                run.start = first;
+            }
+            for (i, page) in chunk.chunks_exact(per).enumerate() {
+                let (k, v) = page.split_at(per / 2);
+                let store = match self.shape.dtype {
+                    KvDtype::F16 => Store::F16(decode_f16(k, elems), decode_f16(v, elems)),
+                    KvDtype::F32 => Store::F32(decode_f32(k, elems), decode_f32(v, elems)),
+                };
+                run.pages.push(StoredPage {
+                    start: first + i * ps,
+                    store,
+                });
+            }
         }
         Ok(())
     }
@@ -168,18 +224,45 @@ impl SessionPages {
                 "truncation to {positions} is not on a {ps}-position page boundary"
             )));
         }
-        let keep = usize::try_from(positions / ps).unwrap_or(usize::MAX);
         let per = self.shape.page_bytes().expect("checked in new") as u64;
         let mut freed = 0u64;
         for run in self.layers.values_mut() {
-            if run.len() > keep {
-                freed += (run.len() - keep) as u64 * per;
-                run.truncate(keep);
-            }
+            let before = run.pages.len();
+            run.pages.retain(|p| (p.start as u64) < positions);
+            freed += (before - run.pages.len()) as u64 * per;
         }
-        self.layers.retain(|_, r| !r.is_empty());
+        self.layers.retain(|_, r| !r.pages.is_empty());
         let _ = self.held.resize(self.held.bytes() - freed);
         Ok(())
+    }
+
+    fn check_q(&self, q: &[f32], n_tokens: usize, n_heads: usize) -> Result<(), Fault> {
+        let s = &self.shape;
+        let want = n_tokens
+            .checked_mul(n_heads)
+            .and_then(|x| x.checked_mul(s.head_dim));
+        if want != Some(q.len()) || n_heads == 0 || !n_heads.is_multiple_of(s.n_kv_heads) {
+            return Err(malformed(format!(
+                "q of {} values is not [{n_tokens}, {n_heads}, {}] with heads a multiple of {}",
+                q.len(),
+                s.head_dim,
+                s.n_kv_heads
+            )));
+        }
+        Ok(())
+    }
+
+    fn views(&self, layer: usize) -> impl Iterator<Item = PageView<'_>> + Clone {
+        let s = self.shape;
+        let run = self.layers.get(&layer).map_or(&[][..], |r| &r.pages[..]);
+        run.iter().map(move |p| {
+            let (k, v) = match &p.store {
+                Store::F16(k, v) => (RowsRef::F16(k), RowsRef::F16(v)),
+                Store::F32(k, v) => (RowsRef::F32(k), RowsRef::F32(v)),
+            };
+            PageView::new(p.start, s.page_size, s.n_kv_heads, s.head_dim, k, v)
+                .expect("stored pages have whole blocks of the session's shape")
+        })
     }
 
     /// The attention partial of `q` (`[n_tokens, n_heads, head_dim]` f32 at positions `q_pos0..`) over `layer`'s
@@ -196,37 +279,35 @@ impl SessionPages {
         q_pos0: usize,
         scale: f32,
     ) -> Result<Partial, Fault> {
-        let s = &self.shape;
-        let want = n_tokens
-            .checked_mul(n_heads)
-            .and_then(|x| x.checked_mul(s.head_dim));
-        if want != Some(q.len()) || n_heads == 0 || !n_heads.is_multiple_of(s.n_kv_heads) {
-            return Err(malformed(format!(
-                "q of {} values is not [{n_tokens}, {n_heads}, {}] with heads a multiple of {}",
-                q.len(),
-                s.head_dim,
-                s.n_kv_heads
-            )));
-        }
-        let run = self.layers.get(&layer).map(Vec::as_slice).unwrap_or(&[]);
-        let views = run.iter().map(|p| {
-            let (k, v) = match &p.store {
-                Store::F16(k, v) => (RowsRef::F16(k), RowsRef::F16(v)),
-                Store::F32(k, v) => (RowsRef::F32(k), RowsRef::F32(v)),
-            };
-            PageView::new(p.start, s.page_size, s.n_kv_heads, s.head_dim, k, v)
-                .expect("stored pages have whole blocks of the session's shape")
-        });
+        self.check_q(q, n_tokens, n_heads)?;
         Ok(fold_pages(
             q,
             n_tokens,
             n_heads,
             q_pos0,
-            views,
+            self.views(layer),
             scale,
-            Some(s.head_dim),
+            Some(self.shape.head_dim),
             None,
         ))
+    }
+
+    /// One attention partial of `q` per page of `layer`'s run that some query sees, in page order (for a run that is
+    /// not the oldest: the host folds them after the older runs' partials, skipping none). Errors: as [`SessionPages::attend`].
+    pub fn attend_each(
+        &self,
+        layer: usize,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+    ) -> Result<Vec<Partial>, Fault> {
+        self.check_q(q, n_tokens, n_heads)?;
+        Ok(self
+            .views(layer)
+            .filter_map(|v| page_partial(q, n_tokens, n_heads, q_pos0, v, scale))
+            .collect())
     }
 }
 

@@ -32,6 +32,13 @@ pub struct RunningWorker {
     handle: Option<std::thread::JoinHandle<()>>,
 }
 
+impl RunningWorker {
+    /// Asks the worker to stop: every session refuses its next request (`Error{Evicted}`) and closes.
+    pub fn stop_now(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Drop for RunningWorker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

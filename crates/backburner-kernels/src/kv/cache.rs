@@ -253,6 +253,13 @@ impl PagedKvCache {
         Ok(())
     }
 
+    /// Forgets every position, those held elsewhere included (their holder must drop them too).
+    pub fn clear(&mut self) {
+        self.pages.clear();
+        self.len = 0;
+        self.offloaded = 0;
+    }
+
     /// Drops positions `>= len` (and the pages left empty); no effect if `len >= self.len()`.
     ///
     /// Panics if `len < offloaded` (see [`PagedKvCache::try_truncate`]).

@@ -1,0 +1,348 @@
+//! A session's prefill and decode under a KV budget: moving the oldest pages to workers before a step would pass
+//! the budget, attending through them, and recovering when a worker holding pages fails (re-ingesting the lost
+//! positions from the token history, or a typed error that keeps the session for a later rebuild).
+
+use backburner_kernels::profile::{self, Phase};
+use backburner_model::KvOptions;
+
+use super::{attention_layers, LinkPages, PutOutcome};
+use crate::error::{EngineError, Result};
+use crate::session::{Logits, Session};
+use crate::worker::pages::{page_bytes, PageShape};
+
+/// Why a budgeted step stopped.
+enum Failure {
+    /// Nothing was lost; the request fails with this error.
+    Refused(EngineError),
+    /// A worker holding pages failed: those positions are gone.
+    Lost(String),
+}
+
+impl Session {
+    /// The KV budget in positions, if any.
+    pub(crate) fn budget_positions(&self) -> Option<usize> {
+        let kv: KvOptions = self.opts.kv;
+        self.opts
+            .kv_budget
+            .map(|b| b.positions(self.model.config(), kv))
+    }
+
+    /// Whether a prefill of `add` tokens goes the budgeted way (pages held by workers, a pending rebuild, or the
+    /// budget would be passed).
+    pub(crate) fn offload_needed(&self, add: usize) -> bool {
+        self.rebuild
+            || self.state.offloaded() > 0
+            || self
+                .budget_positions()
+                .is_some_and(|b| self.tokens.len().saturating_add(add) > b)
+    }
+
+    /// Drops the state and the pages on workers (best effort); the tokens are kept for a rebuild.
+    pub(crate) fn drop_state_for_rebuild(&mut self) {
+        let held: Vec<usize> = self.placement.runs().iter().map(|r| r.worker).collect();
+        {
+            let mut ws = self.lock_workers();
+            for i in held {
+                if let Some(w) = ws.get_mut(i) {
+                    if w.conn.is_some() {
+                        if let Err(e) = w.pages_drop(0) {
+                            w.fail(&e);
+                        }
+                    }
+                }
+            }
+        }
+        self.placement.clear();
+        self.state.clear();
+        let _ = self.state.take_remote_error();
+        self.rebuild = !self.tokens.is_empty();
+    }
+
+    /// Prefill of validated `ids` under the KV budget, re-ingesting the history first when a rebuild is pending.
+    /// A worker lost mid-call is recovered by re-ingesting everything with the workers left (or locally when the
+    /// budget allows); failing that, the request fails with [`EngineError::KvBudget`] and the session keeps its
+    /// tokens (without `ids`) for a later rebuild.
+    pub(crate) fn prefill_budgeted(
+        &mut self,
+        ids: &[u32],
+        which: Logits,
+        progress: &mut impl FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
+        let mut attempts = 0usize;
+        loop {
+            let history = self.rebuild.then(|| std::mem::take(&mut self.tokens));
+            if history.is_some() {
+                self.placement.clear();
+                self.state.clear();
+            }
+            let skip = history.as_ref().map_or(0, Vec::len);
+            let input: Vec<u32> = match &history {
+                Some(h) => h.iter().chain(ids).copied().collect(),
+                None => ids.to_vec(),
+            };
+            let start = self.tokens.len();
+            let (snap, off0) = (self.state.snapshot(), self.state.offloaded());
+            let want = if skip > 0 && which == Logits::All {
+                Logits::All
+            } else {
+                which
+            };
+            let failure = match self.run_budgeted(&input, want, skip, progress) {
+                Ok(logits) => {
+                    self.rebuild = false;
+                    return Ok(logits);
+                }
+                Err(f) => f,
+            };
+            // the tokens before this call
+            self.tokens.truncate(start);
+            if let Some(h) = history {
+                self.tokens = h;
+            }
+            match failure {
+                Failure::Refused(e) if self.state.offloaded() == off0 && !self.rebuild => {
+                    self.state.restore(&snap);
+                    return Err(e);
+                }
+                Failure::Refused(e) => {
+                    self.drop_state_for_rebuild();
+                    return Err(e);
+                }
+                Failure::Lost(why) => {
+                    self.offload_stats.offload_failures += 1;
+                    tracing::warn!(
+                        "KV pages on a worker were lost ({why}); re-ingesting {} tokens",
+                        self.tokens.len()
+                    );
+                    self.drop_state_for_rebuild();
+                    attempts += 1;
+                    if attempts > self.lock_workers().len() {
+                        return Err(EngineError::KvBudget {
+                            budget: self.budget_positions().unwrap_or(usize::MAX),
+                            need: self.tokens.len() + ids.len(),
+                            why: format!("workers kept failing ({why})"),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `input` in ubatches, moving pages to workers as the budget requires; returns the logits of `which`
+    /// for the tokens past the first `skip` (re-ingested history).
+    fn run_budgeted(
+        &mut self,
+        input: &[u32],
+        which: Logits,
+        skip: usize,
+        progress: &mut impl FnMut(usize, usize),
+    ) -> std::result::Result<Vec<f32>, Failure> {
+        profile::set_phase(if input.len() == 1 {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        });
+        let mut out = Vec::new();
+        let mut done = 0;
+        let head_dim = self.model.config().head_dim;
+        let ps = self.opts.kv.page_size;
+        for chunk in input.chunks(self.opts.ubatch) {
+            let t = chunk.len();
+            self.make_room(t)?;
+            let decode_bytes =
+                (input.len() == 1 && self.state.offloaded() > 0).then(|| self.link_bytes());
+            if self.state.offloaded() > 0 {
+                let lp = LinkPages::new(self.workers.clone(), self.placement.clone(), head_dim, ps);
+                self.state.set_remote(Box::new(lp));
+            }
+            let want = match which {
+                Logits::All if done + t > skip => Some(skip.saturating_sub(done)..t),
+                Logits::All => None,
+                Logits::Last if done + t == input.len() => Some(t - 1..t),
+                Logits::Last => None,
+            };
+            let (model, state) = (&self.model, &mut self.state);
+            let logits = self
+                .opts
+                .pool
+                .install(|| model.forward_tokens(chunk, state, want));
+            self.state.take_remote();
+            if let Some(e) = self.state.take_remote_error() {
+                return Err(Failure::Lost(e.to_string()));
+            }
+            if let Some(before) = decode_bytes {
+                self.offload_stats.offload_decode_tokens += 1;
+                self.offload_stats.offload_decode_bytes += self.link_bytes().saturating_sub(before);
+            }
+            out.extend(logits);
+            self.tokens.extend_from_slice(chunk);
+            done += t;
+            if done > skip {
+                progress(done - skip, input.len() - skip);
+            }
+        }
+        Ok(out)
+    }
+
+    fn link_bytes(&self) -> u64 {
+        self.lock_workers()
+            .iter()
+            .map(|w| {
+                let s = w.stats();
+                s.bytes_sent + s.bytes_received
+            })
+            .sum()
+    }
+
+    fn refuse(&self, need: usize, why: String) -> Failure {
+        Failure::Refused(EngineError::KvBudget {
+            budget: self.budget_positions().unwrap_or(usize::MAX),
+            need,
+            why,
+        })
+    }
+
+    /// Moves whole pages of the oldest positions to workers until `add` more positions fit the budget.
+    fn make_room(&mut self, add: usize) -> std::result::Result<(), Failure> {
+        let Some(budget) = self.budget_positions() else {
+            return Ok(());
+        };
+        let on_host = self.state.n_tokens() - self.state.offloaded();
+        if on_host + add <= budget {
+            return Ok(());
+        }
+        let ps = self.opts.kv.page_size;
+        let layers = attention_layers(self.model.config());
+        let n = (on_host + add - budget).div_ceil(ps);
+        let movable = layers
+            .iter()
+            .filter_map(|&l| self.state.kv_cache_mut(l).map(|c| c.movable_pages()))
+            .min()
+            .unwrap_or(0);
+        if n > movable {
+            let why = format!(
+                "a step of {add} tokens needs {n} pages of {ps} positions moved but only {movable} full pages may move (the newest page stays); raise --kv-budget to at least {} positions",
+                add + 2 * ps
+            );
+            return Err(self.refuse(on_host + add, why));
+        }
+        if self.lock_workers().is_empty() {
+            return Err(self.refuse(
+                on_host + add,
+                "no worker is attached to take the oldest pages (--worker)".into(),
+            ));
+        }
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(self.pages_per_frame(layers.len()));
+            self.move_pages(&layers, k, on_host + add)?;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    /// Pages (per layer) that fit one `PagesPut` frame.
+    fn pages_per_frame(&self, n_layers: usize) -> usize {
+        let per = self
+            .page_shape()
+            .page_bytes()
+            .unwrap_or(usize::MAX)
+            .saturating_mul(n_layers.max(1));
+        let ws = self.lock_workers();
+        let frame = ws
+            .iter()
+            .map(|w| {
+                let lim = w.limits.map_or(usize::MAX, |l| {
+                    usize::try_from(l.max_frame).unwrap_or(usize::MAX)
+                });
+                w.settings.frame_budget.min(lim)
+            })
+            .min()
+            .unwrap_or(usize::MAX);
+        (frame / per.max(1)).max(1)
+    }
+
+    pub(crate) fn page_shape(&self) -> PageShape {
+        let c = self.model.config();
+        PageShape {
+            page_size: self.opts.kv.page_size,
+            n_kv_heads: c.num_key_value_heads,
+            head_dim: c.head_dim,
+            dtype: self.opts.kv.dtype,
+        }
+    }
+
+    /// Puts the `k` oldest host pages of every attention layer on a worker (the open run's, or the next one with
+    /// room) and frees them here.
+    fn move_pages(
+        &mut self,
+        layers: &[usize],
+        k: usize,
+        need: usize,
+    ) -> std::result::Result<(), Failure> {
+        let shape = self.page_shape();
+        let mut bytes = Vec::new();
+        for &l in layers {
+            let c = self.state.kv_cache_mut(l).expect("attention layer");
+            for p in &c.pages()[..k] {
+                bytes.extend(page_bytes(p.view(), &shape));
+            }
+        }
+        let first = self.state.offloaded();
+        let cfg = self.model.config().clone();
+        let (kv, ubatch) = (self.opts.kv, self.opts.ubatch);
+        let n_workers = self.lock_workers().len();
+        let from = self.placement.open_worker().unwrap_or(0);
+        let mut why = Vec::new();
+        for wi in from..n_workers {
+            let mut ws = self.lock_workers();
+            let w = &mut ws[wi];
+            let holds = self.placement.uses(wi);
+            if holds && w.conn.is_none() {
+                return Err(Failure::Lost(format!(
+                    "worker {wi} ({}) lost its connection",
+                    w.settings.addr
+                )));
+            }
+            if !holds && !w.available() {
+                why.push(format!("{} is waiting out a failure", w.settings.addr));
+                continue;
+            }
+            if let Err(e) = w.ensure_connected(&cfg, kv.dtype, kv.page_size, ubatch) {
+                w.fail(&e);
+                why.push(format!("{}: {e}", w.settings.addr));
+                continue;
+            }
+            match w.pages_put(first as u64, k as u32, &bytes) {
+                Ok(PutOutcome::Stored(_)) => {
+                    drop(ws);
+                    for &l in layers {
+                        let c = self.state.kv_cache_mut(l).expect("attention layer");
+                        c.take_oldest(k).expect("movable pages checked");
+                    }
+                    self.placement.push(wi, k * shape.page_size);
+                    self.offload_stats.pages_moved += (k * layers.len()) as u64;
+                    return Ok(());
+                }
+                Ok(PutOutcome::Full(f)) => {
+                    why.push(format!(
+                        "{} is full ({} bytes needed, {} free)",
+                        w.settings.addr, f.needed, f.free
+                    ));
+                }
+                Err(e) => {
+                    let addr = w.settings.addr.clone();
+                    w.fail(&e);
+                    if holds {
+                        return Err(Failure::Lost(format!("worker {wi} ({addr}): {e}")));
+                    }
+                    why.push(format!("{addr}: {e}"));
+                }
+            }
+        }
+        Err(self.refuse(
+            need,
+            format!("no worker took the oldest pages: {}", why.join("; ")),
+        ))
+    }
+}

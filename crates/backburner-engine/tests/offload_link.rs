@@ -1,0 +1,146 @@
+//! KV offload over real sockets (in-process worker threads on loopback): with a KV budget several times smaller
+//! than the prompt, the oldest pages move to one or two workers and the logits of prefill and decode are the bits of
+//! an unbounded local run; without a worker the budget is a typed error; a full worker hands over to the next; a
+//! lost worker is recovered by re-ingesting.
+
+mod worker_common;
+
+use backburner_engine::offload::KvBudget;
+use backburner_engine::{EngineError, Logits, Session};
+use worker_common::*;
+
+/// Page size 64 (the worker's block), ubatch 16: a 128-position budget holds two pages.
+fn budgeted(budget: usize) -> backburner_engine::SessionOptions {
+    backburner_engine::SessionOptions {
+        kv_budget: Some(KvBudget::Positions(budget)),
+        ..opts()
+    }
+}
+
+#[test]
+fn one_worker_holds_the_oldest_pages_and_the_logits_keep_their_bits() {
+    let f = model_with_layers(8, 11);
+    let w = start_worker(f.dir.path(), None, None);
+    let p = prompt(7 * 64 + 5, 3);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 70);
+    let mut off = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    let got = run(&mut off, &p, 70);
+    assert_eq!(got.1, want.1, "tokens");
+    assert!(got.0 == want.0, "logits differ in bits");
+    let st = off.link_stats();
+    // 7·64 + 5 + 70 = 523 positions; at most 128 on the host, whole pages of 64 on the worker
+    let n = p.len() + 70;
+    let on_worker = st.positions_on_workers as usize;
+    assert_eq!(on_worker % 64, 0);
+    assert!(
+        n - on_worker <= 128 && n - on_worker > 64,
+        "{on_worker} of {n} on the worker"
+    );
+    // 2 full-attention layers in 8
+    assert_eq!(st.pages_on_workers as usize, on_worker / 64 * 2);
+    assert_eq!((st.fallbacks, st.offload_failures), (0, 0));
+    assert!(st.offload_decode_tokens > 0 && st.bytes_per_decode_token() > 0);
+}
+
+#[test]
+fn two_workers_share_the_pages_in_order_and_the_logits_keep_their_bits() {
+    let f = model_with_layers(8, 12);
+    // the first worker has room for a few pages of both attention layers (f16, 2 kv heads × 32 dims, 64 positions:
+    // 16 KiB per page and layer) beside its session state; the second takes the rest
+    let w1 = start_worker_with(f.dir.path(), |o| o.max_memory = 220_000);
+    let w2 = start_worker(f.dir.path(), None, None);
+    let p = prompt(9 * 64 + 7, 4);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 40);
+    let mut off = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &w1.addr, Some(4), b""));
+    off.attach_worker(client(f.dir.path(), &w2.addr, Some(4), b""));
+    let got = run(&mut off, &p, 40);
+    assert_eq!(got.1, want.1, "tokens");
+    assert!(got.0 == want.0, "logits differ in bits");
+    let runs = off.placement().runs().to_vec();
+    assert_eq!(
+        runs.iter().map(|r| r.worker).collect::<Vec<_>>(),
+        [0, 1],
+        "{runs:?}"
+    );
+    assert_eq!(
+        (runs[0].start, runs[0].end % 64, runs[1].start),
+        (0, 0, runs[0].end)
+    );
+    assert!(
+        runs[0].end >= 2 * 64 && runs[1].end > runs[1].start + 64,
+        "{runs:?}"
+    );
+}
+
+#[test]
+fn without_a_worker_a_prompt_past_the_budget_is_a_typed_error_and_the_session_is_unchanged() {
+    let f = model_with_layers(8, 13);
+    let mut s = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    s.prefill(&prompt(100, 1), Logits::Last, |_, _| {}).unwrap();
+    let e = s
+        .prefill(&prompt(300, 2), Logits::Last, |_, _| {})
+        .unwrap_err();
+    match e {
+        EngineError::KvBudget { budget, .. } => assert_eq!(budget, 128),
+        other => panic!("expected a KV budget error, got {other}"),
+    }
+    assert_eq!(s.tokens().len(), 100);
+    assert_eq!(s.state().n_tokens(), 100);
+    // and the session goes on exactly
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let a = local
+        .prefill(&prompt(100, 1), Logits::Last, |_, _| {})
+        .unwrap();
+    let b = local.decode(7).unwrap();
+    let _ = a;
+    assert_eq!(bits(&s.decode(7).unwrap()), bits(&b));
+}
+
+#[test]
+fn a_worker_lost_mid_decode_is_recovered_by_re_ingesting_on_the_next_worker() {
+    let f = model_with_layers(8, 14);
+    let w1 = start_worker(f.dir.path(), None, None);
+    let w2 = start_worker(f.dir.path(), None, None);
+    let p = prompt(5 * 64 + 3, 5);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 30);
+    let mut off = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &w1.addr, Some(4), b""));
+    off.attach_worker(client(f.dir.path(), &w2.addr, Some(4), b""));
+    let mut l = off.prefill(&p, Logits::Last, |_, _| {}).unwrap();
+    let mut toks = Vec::new();
+    let mut all = Vec::new();
+    for step in 0..30 {
+        all.push(bits(&l));
+        if step == 10 {
+            w1.stop_now();
+        }
+        let t = backburner_engine::argmax(&l);
+        toks.push(t);
+        l = off.decode(t).unwrap();
+    }
+    all.push(bits(&l));
+    // the same tokens; the logits are the local ones bit for bit until the loss, then those of a batched
+    // re-ingest (prefill, not token by token), equal within float rounding
+    assert_eq!(toks, want.1);
+    assert!(
+        all[..=10] == want.0[..=10],
+        "logits differ in bits before the loss"
+    );
+    for (g, w) in all.iter().zip(&want.0).skip(11) {
+        let diff = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (f32::from_bits(*a) - f32::from_bits(*b)).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-3, "re-ingested logits differ by {diff}");
+    }
+    let st = off.link_stats();
+    assert_eq!(st.offload_failures, 1);
+    // the pages now live on the second worker only
+    assert!(off.placement().runs().iter().all(|r| r.worker == 1));
+}
