@@ -263,7 +263,6 @@ fn page_requests_at_their_extremes_get_typed_errors_and_a_full_worker_says_so() 
     assert!(
         matches!(h(Request::PagesDrop(PagesDrop { to_pos: 128 })), Ok(Reply::PagesDone(d)) if d.end_pos == 128)
     );
-    drop(h);
     assert_eq!(budget.used(), core.held_bytes());
     // a worker without room answers PagesFull and keeps the session
     let small = MemoryBudget::new(core.mirror().bytes() as u64 + PAGE_PUT as u64 / 2);
