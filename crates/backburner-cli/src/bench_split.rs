@@ -146,14 +146,15 @@ pub fn run(a: SplitArgs) -> Result<()> {
     let cfg = loaded.model.config().clone();
     let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads)?;
     let link = LinkArgs {
-        worker: Some(addr.clone()),
+        worker: vec![addr.clone()],
+        kv_budget: None,
         split_layer: a.split_layer,
         split_min_tokens: 1,
         secret_file: None,
         worker_timeout: 600,
     };
     let make_client = |shaper: Option<Shaper>| -> Result<WorkerClient> {
-        let c = link.client(&loaded, host_threads)?.expect("worker given");
+        let c = link.clients(&loaded, host_threads)?.remove(0);
         let mut st: WorkerSettings = c.settings().clone();
         st.shaper = shaper;
         Ok(WorkerClient::new(
@@ -195,7 +196,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
         let got = s.prefill(p, Logits::Last, |_, _| {})?;
         let split = t.elapsed().as_secs_f64();
         let st = s.link_stats();
-        split_layer = s.worker().map(|w| w.split_layer()).unwrap_or(0);
+        split_layer = s.workers().first().map_or(0, |w| w.split_layer());
         if st.fallbacks > 0 {
             bail!(
                 "the worker failed during the benchmark (fallbacks: {})",

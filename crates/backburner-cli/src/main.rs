@@ -4,8 +4,11 @@ mod bench;
 mod bench_report;
 mod bench_split;
 mod default_model;
+mod link_args;
 mod prompt;
 mod worker_cmd;
+
+pub use link_args::LinkArgs;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -81,6 +84,7 @@ impl ModelArgs {
             },
             context_length: self.ctx_size,
             pool: pool.clone(),
+            kv_budget: None,
         }
     }
 }
@@ -145,76 +149,6 @@ struct RunArgs {
     dump_logits: Option<PathBuf>,
     #[command(flatten)]
     link: LinkArgs,
-}
-
-/// Options for using a worker.
-#[derive(Args, Clone)]
-pub struct LinkArgs {
-    /// Worker address for split prefill (e.g. 127.0.0.1:50060; an IPv6 address in brackets).
-    #[arg(long, value_name = "HOST:PORT", value_parser = worker_cmd::parse_worker_addr)]
-    pub worker: Option<String>,
-    /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
-    #[arg(long, requires = "worker")]
-    pub split_layer: Option<usize>,
-    /// Smallest prompt (tokens) that goes through the worker.
-    #[arg(long, default_value_t = 512, requires = "worker")]
-    pub split_min_tokens: usize,
-    /// File holding the shared secret (or set BACKBURNER_SECRET).
-    #[arg(long, requires = "worker")]
-    pub secret_file: Option<PathBuf>,
-    /// Seconds to wait for the worker per request before falling back to local compute.
-    #[arg(long, default_value_t = 60, requires = "worker")]
-    pub worker_timeout: u64,
-}
-
-impl LinkArgs {
-    /// A worker client for `loaded`'s model, if `--worker` was given. Validates `--split-layer` first.
-    pub fn client(
-        &self,
-        loaded: &Loaded,
-        host_threads: usize,
-    ) -> Result<Option<backburner_engine::WorkerClient>> {
-        let Some(addr) = &self.worker else {
-            return Ok(None);
-        };
-        let cfg = loaded.model.config();
-        if let Some(l) = self.split_layer {
-            let n = cfg.num_hidden_layers;
-            let valid = backburner_engine::valid_split_layers(cfg)
-                .iter()
-                .map(|v| v.to_string())
-                .collect::<Vec<_>>()
-                .join(", ");
-            // The host runs layers [0, L), the worker [L, n): both ranges must hold layers.
-            if l == 0 {
-                bail!("--split-layer 0 leaves the host no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
-            }
-            if l >= n {
-                bail!("--split-layer {l} is the end of this {n}-layer model and leaves the worker no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
-            }
-            if !l.is_multiple_of(cfg.full_attention_interval) {
-                bail!(
-                    "--split-layer {l} is not on a {}-layer cycle boundary of this {n}-layer model; valid: {valid}",
-                    cfg.full_attention_interval,
-                );
-            }
-        }
-        let mut st = backburner_engine::WorkerSettings::new(addr.clone(), host_threads);
-        st.split_layer = self.split_layer;
-        st.split_min_tokens = self.split_min_tokens;
-        st.secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
-        if st.secret.is_empty() && !worker_cmd::is_loopback(addr) {
-            eprintln!(
-                "warning: --worker {addr} is not on this machine and no secret is set: any worker there is trusted and \
-                 the link is readable by anyone on the path (set --secret-file or BACKBURNER_SECRET on both sides)"
-            );
-        }
-        st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
-        Ok(Some(backburner_engine::WorkerClient::new(
-            st,
-            backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
-        )))
-    }
 }
 
 #[derive(Args)]
@@ -372,7 +306,7 @@ fn run(a: RunArgs) -> Result<()> {
     check_sampling(&a)?;
     let pool = compute_pool(a.model.threads)?;
     let loaded = load(&a.model, &pool)?;
-    let worker = a.link.client(&loaded, pool.threads())?;
+    let workers = a.link.clients(&loaded, pool.threads())?;
     let tok = &loaded.tokenizer;
     if !a.stop.is_empty() {
         need_tok(tok, "--stop", "")?;
@@ -449,9 +383,10 @@ fn run(a: RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         cancel: Some(cancel_on_ctrl_c()?),
     };
-    let mut session =
-        backburner_engine::Session::new(loaded.model.clone(), a.model.session_options(&pool))?;
-    if let Some(w) = worker {
+    let mut opts = a.model.session_options(&pool);
+    opts.kv_budget = a.link.kv_budget;
+    let mut session = backburner_engine::Session::new(loaded.model.clone(), opts)?;
+    for w in workers {
         session.attach_worker(w);
     }
     let show_bar = prompt.len() >= 2 * a.model.ubatch;
@@ -518,14 +453,8 @@ fn run(a: RunArgs) -> Result<()> {
             },
         });
         let mut obj = obj;
-        if session.worker().is_some() {
-            let ls = session.link_stats();
-            obj["link"] = serde_json::json!({
-                "worker_tokens": ls.worker_tokens,
-                "bytes_sent": ls.bytes_sent,
-                "bytes_received": ls.bytes_received,
-                "fallbacks": ls.fallbacks,
-            });
+        if let Some(link) = link_args::link_json(&session, tm) {
+            obj["link"] = link;
         }
         out_line(&obj.to_string());
     } else {
@@ -552,15 +481,8 @@ fn run(a: RunArgs) -> Result<()> {
             stats += &format!(" | seed {seed}");
         }
         eprintln!("{stats}");
-        if session.worker().is_some() {
-            let ls = session.link_stats();
-            eprintln!(
-                "link: {} tokens through the worker | sent {} | received {} | fallbacks {}",
-                ls.worker_tokens,
-                human_bytes(ls.bytes_sent),
-                human_bytes(ls.bytes_received),
-                ls.fallbacks
-            );
+        for line in link_args::link_lines(&session, tm) {
+            eprintln!("{line}");
         }
     }
     if interrupted {

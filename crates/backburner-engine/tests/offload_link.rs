@@ -144,3 +144,42 @@ fn a_worker_lost_mid_decode_is_recovered_by_re_ingesting_on_the_next_worker() {
     // the pages now live on the second worker only
     assert!(off.placement().runs().iter().all(|r| r.worker == 1));
 }
+
+#[test]
+fn with_its_only_worker_gone_a_request_fails_typed_and_the_next_one_rebuilds_once_a_worker_is_back()
+{
+    let f = model_with_layers(8, 15);
+    let w = start_worker(f.dir.path(), None, None);
+    let addr = w.addr.clone();
+    let p = prompt(4 * 64 + 9, 6);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 3);
+    let mut off = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &addr, Some(4), b""));
+    let l = off.prefill(&p, Logits::Last, |_, _| {}).unwrap();
+    assert_eq!(bits(&l), want.0[0]);
+    drop(w); // stops and joins: the connection and the pages are gone
+    let t0 = backburner_engine::argmax(&l);
+    match off.decode(t0).unwrap_err() {
+        EngineError::KvBudget { budget, .. } => assert_eq!(budget, 128),
+        other => panic!("expected a KV budget error, got {other}"),
+    }
+    assert_eq!(
+        off.tokens(),
+        &p[..],
+        "the history is kept, without the failed step's token"
+    );
+    assert_eq!(off.state().n_tokens(), 0, "the state waits for a rebuild");
+    // a worker comes back on the same address; after the client's backoff the next request rebuilds
+    let _w2 = start_worker_on(f.dir.path(), &addr);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let l1 = off.decode(t0).unwrap();
+    let t1 = backburner_engine::argmax(&l1);
+    let l2 = off.decode(t1).unwrap();
+    assert_eq!(
+        [t0, t1, backburner_engine::argmax(&l2)],
+        [want.1[0], want.1[1], want.1[2]]
+    );
+    assert_eq!(off.state().n_tokens(), p.len() + 2);
+    assert!(off.link_stats().positions_on_workers > 0);
+}

@@ -68,6 +68,16 @@ impl Session {
         which: Logits,
         progress: &mut impl FnMut(usize, usize),
     ) -> Result<Vec<f32>> {
+        if let Some(b) = self.budget_positions() {
+            let need = self.tokens.len().saturating_add(ids.len());
+            if need > b && self.lock_workers().is_empty() {
+                return Err(EngineError::KvBudget {
+                    budget: b,
+                    need,
+                    why: "no worker is attached to hold the oldest pages (--worker)".into(),
+                });
+            }
+        }
         let mut attempts = 0usize;
         loop {
             let history = self.rebuild.then(|| std::mem::take(&mut self.tokens));

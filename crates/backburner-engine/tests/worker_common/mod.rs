@@ -60,11 +60,20 @@ pub fn start_worker(
 }
 
 pub fn start_worker_with(dir: &Path, edit: impl FnOnce(&mut WorkerOptions)) -> RunningWorker {
+    start_worker_at(dir, "127.0.0.1:0", edit)
+}
+
+/// A default worker on a given address (e.g. where an earlier one listened).
+pub fn start_worker_on(dir: &Path, addr: &str) -> RunningWorker {
+    start_worker_at(dir, addr, |_| {})
+}
+
+fn start_worker_at(dir: &Path, addr: &str, edit: impl FnOnce(&mut WorkerOptions)) -> RunningWorker {
     let mut o = WorkerOptions::new(dir.to_path_buf());
     o.threads = 1;
     o.idle_timeout = Duration::from_secs(30);
     edit(&mut o);
-    let w = Worker::bind("127.0.0.1:0", o).unwrap();
+    let w = Worker::bind(addr, o).unwrap();
     let addr = w.local_addr().to_string();
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();

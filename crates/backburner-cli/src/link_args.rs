@@ -1,0 +1,159 @@
+//! The flags that place work on workers (`--worker`, repeatable; `--kv-budget`; split and timeout settings) and the
+//! link lines of `run`'s stats and `--json`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use backburner_engine::offload::KvBudget;
+use backburner_engine::{Session, Timings, WorkerClient};
+use clap::Args;
+
+use crate::worker_cmd::{self, human_bytes};
+use crate::Loaded;
+
+fn parse_budget(s: &str) -> std::result::Result<KvBudget, String> {
+    KvBudget::parse(s)
+}
+
+/// Options for using workers.
+#[derive(Args, Clone)]
+pub struct LinkArgs {
+    /// Worker address (e.g. 127.0.0.1:50060; an IPv6 address in brackets). Repeatable: the first runs split
+    /// prefill; with --kv-budget every worker may hold KV pages, the first ones the oldest.
+    #[arg(long, value_name = "HOST:PORT", value_parser = worker_cmd::parse_worker_addr)]
+    pub worker: Vec<String>,
+    /// Most KV cache kept on this host: positions (e.g. 8192) or bytes with a unit (e.g. 512MiB). Past it the
+    /// oldest whole pages of every full-attention layer move to the workers, with the same output. Default:
+    /// unlimited.
+    #[arg(long, value_name = "N|BYTES", value_parser = parse_budget)]
+    pub kv_budget: Option<KvBudget>,
+    /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
+    #[arg(long, requires = "worker")]
+    pub split_layer: Option<usize>,
+    /// Smallest prompt (tokens) that goes through the worker.
+    #[arg(long, default_value_t = 512, requires = "worker")]
+    pub split_min_tokens: usize,
+    /// File holding the shared secret (or set BACKBURNER_SECRET).
+    #[arg(long, requires = "worker")]
+    pub secret_file: Option<PathBuf>,
+    /// Seconds to wait for a worker per request before falling back to local compute.
+    #[arg(long, default_value_t = 60, requires = "worker")]
+    pub worker_timeout: u64,
+}
+
+impl LinkArgs {
+    /// Checks `--split-layer` against the model. Errors: a message naming the valid split layers.
+    fn check_split(&self, loaded: &Loaded) -> Result<()> {
+        let Some(l) = self.split_layer else {
+            return Ok(());
+        };
+        let cfg = loaded.model.config();
+        let n = cfg.num_hidden_layers;
+        let valid = backburner_engine::valid_split_layers(cfg)
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The host runs layers [0, L), the worker [L, n): both ranges must hold layers.
+        if l == 0 {
+            bail!("--split-layer 0 leaves the host no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
+        }
+        if l >= n {
+            bail!("--split-layer {l} is the end of this {n}-layer model and leaves the worker no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
+        }
+        if !l.is_multiple_of(cfg.full_attention_interval) {
+            bail!(
+                "--split-layer {l} is not on a {}-layer cycle boundary of this {n}-layer model; valid: {valid}",
+                cfg.full_attention_interval,
+            );
+        }
+        Ok(())
+    }
+
+    /// A client per `--worker`, in order, for `loaded`'s model. Validates `--split-layer` first.
+    pub fn clients(&self, loaded: &Loaded, host_threads: usize) -> Result<Vec<WorkerClient>> {
+        self.check_split(loaded)?;
+        let secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
+        let mut out = Vec::new();
+        for (i, addr) in self.worker.iter().enumerate() {
+            if self.worker[..i].contains(addr) {
+                bail!("--worker {addr} is given twice");
+            }
+            let mut st = backburner_engine::WorkerSettings::new(addr.clone(), host_threads);
+            st.split_layer = self.split_layer;
+            st.split_min_tokens = self.split_min_tokens;
+            st.secret = secret.clone();
+            if st.secret.is_empty() && !worker_cmd::is_loopback(addr) {
+                eprintln!(
+                    "warning: --worker {addr} is not on this machine and no secret is set: any worker there is trusted and \
+                     the link is readable by anyone on the path (set --secret-file or BACKBURNER_SECRET on both sides)"
+                );
+            }
+            st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
+            out.push(WorkerClient::new(
+                st,
+                backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Decode time per token (ms; 0 without a decode rate).
+fn decode_ms_per_token(tm: &Timings) -> f64 {
+    if tm.decode_tok_s > 0.0 {
+        1000.0 / tm.decode_tok_s
+    } else {
+        0.0
+    }
+}
+
+/// The `"link"` object of `run --json`, if the session has workers.
+pub fn link_json(s: &Session, tm: &Timings) -> Option<serde_json::Value> {
+    let n_workers = s.workers().len();
+    if n_workers == 0 {
+        return None;
+    }
+    let ls = s.link_stats();
+    Some(serde_json::json!({
+        "workers": n_workers,
+        "worker_tokens": ls.worker_tokens,
+        "bytes_sent": ls.bytes_sent,
+        "bytes_received": ls.bytes_received,
+        "fallbacks": ls.fallbacks,
+        "pages_on_workers": ls.pages_on_workers,
+        "positions_on_workers": ls.positions_on_workers,
+        "pages_moved": ls.pages_moved,
+        "bytes_per_decode_token": ls.bytes_per_decode_token(),
+        "decode_ms_per_token": decode_ms_per_token(tm),
+        "offload_failures": ls.offload_failures,
+    }))
+}
+
+/// The link lines of `run`'s stats (none without workers).
+pub fn link_lines(s: &Session, tm: &Timings) -> Vec<String> {
+    let n_workers = s.workers().len();
+    if n_workers == 0 {
+        return Vec::new();
+    }
+    let ls = s.link_stats();
+    let mut out = vec![format!(
+        "link: {} tokens through the worker | sent {} | received {} | fallbacks {}",
+        ls.worker_tokens,
+        human_bytes(ls.bytes_sent),
+        human_bytes(ls.bytes_received),
+        ls.fallbacks
+    )];
+    if ls.pages_moved > 0 || ls.offload_failures > 0 {
+        out.push(format!(
+            "kv offload: {} positions ({} pages) on {} worker(s) | {}/decode token | decode {:.1} ms/token | lost and re-ingested {}",
+            ls.positions_on_workers,
+            ls.pages_on_workers,
+            n_workers,
+            human_bytes(ls.bytes_per_decode_token()),
+            decode_ms_per_token(tm),
+            ls.offload_failures
+        ));
+    }
+    out
+}

@@ -1,0 +1,116 @@
+//! KV offload with real processes: a host whose `--kv-budget` is smaller than the prompt refuses without a worker
+//! and gives the unbounded run's tokens and logits with one; a worker killed mid-prefill or mid-decode is replaced
+//! by re-ingesting on the second worker (same tokens), or, with no worker left, fails with a typed error naming the
+//! budget.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+const BUDGET: &[&str] = &["--kv-page-size", "64", "--kv-budget", "128"];
+
+fn run_raw(extra: &[&str]) -> std::process::Output {
+    let m = fixture("tiny-f32");
+    Command::new(bin())
+        .args(["run", "--model", m.to_str().unwrap(), "--prompt-file"])
+        .arg(m.join("prompt.txt"))
+        .args([
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--ubatch",
+            "64",
+            "--threads",
+            "1",
+            "--json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_prompt_past_the_budget_needs_a_worker_and_then_gives_the_local_bits() {
+    let d = tempfile::tempdir().unwrap();
+    let local = host(&["--kv-page-size", "64"], &d.path().join("local.bin"));
+    let n_prompt = local["prompt_tokens"].as_array().unwrap().len();
+    assert!(
+        n_prompt > 2 * 128,
+        "the fixture prompt has {n_prompt} tokens"
+    );
+    // alone: a typed error naming the budget, before any compute
+    let o = run_raw(BUDGET);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-budget allows 128") && err.contains(&format!("{n_prompt} positions")),
+        "{err}"
+    );
+    // with a worker: the same tokens and logits, most of the cache on the worker
+    let w = worker(&[]);
+    let f = d.path().join("offload.bin");
+    let out = host(&[BUDGET, &["--worker", &w.addr]].concat(), &f);
+    assert_eq!(out["tokens"], local["tokens"]);
+    assert!(
+        std::fs::read(&f).unwrap() == std::fs::read(d.path().join("local.bin")).unwrap(),
+        "logits differ"
+    );
+    let link = &out["link"];
+    let total = n_prompt + 11;
+    let held = link["positions_on_workers"].as_u64().unwrap() as usize;
+    assert!(total - held <= 128 && held % 64 == 0, "{link}");
+    assert_eq!(
+        link["pages_on_workers"].as_u64().unwrap() as usize,
+        held / 64 * 2
+    );
+    assert!(link["bytes_per_decode_token"].as_u64().unwrap() > 0);
+    assert_eq!(link["offload_failures"], 0);
+}
+
+#[test]
+fn a_worker_killed_mid_prefill_or_mid_decode_is_replaced_by_the_next_with_the_same_tokens() {
+    let d = tempfile::tempdir().unwrap();
+    let local = host(&["--kv-page-size", "64"], &d.path().join("local.bin"));
+    // session frames to the first worker: from the third ubatch of 64 a PagesPut and an Attend per attention
+    // layer (2) per ubatch, then 2 Attends per decode step: frame 2 is in prefill, frame 24 in decode
+    for (what, after) in [("mid-prefill", "2"), ("mid-decode", "24")] {
+        let mut a = worker(&["--exit-after-frames", after]);
+        let b = worker(&[]);
+        let f = d.path().join(format!("{what}.bin"));
+        let out = host(
+            &[
+                BUDGET,
+                &[
+                    "--worker",
+                    &a.addr,
+                    "--worker",
+                    &b.addr,
+                    "--worker-timeout",
+                    "10",
+                ],
+            ]
+            .concat(),
+            &f,
+        );
+        assert_eq!(out["tokens"], local["tokens"], "{what}");
+        assert_eq!(out["link"]["offload_failures"], 1, "{what}");
+        let st = a.child.wait().unwrap();
+        assert_eq!(
+            st.code(),
+            Some(101),
+            "{what}: the first worker should have died"
+        );
+    }
+}
+
+#[test]
+fn a_lone_worker_killed_mid_prefill_fails_the_request_with_the_budget_named() {
+    let w = worker(&["--exit-after-frames", "2"]);
+    let o = run_raw(&[BUDGET, &["--worker", &w.addr, "--worker-timeout", "10"]].concat());
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--kv-budget allows 128"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
