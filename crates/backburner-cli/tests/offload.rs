@@ -60,7 +60,7 @@ fn a_prompt_past_the_budget_needs_a_worker_and_then_gives_the_local_bits() {
     let link = &out["link"];
     let total = n_prompt + 11;
     let held = link["positions_on_workers"].as_u64().unwrap() as usize;
-    assert!(total - held <= 128 && held % 64 == 0, "{link}");
+    assert!(total - held <= 128 && held.is_multiple_of(64), "{link}");
     assert_eq!(
         link["pages_on_workers"].as_u64().unwrap() as usize,
         held / 64 * 2
