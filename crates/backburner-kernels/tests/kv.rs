@@ -227,12 +227,30 @@ fn the_oldest_pages_move_out_and_back_and_the_fold_continues_with_the_same_bits(
             Some(DIM),
             None,
         );
-        let got = c.attend_after(prefix, &q, 3, 4, 67, scale);
+        let got = c.attend_after(prefix.clone(), &q, 3, 4, 67, scale);
         let b = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             (b(&got.o), b(&got.lse)),
             (b(&want.o), b(&want.lse)),
             "{dtype:?}"
+        );
+        // the host's own pages computed ahead (none fit, one, all) while the prefix is elsewhere: same bits
+        let per_page = 3 * 4 * (DIM + 1) * 4;
+        for max_bytes in [0, per_page, 2 * per_page + 1, usize::MAX] {
+            let ahead = c.partials_ahead(&q, 3, 4, 67, scale, max_bytes);
+            assert_eq!(ahead.len(), (max_bytes / per_page).clamp(1, 3));
+            let got = c.attend_after_ahead(prefix.clone(), &ahead, &q, 3, 4, 67, scale);
+            assert_eq!(
+                (b(&got.o), b(&got.lse)),
+                (b(&want.o), b(&want.lse)),
+                "{dtype:?} ahead {max_bytes}"
+            );
+        }
+        // queries that see only the first page here: the later pages' partials are None and skipped
+        let early = c.partials_ahead(&q[..4 * DIM], 1, 4, 33, scale, usize::MAX);
+        assert_eq!(
+            early.iter().map(Option::is_some).collect::<Vec<_>>(),
+            [true, false, false]
         );
         // rows elsewhere cannot be read or cut here
         assert_eq!(

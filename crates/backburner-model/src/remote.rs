@@ -55,9 +55,10 @@ impl std::fmt::Debug for RemoteSlot {
 }
 
 impl RemoteSlot {
-    /// The partial over `layer`'s pages held elsewhere, or `None` after latching the failure (or when no store is
-    /// attached although pages are elsewhere).
-    pub fn prefix(
+    /// Starts the partial over `layer`'s pages held elsewhere; false after latching the failure (or when no store
+    /// is attached although pages are elsewhere). The caller computes its own pages meanwhile, then calls
+    /// [`RemoteSlot::finish`].
+    pub fn begin(
         &mut self,
         layer: usize,
         q: &[f32],
@@ -65,32 +66,48 @@ impl RemoteSlot {
         n_heads: usize,
         q_pos0: usize,
         scale: f32,
-    ) -> Option<Partial> {
+    ) -> bool {
         if self.error.is_some() {
-            return None;
+            return false;
         }
         let Some(r) = self.pages.as_mut() else {
             self.error = Some(RemoteError(format!(
                 "layer {layer} has pages elsewhere but no remote store is attached"
             )));
-            return None;
+            return false;
         };
-        let got = r
-            .begin(layer, q, n_tokens, n_heads, q_pos0, scale)
-            .and_then(|()| r.finish(layer));
-        match got {
+        match r.begin(layer, q, n_tokens, n_heads, q_pos0, scale) {
+            Ok(()) => true,
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
+    }
+
+    /// The partial started by [`RemoteSlot::begin`] (`[n_tokens, n_heads, head_dim]`), or `None` after latching
+    /// the failure (including a partial of another shape).
+    pub fn finish(
+        &mut self,
+        layer: usize,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+    ) -> Option<Partial> {
+        let r = self.pages.as_mut()?;
+        match r.finish(layer) {
             Ok(p)
                 if p.n_tokens == n_tokens
                     && p.n_heads == n_heads
-                    && p.o.len() == q.len()
-                    && p.lse.len() == n_tokens * n_heads
-                    && p.head_dim * n_tokens * n_heads == q.len() =>
+                    && p.head_dim == head_dim
+                    && p.o.len() == n_tokens * n_heads * head_dim
+                    && p.lse.len() == n_tokens * n_heads =>
             {
                 Some(p)
             }
             Ok(p) => {
                 self.error = Some(RemoteError(format!(
-                    "layer {layer}: a [{}, {}, {}] partial for [{n_tokens}, {n_heads}] queries",
+                    "layer {layer}: a [{}, {}, {}] partial for [{n_tokens}, {n_heads}, {head_dim}] queries",
                     p.n_tokens, p.n_heads, p.head_dim
                 )));
                 None

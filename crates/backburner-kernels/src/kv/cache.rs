@@ -1,7 +1,7 @@
 //! The paged KV cache of one full-attention layer.
 
 use super::{KvDtype, KvPage};
-use crate::attention::{attend_pages, Partial};
+use crate::attention::{attend_pages, fold_partials, page_partial, Partial};
 
 /// A change to the cache that would lose or invent rows.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -339,6 +339,60 @@ impl PagedKvCache {
             &self.pages,
             scale,
             Some(prefix),
+        )
+    }
+
+    /// The partials of the first pages held here, computed ahead (while the fold over the pages held elsewhere is
+    /// still under way, e.g. on a worker), as many as fit `max_bytes` of partials (at least one page). Pass them
+    /// to [`PagedKvCache::attend_after_ahead`]; `None` for a page no query sees.
+    pub fn partials_ahead(
+        &self,
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+        max_bytes: usize,
+    ) -> Vec<Option<Partial>> {
+        let per = n_tokens
+            .saturating_mul(n_heads)
+            .saturating_mul(self.head_dim + 1)
+            .saturating_mul(4)
+            .max(1);
+        let n = (max_bytes / per).max(1).min(self.pages.len());
+        self.pages[..n]
+            .iter()
+            .map(|p| page_partial(q, n_tokens, n_heads, q_pos0, p.view(), scale))
+            .collect()
+    }
+
+    /// [`PagedKvCache::attend_after`] with the first pages' partials already computed (`ahead`, from
+    /// [`PagedKvCache::partials_ahead`] on the same queries): folds `prefix`, then `ahead` in order, then the
+    /// remaining pages — the same merges in the same order, so the same bits.
+    ///
+    /// Panics if `ahead` is longer than the pages held, or on the shape errors of [`attend_pages`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_after_ahead(
+        &self,
+        prefix: Partial,
+        ahead: &[Option<Partial>],
+        q: &[f32],
+        n_tokens: usize,
+        n_heads: usize,
+        q_pos0: usize,
+        scale: f32,
+    ) -> Partial {
+        assert!(ahead.len() <= self.pages.len(), "more partials than pages");
+        let mut acc = prefix;
+        fold_partials(&mut acc, ahead.iter().flatten());
+        attend_pages(
+            q,
+            n_tokens,
+            n_heads,
+            q_pos0,
+            &self.pages[ahead.len()..],
+            scale,
+            Some(acc),
         )
     }
 }

@@ -11,6 +11,10 @@ use backburner_kernels::rowops;
 use super::{AttnWeights, GdnWeights, Layer, Mixer, Model, GDN_CHUNK};
 use crate::ops;
 use crate::remote::RemoteSlot;
+
+/// Most bytes of the host's own page partials computed while the pages held elsewhere are attended (KV offload):
+/// all of them for decode, a bounded part of a long prefill ubatch's.
+const AHEAD_BYTES: usize = 64 << 20;
 use crate::state::{LayerState, LinearState, PageStore};
 
 /// Reusable activation buffers of the forward pass (f32), grown to the largest ubatch seen. Held per sequence in its
@@ -266,10 +270,16 @@ impl Model {
             if cache.offloaded() == 0 {
                 PageStore::attend(cache, &s.a, t, hq, pos0, scale, None)
             } else {
-                // the oldest pages are elsewhere: their fold first, then ours (docs/KV_OFFLOAD.md); on a failure the
-                // output is zeros and the error is latched for the caller, which discards this step
-                match remote.prefix(idx, &s.a, t, hq, pos0, scale) {
-                    Some(prefix) => cache.attend_after(prefix, &s.a, t, hq, pos0, scale),
+                // the oldest pages are elsewhere: their fold first, then ours (docs/KV_OFFLOAD.md), our first pages'
+                // partials computed while theirs are; on a failure the output is zeros and the error is latched for
+                // the caller, which discards this step
+                let ahead = remote
+                    .begin(idx, &s.a, t, hq, pos0, scale)
+                    .then(|| cache.partials_ahead(&s.a, t, hq, pos0, scale, AHEAD_BYTES));
+                match ahead.and_then(|a| remote.finish(idx, t, hq, d).map(|p| (p, a))) {
+                    Some((prefix, a)) => {
+                        cache.attend_after_ahead(prefix, &a, &s.a, t, hq, pos0, scale)
+                    }
                     None => Partial::empty(t, hq, d),
                 }
             }
