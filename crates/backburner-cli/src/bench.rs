@@ -28,6 +28,9 @@ enum BenchKind {
     Local(LocalArgs),
     /// Prompt ingestion local vs split with a worker process (1 thread each), plus a shaped link and ping RTTs.
     SplitPrefill(crate::bench_split::SplitArgs),
+    /// Decode ms/token at a long context with half the KV cache on one or two worker processes vs local, and
+    /// ingestion of a prompt 4x the host's KV budget.
+    DecodeOffload(crate::bench_offload::OffloadArgs),
 }
 
 #[derive(Args)]
@@ -364,5 +367,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.kind {
         BenchKind::Local(l) => run_local(l),
         BenchKind::SplitPrefill(a) => crate::bench_split::run(a),
+        BenchKind::DecodeOffload(a) => crate::bench_offload::run(a),
     }
 }

@@ -46,7 +46,8 @@ pub struct SplitArgs {
     pings: usize,
 }
 
-struct ChildWorker(Child);
+/// A worker child process, killed when dropped.
+pub(crate) struct ChildWorker(Child);
 impl Drop for ChildWorker {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -54,7 +55,13 @@ impl Drop for ChildWorker {
     }
 }
 
-fn spawn_worker(model: &std::path::Path, threads: usize) -> Result<(ChildWorker, String)> {
+/// Starts `backburner worker` (this binary) on a loopback port with `threads` threads and `extra` flags; returns it
+/// and its address once it listens.
+pub(crate) fn spawn_worker(
+    model: &std::path::Path,
+    threads: usize,
+    extra: &[&str],
+) -> Result<(ChildWorker, String)> {
     let exe = std::env::current_exe().context("locate the backburner binary")?;
     let mut child = Command::new(exe)
         .args([
@@ -66,6 +73,7 @@ fn spawn_worker(model: &std::path::Path, threads: usize) -> Result<(ChildWorker,
         ])
         .arg("--model")
         .arg(model)
+        .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -144,7 +152,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
     }
     let loaded = load(&margs, &pool)?;
     let cfg = loaded.model.config().clone();
-    let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads)?;
+    let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, &[])?;
     let link = LinkArgs {
         worker: vec![addr.clone()],
         kv_budget: None,

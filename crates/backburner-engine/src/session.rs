@@ -271,6 +271,44 @@ impl Session {
         self.prefill(&[id], Logits::Last, |_, _| {})
     }
 
+    /// Benchmarks only: appends `n` positions of synthetic K and V rows (uniform in `[-1, 1)` from `seed`) to every
+    /// full-attention layer as if `n` tokens (id 0) had been processed, to decode at a depth without prefilling it;
+    /// the linear layers' states stay as they are. Decode time at a depth depends on the number of rows, not their
+    /// values; what the model outputs afterwards is meaningless. The KV budget is applied at the next step.
+    ///
+    /// Errors: [`EngineError::ContextOverflow`]; [`EngineError::InvalidSetting`] while a rebuild is pending.
+    pub fn fill_synthetic(&mut self, n: usize, seed: u64) -> Result<()> {
+        use rand::{Rng, SeedableRng};
+        self.check_fits(n)?;
+        if self.rebuild {
+            return Err(EngineError::InvalidSetting(
+                "the session's state is being rebuilt".into(),
+            ));
+        }
+        let cfg = self.model.config().clone();
+        let width = cfg.num_key_value_heads * cfg.head_dim;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let chunk = 1024;
+        for l in crate::offload::attention_layers(&cfg) {
+            let mut left = n;
+            while left > 0 {
+                let m = left.min(chunk);
+                let k: Vec<f32> = (0..m * width)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let v: Vec<f32> = (0..m * width)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                self.state.append_kv_rows(l, &k, &v, m);
+                left -= m;
+            }
+        }
+        let end = self.state.n_tokens() + n;
+        self.state.set_position(end);
+        self.tokens.resize(end, 0);
+        Ok(())
+    }
+
     /// A restorable point (see [`Session::rewind`]).
     pub fn snapshot(&self) -> StateSnapshot {
         self.state.snapshot()

@@ -1,0 +1,348 @@
+//! `backburner bench decode-offload`: decode time per token at a long context with the whole KV cache on the host
+//! vs half of it on one worker process vs on two, over loopback and over an emulated link, as ratios measured in
+//! one run (alternating configurations, medians); and the ingestion of a prompt 4× the host's KV budget with a
+//! worker vs an unbounded local run.
+//!
+//! Depth: the cache is filled with **synthetic rows** (uniform random K and V, the same seed in every
+//! configuration) rather than a real prefill, which would take most of an hour at 64k positions here; decode time
+//! depends on the number of rows, not their values. Every configuration must give the local logits bit for bit
+//! (checked), which also checks the offloaded fold at depth.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use backburner_engine::offload::KvBudget;
+use backburner_engine::{argmax, Logits, Session, WorkerClient, WorkerSettings};
+use backburner_link::Shaper;
+use clap::Args;
+use serde::Serialize;
+
+use crate::bench_split::spawn_worker;
+use crate::{bench, compute_pool, default_model, load, Loaded, ModelArgs};
+
+/// Options.
+#[derive(Args)]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+pub struct OffloadArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Context depth (positions) to decode at.
+    #[arg(long, default_value_t = 65536)]
+    depth: usize,
+    /// Tokens decoded per measurement.
+    #[arg(long, default_value_t = 16)]
+    decode_tokens: usize,
+    /// Measurements per configuration (alternating; the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Threads of each worker process (the host uses --threads, default 1 here).
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
+    /// Emulated link: one-way delay in µs.
+    #[arg(long, default_value_t = 48)]
+    shaped_delay_us: u64,
+    /// Emulated link: rate in Gbit/s.
+    #[arg(long, default_value_t = 10.0)]
+    shaped_gbit: f64,
+    /// Prompt length (tokens) for the ingestion run, 4× the host's budget in it (0 = skip it).
+    #[arg(long, default_value_t = 8192)]
+    ingest_tokens: usize,
+    /// KV page size (positions) of the ingestion run.
+    #[arg(long, default_value_t = 512)]
+    ingest_page_size: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Config {
+    Local,
+    OneWorker,
+    TwoWorkers,
+    OneWorkerShaped,
+}
+
+#[derive(Serialize)]
+struct ConfigResult {
+    config: Config,
+    decode_ms_per_token: f64,
+    /// Local median / this median.
+    speedup_vs_local: f64,
+    samples_ms_per_token: Vec<f64>,
+    positions_on_host: usize,
+    /// Positions held by each worker, in order.
+    positions_on_workers: Vec<usize>,
+    bytes_per_decode_token: u64,
+}
+
+struct Setup {
+    session: Session,
+    snap: backburner_model::StateSnapshot,
+    first: u32,
+    samples: Vec<f64>,
+    bytes_per_token: u64,
+}
+
+fn client(addr: &str, loaded: &Loaded, shaper: Option<Shaper>, frame: usize) -> WorkerClient {
+    let mut st = WorkerSettings::new(addr, 1);
+    st.timeout = Duration::from_secs(600);
+    st.shaper = shaper;
+    st.frame_budget = frame;
+    WorkerClient::new(
+        st,
+        backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+    )
+}
+
+/// Decodes `n` greedy tokens from the snapshot and rewinds; returns ms per token and the logits of the first step.
+fn measure(s: &mut Setup, n: usize) -> Result<(f64, Vec<f32>)> {
+    let mut tok = s.first;
+    let mut first = Vec::new();
+    let t = Instant::now();
+    for i in 0..n {
+        let l = s.session.decode(tok)?;
+        tok = argmax(&l);
+        if i == 0 {
+            first = l;
+        }
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+    s.session.rewind(&s.snap);
+    Ok((ms, first))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the benchmark.
+pub fn run(a: OffloadArgs) -> Result<()> {
+    let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
+    let mut margs = a.model.clone();
+    if margs.model.is_none() {
+        margs.model = Some(default_model::ensure_at(
+            &default_model::cache_dir().join("bench-model-v1"),
+            &bench::bench_config(),
+        )?);
+    }
+    let loaded = load(&margs, &pool)?;
+    let cfg = loaded.model.config().clone();
+    let ps = margs.kv_page_size;
+    if a.depth < 4 * ps || a.decode_tokens == 0 || a.reps == 0 {
+        bail!(
+            "--depth must be at least 4 KV pages ({} positions) and --decode-tokens, --reps ≥ 1",
+            4 * ps
+        );
+    }
+    let opts = margs.session_options(&pool);
+    let per_pos = backburner_engine::offload::bytes_per_position(&cfg, opts.kv);
+    let page_put = per_pos * ps;
+    // the first of two workers holds about a quarter of the depth (its budget: those pages, one frame being
+    // received, and its session state), the second the rest of the offloaded half
+    let quarter = (a.depth / 4 / ps * page_put) as u64;
+    let w1_mem = format!("{}", quarter + page_put as u64 + (64 << 20));
+    let wt = a.worker_threads;
+    let (_w1, addr1) = spawn_worker(&loaded.dir, wt, &[])?;
+    let (_w2, addr2) = spawn_worker(&loaded.dir, wt, &["--max-memory", &w1_mem])?;
+    let (_w3, addr3) = spawn_worker(&loaded.dir, wt, &[])?;
+    let shaper = Shaper {
+        delay: Duration::from_micros(a.shaped_delay_us),
+        rate_bps: (a.shaped_gbit * 1e9) as u64,
+    };
+    eprintln!(
+        "bench decode-offload: model {} ({} layers, {} attention), depth {} (synthetic rows), page {ps}, {} KiB KV per position, host {} thread(s), workers {wt} thread(s) each, machine: {}",
+        loaded.dir.display(),
+        cfg.num_hidden_layers,
+        backburner_engine::offload::attention_layers(&cfg).len(),
+        a.depth,
+        per_pos / 1024,
+        pool.threads(),
+        bench::machine_description()
+    );
+    // half the depth on workers: the host keeps half plus one page of headroom, so no page moves while timing
+    let budget = KvBudget::Positions(a.depth / 2 + ps);
+    let configs = [
+        Config::Local,
+        Config::OneWorker,
+        Config::TwoWorkers,
+        Config::OneWorkerShaped,
+    ];
+    let mut setups = Vec::new();
+    for c in configs {
+        let mut o = opts.clone();
+        let mut s = Session::new(loaded.model.clone(), o.clone())?;
+        if c != Config::Local {
+            o.kv_budget = Some(budget);
+            s = Session::new(loaded.model.clone(), o)?;
+        }
+        match c {
+            Config::Local => {}
+            Config::OneWorker => s.attach_worker(client(&addr1, &loaded, None, page_put)),
+            Config::TwoWorkers => {
+                s.attach_worker(client(&addr2, &loaded, None, page_put));
+                s.attach_worker(client(&addr3, &loaded, None, page_put));
+            }
+            Config::OneWorkerShaped => {
+                s.attach_worker(client(&addr1, &loaded, Some(shaper), page_put))
+            }
+        }
+        s.fill_synthetic(a.depth, 0x5eed)?;
+        // two steps move the pages out and warm up; the measurements start from here
+        let l = s.decode(1)?;
+        let l = s.decode(argmax(&l))?;
+        let first = argmax(&l);
+        let snap = s.snapshot();
+        setups.push(Setup {
+            session: s,
+            snap,
+            first,
+            samples: Vec::new(),
+            bytes_per_token: 0,
+        });
+    }
+    let mut want: Option<Vec<u32>> = None;
+    for rep in 0..a.reps {
+        for (i, st) in setups.iter_mut().enumerate() {
+            let before = st.session.link_stats();
+            let (ms, first) = measure(st, a.decode_tokens)?;
+            let after = st.session.link_stats();
+            if after.offload_failures + after.fallbacks > 0 {
+                bail!("a worker failed during the benchmark ({:?})", configs[i]);
+            }
+            let bits: Vec<u32> = first.iter().map(|x| x.to_bits()).collect();
+            match &want {
+                None => want = Some(bits),
+                Some(w) if *w != bits => bail!("{:?}: logits differ from local", configs[i]),
+                _ => {}
+            }
+            st.bytes_per_token =
+                (after.offload_decode_bytes - before.offload_decode_bytes) / a.decode_tokens as u64;
+            st.samples.push(ms);
+            eprintln!("rep {rep} {:?}: {ms:.2} ms/token", configs[i]);
+        }
+    }
+    let local = median(&setups[0].samples);
+    let mut results = Vec::new();
+    for (c, st) in configs.iter().zip(&setups) {
+        let m = median(&st.samples);
+        let runs = st.session.placement().runs().to_vec();
+        let on_workers = (0..st.session.workers().len())
+            .map(|w| {
+                runs.iter()
+                    .filter(|r| r.worker == w)
+                    .map(|r| r.end - r.start)
+                    .sum()
+            })
+            .collect::<Vec<usize>>();
+        let r = ConfigResult {
+            config: *c,
+            decode_ms_per_token: m,
+            speedup_vs_local: local / m,
+            samples_ms_per_token: st.samples.clone(),
+            positions_on_host: st.session.state().n_tokens() - st.session.state().offloaded(),
+            positions_on_workers: on_workers,
+            bytes_per_decode_token: st.bytes_per_token,
+        };
+        eprintln!(
+            "{:>18}: {:>7.2} ms/token ({:.2}x local) | host {} positions, workers {:?} | {} B/token on the link",
+            format!("{c:?}"),
+            r.decode_ms_per_token,
+            r.speedup_vs_local,
+            r.positions_on_host,
+            r.positions_on_workers,
+            r.bytes_per_decode_token
+        );
+        results.push(r);
+    }
+    drop(setups);
+    let ingest = if a.ingest_tokens > 0 {
+        Some(ingest(&a, &loaded, &margs, &pool, &addr1)?)
+    } else {
+        None
+    };
+    let report = serde_json::json!({
+        "bench": "decode-offload",
+        "model": loaded.dir.display().to_string(),
+        "depth": a.depth,
+        "depth_rows": "synthetic (uniform random K and V)",
+        "kv_page_size": ps,
+        "kv_dtype": margs.kv_dtype.as_str(),
+        "host_kv_budget_positions": a.depth / 2 + ps,
+        "host_threads": pool.threads(),
+        "worker_threads": wt,
+        "decode_tokens": a.decode_tokens,
+        "reps": a.reps,
+        "shaped_link": {"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit},
+        "machine": bench::machine_description(),
+        "decode": results,
+        "ingest": ingest,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// Ingestion of a prompt 4× the host's budget with a worker vs unbounded local, alternating, medians of 2.
+fn ingest(
+    a: &OffloadArgs,
+    loaded: &Loaded,
+    margs: &ModelArgs,
+    pool: &backburner_engine::ComputePool,
+    addr: &str,
+) -> Result<serde_json::Value> {
+    let n = a.ingest_tokens;
+    let prompt = bench::pseudo_random_prompt(n, loaded.model.config().vocab_size, 0x1234_5678);
+    let mut m = margs.clone();
+    m.kv_page_size = a.ingest_page_size;
+    let opts = m.session_options(pool);
+    let budget = n / 4;
+    if budget < margs.ubatch + 2 * a.ingest_page_size {
+        bail!("--ingest-tokens / 4 must hold a ubatch and two pages");
+    }
+    let (mut local, mut off) = (Vec::new(), Vec::new());
+    let mut want = None;
+    for _ in 0..2 {
+        for with_worker in [false, true] {
+            let mut o = opts.clone();
+            let mut s = if with_worker {
+                o.kv_budget = Some(KvBudget::Positions(budget));
+                let mut s = Session::new(loaded.model.clone(), o)?;
+                s.attach_worker(client(addr, loaded, None, 256 << 20));
+                s
+            } else {
+                Session::new(loaded.model.clone(), o)?
+            };
+            let t = Instant::now();
+            let l = s
+                .prefill(&prompt, Logits::Last, |_, _| {})
+                .context("ingest")?;
+            let el = t.elapsed().as_secs_f64();
+            let bits: Vec<u32> = l.iter().map(|x| x.to_bits()).collect();
+            match &want {
+                None => want = Some(bits),
+                Some(w) if *w != bits => bail!("ingest logits with the worker differ from local"),
+                _ => {}
+            }
+            eprintln!(
+                "ingest {n} tokens {}: {:.1} tok/s",
+                if with_worker { "offload" } else { "local" },
+                n as f64 / el
+            );
+            if with_worker {
+                off.push(el)
+            } else {
+                local.push(el)
+            }
+        }
+    }
+    let (l, o) = (median(&local), median(&off));
+    Ok(serde_json::json!({
+        "prompt_tokens": n,
+        "host_kv_budget_positions": budget,
+        "kv_page_size": a.ingest_page_size,
+        "local_tok_s": n as f64 / l,
+        "offload_tok_s": n as f64 / o,
+        "ratio": l / o,
+        "interleave": "not implemented",
+    }))
+}
