@@ -156,6 +156,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
     let link = LinkArgs {
         worker: vec![addr.clone()],
         kv_budget: None,
+        no_interleave: false,
         split_layer: a.split_layer,
         split_min_tokens: 1,
         secret_file: None,

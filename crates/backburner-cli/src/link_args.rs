@@ -27,6 +27,10 @@ pub struct LinkArgs {
     /// unlimited.
     #[arg(long, value_name = "N|BYTES", value_parser = parse_budget)]
     pub kv_budget: Option<KvBudget>,
+    /// With pages on workers, run each prefill ubatch as one piece instead of two interleaved halves (the host
+    /// computing one half while the workers attend for the other); same output either way.
+    #[arg(long)]
+    pub no_interleave: bool,
     /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
     #[arg(long, requires = "worker")]
     pub split_layer: Option<usize>,

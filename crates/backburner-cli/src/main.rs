@@ -86,6 +86,7 @@ impl ModelArgs {
             context_length: self.ctx_size,
             pool: pool.clone(),
             kv_budget: None,
+            interleave: true,
         }
     }
 }
@@ -386,6 +387,7 @@ fn run(a: RunArgs) -> Result<()> {
     };
     let mut opts = a.model.session_options(&pool);
     opts.kv_budget = a.link.kv_budget;
+    opts.interleave = !a.link.no_interleave;
     let mut session = backburner_engine::Session::new(loaded.model.clone(), opts)?;
     for w in workers {
         session.attach_worker(w);

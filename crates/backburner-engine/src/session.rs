@@ -24,6 +24,9 @@ pub struct SessionOptions {
     /// Most KV cache the host holds (`--kv-budget`); past it the oldest pages move to the workers (KV offload).
     /// `None` = unlimited.
     pub kv_budget: Option<KvBudget>,
+    /// With pages on workers, run each prefill ubatch of at least 128 tokens as two halves interleaved, so the host
+    /// computes one half's layers while the workers attend for the other (same bits; default on).
+    pub interleave: bool,
 }
 
 impl Default for SessionOptions {
@@ -34,6 +37,7 @@ impl Default for SessionOptions {
             context_length: None,
             pool: ComputePool::shared_default(),
             kv_budget: None,
+            interleave: true,
         }
     }
 }

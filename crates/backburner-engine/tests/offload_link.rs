@@ -183,3 +183,39 @@ fn with_its_only_worker_gone_a_request_fails_typed_and_the_next_one_rebuilds_onc
     assert_eq!(off.state().n_tokens(), p.len() + 2);
     assert!(off.link_stats().positions_on_workers > 0);
 }
+
+#[test]
+fn prefill_past_the_budget_interleaved_or_not_gives_the_local_bits() {
+    let f = model_with_layers(8, 16);
+    let w = start_worker_with(f.dir.path(), |o| o.max_ubatch = 256);
+    let big = |budget: Option<usize>, interleave: bool| backburner_engine::SessionOptions {
+        ubatch: 128,
+        kv_budget: budget.map(KvBudget::Positions),
+        interleave,
+        ..opts()
+    };
+    // ubatches of 128 (halves of 64) and a last one of 100 (run whole: a half would be under the GDN chunk of 64)
+    let p = prompt(8 * 128 + 100, 9);
+    let mut local = Session::new(f.model.clone(), big(None, true)).unwrap();
+    let want = local.prefill(&p, Logits::All, |_, _| {}).unwrap();
+    let want_next = local.decode(5).unwrap();
+    for interleave in [true, false] {
+        let mut s = Session::new(f.model.clone(), big(Some(320), interleave)).unwrap();
+        s.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+        let got = s.prefill(&p, Logits::All, |_, _| {}).unwrap();
+        assert!(
+            bits(&got) == bits(&want),
+            "interleave {interleave}: prefill logits differ"
+        );
+        assert_eq!(
+            bits(&s.decode(5).unwrap()),
+            bits(&want_next),
+            "interleave {interleave}"
+        );
+        let st = s.link_stats();
+        // pages leave from the third ubatch on: 6 ubatches of 128 with pages on the worker
+        let expect = if interleave { 6 } else { 0 };
+        assert_eq!(st.interleaved_ubatches, expect, "interleave {interleave}");
+        assert!(st.positions_on_workers >= 8 * 128 - 320);
+    }
+}

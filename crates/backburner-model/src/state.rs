@@ -118,6 +118,8 @@ pub struct ModelState {
     kv: KvOptions,
     /// Activation buffers of the forward pass (not state: never snapshotted or sent).
     scratch: Scratch,
+    /// The second sub-ubatch's buffers when two run interleaved (KV offload).
+    scratch_b: Scratch,
     /// Where pages held elsewhere are attended (KV offload), and the step's first failure.
     remote: crate::remote::RemoteSlot,
 }
@@ -162,6 +164,7 @@ impl ModelState {
             n_tokens: 0,
             kv,
             scratch: Scratch::default(),
+            scratch_b: Scratch::default(),
             remote: Default::default(),
         }
     }
@@ -249,9 +252,31 @@ impl ModelState {
         )
     }
 
+    /// Layers `a` and `b = a - 1` (both held, a caller bug otherwise), both sets of activation buffers and the
+    /// remote slot, for two sub-ubatches run interleaved.
+    pub(crate) fn two_layers(
+        &mut self,
+        a: usize,
+    ) -> (
+        &mut LayerState,
+        &mut LayerState,
+        &mut Scratch,
+        &mut Scratch,
+        &mut crate::remote::RemoteSlot,
+    ) {
+        let (lo, hi) = self.layers.split_at_mut(a);
+        (
+            hi[0].as_mut().expect("layer state held"),
+            lo[a - 1].as_mut().expect("layer state held"),
+            &mut self.scratch,
+            &mut self.scratch_b,
+            &mut self.remote,
+        )
+    }
+
     /// Bytes held by the forward pass's reusable activation buffers (grown to the largest ubatch run).
     pub fn scratch_bytes(&self) -> usize {
-        self.scratch.bytes()
+        self.scratch.bytes() + self.scratch_b.bytes()
     }
 
     /// Mutable state of layer `i`, if held.

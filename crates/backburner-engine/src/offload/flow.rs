@@ -3,7 +3,7 @@
 //! positions from the token history, or a typed error that keeps the session for a later rebuild).
 
 use backburner_kernels::profile::{self, Phase};
-use backburner_model::KvOptions;
+use backburner_model::{KvOptions, GDN_CHUNK};
 
 use super::{attention_layers, LinkPages, PutOutcome};
 use crate::error::{EngineError, Result};
@@ -172,11 +172,18 @@ impl Session {
                 Logits::Last => None,
             };
             let (model, state) = (&self.model, &mut self.state);
-            let logits = self
-                .opts
-                .pool
-                .install(|| model.forward_tokens(chunk, state, want));
+            // two halves on GDN-chunk boundaries, so each half's arithmetic is that of the whole ubatch
+            let split = (t / 2) / GDN_CHUNK * GDN_CHUNK;
+            let interleave = self.opts.interleave && state.offloaded() > 0 && split >= GDN_CHUNK;
+            let logits = self.opts.pool.install(|| {
+                if interleave {
+                    model.forward_tokens_interleaved(chunk, split, state, want)
+                } else {
+                    model.forward_tokens(chunk, state, want)
+                }
+            });
             self.state.take_remote();
+            self.offload_stats.interleaved_ubatches += u64::from(interleave);
             if let Some(e) = self.state.take_remote_error() {
                 return Err(Failure::Lost(e.to_string()));
             }

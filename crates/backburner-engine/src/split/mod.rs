@@ -101,6 +101,8 @@ pub struct LinkStats {
     pub offload_decode_bytes: u64,
     /// KV offload: requests that failed on a worker and were recovered (re-ingested) or refused.
     pub offload_failures: u64,
+    /// KV offload: prefill ubatches run as two interleaved halves.
+    pub interleaved_ubatches: u64,
 }
 
 impl LinkStats {
@@ -120,6 +122,7 @@ impl LinkStats {
         self.offload_decode_tokens += o.offload_decode_tokens;
         self.offload_decode_bytes += o.offload_decode_bytes;
         self.offload_failures += o.offload_failures;
+        self.interleaved_ubatches += o.interleaved_ubatches;
     }
 
     /// Mean link bytes per decode step with pages on workers (0 when there was none).

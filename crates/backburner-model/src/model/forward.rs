@@ -78,6 +78,14 @@ fn take_cols_into(x: &[f32], n_cols: usize, c0: usize, width: usize, out: &mut V
     }
 }
 
+/// An attention op waiting for the partial over the pages held elsewhere (KV offload): the host's own first pages'
+/// partials computed meanwhile, and what the op needs to finish.
+pub(crate) struct AwaitRemote {
+    ahead: Option<Vec<Option<Partial>>>,
+    pos0: usize,
+    scale: f32,
+}
+
 impl Model {
     /// One layer on the residual stream `x` (`[t, H]`, in place) for tokens at `pos0..pos0 + t`.
     #[allow(clippy::too_many_arguments)]
@@ -92,6 +100,26 @@ impl Model {
         s: &mut Scratch,
         remote: &mut RemoteSlot,
     ) {
+        if let Some(w) = self.layer_begin(idx, layer, x, t, pos0, state, s, remote) {
+            self.layer_finish(idx, layer, x, t, state, s, remote, w);
+        }
+    }
+
+    /// The first part of a layer: all of it, or, for an attention layer with pages held elsewhere, up to the
+    /// request for their partial (the host's own pages' partials computed meanwhile). `Some` means the layer waits
+    /// for [`Model::layer_finish`]; the caller may run other work (another ubatch's layer) in between.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_begin(
+        &self,
+        idx: usize,
+        layer: &Layer,
+        x: &mut [f32],
+        t: usize,
+        pos0: usize,
+        state: &mut LayerState,
+        s: &mut Scratch,
+        remote: &mut RemoteSlot,
+    ) -> Option<AwaitRemote> {
         let eps = self.config.rms_norm_eps as f32;
         {
             let _p = profile::scope(Op::Norm);
@@ -100,10 +128,39 @@ impl Model {
         match (&layer.mixer, state) {
             (Mixer::Linear(w), LayerState::Linear(st)) => self.gdn(w, t, st, s),
             (Mixer::Attention(w), LayerState::Attention(c)) => {
-                self.attention(idx, w, t, pos0, c, s, remote)
+                if let Some(a) = self.attention_begin(idx, w, t, pos0, c, s, remote) {
+                    return Some(a);
+                }
             }
             _ => panic!("layer kind and state kind differ"),
         }
+        self.layer_rest(layer, x, t, s);
+        None
+    }
+
+    /// The rest of a layer begun by [`Model::layer_begin`] that waited for the pages held elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_finish(
+        &self,
+        idx: usize,
+        layer: &Layer,
+        x: &mut [f32],
+        t: usize,
+        state: &mut LayerState,
+        s: &mut Scratch,
+        remote: &mut RemoteSlot,
+        w: AwaitRemote,
+    ) {
+        let (Mixer::Attention(aw), LayerState::Attention(c)) = (&layer.mixer, state) else {
+            panic!("only an attention layer waits for pages held elsewhere");
+        };
+        self.attention_finish(idx, aw, t, c, s, remote, w);
+        self.layer_rest(layer, x, t, s);
+    }
+
+    /// Residual add of the mixer's output, then the MLP block.
+    fn layer_rest(&self, layer: &Layer, x: &mut [f32], t: usize, s: &mut Scratch) {
+        let eps = self.config.rms_norm_eps as f32;
         residual_add(x, &s.out);
         {
             let _p = profile::scope(Op::Norm);
@@ -206,9 +263,10 @@ impl Model {
         w.out_proj.forward_into(&s.o, t, &mut s.out);
     }
 
-    /// Gated full attention (HF `Qwen3_5Attention`) on `s.h` at positions `pos0..`, output in `s.out`.
+    /// Gated full attention (HF `Qwen3_5Attention`) on `s.h` at positions `pos0..`, output in `s.out`; with pages
+    /// held elsewhere, up to their request (`Some`: finish with [`Model::attention_finish`]).
     #[allow(clippy::too_many_arguments)]
-    fn attention(
+    fn attention_begin(
         &self,
         idx: usize,
         w: &AttnWeights,
@@ -217,7 +275,7 @@ impl Model {
         cache: &mut PagedKvCache,
         s: &mut Scratch,
         remote: &mut RemoteSlot,
-    ) {
+    ) -> Option<AwaitRemote> {
         let c = &self.config;
         let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let width = hq * 2 * d + 2 * hkv * d;
@@ -265,25 +323,52 @@ impl Model {
             cache.append(&s.k, &s.v, t);
         }
         let scale = 1.0 / (d as f32).sqrt();
+        if cache.offloaded() > 0 {
+            // the oldest pages are elsewhere: their fold first, then ours (docs/KV_OFFLOAD.md), our first pages'
+            // partials computed while theirs are
+            let _p = profile::scope(Op::Attention);
+            let ahead = remote
+                .begin(idx, &s.a, t, hq, pos0, scale)
+                .then(|| cache.partials_ahead(&s.a, t, hq, pos0, scale, AHEAD_BYTES));
+            return Some(AwaitRemote { ahead, pos0, scale });
+        }
         let part = {
             let _p = profile::scope(Op::Attention);
-            if cache.offloaded() == 0 {
-                PageStore::attend(cache, &s.a, t, hq, pos0, scale, None)
-            } else {
-                // the oldest pages are elsewhere: their fold first, then ours (docs/KV_OFFLOAD.md), our first pages'
-                // partials computed while theirs are; on a failure the output is zeros and the error is latched for
-                // the caller, which discards this step
-                let ahead = remote
-                    .begin(idx, &s.a, t, hq, pos0, scale)
-                    .then(|| cache.partials_ahead(&s.a, t, hq, pos0, scale, AHEAD_BYTES));
-                match ahead.and_then(|a| remote.finish(idx, t, hq, d).map(|p| (p, a))) {
-                    Some((prefix, a)) => {
-                        cache.attend_after_ahead(prefix, &a, &s.a, t, hq, pos0, scale)
-                    }
-                    None => Partial::empty(t, hq, d),
-                }
+            PageStore::attend(cache, &s.a, t, hq, pos0, scale, None)
+        };
+        self.attention_out(w, t, part, s);
+        None
+    }
+
+    /// The end of an attention op that waited for the pages held elsewhere: their partial, then the fold over the
+    /// pages here. On a failure the output is zeros and the error is latched for the caller, which discards this
+    /// step.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_finish(
+        &self,
+        idx: usize,
+        w: &AttnWeights,
+        t: usize,
+        cache: &mut PagedKvCache,
+        s: &mut Scratch,
+        remote: &mut RemoteSlot,
+        a: AwaitRemote,
+    ) {
+        let c = &self.config;
+        let (hq, d) = (c.num_attention_heads, c.head_dim);
+        let part = {
+            let _p = profile::scope(Op::Attention);
+            let AwaitRemote { ahead, pos0, scale } = a;
+            match ahead.and_then(|a| remote.finish(idx, t, hq, d).map(|p| (p, a))) {
+                Some((prefix, a)) => cache.attend_after_ahead(prefix, &a, &s.a, t, hq, pos0, scale),
+                None => Partial::empty(t, hq, d),
             }
         };
+        self.attention_out(w, t, part, s);
+    }
+
+    /// The attention output gate and projection: `s.out = o_proj(o ⊙ σ(gate))`.
+    fn attention_out(&self, w: &AttnWeights, t: usize, part: Partial, s: &mut Scratch) {
         s.o = part.o;
         {
             let _p = profile::scope(Op::Activation);

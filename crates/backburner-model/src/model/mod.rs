@@ -17,6 +17,7 @@ use crate::ops::Rope;
 use crate::state::ModelState;
 
 mod forward;
+mod interleave;
 pub use forward::Scratch;
 
 /// Chunk length of the chunked delta rule (HF uses 64).
