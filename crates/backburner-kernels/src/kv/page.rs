@@ -12,7 +12,7 @@ pub(crate) enum Rows {
 }
 
 impl Rows {
-    fn new(dtype: KvDtype) -> Self {
+    pub(crate) fn new(dtype: KvDtype) -> Self {
         match dtype {
             KvDtype::F16 => Rows::F16(Vec::new()),
             KvDtype::F32 => Rows::F32(Vec::new()),
@@ -64,16 +64,29 @@ impl<'a> From<&'a Rows> for RowsRef<'a> {
     }
 }
 
+/// How the blocks of a page are ordered in its K and V storage. Inside a block of [`KV_BLOCK`] positions of one
+/// KV head, K is always `[head_dim, 64]` (keys transposed) and V `[64, head_dim]`; the attention kernel reads both
+/// layouts and gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageLayout {
+    /// Block-major, as a [`KvPage`] grows: K `[block, head, head_dim, 64]`, V `[block, head, 64, head_dim]`.
+    BlockMajor,
+    /// Head-major, as a [`PackedPage`](super::PackedPage) holds a full page: K `[head, block, head_dim, 64]`, V
+    /// `[head, block, 64, head_dim]` (each KV head's keys, and its values, one contiguous run over the page).
+    HeadMajor,
+}
+
 /// A page as the attention kernel reads it, borrowed from wherever it lives (a local [`KvPage`], a page received
 /// from a host, a packed copy): absolute positions `[start, start + len)`, `n_kv_heads` × `head_dim` K and V rows
-/// in the block layout of [`KvPage`] (K `[block, head, head_dim, 64]`, V `[block, head, 64, head_dim]`), whole
-/// blocks of [`KV_BLOCK`] positions stored.
+/// in the blocks of a [`PageLayout`] (block-major for [`PageView::new`] and [`KvPage`]), whole blocks of
+/// [`KV_BLOCK`] positions stored.
 #[derive(Clone, Copy, Debug)]
 pub struct PageView<'a> {
     start: usize,
     len: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    layout: PageLayout,
     k: RowsRef<'a>,
     v: RowsRef<'a>,
 }
@@ -97,13 +110,35 @@ pub struct PageViewError {
 }
 
 impl<'a> PageView<'a> {
-    /// A view of block-layout storage. Errors: [`PageViewError`] if `k` or `v` holds fewer than
-    /// `ceil(len / 64) · n_kv_heads · head_dim · 64` elements, their dtypes differ, or a dimension is zero.
+    /// A view of block-layout storage ([`PageLayout::BlockMajor`]). Errors: [`PageViewError`] if `k` or `v` holds
+    /// fewer than `ceil(len / 64) · n_kv_heads · head_dim · 64` elements, their dtypes differ, or a dimension is
+    /// zero.
     pub fn new(
         start: usize,
         len: usize,
         n_kv_heads: usize,
         head_dim: usize,
+        k: RowsRef<'a>,
+        v: RowsRef<'a>,
+    ) -> Result<Self, PageViewError> {
+        Self::with_layout(
+            start,
+            len,
+            n_kv_heads,
+            head_dim,
+            PageLayout::BlockMajor,
+            k,
+            v,
+        )
+    }
+
+    /// A view of storage in `layout`; errors as [`PageView::new`].
+    pub fn with_layout(
+        start: usize,
+        len: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        layout: PageLayout,
         k: RowsRef<'a>,
         v: RowsRef<'a>,
     ) -> Result<Self, PageViewError> {
@@ -132,6 +167,7 @@ impl<'a> PageView<'a> {
             len,
             n_kv_heads,
             head_dim,
+            layout,
             k,
             v,
         })
@@ -162,12 +198,17 @@ impl<'a> PageView<'a> {
         self.head_dim
     }
 
-    /// K storage (block layout, whole blocks).
+    /// The order of the blocks in [`PageView::k`] and [`PageView::v`].
+    pub fn layout(&self) -> PageLayout {
+        self.layout
+    }
+
+    /// K storage (whole blocks, in [`PageView::layout`]).
     pub fn k(&self) -> RowsRef<'a> {
         self.k
     }
 
-    /// V storage (block layout, whole blocks).
+    /// V storage (whole blocks, in [`PageView::layout`]).
     pub fn v(&self) -> RowsRef<'a> {
         self.v
     }
@@ -175,16 +216,12 @@ impl<'a> PageView<'a> {
     /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K (`[head_dim][64]`,
     /// keys transposed) and of its V (`[64][head_dim]`); lanes and rows at or past `len` hold no key.
     pub(crate) fn block(&self, b: usize, h: usize) -> (RowsRef<'a>, usize, RowsRef<'a>, usize) {
-        let lay = Layout {
-            hkv: self.n_kv_heads,
-            dim: self.head_dim,
+        let run = self.head_dim * KV_BLOCK;
+        let at = match self.layout {
+            PageLayout::BlockMajor => (b * self.n_kv_heads + h) * run,
+            PageLayout::HeadMajor => (h * self.len.div_ceil(KV_BLOCK) + b) * run,
         };
-        (
-            self.k,
-            lay.k(b * KV_BLOCK, h, 0),
-            self.v,
-            lay.v(b * KV_BLOCK, h),
-        )
+        (self.k, at, self.v, at)
     }
 }
 
@@ -448,6 +485,7 @@ impl KvPage {
             len: self.len,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
+            layout: PageLayout::BlockMajor,
             k: (&self.k).into(),
             v: (&self.v).into(),
         }
