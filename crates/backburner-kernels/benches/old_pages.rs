@@ -8,7 +8,8 @@
 //! * "cache": one page attended 64 times (in L2 for 256 positions, L3 for 4096); the bandwidth is that of a buffer
 //!   of the page's size.
 //!
-//! `cargo bench -p backburner-kernels --bench old_pages` (prints a table; `-- --quick` for fewer rounds).
+//! `cargo bench -p backburner-kernels --bench old_pages` (prints a table; `-- --quick` for fewer rounds; rows can
+//! be selected through the environment, see [`Filter`]).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -58,65 +59,95 @@ struct Medians {
     bw_s: f64,
 }
 
+/// Which rows to run, from the environment (unset: all): `BB_SHAPE` (a prefix of the shape's name), `BB_PAGE`,
+/// `BB_TOK`, `BB_THR`, `BB_SET` (`DRAM` or `cache`); `BB_MIB` sets the DRAM working set in MiB.
+struct Filter;
+
+impl Filter {
+    fn skip(key: &str, value: &str) -> bool {
+        std::env::var(key).is_ok_and(|want| !value.starts_with(&want))
+    }
+
+    fn dram_bytes() -> usize {
+        std::env::var("BB_MIB").map_or(DRAM_BYTES, |m| {
+            m.parse::<usize>().expect("BB_MIB: MiB") << 20
+        })
+    }
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
-    let rounds = if quick { 5 } else { 15 };
-    let big = vec![1.0f32; DRAM_BYTES / 4];
+    let rounds = if std::env::args().any(|a| a == "--quick") {
+        5
+    } else {
+        15
+    };
+    let big = vec![1.0f32; Filter::dram_bytes() / 4];
     println!(
         "old-page attention, f16 KV, queries after every page; medians of {rounds} alternating rounds; \
-         GB/s = K+V bytes / time; %bw = of the sum bandwidth on as many threads in the same rounds"
+         GB/s = K+V bytes / time; %bw = of the sum bandwidth on as many threads in the same rounds; \
+         speedup = unpacked / packed time"
     );
+    let head = [
+        "shape", "page", "tok", "thr", "set", "bw GB/s", "µs/page", "GB/s", "%bw",
+    ];
     println!(
-        "{:<17} {:>5} {:>3} {:>3} {:>5} | {:>7} | {:>9} {:>6} {:>4} | {:>9} {:>6} {:>4} | {:>6}",
-        "shape",
-        "page",
-        "tok",
-        "thr",
-        "set",
-        "bw GB/s",
-        "µs/page",
-        "GB/s",
-        "%bw",
+        "{:<17} {:>5} {:>3} {:>3} {:>5} | {:>7} | {:>9} {:>6} {:>4} | {:>9} {:>6} {:>4} | speedup",
+        head[0],
+        head[1],
+        head[2],
+        head[3],
+        head[4],
+        head[5],
+        head[6],
+        head[7],
+        head[8],
         "packed µs",
         "GB/s",
         "%bw",
-        "speedup"
     );
     for shape in SHAPES {
         for page_size in PAGE_SIZES {
-            let page_bytes = 2 * page_size * shape.n_kv * shape.dim * 2;
-            let pages = build_pages(shape, page_size, DRAM_BYTES / page_bytes);
-            let packed: Vec<PackedPage> =
-                pages.iter().map(|p| PackedPage::pack(p.view())).collect();
-            let small = vec![1.0f32; page_bytes / 4];
-            for threads in THREADS {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .expect("thread pool");
-                let u: Vec<PageView<'_>> = pages.iter().map(KvPage::view).collect();
-                let p: Vec<PageView<'_>> = packed.iter().map(PackedPage::view).collect();
-                let cache = (vec![u[0]; CACHE_REPEAT], vec![p[0]; CACHE_REPEAT]);
-                for n_tokens in TOKENS {
-                    for (set, (vu, vp), buf) in [
-                        ("DRAM", (&u, &p), &big),
-                        ("cache", (&cache.0, &cache.1), &small),
-                    ] {
-                        // The sum reads as many bytes as the fold: the buffer once (DRAM) or 64 times (cache).
-                        let reps = page_bytes * vu.len() / (4 * buf.len());
-                        let m = pool
-                            .install(|| measure(shape, n_tokens, (vu, vp), (buf, reps), rounds));
-                        print_row(
-                            shape,
-                            page_size,
-                            n_tokens,
-                            threads,
-                            set,
-                            page_bytes * vu.len(),
-                            &m,
-                        );
-                    }
+            let skip = Filter::skip("BB_SHAPE", shape.name)
+                || Filter::skip("BB_PAGE", &page_size.to_string());
+            if !skip {
+                bench_pages(shape, page_size, &big, rounds);
+            }
+        }
+    }
+}
+
+/// Every row of one shape and page size: pages built once (block-major and packed), then each thread count,
+/// token count and working set.
+fn bench_pages(shape: Shape, page_size: usize, big: &[f32], rounds: usize) {
+    let page_bytes = 2 * page_size * shape.n_kv * shape.dim * 2;
+    let pages = build_pages(shape, page_size, Filter::dram_bytes() / page_bytes);
+    let packed: Vec<PackedPage> = pages.iter().map(|p| PackedPage::pack(p.view())).collect();
+    let u: Vec<PageView<'_>> = pages.iter().map(KvPage::view).collect();
+    let p: Vec<PageView<'_>> = packed.iter().map(PackedPage::view).collect();
+    let cache = (vec![u[0]; CACHE_REPEAT], vec![p[0]; CACHE_REPEAT]);
+    let small = vec![1.0f32; page_bytes / 4];
+    for threads in THREADS {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("thread pool");
+        for n_tokens in TOKENS {
+            let sets = [
+                ("DRAM", (&u, &p), big),
+                ("cache", (&cache.0, &cache.1), &small[..]),
+            ];
+            for (set, (vu, vp), buf) in sets {
+                let skip = Filter::skip("BB_THR", &threads.to_string())
+                    || Filter::skip("BB_TOK", &n_tokens.to_string())
+                    || Filter::skip("BB_SET", set);
+                if skip {
+                    continue;
                 }
+                // The sum reads as many bytes as the fold: the buffer once (DRAM) or 64 times (cache).
+                let bytes = page_bytes * vu.len();
+                let reps = bytes / (4 * buf.len());
+                let m = pool.install(|| measure(shape, n_tokens, (vu, vp), (buf, reps), rounds));
+                print_row(shape, page_size, (n_tokens, threads, set), bytes, &m);
             }
         }
     }
@@ -210,13 +241,11 @@ fn median(mut x: Vec<f64>) -> f64 {
     x[x.len() / 2]
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One table row: `bytes` of K+V read per fold.
 fn print_row(
     shape: Shape,
     page: usize,
-    tok: usize,
-    thr: usize,
-    set: &str,
+    (tok, thr, set): (usize, usize, &str),
     bytes: usize,
     m: &Medians,
 ) {
