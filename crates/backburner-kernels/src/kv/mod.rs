@@ -5,13 +5,17 @@
 //! (f16 → f32 is exact); inside a page they are stored in the attention kernel's block layout.
 
 mod cache;
+mod packed;
 pub(crate) mod page;
+mod view;
 
 use std::fmt;
 use std::str::FromStr;
 
 pub use cache::{KvError, PagedKvCache};
-pub use page::{KvPage, PageView, PageViewError, RowsRef};
+pub use packed::PackedPage;
+pub use page::KvPage;
+pub use view::{PageLayout, PageView, PageViewError, RowsRef};
 
 /// Positions per storage block of a page: the attention kernel reads one block of one KV head as one contiguous
 /// run of keys (transposed) and one of values (see [`KvPage`]).

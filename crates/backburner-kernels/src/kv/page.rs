@@ -2,6 +2,7 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 
+use super::view::{PageLayout, PageView};
 use super::{KvDtype, KV_BLOCK};
 
 /// Element storage in the page's dtype.
@@ -12,7 +13,7 @@ pub(crate) enum Rows {
 }
 
 impl Rows {
-    fn new(dtype: KvDtype) -> Self {
+    pub(crate) fn new(dtype: KvDtype) -> Self {
         match dtype {
             KvDtype::F16 => Rows::F16(Vec::new()),
             KvDtype::F32 => Rows::F32(Vec::new()),
@@ -34,163 +35,6 @@ impl Rows {
             Rows::F16(d) => d[i].to_f32(),
             Rows::F32(d) => d[i],
         }
-    }
-}
-
-/// Stored elements of a page in its dtype, borrowed (the block layout of [`KvPage`]).
-#[derive(Clone, Copy, Debug)]
-pub enum RowsRef<'a> {
-    /// f16 storage.
-    F16(&'a [f16]),
-    /// f32 storage.
-    F32(&'a [f32]),
-}
-
-impl RowsRef<'_> {
-    fn len(&self) -> usize {
-        match self {
-            RowsRef::F16(d) => d.len(),
-            RowsRef::F32(d) => d.len(),
-        }
-    }
-}
-
-impl<'a> From<&'a Rows> for RowsRef<'a> {
-    fn from(r: &'a Rows) -> Self {
-        match r {
-            Rows::F16(d) => RowsRef::F16(d),
-            Rows::F32(d) => RowsRef::F32(d),
-        }
-    }
-}
-
-/// A page as the attention kernel reads it, borrowed from wherever it lives (a local [`KvPage`], a page received
-/// from a host, a packed copy): absolute positions `[start, start + len)`, `n_kv_heads` × `head_dim` K and V rows
-/// in the block layout of [`KvPage`] (K `[block, head, head_dim, 64]`, V `[block, head, 64, head_dim]`), whole
-/// blocks of [`KV_BLOCK`] positions stored.
-#[derive(Clone, Copy, Debug)]
-pub struct PageView<'a> {
-    start: usize,
-    len: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    k: RowsRef<'a>,
-    v: RowsRef<'a>,
-}
-
-/// A [`PageView`] whose storage does not fit its shape.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("page view of {len} positions × {n_kv_heads} heads × {head_dim} dims needs {need} elements of K and of V in one dtype, got {k} and {v}")]
-pub struct PageViewError {
-    /// Positions.
-    pub len: usize,
-    /// KV heads.
-    pub n_kv_heads: usize,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// Elements needed per tensor (whole blocks), or `usize::MAX` on overflow.
-    pub need: usize,
-    /// K elements given.
-    pub k: usize,
-    /// V elements given.
-    pub v: usize,
-}
-
-impl<'a> PageView<'a> {
-    /// A view of block-layout storage. Errors: [`PageViewError`] if `k` or `v` holds fewer than
-    /// `ceil(len / 64) · n_kv_heads · head_dim · 64` elements, their dtypes differ, or a dimension is zero.
-    pub fn new(
-        start: usize,
-        len: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        k: RowsRef<'a>,
-        v: RowsRef<'a>,
-    ) -> Result<Self, PageViewError> {
-        let need = len
-            .div_ceil(KV_BLOCK)
-            .checked_mul(n_kv_heads)
-            .and_then(|x| x.checked_mul(head_dim))
-            .and_then(|x| x.checked_mul(KV_BLOCK))
-            .unwrap_or(usize::MAX);
-        let same = matches!(
-            (k, v),
-            (RowsRef::F16(_), RowsRef::F16(_)) | (RowsRef::F32(_), RowsRef::F32(_))
-        );
-        if !same || n_kv_heads == 0 || head_dim == 0 || k.len() < need || v.len() < need {
-            return Err(PageViewError {
-                len,
-                n_kv_heads,
-                head_dim,
-                need,
-                k: k.len(),
-                v: v.len(),
-            });
-        }
-        Ok(PageView {
-            start,
-            len,
-            n_kv_heads,
-            head_dim,
-            k,
-            v,
-        })
-    }
-
-    /// Absolute position of the first row.
-    pub fn start(&self) -> usize {
-        self.start
-    }
-
-    /// Rows (positions) in the page.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the page holds no row.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// KV heads.
-    pub fn n_kv_heads(&self) -> usize {
-        self.n_kv_heads
-    }
-
-    /// Head dimension.
-    pub fn head_dim(&self) -> usize {
-        self.head_dim
-    }
-
-    /// K storage (block layout, whole blocks).
-    pub fn k(&self) -> RowsRef<'a> {
-        self.k
-    }
-
-    /// V storage (block layout, whole blocks).
-    pub fn v(&self) -> RowsRef<'a> {
-        self.v
-    }
-
-    /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K (`[head_dim][64]`,
-    /// keys transposed) and of its V (`[64][head_dim]`); lanes and rows at or past `len` hold no key.
-    pub(crate) fn block(&self, b: usize, h: usize) -> (RowsRef<'a>, usize, RowsRef<'a>, usize) {
-        let lay = Layout {
-            hkv: self.n_kv_heads,
-            dim: self.head_dim,
-        };
-        (
-            self.k,
-            lay.k(b * KV_BLOCK, h, 0),
-            self.v,
-            lay.v(b * KV_BLOCK, h),
-        )
-    }
-}
-
-impl<'a> From<&'a KvPage> for PageView<'a> {
-    fn from(p: &'a KvPage) -> Self {
-        p.view()
     }
 }
 
@@ -448,6 +292,7 @@ impl KvPage {
             len: self.len,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
+            layout: PageLayout::BlockMajor,
             k: (&self.k).into(),
             v: (&self.v).into(),
         }

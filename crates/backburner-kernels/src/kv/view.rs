@@ -1,0 +1,216 @@
+//! [`PageView`]: a page as the attention kernel reads it, borrowed from any storage, in a [`PageLayout`].
+
+use half::f16;
+
+use super::page::{KvPage, Rows};
+use super::KV_BLOCK;
+
+/// Stored elements of a page in its dtype, borrowed (in the [`PageLayout`] of the [`PageView`] that holds them).
+#[derive(Clone, Copy, Debug)]
+pub enum RowsRef<'a> {
+    /// f16 storage.
+    F16(&'a [f16]),
+    /// f32 storage.
+    F32(&'a [f32]),
+}
+
+impl RowsRef<'_> {
+    fn len(&self) -> usize {
+        match self {
+            RowsRef::F16(d) => d.len(),
+            RowsRef::F32(d) => d.len(),
+        }
+    }
+}
+
+impl<'a> From<&'a Rows> for RowsRef<'a> {
+    fn from(r: &'a Rows) -> Self {
+        match r {
+            Rows::F16(d) => RowsRef::F16(d),
+            Rows::F32(d) => RowsRef::F32(d),
+        }
+    }
+}
+
+/// How the blocks of a page are ordered in its storage. Inside a block of [`KV_BLOCK`] positions of one KV head, K
+/// is always `[head_dim, 64]` (keys transposed) and V `[64, head_dim]`; the attention kernel reads every layout
+/// with the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageLayout {
+    /// Block-major, as a [`KvPage`] grows: K `[block, head, head_dim, 64]` in the K storage and V `[block, head,
+    /// 64, head_dim]` in the V storage. The layout of pages on the wire.
+    BlockMajor,
+    /// Head-major with K and V interleaved, as a [`PackedPage`](super::PackedPage) holds a frozen page: `[head,
+    /// block, {K [head_dim, 64], V [64, head_dim]}]`, so one KV head's keys and values are one contiguous run over
+    /// the page (the queries of one GQA group stream it once, front to back). The K and V storages are one buffer
+    /// (or two copies of it) of `2 · ceil(len / 64) · n_kv_heads · head_dim · 64` elements: K is read from the
+    /// first, V from the second, each at its own offsets.
+    HeadMajor,
+}
+
+/// A page as the attention kernel reads it, borrowed from wherever it lives (a local [`KvPage`], a page received
+/// from a host, a packed copy): absolute positions `[start, start + len)`, `n_kv_heads` × `head_dim` K and V rows
+/// in the blocks of a [`PageLayout`] (block-major for [`PageView::new`] and [`KvPage`]), whole blocks of
+/// [`KV_BLOCK`] positions stored.
+#[derive(Clone, Copy, Debug)]
+pub struct PageView<'a> {
+    pub(super) start: usize,
+    pub(super) len: usize,
+    pub(super) n_kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) layout: PageLayout,
+    pub(super) k: RowsRef<'a>,
+    pub(super) v: RowsRef<'a>,
+}
+
+/// A [`PageView`] whose storage does not fit its shape.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("page view of {len} positions × {n_kv_heads} heads × {head_dim} dims needs {need} elements of K and of V in one dtype, got {k} and {v}")]
+pub struct PageViewError {
+    /// Positions.
+    pub len: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Elements needed in each of K and V (whole blocks; twice as many for [`PageLayout::HeadMajor`]), or
+    /// `usize::MAX` on overflow.
+    pub need: usize,
+    /// K elements given.
+    pub k: usize,
+    /// V elements given.
+    pub v: usize,
+}
+
+impl<'a> PageView<'a> {
+    /// A view of block-layout storage ([`PageLayout::BlockMajor`]). Errors: [`PageViewError`] if `k` or `v` holds
+    /// fewer than `ceil(len / 64) · n_kv_heads · head_dim · 64` elements, their dtypes differ, or a dimension is
+    /// zero.
+    pub fn new(
+        start: usize,
+        len: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        k: RowsRef<'a>,
+        v: RowsRef<'a>,
+    ) -> Result<Self, PageViewError> {
+        Self::with_layout(
+            start,
+            len,
+            n_kv_heads,
+            head_dim,
+            PageLayout::BlockMajor,
+            k,
+            v,
+        )
+    }
+
+    /// A view of storage in `layout`. Errors: [`PageViewError`] as [`PageView::new`], where
+    /// [`PageLayout::HeadMajor`] needs twice as many elements in `k` and in `v` (each holds K and V).
+    pub fn with_layout(
+        start: usize,
+        len: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        layout: PageLayout,
+        k: RowsRef<'a>,
+        v: RowsRef<'a>,
+    ) -> Result<Self, PageViewError> {
+        let need = len
+            .div_ceil(KV_BLOCK)
+            .checked_mul(n_kv_heads)
+            .and_then(|x| x.checked_mul(head_dim))
+            .and_then(|x| x.checked_mul(KV_BLOCK))
+            .and_then(|x| match layout {
+                PageLayout::BlockMajor => Some(x),
+                PageLayout::HeadMajor => x.checked_mul(2),
+            })
+            .unwrap_or(usize::MAX);
+        let same = matches!(
+            (k, v),
+            (RowsRef::F16(_), RowsRef::F16(_)) | (RowsRef::F32(_), RowsRef::F32(_))
+        );
+        if !same || n_kv_heads == 0 || head_dim == 0 || k.len() < need || v.len() < need {
+            return Err(PageViewError {
+                len,
+                n_kv_heads,
+                head_dim,
+                need,
+                k: k.len(),
+                v: v.len(),
+            });
+        }
+        Ok(PageView {
+            start,
+            len,
+            n_kv_heads,
+            head_dim,
+            layout,
+            k,
+            v,
+        })
+    }
+
+    /// Absolute position of the first row.
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    /// Rows (positions) in the page.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the page holds no row.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// KV heads.
+    pub fn n_kv_heads(&self) -> usize {
+        self.n_kv_heads
+    }
+
+    /// Head dimension.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// The order of the blocks in [`PageView::k`] and [`PageView::v`].
+    pub fn layout(&self) -> PageLayout {
+        self.layout
+    }
+
+    /// K storage (whole blocks, in [`PageView::layout`]).
+    pub fn k(&self) -> RowsRef<'a> {
+        self.k
+    }
+
+    /// V storage (whole blocks, in [`PageView::layout`]).
+    pub fn v(&self) -> RowsRef<'a> {
+        self.v
+    }
+
+    /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K (`[head_dim][64]`,
+    /// keys transposed) and of its V (`[64][head_dim]`); lanes and rows at or past `len` hold no key.
+    pub(crate) fn block(&self, b: usize, h: usize) -> (RowsRef<'a>, usize, RowsRef<'a>, usize) {
+        let run = self.head_dim * KV_BLOCK;
+        let (k_at, v_at) = match self.layout {
+            PageLayout::BlockMajor => {
+                let at = (b * self.n_kv_heads + h) * run;
+                (at, at)
+            }
+            PageLayout::HeadMajor => {
+                let at = (h * self.len.div_ceil(KV_BLOCK) + b) * 2 * run;
+                (at, at + run)
+            }
+        };
+        (self.k, k_at, self.v, v_at)
+    }
+}
+
+impl<'a> From<&'a KvPage> for PageView<'a> {
+    fn from(p: &'a KvPage) -> Self {
+        p.view()
+    }
+}

@@ -1,0 +1,124 @@
+//! Frozen pages packed head-major (`PackedPage`): the attention kernel reads them with the same bits as the pages
+//! they copy, for every dtype, shape, query batch and thread count.
+
+mod common;
+
+use backburner_kernels::attention::{attend_page, attend_pages, fold_pages, Partial};
+use backburner_kernels::kv::{KvDtype, KvPage, PackedPage, PageLayout, PageView, RowsRef};
+use common::*;
+
+/// A page of `len` random rows (capacity `cap`) starting at `start`.
+fn page(start: usize, len: usize, cap: usize, hkv: usize, dim: usize, dtype: KvDtype) -> KvPage {
+    let mut r = rng((start * 31 + len * 7 + dim) as u64);
+    let n = len * hkv * dim;
+    let (k, v) = (uniform(&mut r, n, -1.0, 1.0), uniform(&mut r, n, -1.0, 1.0));
+    let mut p = KvPage::new(start, cap, hkv, dim, dtype);
+    p.append(&k, &v, len);
+    p
+}
+
+fn bits(p: &Partial) -> (Vec<u32>, Vec<u32>) {
+    (
+        p.o.iter().map(|x| x.to_bits()).collect(),
+        p.lse.iter().map(|x| x.to_bits()).collect(),
+    )
+}
+
+/// Query batches `(n_tokens, q_pos0)` around a page at `[start, start + len)`: decode after it, inside it and on
+/// its first row; prefill from before it, across it and after it.
+fn batches(start: usize, len: usize) -> Vec<(usize, usize)> {
+    vec![
+        (1, start + len + 5),
+        (1, start + len / 2),
+        (1, start),
+        (5, start + len - 3),
+        (40, start.saturating_sub(7)),
+        (70, start + 10),
+    ]
+}
+
+#[test]
+fn packed_pages_give_the_same_bits_as_the_pages_they_copy() {
+    // (n_heads, n_kv_heads, head_dim, page capacity, rows): GQA groups of 1 to 4, head dims off the 16-lane vector,
+    // full and partly filled pages, a page of several key segments.
+    let shapes = [
+        (4, 2, 32, 128, 128),
+        (6, 3, 48, 192, 192),
+        (8, 2, 64, 64, 64),
+        (2, 2, 20, 128, 100),
+        (4, 1, 16, 2112, 2112),
+    ];
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        for (n_heads, hkv, dim, cap, len) in shapes {
+            let start = 3 * cap;
+            let p = page(start, len, cap, hkv, dim, dtype);
+            let packed = PackedPage::pack(p.view());
+            assert_eq!(packed.view().layout(), PageLayout::HeadMajor);
+            assert_eq!(
+                (packed.start(), packed.len(), packed.dtype()),
+                (start, len, dtype)
+            );
+            assert_eq!(packed.bytes(), p.bytes());
+            for (n_tokens, pos0) in batches(start, len) {
+                let q = uniform(&mut rng(pos0 as u64), n_tokens * n_heads * dim, -2.0, 2.0);
+                let scale = (dim as f32).powf(-0.5);
+                let want = attend_page(&q, n_tokens, n_heads, pos0, &p, scale);
+                let got = attend_page(&q, n_tokens, n_heads, pos0, &packed, scale);
+                let what =
+                    format!("{dtype} {n_heads}/{hkv}/{dim} len {len}, {n_tokens} tokens at {pos0}");
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                assert!(want.lse.iter().any(|l| l.is_finite()), "{what}: sees keys");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_fold_over_packed_pages_equals_the_fold_over_the_pages_for_any_thread_count() {
+    let (n_heads, hkv, dim, cap) = (8, 2, 32, 256);
+    let pages: Vec<KvPage> = (0..5)
+        .map(|i| page(i * cap, cap, cap, hkv, dim, KvDtype::F16))
+        .collect();
+    let packed: Vec<PackedPage> = pages.iter().map(|p| PackedPage::pack(p.view())).collect();
+    for (n_tokens, pos0) in [(1, 5 * cap), (1, 3 * cap + 17), (9, 2 * cap - 4)] {
+        let q = uniform(&mut rng(9), n_tokens * n_heads * dim, -2.0, 2.0);
+        let scale = (dim as f32).powf(-0.5);
+        let want = attend_pages(&q, n_tokens, n_heads, pos0, &pages, scale, None);
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool");
+            let views = packed.iter().map(PackedPage::view);
+            let got =
+                pool.install(|| fold_pages(&q, n_tokens, n_heads, pos0, views, scale, None, None));
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{n_tokens} tokens at {pos0}, {threads} threads"
+            );
+        }
+    }
+}
+
+#[test]
+fn packing_a_packed_page_copies_it() {
+    let p = page(64, 130, 192, 2, 24, KvDtype::F32);
+    let once = PackedPage::pack(p.view());
+    let twice = PackedPage::pack(once.view());
+    let (RowsRef::F32(a), RowsRef::F32(b)) = (once.view().k(), twice.view().k()) else {
+        panic!("f32 storage");
+    };
+    assert_eq!(a, b);
+    assert!(PackedPage::pack(KvPage::new(0, 64, 2, 24, KvDtype::F16).view()).is_empty());
+}
+
+#[test]
+fn head_major_views_need_k_and_v_in_each_storage() {
+    let (hkv, dim) = (2, 16);
+    let one = vec![0.0f32; 64 * hkv * dim];
+    let two = vec![0.0f32; 2 * one.len()];
+    let view = |s| PageView::with_layout(0, 64, hkv, dim, PageLayout::HeadMajor, s, s);
+    assert_eq!(view(RowsRef::F32(&one)).unwrap_err().need, two.len());
+    assert!(view(RowsRef::F32(&two)).is_ok());
+}
