@@ -1,6 +1,6 @@
 //! `backburner bench decode-offload`: decode time per token at a long context with the whole KV cache on the host
-//! vs half of it on one worker process vs on two, over loopback and over an emulated link, as ratios measured in
-//! one run (alternating configurations, medians); and the ingestion of a prompt 4× the host's KV budget with a
+//! vs half of it on one worker process (pages packed, as by default, or kept as received) vs on two, over loopback
+//! and over an emulated link, as ratios measured in one run (alternating configurations, medians); and the ingestion of a prompt 4× the host's KV budget with a
 //! worker vs an unbounded local run.
 //!
 //! Depth: the cache is filled with **synthetic rows** (uniform random K and V, the same seed in every
@@ -57,6 +57,7 @@ pub struct OffloadArgs {
 enum Config {
     Local,
     OneWorker,
+    OneWorkerUnpacked,
     TwoWorkers,
     OneWorkerShaped,
 }
@@ -146,6 +147,7 @@ pub fn run(a: OffloadArgs) -> Result<()> {
     let (_w1, addr1) = spawn_worker(&loaded.dir, wt, &[])?;
     let (_w2, addr2) = spawn_worker(&loaded.dir, wt, &["--max-memory", &w1_mem])?;
     let (_w3, addr3) = spawn_worker(&loaded.dir, wt, &[])?;
+    let (_w4, addr4) = spawn_worker(&loaded.dir, wt, &["--no-pack-pages"])?;
     let shaper = Shaper {
         delay: Duration::from_micros(a.shaped_delay_us),
         rate_bps: (a.shaped_gbit * 1e9) as u64,
@@ -165,6 +167,7 @@ pub fn run(a: OffloadArgs) -> Result<()> {
     let configs = [
         Config::Local,
         Config::OneWorker,
+        Config::OneWorkerUnpacked,
         Config::TwoWorkers,
         Config::OneWorkerShaped,
     ];
@@ -179,6 +182,7 @@ pub fn run(a: OffloadArgs) -> Result<()> {
         match c {
             Config::Local => {}
             Config::OneWorker => s.attach_worker(client(&addr1, &loaded, None, page_put)),
+            Config::OneWorkerUnpacked => s.attach_worker(client(&addr4, &loaded, None, page_put)),
             Config::TwoWorkers => {
                 s.attach_worker(client(&addr2, &loaded, None, page_put));
                 s.attach_worker(client(&addr3, &loaded, None, page_put));
@@ -201,6 +205,8 @@ pub fn run(a: OffloadArgs) -> Result<()> {
             bytes_per_token: 0,
         });
     }
+    // the workers pack their new pages in the background: let them finish before measuring
+    std::thread::sleep(Duration::from_secs(2));
     let mut want: Option<Vec<u32>> = None;
     for rep in 0..a.reps {
         for (i, st) in setups.iter_mut().enumerate() {

@@ -47,6 +47,10 @@ pub struct WorkerArgs {
     /// Seconds a connected host may stay silent before the worker drops it.
     #[arg(long, default_value_t = 600)]
     idle_timeout: u64,
+    /// Keep the KV pages hosts offload here as received instead of re-laying them (in a background thread) into
+    /// the attention kernel's faster layout; same results either way.
+    #[arg(long)]
+    no_pack_pages: bool,
     /// Test fault injection: exit the process on the Nth frame after a handshake.
     #[arg(long, hide = true)]
     exit_after_frames: Option<usize>,
@@ -197,6 +201,7 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     opts.max_sessions = a.max_sessions;
     opts.max_ubatch = a.max_ubatch;
     opts.exit_after_frames = a.exit_after_frames;
+    opts.pack_pages = !a.no_pack_pages;
     let worker = Worker::bind(&addr.to_string(), opts)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();

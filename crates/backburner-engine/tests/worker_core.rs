@@ -32,6 +32,7 @@ fn spec(n: usize) -> SessionSpec {
         ubatch: 16,
         max_positions: 1 << 40,
         max_frame: 1 << 20,
+        pack_pages: true,
     }
 }
 

@@ -132,3 +132,54 @@ fn malformed_puts_and_queries_and_a_full_budget_change_nothing() {
     };
     assert!(SessionPages::new(huge, &budget).is_err());
 }
+
+#[test]
+fn pages_packed_in_the_background_give_the_same_bits_and_per_page_partials_too() {
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let shape = PageShape {
+            page_size: 128,
+            n_kv_heads: HKV,
+            head_dim: D,
+            dtype,
+        };
+        let budget = MemoryBudget::new(1 << 30);
+        let mut plain = SessionPages::new(shape, &budget).unwrap();
+        let mut packed = SessionPages::new(shape, &budget)
+            .unwrap()
+            .pack_in_background();
+        let mut host = PagedKvCache::new(128, HKV, D, dtype);
+        let n = 128 * 4 + 3;
+        host.append(&values(n * HKV * D, 4), &values(n * HKV * D, 5), n);
+        let taken = host.take_oldest(3).unwrap();
+        let bytes: Vec<u8> = taken
+            .iter()
+            .flat_map(|p| page_bytes(p.view(), &shape))
+            .collect();
+        plain.put(3, 0, 3, &bytes).unwrap();
+        packed.put(3, 0, 3, &bytes).unwrap();
+        let t0 = std::time::Instant::now();
+        while packed.packed_pages() < 3 {
+            assert!(t0.elapsed().as_secs() < 20, "the pages were not packed");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!((plain.packed_pages(), plain.bytes()), (0, packed.bytes()));
+        let scale = (D as f32).powf(-0.5);
+        for (t, pos0) in [(1usize, n - 1), (7, n - 7)] {
+            let q = values(t * 4 * D, 9 + t as u32);
+            let a = plain.attend(3, &q, t, 4, pos0, scale).unwrap();
+            let b = packed.attend(3, &q, t, 4, pos0, scale).unwrap();
+            assert_eq!(
+                (bits(&a.o), bits(&a.lse)),
+                (bits(&b.o), bits(&b.lse)),
+                "{dtype:?} t={t}"
+            );
+            let pa = plain.attend_each(3, &q, t, 4, pos0, scale).unwrap();
+            let pb = packed.attend_each(3, &q, t, 4, pos0, scale).unwrap();
+            assert_eq!(pa.len(), 3);
+            assert!(pa == pb, "{dtype:?} t={t}: per-page partials differ");
+        }
+        // dropping pages drops their packed copies
+        packed.truncate(128).unwrap();
+        assert_eq!((packed.pages(), packed.packed_pages()), (1, 1));
+    }
+}

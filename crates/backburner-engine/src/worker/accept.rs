@@ -177,6 +177,7 @@ fn accept_params(
         ubatch: p.ubatch as usize,
         max_positions,
         max_frame: o.max_frame,
+        pack_pages: o.pack_pages,
     };
     // the session's state is reserved before the host is welcomed, so a full worker says so in the handshake
     let core =

@@ -78,6 +78,9 @@ pub struct SessionSpec {
     pub max_positions: usize,
     /// Most tensor bytes per frame (a fetch must fit in one).
     pub max_frame: usize,
+    /// Re-lay offloaded KV pages for the attention kernel in a background thread (the worker's `--no-pack-pages`
+    /// turns it off).
+    pub pack_pages: bool,
 }
 
 /// One session's mirror and what it holds against the budget.
@@ -138,7 +141,10 @@ impl SessionCore {
             head_dim: cfg.head_dim,
             dtype: spec.kv.dtype,
         };
-        let pages = SessionPages::new(shape, budget)?;
+        let mut pages = SessionPages::new(shape, budget)?;
+        if spec.pack_pages {
+            pages = pages.pack_in_background();
+        }
         let attn_layers = (0..cfg.num_hidden_layers)
             .filter(|&i| cfg.layer_types[i] == LayerKind::FullAttention)
             .collect();

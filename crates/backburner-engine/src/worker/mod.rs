@@ -11,6 +11,7 @@
 mod accept;
 mod budget;
 mod core;
+mod packer;
 mod page_requests;
 pub mod pages;
 mod registry;
@@ -64,6 +65,9 @@ pub struct WorkerOptions {
     /// Once a request's first byte has arrived, the rest of its header must arrive within `pace.base` and its body
     /// within `pace.allowance(body bytes)` of the header.
     pub pace: Pace,
+    /// Re-lay the KV pages hosts offload here into the attention kernel's fastest layout, in a background thread
+    /// per session (default on).
+    pub pack_pages: bool,
     /// Fault injection for tests: exit the whole process (as a crash would) on receiving this many session frames
     /// (1 = the first frame after the handshake). Never set in normal use.
     pub exit_after_frames: Option<usize>,
@@ -91,6 +95,7 @@ impl WorkerOptions {
                 min_rate: 1 << 20,
             },
             exit_after_frames: None,
+            pack_pages: true,
         }
     }
 }

@@ -3,15 +3,15 @@
 //! changes a number), bounded by the worker's memory budget, and attended in place through `PageView`s.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use backburner_kernels::attention::{fold_pages, page_partial, Partial};
 use backburner_kernels::kv::{KvDtype, PageView, RowsRef, KV_BLOCK};
 use backburner_link::ErrorCode;
-use half::f16;
 
 use super::budget::{MemoryBudget, Reservation};
 use super::core::Fault;
+use super::packer::{current, Packer, PageData, Slot};
 
 /// The shape every page of a session has (agreed in the handshake).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,17 +45,11 @@ impl PageShape {
     }
 }
 
-#[derive(Debug)]
-enum Store {
-    F16(Vec<f16>, Vec<f16>),
-    F32(Vec<f32>, Vec<f32>),
-}
-
-/// One full page as received.
+/// One full page: as received, later packed.
 #[derive(Debug)]
 struct StoredPage {
     start: usize,
-    store: Store,
+    data: Slot,
 }
 
 fn malformed(m: impl Into<String>) -> Fault {
@@ -86,6 +80,7 @@ pub struct SessionPages {
     shape: PageShape,
     layers: BTreeMap<usize, Run>,
     held: Reservation,
+    packer: Option<Packer>,
 }
 
 impl SessionPages {
@@ -102,7 +97,24 @@ impl SessionPages {
             held: budget
                 .reserve(0, "offloaded KV pages")
                 .map_err(Fault::from)?,
+            packer: None,
         })
+    }
+
+    /// Packs every page stored from now on in a background thread (see [`super::packer`]); attention reads the
+    /// packed copy once it is there, with the same bits.
+    pub fn pack_in_background(mut self) -> Self {
+        self.packer = Packer::start(self.shape);
+        self
+    }
+
+    /// Pages held in the packed layout now.
+    pub fn packed_pages(&self) -> usize {
+        self.layers
+            .values()
+            .flat_map(|r| &r.pages)
+            .filter(|p| current(&p.data).is_packed())
+            .count()
     }
 
     /// The page shape.
@@ -194,7 +206,6 @@ impl SessionPages {
         }
         let grow = u64::try_from(bytes.len()).map_err(|_| malformed("size"))?;
         self.held.resize(self.held.bytes().saturating_add(grow))?;
-        let elems = self.shape.elems().expect("checked in new");
         for (&layer, chunk) in layers.iter().zip(bytes.chunks_exact(per * n_pages)) {
             let run = self.layers.entry(layer).or_default();
             if run.pages.is_empty() {
@@ -202,14 +213,16 @@ impl SessionPages {
             }
             for (i, page) in chunk.chunks_exact(per).enumerate() {
                 let (k, v) = page.split_at(per / 2);
-                let store = match self.shape.dtype {
-                    KvDtype::F16 => Store::F16(decode_f16(k, elems), decode_f16(v, elems)),
-                    KvDtype::F32 => Store::F32(decode_f32(k, elems), decode_f32(v, elems)),
-                };
-                run.pages.push(StoredPage {
-                    start: first + i * ps,
-                    store,
-                });
+                let data: Slot = Arc::new(Mutex::new(Arc::new(PageData::decode(
+                    self.shape.dtype,
+                    k,
+                    v,
+                ))));
+                let start = first + i * ps;
+                if let Some(p) = &self.packer {
+                    p.submit(&data, start);
+                }
+                run.pages.push(StoredPage { start, data });
             }
         }
         Ok(())
@@ -252,17 +265,10 @@ impl SessionPages {
         Ok(())
     }
 
-    fn views(&self, layer: usize) -> impl Iterator<Item = PageView<'_>> + Clone {
-        let s = self.shape;
+    /// Each page of `layer`'s run as it is now (block-major or packed), with its start.
+    fn snapshot(&self, layer: usize) -> Vec<(usize, Arc<PageData>)> {
         let run = self.layers.get(&layer).map_or(&[][..], |r| &r.pages[..]);
-        run.iter().map(move |p| {
-            let (k, v) = match &p.store {
-                Store::F16(k, v) => (RowsRef::F16(k), RowsRef::F16(v)),
-                Store::F32(k, v) => (RowsRef::F32(k), RowsRef::F32(v)),
-            };
-            PageView::new(p.start, s.page_size, s.n_kv_heads, s.head_dim, k, v)
-                .expect("stored pages have whole blocks of the session's shape")
-        })
+        run.iter().map(|p| (p.start, current(&p.data))).collect()
     }
 
     /// The attention partial of `q` (`[n_tokens, n_heads, head_dim]` f32 at positions `q_pos0..`) over `layer`'s
@@ -280,12 +286,13 @@ impl SessionPages {
         scale: f32,
     ) -> Result<Partial, Fault> {
         self.check_q(q, n_tokens, n_heads)?;
+        let pages = self.snapshot(layer);
         Ok(fold_pages(
             q,
             n_tokens,
             n_heads,
             q_pos0,
-            self.views(layer),
+            pages.iter().map(|(start, d)| d.view(*start, &self.shape)),
             scale,
             Some(self.shape.head_dim),
             None,
@@ -305,24 +312,20 @@ impl SessionPages {
     ) -> Result<Vec<Partial>, Fault> {
         self.check_q(q, n_tokens, n_heads)?;
         Ok(self
-            .views(layer)
-            .filter_map(|v| page_partial(q, n_tokens, n_heads, q_pos0, v, scale))
+            .snapshot(layer)
+            .iter()
+            .filter_map(|(start, d)| {
+                page_partial(
+                    q,
+                    n_tokens,
+                    n_heads,
+                    q_pos0,
+                    d.view(*start, &self.shape),
+                    scale,
+                )
+            })
             .collect())
     }
-}
-
-fn decode_f16(b: &[u8], n: usize) -> Vec<f16> {
-    debug_assert_eq!(b.len(), 2 * n);
-    b.chunks_exact(2)
-        .map(|c| f16::from_le_bytes([c[0], c[1]]))
-        .collect()
-}
-
-fn decode_f32(b: &[u8], n: usize) -> Vec<f32> {
-    debug_assert_eq!(b.len(), 4 * n);
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// A page's storage as bytes for [`SessionPages::put`] (K then V, little-endian), from a view of a full page.
