@@ -139,10 +139,14 @@ pub fn run(a: OffloadArgs) -> Result<()> {
     let opts = margs.session_options(&pool);
     let per_pos = backburner_engine::offload::bytes_per_position(&cfg, opts.kv);
     let page_put = per_pos * ps;
-    // the first of two workers holds about a quarter of the depth (its budget: those pages, one frame being
-    // received, and its session state), the second the rest of the offloaded half
+    // the first of two workers holds a quarter of the depth, the second the rest of the offloaded half: its
+    // budget fits those pages, plus a put's received frame and its pages (two pages) and its session state
+    // (a few MiB), but not one more page
     let quarter = (a.depth / 4 / ps * page_put) as u64;
-    let w1_mem = format!("{}", quarter + page_put as u64 + (64 << 20));
+    let w1_mem = format!(
+        "{}",
+        quarter + page_put as u64 + (page_put as u64 / 2).max(4 << 20)
+    );
     let wt = a.worker_threads;
     let (_w1, addr1) = spawn_worker(&loaded.dir, wt, &[])?;
     let (_w2, addr2) = spawn_worker(&loaded.dir, wt, &["--max-memory", &w1_mem])?;
@@ -288,7 +292,8 @@ pub fn run(a: OffloadArgs) -> Result<()> {
     Ok(())
 }
 
-/// Ingestion of a prompt 4× the host's budget with a worker vs unbounded local, alternating, medians of 2.
+/// Ingestion of a prompt 4× the host's budget with a worker (interleaved and not) vs unbounded local, alternating,
+/// medians of 2.
 fn ingest(
     a: &OffloadArgs,
     loaded: &Loaded,
@@ -305,13 +310,15 @@ fn ingest(
     if budget < margs.ubatch + 2 * a.ingest_page_size {
         bail!("--ingest-tokens / 4 must hold a ubatch and two pages");
     }
-    let (mut local, mut off) = (Vec::new(), Vec::new());
+    let mut times: [Vec<f64>; 3] = Default::default();
+    let names = ["local", "offload, interleaved", "offload, not interleaved"];
     let mut want = None;
     for _ in 0..2 {
-        for with_worker in [false, true] {
+        for (i, name) in names.iter().enumerate() {
             let mut o = opts.clone();
-            let mut s = if with_worker {
+            let mut s = if i > 0 {
                 o.kv_budget = Some(KvBudget::Positions(budget));
+                o.interleave = i == 1;
                 let mut s = Session::new(loaded.model.clone(), o)?;
                 s.attach_worker(client(addr, loaded, None, 256 << 20));
                 s
@@ -329,26 +336,19 @@ fn ingest(
                 Some(w) if *w != bits => bail!("ingest logits with the worker differ from local"),
                 _ => {}
             }
-            eprintln!(
-                "ingest {n} tokens {}: {:.1} tok/s",
-                if with_worker { "offload" } else { "local" },
-                n as f64 / el
-            );
-            if with_worker {
-                off.push(el)
-            } else {
-                local.push(el)
-            }
+            eprintln!("ingest {n} tokens {name}: {:.1} tok/s", n as f64 / el);
+            times[i].push(el);
         }
     }
-    let (l, o) = (median(&local), median(&off));
+    let [l, o, p] = times.map(|t| median(&t));
     Ok(serde_json::json!({
         "prompt_tokens": n,
         "host_kv_budget_positions": budget,
         "kv_page_size": a.ingest_page_size,
         "local_tok_s": n as f64 / l,
-        "offload_tok_s": n as f64 / o,
-        "ratio": l / o,
-        "interleave": "not implemented",
+        "offload_interleaved_tok_s": n as f64 / o,
+        "offload_not_interleaved_tok_s": n as f64 / p,
+        "interleaved_vs_local": l / o,
+        "interleaved_vs_not": p / o,
     }))
 }
