@@ -142,7 +142,9 @@ fn slow_or_silent_unauthenticated_connections_neither_hold_nor_block_the_worker(
     assert_eq!(idle.len(), 40);
     std::thread::sleep(Duration::from_millis(200));
     // a peer that drips a well-formed Hello (24-byte header, 32-byte nonce) one byte every 100 ms: 5.6 s for the frame
-    let mut hello = b"BBLK\x02\x00\x01\x00\x20\x00\x00\x00".to_vec();
+    let mut hello = b"BBLK".to_vec();
+    hello.extend_from_slice(&backburner_link::PROTOCOL_VERSION.to_le_bytes());
+    hello.extend_from_slice(b"\x01\x00\x20\x00\x00\x00");
     hello.resize(24 + 32, 0);
     let mut drip = TcpStream::connect(&w.addr).unwrap();
     let started = Instant::now();

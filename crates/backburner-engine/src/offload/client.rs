@@ -9,6 +9,10 @@ use backburner_link::LinkError;
 
 use crate::split::{why, WorkerClient};
 
+/// The slowest attention a worker is assumed to compute (flop/s) when a reply's deadline is set: a tenth of one
+/// slow core, so that only a stalled or dead worker misses it.
+pub const MIN_ATTEND_FLOPS: f64 = 1e9;
+
 /// What a worker did with a `PagesPut`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PutOutcome {
@@ -71,13 +75,22 @@ impl WorkerClient {
         Ok(done)
     }
 
-    /// Sends an `Attend` with `q` (`[n_tokens, n_heads, head_dim]` f32); the answer is read by
-    /// [`WorkerClient::attend_recv`] (the host computes meanwhile, and other workers get theirs). Errors: as
+    /// Sends an `Attend` with `q` (`[n_tokens, n_heads, head_dim]` f32) over `positions` held by the worker; the
+    /// answer is read by [`WorkerClient::attend_recv`] (the host computes meanwhile, and other workers get theirs).
+    /// The deadline allows the transfers plus the attention at a pessimistic [`MIN_ATTEND_FLOPS`]. Errors: as
     /// [`WorkerClient::pages_put`].
-    pub fn attend_send(&mut self, a: &Attend, q: &[f32]) -> Result<(), LinkError> {
+    pub fn attend_send(
+        &mut self,
+        a: &Attend,
+        q: &[f32],
+        positions: usize,
+    ) -> Result<(), LinkError> {
         let bytes = f32_bytes(q);
+        // q·k and p·v: 4 flops per query element and key position
+        let flops = (q.len() as f64) * (positions as f64) * 4.0;
+        let compute = Duration::from_secs_f64((flops / MIN_ATTEND_FLOPS).min(1e9));
         // the reply may be a partial per page: allow for its transfer too
-        let d = self.allowance(bytes.len().saturating_mul(4), Duration::ZERO);
+        let d = self.allowance(bytes.len().saturating_mul(4), compute);
         let c = self.conn_or_lost()?;
         c.set_deadline(Some(d));
         if let Err(e) = c.writer.send(Kind::Attend, a, &bytes) {

@@ -72,7 +72,9 @@ impl RemotePages for LinkPages {
         for (i, run) in runs.iter().enumerate() {
             a.per_page = i > 0;
             let sent = match ws.get_mut(run.worker) {
-                Some(w) => w.attend_send(&a, q).inspect_err(|e| w.fail(e)),
+                Some(w) => w
+                    .attend_send(&a, q, run.end - run.start)
+                    .inspect_err(|e| w.fail(e)),
                 None => Err(LinkError::Refused("no such worker".into())),
             };
             if let Err(e) = sent {

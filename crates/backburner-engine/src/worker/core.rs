@@ -65,6 +65,17 @@ pub enum Reply {
     Partials(Partials, Vec<u8>, Reservation),
 }
 
+/// What a session's KV-offload requests did (for the worker's log).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageStats {
+    /// Pages stored (over all layers).
+    pub puts: u64,
+    /// `Attend` requests answered.
+    pub attends: u64,
+    /// Time spent attending (µs).
+    pub attend_us: u64,
+}
+
 /// What a session was agreed to be in the handshake.
 #[derive(Clone, Debug)]
 pub struct SessionSpec {
@@ -95,6 +106,7 @@ pub struct SessionCore {
     /// KV pages of every full-attention layer the host offloaded to this worker.
     pages: SessionPages,
     attn_layers: Vec<usize>,
+    page_stats: PageStats,
 }
 
 fn page_limits<'a>(
@@ -151,6 +163,7 @@ impl SessionCore {
         Ok(SessionCore {
             pages,
             attn_layers,
+            page_stats: PageStats::default(),
             model,
             spec,
             mirror,
@@ -170,6 +183,11 @@ impl SessionCore {
     /// Bytes the session's state and offloaded pages hold against the budget.
     pub fn held_bytes(&self) -> u64 {
         self.held.bytes().saturating_add(self.pages.bytes())
+    }
+
+    /// What the session's KV-offload requests did so far.
+    pub fn page_stats(&self) -> PageStats {
+        self.page_stats
     }
 
     /// The offloaded pages (tests, stats).
@@ -241,7 +259,10 @@ impl SessionCore {
             Request::Fetch(f) => self.fetch(f),
             Request::PagesPut(p, bytes) => {
                 let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
-                page_requests::put(&mut self.pages, &lim, &self.budget, p, &bytes)
+                let before = self.pages.pages();
+                let r = page_requests::put(&mut self.pages, &lim, &self.budget, p, &bytes);
+                self.page_stats.puts += (self.pages.pages() - before) as u64;
+                r
             }
             Request::PagesDrop(d) => {
                 let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
@@ -250,7 +271,12 @@ impl SessionCore {
             Request::Attend(a, q) => {
                 let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
                 let room = self.room.as_ref();
-                page_requests::attend(&self.pages, &lim, &self.budget, room, a, &q)
+                let r = page_requests::attend(&self.pages, &lim, &self.budget, room, a, &q);
+                if let Ok(Reply::Partials(p, ..)) = &r {
+                    self.page_stats.attends += 1;
+                    self.page_stats.attend_us += p.compute_us;
+                }
+                r
             }
         }
     }

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 pub use self::accept::valid_split_layers;
 use self::accept::{check_range, handshake, load, Accepted};
 pub use self::budget::{default_max_memory, MakeRoom, MemoryBudget, OverBudget, Reservation};
-pub use self::core::{Fault, Reply, SessionCore, SessionSpec};
+pub use self::core::{Fault, PageStats, Reply, SessionCore, SessionSpec};
 use self::registry::{Registry, SessionGuard};
 use crate::compute::ComputePool;
 
@@ -316,14 +316,38 @@ fn serve_session(
     me: &SessionGuard,
     stop: &AtomicBool,
 ) -> Result<(), LinkError> {
-    let o = &shared.opts;
     let mut frames = 0usize;
     let reg = shared.registry.clone();
     let id = me.id();
     let budget = shared.budget.clone();
     let room: MakeRoom = Arc::new(move |need| reg.evict_idle_except(id, need, &budget));
-    let room = &room;
-    let mut core = core.with_room(room.clone());
+    let mut core = core.with_room(room);
+    let r = session_loop(shared, conn, &mut core, me, stop, &mut frames);
+    let st = core.page_stats();
+    if st.puts > 0 {
+        info!(
+            session = id,
+            frames,
+            pages_put = st.puts,
+            pages_held = core.pages().pages(),
+            bytes_held = core.pages().bytes(),
+            attends = st.attends,
+            attend_ms = st.attend_us / 1000,
+            "session's KV offload"
+        );
+    }
+    r
+}
+
+fn session_loop(
+    shared: &Shared,
+    conn: &mut Conn,
+    core: &mut SessionCore,
+    me: &SessionGuard,
+    stop: &AtomicBool,
+    frames: &mut usize,
+) -> Result<(), LinkError> {
+    let o = &shared.opts;
     me.set_bytes(core.held_bytes());
     loop {
         if stop.load(Ordering::Relaxed) {
@@ -358,8 +382,8 @@ fn serve_session(
         };
         let f = conn.reader.recv_body(h)?;
         let arrived = Instant::now();
-        frames += 1;
-        if o.exit_after_frames == Some(frames) {
+        *frames += 1;
+        if o.exit_after_frames == Some(*frames) {
             warn!(
                 "fault injection: exiting on session frame {frames} ({:?})",
                 f.kind()
