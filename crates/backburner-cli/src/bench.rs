@@ -362,6 +362,23 @@ pub fn machine_description() -> String {
     format!("{cpu}, {cores} cores")
 }
 
+/// The model of `args` loaded on `pool`, or the bench model (generated once) when `--model` is not given; returns
+/// the arguments with the model's directory filled in.
+pub fn load_or_bench_model(
+    args: &ModelArgs,
+    pool: &ComputePool,
+) -> Result<(ModelArgs, crate::Loaded)> {
+    let mut margs = args.clone();
+    if margs.model.is_none() {
+        margs.model = Some(default_model::ensure_at(
+            &default_model::cache_dir().join("bench-model-v1"),
+            &bench_config(),
+        )?);
+    }
+    let loaded = load(&margs, pool)?;
+    Ok((margs, loaded))
+}
+
 /// Runs a benchmark.
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.kind {

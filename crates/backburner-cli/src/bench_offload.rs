@@ -18,7 +18,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::bench_split::spawn_worker;
-use crate::{bench, compute_pool, default_model, load, Loaded, ModelArgs};
+use crate::{bench, compute_pool, Loaded, ModelArgs};
 
 /// Options.
 #[derive(Args)]
@@ -120,14 +120,7 @@ fn median(v: &[f64]) -> f64 {
 /// Runs the benchmark.
 pub fn run(a: OffloadArgs) -> Result<()> {
     let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
-    let mut margs = a.model.clone();
-    if margs.model.is_none() {
-        margs.model = Some(default_model::ensure_at(
-            &default_model::cache_dir().join("bench-model-v1"),
-            &bench::bench_config(),
-        )?);
-    }
-    let loaded = load(&margs, &pool)?;
+    let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
     let cfg = loaded.model.config().clone();
     let ps = margs.kv_page_size;
     if a.depth < 4 * ps || a.decode_tokens == 0 || a.reps == 0 {

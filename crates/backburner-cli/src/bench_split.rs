@@ -15,7 +15,7 @@ use backburner_link::Shaper;
 use clap::Args;
 use serde::Serialize;
 
-use crate::{bench, compute_pool, default_model, load, LinkArgs, ModelArgs};
+use crate::{bench, compute_pool, LinkArgs, ModelArgs};
 
 /// Options.
 #[derive(Args)]
@@ -143,14 +143,7 @@ fn rtt(mut samples: Vec<Duration>) -> Rtt {
 pub fn run(a: SplitArgs) -> Result<()> {
     let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
     let host_threads = pool.threads();
-    let mut margs = a.model.clone();
-    if margs.model.is_none() {
-        margs.model = Some(default_model::ensure_at(
-            &default_model::cache_dir().join("bench-model-v1"),
-            &bench::bench_config(),
-        )?);
-    }
-    let loaded = load(&margs, &pool)?;
+    let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
     let cfg = loaded.model.config().clone();
     let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, &[])?;
     let link = LinkArgs {

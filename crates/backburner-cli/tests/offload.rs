@@ -5,31 +5,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 
 const BUDGET: &[&str] = &["--kv-page-size", "64", "--kv-budget", "128"];
-
-fn run_raw(extra: &[&str]) -> std::process::Output {
-    let m = fixture("tiny-f32");
-    Command::new(bin())
-        .args(["run", "--model", m.to_str().unwrap(), "--prompt-file"])
-        .arg(m.join("prompt.txt"))
-        .args([
-            "--max-tokens",
-            "12",
-            "--ignore-eos",
-            "--ubatch",
-            "64",
-            "--threads",
-            "1",
-            "--json",
-        ])
-        .args(extra)
-        .output()
-        .unwrap()
-}
 
 #[test]
 fn a_prompt_past_the_budget_needs_a_worker_and_then_gives_the_local_bits() {
@@ -41,7 +19,7 @@ fn a_prompt_past_the_budget_needs_a_worker_and_then_gives_the_local_bits() {
         "the fixture prompt has {n_prompt} tokens"
     );
     // alone: a typed error naming the budget, before any compute
-    let o = run_raw(BUDGET);
+    let o = run_tiny(BUDGET);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -108,7 +86,7 @@ fn a_worker_killed_mid_prefill_or_mid_decode_is_replaced_by_the_next_with_the_sa
 #[test]
 fn a_lone_worker_killed_mid_prefill_fails_the_request_with_the_budget_named() {
     let w = worker(&["--exit-after-frames", "2"]);
-    let o = run_raw(&[BUDGET, &["--worker", &w.addr, "--worker-timeout", "10"]].concat());
+    let o = run_tiny(&[BUDGET, &["--worker", &w.addr, "--worker-timeout", "10"]].concat());
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--kv-budget allows 128"), "{err}");

@@ -86,10 +86,11 @@ pub fn worker_wrapped(wrapper: &[&str], extra: &[&str]) -> WorkerProc {
     }
 }
 
-pub fn host(extra: &[&str], dump: &std::path::Path) -> serde_json::Value {
+/// `run` on the tiny fixture's prompt (12 greedy tokens, ubatch 64, 1 thread, `--json`) with `extra` flags.
+pub fn run_tiny(extra: &[&str]) -> Output {
     let m = fixture("tiny-f32");
     let p = m.join("prompt.txt");
-    let o: Output = Command::new(bin())
+    Command::new(bin())
         .args([
             "run",
             "--model",
@@ -107,10 +108,14 @@ pub fn host(extra: &[&str], dump: &std::path::Path) -> serde_json::Value {
             "1",
             "--json",
         ])
-        .args(["--dump-logits", dump.to_str().unwrap()])
         .args(extra)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// [`run_tiny`] writing its logits to `dump`; asserts success and returns the JSON object.
+pub fn host(extra: &[&str], dump: &std::path::Path) -> serde_json::Value {
+    let o = run_tiny(&[extra, &["--dump-logits", dump.to_str().unwrap()]].concat());
     assert!(
         o.status.success(),
         "host failed: {}",
