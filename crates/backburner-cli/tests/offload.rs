@@ -92,3 +92,63 @@ fn a_lone_worker_killed_mid_prefill_fails_the_request_with_the_budget_named() {
     assert!(err.contains("--kv-budget allows 128"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn a_stalled_or_corrupting_worker_holding_pages_is_replaced_within_the_deadline() {
+    use backburner_link::relay::{Dir, Fault, Relay};
+    use std::time::{Duration, Instant};
+    let d = tempfile::tempdir().unwrap();
+    let local = host(&["--kv-page-size", "64"], &d.path().join("local.bin"));
+    let a = worker(&[]);
+    let b = worker(&[]);
+    let upstream = a.addr.parse().unwrap();
+    let through = |relay: &Relay, f: &str| {
+        let r = relay.addr().to_string();
+        let t = Instant::now();
+        let out = host(
+            &[
+                BUDGET,
+                &["--worker", &r, "--worker", &b.addr, "--worker-timeout", "2"],
+            ]
+            .concat(),
+            &d.path().join(f),
+        );
+        (out, t.elapsed())
+    };
+    // a clean run through the relay: the bytes the host receives from the first worker
+    let clean = Relay::start(upstream, Fault::None, 1).unwrap();
+    let (out, _) = through(&clean, "clean.bin");
+    assert_eq!(out["tokens"], local["tokens"]);
+    let got = out["link"]["bytes_received"].as_u64().unwrap();
+    // decode steps receive ~1.2 KB each (two partials of 4 heads × 33 f32 and their frames); prefill the rest
+    let cases = [
+        (
+            "stalled mid-prefill",
+            Fault::Stall {
+                dir: Dir::ToHost,
+                after: got / 3,
+            },
+        ),
+        (
+            "stalled mid-decode",
+            Fault::Stall {
+                dir: Dir::ToHost,
+                after: got - 3_000,
+            },
+        ),
+        (
+            "a flipped byte in partials",
+            Fault::FlipByte {
+                dir: Dir::ToHost,
+                at: got / 2,
+            },
+        ),
+    ];
+    for (what, fault) in cases {
+        let relay = Relay::start(upstream, fault, 1).unwrap();
+        let (out, took) = through(&relay, "faulty.bin");
+        assert_eq!(out["tokens"], local["tokens"], "{what}");
+        assert_eq!(out["link"]["offload_failures"], 1, "{what}");
+        assert!(took < Duration::from_secs(30), "{what}: took {took:?}");
+    }
+}
