@@ -23,6 +23,7 @@ use crate::{bench, compute_pool, Loaded, ModelArgs};
 /// Options.
 #[derive(Args)]
 #[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("threads", |a| a.help("Host compute threads (default 1 here)")))]
 pub struct OffloadArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -129,17 +130,18 @@ pub fn run(a: OffloadArgs) -> Result<()> {
             4 * ps
         );
     }
+    if a.ingest_tokens > 0 && a.ingest_tokens / 4 < margs.ubatch + 2 * a.ingest_page_size {
+        bail!("--ingest-tokens / 4 (the host's budget in the ingestion run) must hold a ubatch and two pages of --ingest-page-size (or --ingest-tokens 0 skips it)");
+    }
     let opts = margs.session_options(&pool);
     let per_pos = backburner_engine::offload::bytes_per_position(&cfg, opts.kv);
     let page_put = per_pos * ps;
     // the first of two workers holds a quarter of the depth, the second the rest of the offloaded half: its
-    // budget fits those pages, plus a put's received frame and its pages (two pages) and its session state
-    // (a few MiB), but not one more page
+    // budget fits those pages, the headroom a worker keeps for answering attention, its session state (under
+    // 2 MiB here) and one put in flight (its frame), but not one more page
     let quarter = (a.depth / 4 / ps * page_put) as u64;
-    let w1_mem = format!(
-        "{}",
-        quarter + page_put as u64 + (page_put as u64 / 2).max(4 << 20)
-    );
+    let headroom = backburner_engine::worker::attend_headroom(&cfg, margs.ubatch);
+    let w1_mem = format!("{}", quarter + headroom + page_put as u64 + (3 << 20));
     let wt = a.worker_threads;
     let (_w1, addr1) = spawn_worker(&loaded.dir, wt, &[])?;
     let (_w2, addr2) = spawn_worker(&loaded.dir, wt, &["--max-memory", &w1_mem])?;

@@ -119,6 +119,16 @@ pub fn link_json(s: &Session, tm: &Timings) -> Option<serde_json::Value> {
         return None;
     }
     let ls = s.link_stats();
+    let runs = s.placement().runs().to_vec();
+    let per_worker: Vec<usize> = (0..n_workers)
+        .map(|w| {
+            runs.iter()
+                .filter(|r| r.worker == w)
+                .map(|r| r.end - r.start)
+                .sum()
+        })
+        .collect();
+    let ms = decode_ms_per_token(tm);
     Some(serde_json::json!({
         "workers": n_workers,
         "worker_tokens": ls.worker_tokens,
@@ -127,9 +137,10 @@ pub fn link_json(s: &Session, tm: &Timings) -> Option<serde_json::Value> {
         "fallbacks": ls.fallbacks,
         "pages_on_workers": ls.pages_on_workers,
         "positions_on_workers": ls.positions_on_workers,
+        "positions_per_worker": per_worker,
         "pages_moved": ls.pages_moved,
         "bytes_per_decode_token": ls.bytes_per_decode_token(),
-        "decode_ms_per_token": decode_ms_per_token(tm),
+        "decode_ms_per_token": (ms > 0.0).then_some(ms),
         "offload_failures": ls.offload_failures,
     }))
 }
@@ -149,15 +160,32 @@ pub fn link_lines(s: &Session, tm: &Timings) -> Vec<String> {
         ls.fallbacks
     )];
     if ls.pages_moved > 0 || ls.offload_failures > 0 {
-        out.push(format!(
-            "kv offload: {} positions ({} pages) on {} worker(s) | {}/decode token | decode {:.1} ms/token | lost and re-ingested {}",
+        let runs = s.placement().runs().to_vec();
+        let holding = (0..n_workers)
+            .filter(|w| runs.iter().any(|r| r.worker == *w))
+            .count();
+        let mut line = format!(
+            "kv offload: {} positions ({} pages) on {holding} worker{}",
             ls.positions_on_workers,
             ls.pages_on_workers,
-            n_workers,
-            human_bytes(ls.bytes_per_decode_token()),
-            decode_ms_per_token(tm),
-            ls.offload_failures
-        ));
+            if holding == 1 { "" } else { "s" },
+        );
+        if ls.offload_decode_tokens > 0 {
+            line += &format!(
+                " | {}/decode token",
+                human_bytes(ls.bytes_per_decode_token())
+            );
+        }
+        if tm.decode_tok_s > 0.0 {
+            line += &format!(" | decode {:.1} ms/token", decode_ms_per_token(tm));
+        }
+        if ls.offload_failures > 0 {
+            line += &format!(
+                " | workers lost (state re-ingested) {}",
+                ls.offload_failures
+            );
+        }
+        out.push(line);
     }
     out
 }

@@ -43,7 +43,7 @@ enum Cmd {
     Perplexity(PplArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
-    /// Serve the tail layers of split prefill to a host over the link (a daemon).
+    /// Serve hosts over the link (a daemon): the tail layers of split prefill, and the KV pages of KV offload.
     Worker(worker_cmd::WorkerArgs),
 }
 

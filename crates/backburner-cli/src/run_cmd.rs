@@ -132,6 +132,13 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         cancel: Some(cancel_on_ctrl_c()?),
     };
+    if a.link.kv_budget.is_some() && !workers.is_empty() && !a.model.kv_page_size.is_multiple_of(64)
+    {
+        bail!(
+            "--kv-page-size {} must be a multiple of 64 for workers to hold KV pages (--kv-budget with --worker)",
+            a.model.kv_page_size
+        );
+    }
     let mut opts = a.model.session_options(&pool);
     opts.kv_budget = a.link.kv_budget;
     opts.interleave = !a.link.no_interleave;
@@ -189,6 +196,9 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     report(&a, &prompt, seed, &gen, &session, total_s);
     if interrupted {
         std::process::exit(130); // 128 + SIGINT, as a shell reports a Ctrl-C
+    }
+    if let Some(e) = &gen.error {
+        bail!("generation stopped after {} tokens: {e}", gen.tokens.len());
     }
     Ok(())
 }
@@ -268,6 +278,9 @@ fn report(
             },
         });
         let mut obj = obj;
+        if let Some(e) = &gen.error {
+            obj["error"] = e.clone().into();
+        }
         if let Some(link) = link_args::link_json(session, tm) {
             obj["link"] = link;
         }

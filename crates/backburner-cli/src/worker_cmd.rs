@@ -30,8 +30,8 @@ pub struct WorkerArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Most bytes of session state (KV rows, recurrent states) and request buffers, all sessions together; default
-    /// half the machine's memory. Suffixes K, M, G (binary) allowed.
+    /// Most bytes of session state (KV rows, recurrent states, offloaded KV pages) and request buffers, all sessions
+    /// together; default half the machine's memory. Units: K/KiB, M/MiB, G/GiB (binary), KB, MB, GB (decimal).
     #[arg(long)]
     max_memory: Option<String>,
     /// Most host sessions served at once; more get a Busy error and run locally.
@@ -121,21 +121,9 @@ pub fn human_bytes(b: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-/// Parses a byte count with an optional K/M/G suffix (binary).
+/// Parses a byte size (`backburner_engine::offload::parse_bytes`: 8G, 8GiB, 512M, 512MiB, 4096).
 pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, mul) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .with_context(|| format!("{s:?} is not a byte count (e.g. 512M, 8G)"))?;
-    n.checked_mul(mul)
-        .with_context(|| format!("{s:?} is too large"))
+    backburner_engine::offload::parse_bytes(s).map_err(anyhow::Error::msg)
 }
 
 /// Reads the shared secret from `--secret-file` or `BACKBURNER_SECRET` (file wins).
@@ -208,12 +196,13 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     ctrlc::set_handler(move || s2.store(true, Ordering::Relaxed))
         .context("install the SIGINT/SIGTERM handler")?;
     eprintln!(
-        "backburner worker listening on {} (model {}, layers {}, {threads} threads, {} for state)",
+        "backburner worker listening on {} (model {}, layers {}, {threads} thread{}, {} for state and KV pages)",
         worker.local_addr(),
         model_dir.display(),
         layers
             .map(|r| format!("{}..{}", r.start, r.end))
             .unwrap_or_else(|| "from the host".into()),
+        if threads == 1 { "" } else { "s" },
         human_bytes(max_memory)
     );
     worker.serve(stop);

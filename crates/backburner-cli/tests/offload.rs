@@ -152,3 +152,32 @@ fn a_stalled_or_corrupting_worker_holding_pages_is_replaced_within_the_deadline(
         assert!(took < Duration::from_secs(30), "{what}: took {took:?}");
     }
 }
+
+#[test]
+fn a_lone_worker_killed_mid_decode_ends_the_run_with_the_tokens_so_far_and_the_error() {
+    let d = tempfile::tempdir().unwrap();
+    let local = host(&["--kv-page-size", "64"], &d.path().join("local.bin"));
+    let w = worker(&["--exit-after-frames", "24"]);
+    let o = run_tiny(&[BUDGET, &["--worker", &w.addr, "--worker-timeout", "10"]].concat());
+    assert_eq!(o.status.code(), Some(1));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["stop_reason"], "error");
+    let got = out["tokens"].as_array().unwrap();
+    let want = local["tokens"].as_array().unwrap();
+    assert!(
+        !got.is_empty() && got.len() < want.len() && *got == want[..got.len()],
+        "{out}"
+    );
+    assert!(
+        out["error"]
+            .as_str()
+            .unwrap()
+            .contains("--kv-budget allows 128"),
+        "{out}"
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("generation stopped after {} tokens", got.len())),
+        "{err}"
+    );
+}

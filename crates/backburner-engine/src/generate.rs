@@ -44,6 +44,9 @@ pub enum StopReason {
     ContextFull,
     /// Cancelled through [`GenerateParams::cancel`] (Ctrl-C in the CLI).
     Interrupted,
+    /// A decode step failed after some tokens were generated ([`Generation::error`] says why); the tokens so far
+    /// are returned.
+    Error,
 }
 
 impl StopReason {
@@ -55,6 +58,7 @@ impl StopReason {
             StopReason::StopString => "stop_string",
             StopReason::ContextFull => "context_full",
             StopReason::Interrupted => "interrupted",
+            StopReason::Error => "error",
         }
     }
 }
@@ -90,6 +94,9 @@ pub struct Generation {
     /// The logits each token was sampled from, `[steps, vocab]` f32 (empty unless `keep_logits`).
     #[serde(skip)]
     pub step_logits: Vec<f32>,
+    /// Why a decode step failed ([`StopReason::Error`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Incremental detokenizer for streaming: emits text only once it is complete UTF-8, and holds back text that might
@@ -233,7 +240,9 @@ impl<'a> TextStream<'a> {
 ///
 /// Errors: those of [`Session::prefill`] (the prompt must fit the context); generation itself stops with
 /// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does, and with [`StopReason::Interrupted`] when
-/// [`GenerateParams::cancel`] is set; what was generated until then is returned either way.
+/// [`GenerateParams::cancel`] is set, and with [`StopReason::Error`] (the error in [`Generation::error`]) when a decode
+/// step fails (for example [`crate::EngineError::KvBudget`] once a worker holding KV pages is lost for good); what was
+/// generated until then is returned in every case.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -255,6 +264,7 @@ pub fn generate(
     let mut t_first = Instant::now();
     let mut stop_reason = StopReason::MaxTokens;
     let mut step_logits = Vec::new();
+    let mut error = None;
     while tokens.len() < params.max_tokens {
         if params
             .cancel
@@ -298,7 +308,15 @@ pub fn generate(
         if tokens.len() == params.max_tokens {
             break;
         }
-        logits = session.decode(id)?;
+        logits = match session.decode(id) {
+            Ok(l) => l,
+            Err(e) => {
+                // the tokens so far stand; the caller reports the failure with them
+                stop_reason = StopReason::Error;
+                error = Some(e.to_string());
+                break;
+            }
+        };
     }
     if let Some(s) = stream.as_mut() {
         if stop_reason != StopReason::StopString {
@@ -332,5 +350,6 @@ pub fn generate(
         stop_reason,
         timings,
         step_logits,
+        error,
     })
 }

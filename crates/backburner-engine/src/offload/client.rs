@@ -75,8 +75,8 @@ impl WorkerClient {
         Ok(done)
     }
 
-    /// Sends an `Attend` with `q` (`[n_tokens, n_heads, head_dim]` f32) over `positions` held by the worker; the
-    /// answer is read by [`WorkerClient::attend_recv`] (the host computes meanwhile, and other workers get theirs).
+    /// Sends an `Attend` with `q` (`[n_tokens, n_heads, head_dim]` f32) over `positions` held by the worker, to be
+    /// answered with `reply_parts` partials; the answer is read by [`WorkerClient::attend_recv`] (the host computes meanwhile, and other workers get theirs).
     /// The deadline allows the transfers plus the attention at a pessimistic [`MIN_ATTEND_FLOPS`]. Errors: as
     /// [`WorkerClient::pages_put`].
     pub fn attend_send(
@@ -84,13 +84,18 @@ impl WorkerClient {
         a: &Attend,
         q: &[f32],
         positions: usize,
+        reply_parts: usize,
     ) -> Result<(), LinkError> {
         let bytes = f32_bytes(q);
         // q·k and p·v: 4 flops per query element and key position
         let flops = (q.len() as f64) * (positions as f64) * 4.0;
         let compute = Duration::from_secs_f64((flops / MIN_ATTEND_FLOPS).min(1e9));
-        // the reply may be a partial per page: allow for its transfer too
-        let d = self.allowance(bytes.len().saturating_mul(4), compute);
+        // the request, and a reply of `reply_parts` partials (each a little over q's size)
+        let reply = bytes
+            .len()
+            .saturating_mul(2)
+            .saturating_mul(reply_parts.max(1));
+        let d = self.allowance(bytes.len().saturating_add(reply), compute);
         let c = self.conn_or_lost()?;
         c.set_deadline(Some(d));
         if let Err(e) = c.writer.send(Kind::Attend, a, &bytes) {

@@ -71,11 +71,8 @@ impl Session {
         if let Some(b) = self.budget_positions() {
             let need = self.tokens.len().saturating_add(ids.len());
             if need > b && self.lock_workers().is_empty() {
-                return Err(EngineError::KvBudget {
-                    budget: b,
-                    need,
-                    why: "no worker is attached to hold the oldest pages (--worker)".into(),
-                });
+                let why = "no worker is attached to hold the oldest pages (--worker)";
+                return Err(self.budget_error(need, why.into()));
             }
         }
         let mut attempts = 0usize;
@@ -127,11 +124,10 @@ impl Session {
                     self.drop_state_for_rebuild();
                     attempts += 1;
                     if attempts > self.lock_workers().len() {
-                        return Err(EngineError::KvBudget {
-                            budget: self.budget_positions().unwrap_or(usize::MAX),
-                            need: self.tokens.len() + ids.len(),
-                            why: format!("workers kept failing ({why})"),
-                        });
+                        let need = self.tokens.len() + ids.len();
+                        return Err(
+                            self.budget_error(need, format!("workers kept failing ({why})"))
+                        );
                     }
                 }
             }
@@ -212,11 +208,23 @@ impl Session {
     }
 
     fn refuse(&self, need: usize, why: String) -> Failure {
-        Failure::Refused(EngineError::KvBudget {
+        Failure::Refused(self.budget_error(need, why))
+    }
+
+    /// The typed budget error, saying how a byte budget was converted to positions.
+    pub(crate) fn budget_error(&self, need: usize, why: String) -> EngineError {
+        let why = match self.opts.kv_budget {
+            Some(super::KvBudget::Bytes(b)) => {
+                let per = super::bytes_per_position(self.model.config(), self.opts.kv);
+                format!("{why} (the budget of {b} bytes is that many positions at {per} bytes of KV per position)")
+            }
+            _ => why,
+        };
+        EngineError::KvBudget {
             budget: self.budget_positions().unwrap_or(usize::MAX),
             need,
             why,
-        })
+        }
     }
 
     /// Moves whole pages of the oldest positions to workers until `add` more positions fit the budget.
@@ -238,8 +246,10 @@ impl Session {
             .unwrap_or(0);
         if n > movable {
             let why = format!(
-                "a step of {add} tokens needs {n} pages of {ps} positions moved but only {movable} full pages may move (the newest page stays); raise --kv-budget to at least {} positions",
-                add + 2 * ps
+                "a step of {add} tokens needs {n} page{} of {ps} positions moved but only {movable} full page{} may move (the newest page stays); raise --kv-budget to at least {} positions, or lower --kv-page-size or --ubatch",
+                if n == 1 { "" } else { "s" },
+                if movable == 1 { "" } else { "s" },
+                add + ps
             );
             return Err(self.refuse(on_host + add, why));
         }
@@ -322,7 +332,10 @@ impl Session {
                 )));
             }
             if !holds && !w.available() {
-                why.push(format!("{} is waiting out a failure", w.settings.addr));
+                why.push(format!(
+                    "{} failed recently and is retried after its backoff",
+                    w.settings.addr
+                ));
                 continue;
             }
             if let Err(e) = w.ensure_connected(&cfg, kv.dtype, kv.page_size, ubatch) {

@@ -36,32 +36,20 @@ pub enum KvBudget {
 }
 
 impl KvBudget {
-    /// Parses `N` (positions) or `N` with a byte suffix (`B`, `KiB`, `MiB`, `GiB`, `KB`, `MB`, `GB`; case-insensitive).
+    /// Parses `N` (positions) or a byte size with a unit (see [`parse_bytes`]: `512MiB`, `2G`, `1000000B`).
     /// Errors: a message naming the accepted forms.
     pub fn parse(s: &str) -> Result<Self, String> {
         let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let bad = || {
-            format!("invalid KV budget {s:?}: give positions (e.g. 8192) or bytes with a unit (e.g. 512MiB, 2GiB)")
-        };
-        let n: u64 = num.parse().map_err(|_| bad())?;
-        let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" => {
-                return usize::try_from(n)
-                    .map(KvBudget::Positions)
-                    .map_err(|_| bad())
-            }
-            "b" => 1,
-            "kib" | "k" => 1 << 10,
-            "mib" | "m" => 1 << 20,
-            "gib" | "g" => 1 << 30,
-            "kb" => 1_000,
-            "mb" => 1_000_000,
-            "gb" => 1_000_000_000,
-            _ => return Err(bad()),
-        };
-        n.checked_mul(mul).map(KvBudget::Bytes).ok_or_else(bad)
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            let bad = || format!("invalid KV budget {s:?}: too large");
+            return t
+                .parse::<usize>()
+                .map(KvBudget::Positions)
+                .map_err(|_| bad());
+        }
+        parse_bytes(t).map(KvBudget::Bytes).map_err(|_| {
+            format!("invalid KV budget {s:?}: give positions (e.g. 8192) or bytes with a unit (e.g. 512MiB, 2G)")
+        })
     }
 
     /// The budget in positions for `cfg`'s full-attention layers with `kv` (a byte budget is rounded down to
@@ -80,6 +68,30 @@ impl KvBudget {
     }
 }
 
+/// Parses a byte size: a whole number with an optional unit, case-insensitive: none or `B` (bytes), `K`/`KiB`,
+/// `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000). Errors: a message
+/// naming the accepted forms, for anything else or a size past `u64`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let bad = || format!("{s:?} is not a byte size (e.g. 4096, 512M, 512MiB, 8G)");
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mul).ok_or_else(bad)
+}
+
 /// Bytes of K and V one position takes over all of `cfg`'s full-attention layers in `kv`'s dtype.
 pub fn bytes_per_position(cfg: &ModelConfig, kv: KvOptions) -> usize {
     attention_layers(cfg).len() * 2 * cfg.num_key_value_heads * cfg.head_dim * kv.dtype.size_of()
@@ -90,4 +102,33 @@ pub fn attention_layers(cfg: &ModelConfig) -> Vec<usize> {
     (0..cfg.num_hidden_layers)
         .filter(|&i| cfg.layer_types[i] == LayerKind::FullAttention)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_and_budgets_parse_in_one_way() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("8G"), Ok(8 << 30));
+        assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_bytes("512mib"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2MB"), Ok(2_000_000));
+        assert_eq!(parse_bytes("1B"), Ok(1));
+        for bad in [
+            "",
+            "1.5MiB",
+            "-1",
+            "8 XB",
+            "G",
+            "99999999999999999999",
+            "20000000000T",
+        ] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(KvBudget::parse("8192"), Ok(KvBudget::Positions(8192)));
+        assert_eq!(KvBudget::parse("64KiB"), Ok(KvBudget::Bytes(64 << 10)));
+        assert!(KvBudget::parse("").is_err() && KvBudget::parse("1.5MiB").is_err());
+    }
 }

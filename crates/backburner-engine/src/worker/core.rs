@@ -153,7 +153,8 @@ impl SessionCore {
             head_dim: cfg.head_dim,
             dtype: spec.kv.dtype,
         };
-        let mut pages = SessionPages::new(shape, budget)?;
+        let headroom = page_requests::attend_headroom(cfg, spec.ubatch);
+        let mut pages = SessionPages::new(shape, budget)?.with_headroom(headroom);
         if spec.pack_pages {
             pages = pages.pack_in_background();
         }
@@ -188,6 +189,17 @@ impl SessionCore {
     /// What the session's KV-offload requests did so far.
     pub fn page_stats(&self) -> PageStats {
         self.page_stats
+    }
+
+    /// Bytes of a request of `kind` whose buffers the session has reserved already (an `Attend`'s, inside the page
+    /// store's headroom while it holds pages).
+    pub fn prepaid(&self, kind: backburner_link::Kind) -> u64 {
+        if kind != backburner_link::Kind::Attend || self.pages.headroom() == 0 {
+            return 0;
+        }
+        page_requests::attend_sizes(self.cfg(), self.spec.ubatch).map_or(0, |(_, q)| {
+            (q + backburner_link::frame::MAX_CONTROL) as u64 * 2
+        })
     }
 
     /// The offloaded pages (tests, stats).
@@ -270,8 +282,7 @@ impl SessionCore {
             }
             Request::Attend(a, q) => {
                 let lim = page_limits(&self.model, &self.spec, &self.attn_layers);
-                let room = self.room.as_ref();
-                let r = page_requests::attend(&self.pages, &lim, &self.budget, room, a, &q);
+                let r = page_requests::attend(&self.pages, &lim, &self.budget, a, &q);
                 if let Ok(Reply::Partials(p, ..)) = &r {
                     self.page_stats.attends += 1;
                     self.page_stats.attend_us += p.compute_us;

@@ -33,6 +33,7 @@ pub use self::accept::valid_split_layers;
 use self::accept::{check_range, handshake, load, Accepted};
 pub use self::budget::{default_max_memory, MakeRoom, MemoryBudget, OverBudget, Reservation};
 pub use self::core::{Fault, PageStats, Reply, SessionCore, SessionSpec};
+pub use self::page_requests::attend_headroom;
 use self::registry::{Registry, SessionGuard};
 use crate::compute::ComputePool;
 
@@ -375,9 +376,20 @@ fn session_loop(
         // (a page put's pages are reserved by the store, which answers PagesFull when they do not fit: only its
         // received body is reserved here)
         let copies = if h.kind == Kind::PagesPut { 1 } else { 2 };
-        let need = (h.body_len() as u64).saturating_mul(copies);
+        let need = (h.body_len() as u64)
+            .saturating_mul(copies)
+            .saturating_sub(core.prepaid(h.kind));
         let hold = match shared.budget.reserve(need, "a request's buffers") {
             Ok(r) => r,
+            Err(_) if h.kind == Kind::PagesPut => {
+                // pages that do not fit: read past them (one frame, at most the frame bound, over the budget for
+                // as long as it takes) and say so; the session and its pages go on
+                conn.reader.recv_body(h)?;
+                *frames += 1;
+                let full = page_requests::full(&shared.budget, h.body_len(), false);
+                send_reply(conn, o.pace, full)?;
+                continue;
+            }
             Err(e) => return refuse(conn, e.into()),
         };
         let f = conn.reader.recv_body(h)?;

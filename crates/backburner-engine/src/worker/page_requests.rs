@@ -9,7 +9,7 @@ use backburner_link::message::{Attend, PagesDone, PagesDrop, PagesFull, PagesPut
 use backburner_link::ErrorCode;
 use backburner_model::{LayerKind, ModelConfig};
 
-use super::budget::{MakeRoom, MemoryBudget};
+use super::budget::MemoryBudget;
 use super::core::{Fault, Reply};
 use super::pages::SessionPages;
 
@@ -65,12 +65,50 @@ pub(super) fn put(
     }
     match store.put_layers(lim.attn_layers, p.first_pos, n_pages, bytes) {
         Ok(()) => Ok(done(store, lim.attn_layers.first().copied().unwrap_or(0))),
-        Err(f) if f.code == ErrorCode::OutOfMemory => Ok(Reply::PagesFull(PagesFull {
-            needed: bytes.len() as u64,
-            free: budget.limit().saturating_sub(budget.used()),
-        })),
+        Err(f) if f.code == ErrorCode::OutOfMemory => Ok(full(budget, bytes.len(), true)),
         Err(f) => Err(f),
     }
+}
+
+/// The `PagesFull` answer to a put of `body` bytes: what the worker will have free once the request's own buffer
+/// (reserved or not: `body_reserved`) is released.
+pub(super) fn full(budget: &MemoryBudget, body: usize, body_reserved: bool) -> Reply {
+    let body = body as u64;
+    let free = budget.limit().saturating_sub(budget.used());
+    Reply::PagesFull(PagesFull {
+        needed: body,
+        free: if body_reserved {
+            free.saturating_add(body).min(budget.limit())
+        } else {
+            free
+        },
+    })
+}
+
+/// Bytes of one `Partials` of `n_tokens` queries (`[n_tokens, heads, head_dim + 1]` f32) and of their `q`
+/// (`[n_tokens, heads, head_dim]` f32), or `None` on overflow.
+pub(super) fn attend_sizes(cfg: &ModelConfig, n_tokens: usize) -> Option<(usize, usize)> {
+    let rows = n_tokens.checked_mul(cfg.num_attention_heads)?;
+    let reply = rows.checked_mul(cfg.head_dim + 1)?.checked_mul(4)?;
+    let q = rows.checked_mul(cfg.head_dim)?.checked_mul(4)?;
+    Some((reply, q))
+}
+
+/// Bytes allowed for an `Attend`'s control section in the standing headroom (it encodes in at most 32; a request
+/// with a larger one reserves the excess as any request does).
+pub(super) const ATTEND_CONTROL: usize = 64;
+
+/// The standing reservation (bytes) of a session holding pages (see `SessionPages::with_headroom`): an `Attend` of
+/// up to `ubatch` tokens answered with one partial, its reply reserved three times (the partial, its bytes, the
+/// sealed frame) and its request twice (as any request's buffers). `u64::MAX` on overflow.
+pub fn attend_headroom(cfg: &ModelConfig, ubatch: usize) -> u64 {
+    attend_sizes(cfg, ubatch)
+        .and_then(|(reply, q)| {
+            reply
+                .checked_mul(3)?
+                .checked_add(q.checked_add(ATTEND_CONTROL)?.checked_mul(2)?)
+        })
+        .map_or(u64::MAX, |b| b as u64)
 }
 
 /// `PagesDrop`. Errors: `BadState` off a page boundary.
@@ -91,7 +129,6 @@ pub(super) fn attend(
     store: &SessionPages,
     lim: &PageLimits<'_>,
     budget: &std::sync::Arc<MemoryBudget>,
-    room: Option<&MakeRoom>,
     a: Attend,
     q: &[u8],
 ) -> Result<Reply, Fault> {
@@ -159,12 +196,12 @@ pub(super) fn attend(
                 format!("the partials of {t} tokens over {parts} pages exceed the frame bound of {} bytes", lim.max_frame),
             )
         })?;
-    // the partials, their bytes and the sealed frame
-    let hold = budget.reserve_with(
-        (reply_len as u64).saturating_mul(3),
-        "attention partials",
-        room,
-    )?;
+    // the partials, their bytes and the sealed frame: one partial's worth is the store's standing headroom, more
+    // (one per page) is reserved now, without evicting other sessions
+    let covered = attend_sizes(cfg, lim.max_ubatch).map_or(0, |(r, _)| r as u64 * 3);
+    let covered = if store.headroom() > 0 { covered } else { 0 };
+    let extra = (reply_len as u64).saturating_mul(3).saturating_sub(covered);
+    let hold = budget.reserve(extra, "attention partials")?;
     let q = bytes_f32(q).map_err(|e| fault(ErrorCode::Malformed, e.to_string()))?;
     let pos0 = usize::try_from(a.q_pos0).map_err(|_| fault(ErrorCode::Malformed, "q_pos0"))?;
     let t0 = Instant::now();

@@ -81,6 +81,8 @@ pub struct SessionPages {
     layers: BTreeMap<usize, Run>,
     held: Reservation,
     packer: Option<Packer>,
+    /// Bytes reserved beside the pages while any is held, so that an `Attend` can always be answered.
+    headroom: u64,
 }
 
 impl SessionPages {
@@ -98,7 +100,24 @@ impl SessionPages {
                 .reserve(0, "offloaded KV pages")
                 .map_err(Fault::from)?,
             packer: None,
+            headroom: 0,
         })
+    }
+
+    /// Keeps `bytes` reserved beside the pages while the store holds any (the buffers of answering one `Attend`),
+    /// so that a worker full of pages can still attend over them: a put that would leave less is refused.
+    pub fn with_headroom(mut self, bytes: u64) -> Self {
+        self.headroom = bytes;
+        self
+    }
+
+    /// The standing reservation for answering an `Attend` (0 while no page is held).
+    pub fn headroom(&self) -> u64 {
+        if self.pages() > 0 {
+            self.headroom
+        } else {
+            0
+        }
     }
 
     /// Packs every page stored from now on in a background thread (see [`super::packer`]); attention reads the
@@ -144,7 +163,7 @@ impl SessionPages {
         self.layers.get(&layer).map_or(0, |r| r.pages.len())
     }
 
-    /// Bytes held (reserved against the budget).
+    /// Bytes held (reserved against the budget): the pages and, while any is held, the headroom.
     pub fn bytes(&self) -> u64 {
         self.held.bytes()
     }
@@ -205,7 +224,13 @@ impl SessionPages {
             )));
         }
         let grow = u64::try_from(bytes.len()).map_err(|_| malformed("size"))?;
-        self.held.resize(self.held.bytes().saturating_add(grow))?;
+        let headroom = if self.pages() == 0 { self.headroom } else { 0 };
+        self.held.resize(
+            self.held
+                .bytes()
+                .saturating_add(grow)
+                .saturating_add(headroom),
+        )?;
         for (&layer, chunk) in layers.iter().zip(bytes.chunks_exact(per * n_pages)) {
             let run = self.layers.entry(layer).or_default();
             if run.pages.is_empty() {
@@ -244,8 +269,10 @@ impl SessionPages {
             run.pages.retain(|p| (p.start as u64) < positions);
             freed += (before - run.pages.len()) as u64 * per;
         }
+        let had = self.headroom();
         self.layers.retain(|_, r| !r.pages.is_empty());
-        let _ = self.held.resize(self.held.bytes() - freed);
+        let released = freed + (had - self.headroom());
+        let _ = self.held.resize(self.held.bytes() - released);
         Ok(())
     }
 

@@ -1,0 +1,177 @@
+//! KV offload at a worker's limits (found by an adversarial run): a worker full of pages still answers `Attend`
+//! (a standing headroom), a put larger than its free memory is answered `PagesFull` and the session goes on, and a
+//! later worker's per-page partials over many pages come in token chunks that fit its frame bound; the host's
+//! output keeps the local bits throughout.
+
+mod worker_common;
+
+use std::time::Duration;
+
+use backburner_engine::offload::KvBudget;
+use backburner_engine::{EngineError, Logits, Session, SessionOptions};
+use backburner_link::frame::Kind;
+use backburner_link::handshake::host_handshake;
+use backburner_link::message::{Attend, PagesPut};
+use backburner_link::{Conn, SessionParams, WireKvDtype};
+use worker_common::*;
+
+/// One page of one layer of the tiny model (2 KV heads × 32 dims × 64 positions × K,V × f16).
+const PAGE: usize = 2 * 64 * 2 * 32 * 2;
+
+/// A raw host session on layers 4..8 with 64-position pages and 16-token ubatches.
+fn connect(dir: &std::path::Path, addr: &str) -> Conn {
+    let fp = backburner_engine::split::dir_fingerprint(dir.to_path_buf());
+    let mut c = Conn::connect(addr, Duration::from_secs(10), None).unwrap();
+    host_handshake(&mut c, b"", |_ch| {
+        Ok(SessionParams {
+            fingerprint: fp(4..8).unwrap(),
+            n_layers: 8,
+            layer_start: 4,
+            layer_end: 8,
+            hidden: 64,
+            kv_dtype: WireKvDtype::F16,
+            kv_page_size: 64,
+            ubatch: 16,
+        })
+    })
+    .unwrap();
+    c.reader.set_max_tensor(1 << 30);
+    c.set_deadline(Some(Duration::from_secs(20)));
+    c
+}
+
+fn put(c: &mut Conn, first_pos: u64, n_pages: u32) -> Kind {
+    let body = vec![0x3c; n_pages as usize * 2 * PAGE];
+    c.writer
+        .send(Kind::PagesPut, &PagesPut { first_pos, n_pages }, &body)
+        .unwrap();
+    c.reader.recv().unwrap().kind()
+}
+
+#[test]
+fn a_put_larger_than_the_free_memory_is_answered_pages_full_and_the_session_goes_on() {
+    let f = model_with_layers(8, 22);
+    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 1 << 20);
+    let mut c = connect(f.dir.path(), &w.addr);
+    // 1 MiB budget, 32 KiB per page over both layers
+    assert_eq!(put(&mut c, 0, 10), Kind::PagesDone);
+    // the pages do not fit; then the request buffer alone does not fit either: both PagesFull
+    assert_eq!(put(&mut c, 640, 14), Kind::PagesFull);
+    assert_eq!(put(&mut c, 640, 24), Kind::PagesFull);
+    // the session and its pages are still there
+    let a = Attend {
+        layer: 3,
+        q_pos0: 640,
+        n_tokens: 16,
+        n_heads: 4,
+        scale: 0.1,
+        per_page: false,
+    };
+    c.writer
+        .send(Kind::Attend, &a, &vec![0; 16 * 4 * 32 * 4])
+        .unwrap();
+    assert_eq!(c.reader.recv().unwrap().kind(), Kind::Partials);
+    assert_eq!(put(&mut c, 640, 1), Kind::PagesDone);
+}
+
+fn ubatch_128(budget: Option<usize>) -> SessionOptions {
+    SessionOptions {
+        ubatch: 128,
+        kv_budget: budget.map(KvBudget::Positions),
+        ..opts()
+    }
+}
+
+/// Prefill, 70 decode steps, a second prefill, 5 decode steps: every step's logits bits.
+fn two_turns(s: &mut Session) -> Result<Vec<Vec<u32>>, EngineError> {
+    let mut out = vec![bits(&s.prefill(
+        &prompt(600, 3),
+        Logits::Last,
+        |_, _| {},
+    )?)];
+    for t in 0..70u32 {
+        out.push(bits(&s.decode(t % 300)?));
+    }
+    out.push(bits(&s.prefill(
+        &prompt(700, 4),
+        Logits::Last,
+        |_, _| {},
+    )?));
+    for t in 0..5u32 {
+        out.push(bits(&s.decode(t)?));
+    }
+    Ok(out)
+}
+
+#[test]
+fn a_first_worker_full_of_pages_keeps_answering_and_the_next_takes_over_with_the_local_bits() {
+    let f = model_with_layers(8, 25);
+    let want = two_turns(&mut Session::new(f.model.clone(), ubatch_128(None)).unwrap()).unwrap();
+    for mem in [500_000u64, 700_000, 900_000] {
+        let w1 = start_worker_with(f.dir.path(), |o| {
+            o.max_memory = mem;
+            o.max_ubatch = 256
+        });
+        let w2 = start_worker_with(f.dir.path(), |o| o.max_ubatch = 256);
+        let mut s = Session::new(f.model.clone(), ubatch_128(Some(320))).unwrap();
+        s.attach_worker(client(f.dir.path(), &w1.addr, Some(4), b""));
+        s.attach_worker(client(f.dir.path(), &w2.addr, Some(4), b""));
+        let got = two_turns(&mut s).unwrap();
+        assert!(got == want, "mem {mem}: logits differ");
+        let st = s.link_stats();
+        assert_eq!((st.offload_failures, st.fallbacks), (0, 0), "mem {mem}");
+        let runs = s.placement().runs().to_vec();
+        assert_eq!(
+            runs.iter().map(|r| r.worker).collect::<Vec<_>>(),
+            [0, 1],
+            "mem {mem}"
+        );
+    }
+    // alone, the full worker refuses more pages: a typed budget error, not a lost worker
+    let w1 = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = 700_000;
+        o.max_ubatch = 256
+    });
+    let mut s = Session::new(f.model.clone(), ubatch_128(Some(320))).unwrap();
+    s.attach_worker(client(f.dir.path(), &w1.addr, Some(4), b""));
+    match two_turns(&mut s) {
+        Err(EngineError::KvBudget {
+            budget: 320, why, ..
+        }) => assert!(why.contains("full"), "{why}"),
+        other => panic!(
+            "expected a KV budget error, got {:?}",
+            other.map(|v| v.len())
+        ),
+    }
+    assert_eq!(s.link_stats().offload_failures, 0);
+}
+
+#[test]
+fn a_later_workers_per_page_partials_come_in_chunks_within_its_frame_bound() {
+    let f = model_with_layers(8, 23);
+    let p = prompt(40 * 64 + 9, 7);
+    let mut local = Session::new(f.model.clone(), ubatch_128(None)).unwrap();
+    let want = run(&mut local, &p, 4);
+    // the first worker takes a few pages; the second, with 256 KiB frames, the next ~30: per-page partials of a
+    // 128-token ubatch over 30 pages would be 2 MiB in one frame
+    let w1 = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = 560_000;
+        o.max_ubatch = 256
+    });
+    let w2 = start_worker_with(f.dir.path(), |o| {
+        o.max_frame = 256 << 10;
+        o.max_ubatch = 256
+    });
+    let mut s = Session::new(f.model.clone(), ubatch_128(Some(320))).unwrap();
+    s.attach_worker(client_with(f.dir.path(), &w1.addr, Some(4), b"", 256 << 10));
+    s.attach_worker(client_with(f.dir.path(), &w2.addr, Some(4), b"", 256 << 10));
+    let got = run(&mut s, &p, 4);
+    assert!(got == want, "logits differ");
+    let st = s.link_stats();
+    assert_eq!((st.offload_failures, st.fallbacks), (0, 0));
+    let runs = s.placement().runs().to_vec();
+    assert!(
+        runs.len() == 2 && runs[1].end - runs[1].start >= 25 * 64,
+        "{runs:?}"
+    );
+}
