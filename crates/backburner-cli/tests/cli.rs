@@ -541,10 +541,9 @@ fn help_texts_say_what_the_commands_do() {
     };
     let top = help(&["--help"]);
     assert!(
-        top.contains("Serve the tail layers of split prefill to a host over the link"),
+        top.contains("Serve hosts over the link (a daemon): the tail layers of split prefill, and the KV pages of KV offload"),
         "{top}"
     );
-    assert!(!top.contains("KV pages"), "{top}");
     let local = help(&["bench", "local", "--help"]);
     for want in [
         "[default: 2048,8192,16384]",

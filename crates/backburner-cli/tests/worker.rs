@@ -129,7 +129,7 @@ fn worker_flags_are_validated() {
         (vec!["worker", "--model", ms, "--layers", "4-8"], "L..n"),
         (
             vec!["worker", "--model", ms, "--max-memory", "lots"],
-            "byte count",
+            "is not a byte size",
         ),
         (
             vec![
