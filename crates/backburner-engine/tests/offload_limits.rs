@@ -175,3 +175,53 @@ fn a_later_workers_per_page_partials_come_in_chunks_within_its_frame_bound() {
         "{runs:?}"
     );
 }
+
+#[test]
+fn a_worker_short_of_memory_evicts_an_idle_mirror_before_an_older_session_holding_pages() {
+    let f = model_with_layers(8, 13);
+    // as in split.rs: a split session's idle mirror holds ~102 KB after a 20-ubatch prompt and a split call peaks at
+    // ~462 KB; a session holding 3 pages holds ~96 KB of pages, ~42 KB of headroom and ~24 KB of state. 680 KB holds
+    // both idle sessions, but not a third one's peak beside them: one of the two is evicted.
+    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 680_000);
+    let pages_prompt = prompt(5 * 64 + 3, 8);
+    let mut lp = Session::new(f.model.clone(), opts()).unwrap();
+    let want_p = run(&mut lp, &pages_prompt, 3);
+    // the oldest: a session holding pages
+    let budgeted = SessionOptions {
+        kv_budget: Some(KvBudget::Positions(128)),
+        ..opts()
+    };
+    let mut p = Session::new(f.model.clone(), budgeted).unwrap();
+    p.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    let l = p.prefill(&pages_prompt, Logits::Last, |_, _| {}).unwrap();
+    assert_eq!(bits(&l), want_p.0[0]);
+    assert!(p.link_stats().positions_on_workers >= 3 * 64);
+    // then a split session whose mirror stays
+    let mut a = Session::new(f.model.clone(), opts()).unwrap();
+    a.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    run(&mut a, &prompt(20 * UBATCH, 1), 0);
+    assert_eq!(a.link_stats().fallbacks, 0);
+    // a third session needs room: the mirror goes, the pages stay
+    let mut b = Session::new(f.model.clone(), opts()).unwrap();
+    b.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    run(&mut b, &prompt(20 * UBATCH, 2), 0);
+    assert_eq!(b.link_stats().fallbacks, 0, "b should have made room");
+    let mut t = backburner_engine::argmax(&l);
+    for (i, want) in want_p.0.iter().enumerate().skip(1) {
+        let l = p.decode(t).unwrap();
+        assert_eq!(&bits(&l), want, "step {i}");
+        t = backburner_engine::argmax(&l);
+    }
+    assert_eq!(
+        p.link_stats().offload_failures,
+        0,
+        "the session holding pages was evicted"
+    );
+    a.prefill(&prompt(2 * UBATCH, 3), Logits::Last, |_, _| {})
+        .unwrap();
+    assert_eq!(
+        a.link_stats().fallbacks,
+        1,
+        "the idle mirror should have been evicted"
+    );
+}

@@ -411,6 +411,7 @@ fn session_loop(
         };
         send_reply(conn, o.pace, reply)?;
         me.set_bytes(core.held_bytes());
+        me.set_holds_pages(core.pages().pages() > 0);
     }
 }
 

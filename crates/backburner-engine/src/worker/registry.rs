@@ -19,6 +19,8 @@ pub(crate) struct SessionFlags {
     pub last_active_ms: AtomicU64,
     /// Bytes the session holds against the budget (as of its last request).
     pub bytes: AtomicU64,
+    /// Whether the session holds offloaded KV pages (evicting it costs its host a re-ingest: evicted last).
+    pub holds_pages: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -96,6 +98,7 @@ impl Registry {
             evicted: AtomicBool::new(false),
             last_active_ms: AtomicU64::new(self.now_ms()),
             bytes: AtomicU64::new(0),
+            holds_pages: AtomicBool::new(false),
         });
         g.sessions.insert(
             id,
@@ -115,8 +118,8 @@ impl Registry {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Makes room for `need` more bytes of `budget` by evicting the least recently active idle session other than
-    /// `me` (it is marked and its socket's reading side shut, so its thread wakes, tells its host `Evicted` and drops
+    /// Makes room for `need` more bytes of `budget` by evicting (sessions without KV pages first) the least recently
+    /// active idle session other than `me` (it is marked and its socket's reading side shut, so its thread wakes, tells its host `Evicted` and drops
     /// its state). Returns false, evicting nothing, when even every idle session's bytes could not make `need` fit;
     /// true when a session was evicted or evicted ones are still freeing their memory.
     pub fn evict_idle_except(&self, me: u64, need: u64, budget: &super::MemoryBudget) -> bool {
@@ -134,7 +137,12 @@ impl Registry {
         let victim = others()
             .filter(|(_, e)| e.flags.idle.load(Ordering::Acquire))
             .filter(|(_, e)| !e.flags.evicted.load(Ordering::Acquire))
-            .min_by_key(|(_, e)| e.flags.last_active_ms.load(Ordering::Acquire));
+            .min_by_key(|(_, e)| {
+                (
+                    e.flags.holds_pages.load(Ordering::Acquire),
+                    e.flags.last_active_ms.load(Ordering::Acquire),
+                )
+            });
         match victim {
             Some((_, e)) => {
                 e.flags.evicted.store(true, Ordering::Release);
@@ -190,6 +198,12 @@ impl SessionGuard {
     /// Records the bytes the session holds (for eviction decisions).
     pub fn set_bytes(&self, bytes: u64) {
         self.flags.bytes.store(bytes, Ordering::Release);
+    }
+
+    /// Records whether the session holds offloaded KV pages (such sessions are evicted only when no other idle one
+    /// is left).
+    pub fn set_holds_pages(&self, holds: bool) {
+        self.flags.holds_pages.store(holds, Ordering::Release);
     }
 
     /// Whether the registry evicted this session.
