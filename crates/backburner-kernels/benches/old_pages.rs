@@ -8,11 +8,27 @@
 //! * "cache": one page attended 64 times (in L2 for 256 positions, L3 for 4096); the bandwidth is that of a buffer
 //!   of the page's size.
 //!
-//! Measured on the 2-core AMD EPYC (Zen 4) dev VM, single-core read bandwidth 18-21 GB/s, decode (1 token), 1
-//! thread, DRAM: packed pages run 1.3-1.8x faster than block-major ones for the bench shape (4096-position pages:
-//! 15.5 GB/s, 74-83 % of the bandwidth, vs 9-10 GB/s; 256-position pages: 57-66 % vs 43-45 %) and 1.1-1.2x for
-//! the 24/4/256 shape (44-46 % vs 38 %: six query rows per KV head put its FMA-bound ceiling near the bandwidth);
-//! in cache and for 4-token batches (FMA-bound) the two layouts are within noise.
+//! Measured on the 2-core AMD EPYC (Zen 4) dev VM, single-core read bandwidth 17-21 GB/s (drifting, shared VM),
+//! decode (1 token), 1 thread, DRAM: packed pages run 1.3-1.8x faster than block-major ones for the bench shape and
+//! 1.1-1.3x for the 24/4/256 shape; in cache and for 4-token batches (FMA-bound) the two layouts are within noise.
+//! Packed pages, medians of 5 runs of 15 rounds, before (6dfef0e) and after the 6-row tile for groups of 6 rows
+//! (d2624f7; the 8/2/128 kernel is unchanged, its two columns show the run-to-run noise):
+//!
+//! ```text
+//! shape     page  set    before µs/page  GB/s  %bw   after µs/page  GB/s  %bw
+//! 8/2/128    256  DRAM            19.8   13.2  64%            21.2   12.4  64%
+//! 8/2/128   4096  DRAM           276     15.2  77%           301     13.9  73%
+//! 24/4/256   256  DRAM           127      8.3  45%           113      9.3  50%
+//! 24/4/256  4096  DRAM          1969      8.5  45%          1755      9.6  52%
+//! 8/2/128    256  cache           13.3   19.8   -             13.5   19.5   -
+//! 24/4/256   256  cache           85.3   12.3   -             69.6   15.1   -
+//! ```
+//!
+//! In cache the 8/2/128 kernel takes about as long per page (13.3 µs for 256 positions) as DRAM needs to deliver
+//! the page at 20 GB/s (13.1 µs): it is compute-bound and memory-bound at once, so its DRAM time is near the sum
+//! rather than the maximum of the two. Interleaving the softmax reductions of a group's rows saved ~4 % in cache and
+//! did not show in DRAM beyond the noise; prefetching the whole next block into L2 made packed pages 20-40 % slower;
+//! two passes of 2 rows x 8 value vectors (each value row read whole) made packed pages ~8 % slower.
 //!
 //! `cargo bench -p backburner-kernels --bench old_pages` (prints a table; `-- --quick` for fewer rounds; rows can
 //! be selected through the environment, see [`Filter`]).

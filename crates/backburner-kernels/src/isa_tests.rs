@@ -108,3 +108,104 @@ fn matmul_gives_the_same_bits_on_every_instruction_set_and_as_the_plain_loop() {
         }
     }
 }
+
+/// FNV-1a over the bits of a partial's outputs and log-sum-exps.
+fn fnv(h: &mut u64, x: &[f32]) {
+    for v in x {
+        for b in v.to_bits().to_le_bytes() {
+            *h = (*h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+/// The exact bits of `attend_page`, recorded from the kernel as it stood before the decode path was restructured
+/// (commit 6dfef0e), on every instruction set: decode (1 token, all or part of the page visible), a short batch
+/// inside the page and a prefill batch starting before it; f16 and f32; block-major and packed pages; 1 and 2
+/// threads; GQA groups of 1 to 12 rows; head_dim 40 (lane tails) to 256; one page long enough for two key segments.
+/// Any change of the arithmetic's order in the kernel shows here.
+#[test]
+fn attention_keeps_its_recorded_bits_on_every_instruction_set() {
+    use crate::kv::PackedPage;
+    // (n_heads, n_kv_heads, head_dim, page len, fnv of f16 outputs, fnv of f32 outputs)
+    let cases: [(usize, usize, usize, usize, u64, u64); 6] = [
+        (8, 2, 128, 300, 0x6b0d_b436_8a8f_75c4, 0x79fe_f114_a4cc_b736),
+        (
+            24,
+            4,
+            256,
+            200,
+            0x02f7_b059_abc8_291e,
+            0x78ff_3fb4_caeb_a63b,
+        ),
+        (6, 2, 40, 300, 0x4e39_62b5_70bf_d032, 0x3eac_e899_9a67_a18b),
+        (4, 4, 64, 300, 0xe0c5_e69a_c840_d379, 0xbe7f_2f49_c9e6_067c),
+        (12, 1, 32, 300, 0x0f59_5813_cb05_d0af, 0x16ba_7e2b_92ab_a875),
+        (8, 2, 64, 1100, 0x61a7_7b26_bef9_e5e1, 0x5856_09cf_27ed_ebbc),
+    ];
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("pool")
+        })
+        .collect();
+    let mut r = StdRng::seed_from_u64(5);
+    let mut report = Vec::new();
+    let mut ok = true;
+    for (n_heads, hkv, dim, len, want16, want32) in cases {
+        for (dtype, want) in [(KvDtype::F16, want16), (KvDtype::F32, want32)] {
+            let start = 64;
+            let mut page = KvPage::new(start, len.next_multiple_of(64), hkv, dim, dtype);
+            page.append(
+                &uniform(&mut r, len * hkv * dim),
+                &uniform(&mut r, len * hkv * dim),
+                len,
+            );
+            let packed = PackedPage::pack(page.view());
+            // (tokens, position of the first)
+            let queries = [
+                (1, start + len + 10),
+                (1, start + len / 2 + 3),
+                (5, start + len - 40),
+                (20, start - 3),
+            ];
+            let qs: Vec<Vec<f32>> = queries
+                .iter()
+                .map(|&(n, _)| uniform(&mut r, n * n_heads * dim))
+                .collect();
+            let runs = at_every_level(|| {
+                let mut h = 0xcbf2_9ce4_8422_2325u64;
+                for (&(n, pos), q) in queries.iter().zip(&qs) {
+                    let scale = (dim as f32).powf(-0.5);
+                    let base = pools[0].install(|| attend_page(q, n, n_heads, pos, &page, scale));
+                    for pool in &pools {
+                        for view in [page.view(), packed.view()] {
+                            let p = pool.install(|| attend_page(q, n, n_heads, pos, view, scale));
+                            assert_eq!(
+                                bits(&p.o),
+                                bits(&base.o),
+                                "layouts and thread counts agree"
+                            );
+                            assert_eq!(
+                                bits(&p.lse),
+                                bits(&base.lse),
+                                "layouts and thread counts agree"
+                            );
+                        }
+                    }
+                    fnv(&mut h, &base.o);
+                    fnv(&mut h, &base.lse);
+                }
+                h
+            });
+            report.push(format!(
+                "{n_heads}/{hkv}/{dim} len {len} {dtype}: {:#018x}",
+                runs[0]
+            ));
+            ok &= runs.iter().all(|&h| h == want);
+        }
+    }
+    assert!(ok, "recorded bits changed:\n{}", report.join("\n"));
+}

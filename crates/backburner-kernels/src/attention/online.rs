@@ -67,7 +67,11 @@ impl RowState {
         while r < n {
             let left = n - r;
             let (acc, w) = (&mut self.acc[(r0 + r) * self.dim..], &p[r * KEY_BLOCK..]);
-            if left >= 4 {
+            if I::WIDE && left >= 6 && !left.is_multiple_of(4) {
+                // 24 accumulators fit the 32 registers: a group of 6 reads each value vector once.
+                weighted_rows::<I, S, 6>(isa, acc, w, nv, v, self.dim);
+                r += 6;
+            } else if left >= 4 {
                 weighted_rows::<I, S, 4>(isa, acc, w, nv, v, self.dim);
                 r += 4;
             } else if left >= 2 {

@@ -345,6 +345,12 @@ fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
 fn scores<I: Isa, S: BlockSrc>(isa: I, q: &[f32], kt: S, dim: usize, sc: &mut [f32]) {
     let rows = q.len() / dim;
     let mut r0 = 0;
+    // With 32 registers, a tile of 6 rows (24 accumulators) takes a group of 6 (e.g. Qwen3.5's 24/4) in one pass
+    // over the keys instead of 4 + 1 + 1; the scores are the same chains either way.
+    while I::WIDE && rows - r0 >= 6 && !(rows - r0).is_multiple_of(4) {
+        score_tile::<I, S, 6>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
+        r0 += 6;
+    }
     while r0 + 4 <= rows {
         score_tile::<I, S, 4>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
         r0 += 4;
