@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use backburner_engine::offload::KvBudget;
-use backburner_engine::{argmax, Logits, Session, WorkerClient, WorkerSettings};
+use backburner_engine::{argmax, Logits, Session, SessionOptions, WorkerClient, WorkerSettings};
 use backburner_link::Shaper;
 use clap::Args;
 use serde::Serialize;
@@ -118,118 +118,135 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs the benchmark.
-pub fn run(a: OffloadArgs) -> Result<()> {
-    let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
-    let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
-    let cfg = loaded.model.config().clone();
-    let ps = margs.kv_page_size;
-    if a.depth < 4 * ps || a.decode_tokens == 0 || a.reps == 0 {
-        bail!(
-            "--depth must be at least 4 KV pages ({} positions) and --decode-tokens, --reps ≥ 1",
-            4 * ps
-        );
-    }
-    if a.ingest_tokens > 0 && a.ingest_tokens / 4 < margs.ubatch + 2 * a.ingest_page_size {
-        bail!("--ingest-tokens / 4 (the host's budget in the ingestion run) must hold a ubatch and two pages of --ingest-page-size (or --ingest-tokens 0 skips it)");
-    }
-    let opts = margs.session_options(&pool);
-    let per_pos = backburner_engine::offload::bytes_per_position(&cfg, opts.kv);
-    let page_put = per_pos * ps;
-    // the first of two workers holds a quarter of the depth, the second the rest of the offloaded half: its
-    // budget fits those pages, the headroom a worker keeps for answering attention, its session state (under
-    // 2 MiB here) and one put in flight (its frame), but not one more page
-    let quarter = (a.depth / 4 / ps * page_put) as u64;
-    let headroom = backburner_engine::worker::attend_headroom(&cfg, margs.ubatch);
+/// The worker processes of the bench and what each configuration uses.
+struct Workers {
+    _procs: Vec<crate::bench_split::ChildWorker>,
+    /// Packed pages (default), for one worker and the shaped link.
+    one: String,
+    /// The first of two, sized to a quarter of the depth.
+    first_of_two: String,
+    /// The second of two.
+    second_of_two: String,
+    /// `--no-pack-pages`.
+    unpacked: String,
+}
+
+/// Starts the four worker processes; the first of two holds a quarter of the depth, the second the rest of the
+/// offloaded half: its budget fits those pages, the headroom a worker keeps for answering attention, its session
+/// state (under 2 MiB here) and one put in flight (its frame), but not one more page.
+fn start_workers(
+    a: &OffloadArgs,
+    loaded: &Loaded,
+    margs: &ModelArgs,
+    page_put: usize,
+) -> Result<Workers> {
+    let cfg = loaded.model.config();
+    let quarter = (a.depth / 4 / margs.kv_page_size * page_put) as u64;
+    let headroom = backburner_engine::worker::attend_headroom(cfg, margs.ubatch);
     let w1_mem = format!("{}", quarter + headroom + page_put as u64 + (3 << 20));
     let wt = a.worker_threads;
-    let (_w1, addr1) = spawn_worker(&loaded.dir, wt, &[])?;
-    let (_w2, addr2) = spawn_worker(&loaded.dir, wt, &["--max-memory", &w1_mem])?;
-    let (_w3, addr3) = spawn_worker(&loaded.dir, wt, &[])?;
-    let (_w4, addr4) = spawn_worker(&loaded.dir, wt, &["--no-pack-pages"])?;
+    let mut procs = Vec::new();
+    let mut start = |extra: &[&str]| -> Result<String> {
+        let (p, addr) = spawn_worker(&loaded.dir, wt, extra)?;
+        procs.push(p);
+        Ok(addr)
+    };
+    let one = start(&[])?;
+    let first_of_two = start(&["--max-memory", &w1_mem])?;
+    let second_of_two = start(&[])?;
+    let unpacked = start(&["--no-pack-pages"])?;
+    Ok(Workers {
+        _procs: procs,
+        one,
+        first_of_two,
+        second_of_two,
+        unpacked,
+    })
+}
+
+const CONFIGS: [Config; 5] = [
+    Config::Local,
+    Config::OneWorker,
+    Config::OneWorkerUnpacked,
+    Config::TwoWorkers,
+    Config::OneWorkerShaped,
+];
+
+/// A session of configuration `c` filled to the depth with synthetic rows, its pages moved out by two decode steps.
+fn setup(
+    c: Config,
+    a: &OffloadArgs,
+    loaded: &Loaded,
+    opts: &SessionOptions,
+    w: &Workers,
+    page_put: usize,
+) -> Result<Setup> {
+    let mut o = opts.clone();
+    if c != Config::Local {
+        // half the depth on workers: the host keeps half plus one page of headroom, so no page moves while timing
+        o.kv_budget = Some(KvBudget::Positions(a.depth / 2 + opts.kv.page_size));
+    }
+    let mut s = Session::new(loaded.model.clone(), o)?;
     let shaper = Shaper {
         delay: Duration::from_micros(a.shaped_delay_us),
         rate_bps: (a.shaped_gbit * 1e9) as u64,
     };
-    eprintln!(
-        "bench decode-offload: model {} ({} layers, {} attention), depth {} (synthetic rows), page {ps}, {} KiB KV per position, host {} thread(s), workers {wt} thread(s) each, machine: {}",
-        loaded.dir.display(),
-        cfg.num_hidden_layers,
-        backburner_engine::offload::attention_layers(&cfg).len(),
-        a.depth,
-        per_pos / 1024,
-        pool.threads(),
-        bench::machine_description()
-    );
-    // half the depth on workers: the host keeps half plus one page of headroom, so no page moves while timing
-    let budget = KvBudget::Positions(a.depth / 2 + ps);
-    let configs = [
-        Config::Local,
-        Config::OneWorker,
-        Config::OneWorkerUnpacked,
-        Config::TwoWorkers,
-        Config::OneWorkerShaped,
-    ];
-    let mut setups = Vec::new();
-    for c in configs {
-        let mut o = opts.clone();
-        let mut s = Session::new(loaded.model.clone(), o.clone())?;
-        if c != Config::Local {
-            o.kv_budget = Some(budget);
-            s = Session::new(loaded.model.clone(), o)?;
-        }
-        match c {
-            Config::Local => {}
-            Config::OneWorker => s.attach_worker(client(&addr1, &loaded, None, page_put)),
-            Config::OneWorkerUnpacked => s.attach_worker(client(&addr4, &loaded, None, page_put)),
-            Config::TwoWorkers => {
-                s.attach_worker(client(&addr2, &loaded, None, page_put));
-                s.attach_worker(client(&addr3, &loaded, None, page_put));
-            }
-            Config::OneWorkerShaped => {
-                s.attach_worker(client(&addr1, &loaded, Some(shaper), page_put))
-            }
-        }
-        s.fill_synthetic(a.depth, 0x5eed)?;
-        // two steps move the pages out and warm up; the measurements start from here
-        let l = s.decode(1)?;
-        let l = s.decode(argmax(&l))?;
-        let first = argmax(&l);
-        let snap = s.snapshot();
-        setups.push(Setup {
-            session: s,
-            snap,
-            first,
-            samples: Vec::new(),
-            bytes_per_token: 0,
-        });
+    let attach: &[(&str, Option<Shaper>)] = match c {
+        Config::Local => &[],
+        Config::OneWorker => &[(&w.one, None)],
+        Config::OneWorkerUnpacked => &[(&w.unpacked, None)],
+        Config::TwoWorkers => &[(&w.first_of_two, None), (&w.second_of_two, None)],
+        Config::OneWorkerShaped => &[(&w.one, Some(shaper))],
+    };
+    for (addr, sh) in attach {
+        s.attach_worker(client(addr, loaded, *sh, page_put));
     }
-    // the workers pack their new pages in the background: let them finish before measuring
-    std::thread::sleep(Duration::from_secs(2));
+    s.fill_synthetic(a.depth, 0x5eed)?;
+    // two steps move the pages out and warm up; the measurements start from here
+    let l = s.decode(1)?;
+    let l = s.decode(argmax(&l))?;
+    let first = argmax(&l);
+    let snap = s.snapshot();
+    Ok(Setup {
+        session: s,
+        snap,
+        first,
+        samples: Vec::new(),
+        bytes_per_token: 0,
+    })
+}
+
+/// `reps` rounds over the configurations in turn; every configuration's logits must be the local ones.
+fn measure_rounds(setups: &mut [Setup], a: &OffloadArgs) -> Result<()> {
     let mut want: Option<Vec<u32>> = None;
     for rep in 0..a.reps {
-        for (i, st) in setups.iter_mut().enumerate() {
+        for (c, st) in CONFIGS.iter().zip(setups.iter_mut()) {
             let before = st.session.link_stats();
             let (ms, first) = measure(st, a.decode_tokens)?;
             let after = st.session.link_stats();
             if after.offload_failures + after.fallbacks > 0 {
-                bail!("a worker failed during the benchmark ({:?})", configs[i]);
+                bail!("a worker failed during the benchmark ({c:?})");
             }
             let bits: Vec<u32> = first.iter().map(|x| x.to_bits()).collect();
             match &want {
                 None => want = Some(bits),
-                Some(w) if *w != bits => bail!("{:?}: logits differ from local", configs[i]),
+                Some(w) if *w != bits => bail!("{c:?}: logits differ from local"),
                 _ => {}
             }
             st.bytes_per_token =
                 (after.offload_decode_bytes - before.offload_decode_bytes) / a.decode_tokens as u64;
             st.samples.push(ms);
-            eprintln!("rep {rep} {:?}: {ms:.2} ms/token", configs[i]);
+            eprintln!("rep {rep} {c:?}: {ms:.2} ms/token");
         }
     }
+    Ok(())
+}
+
+/// The medians and placements of each configuration, printed as they are made.
+fn summarize(setups: &[Setup]) -> Vec<ConfigResult> {
     let local = median(&setups[0].samples);
     let mut results = Vec::new();
-    for (c, st) in configs.iter().zip(&setups) {
+    for (c, st) in CONFIGS.iter().zip(setups) {
         let m = median(&st.samples);
         let runs = st.session.placement().runs().to_vec();
         let on_workers = (0..st.session.workers().len())
@@ -260,9 +277,50 @@ pub fn run(a: OffloadArgs) -> Result<()> {
         );
         results.push(r);
     }
+    results
+}
+
+/// Runs the benchmark.
+pub fn run(a: OffloadArgs) -> Result<()> {
+    let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
+    let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
+    let cfg = loaded.model.config().clone();
+    let ps = margs.kv_page_size;
+    if a.depth < 4 * ps || a.decode_tokens == 0 || a.reps == 0 {
+        bail!(
+            "--depth must be at least 4 KV pages ({} positions) and --decode-tokens, --reps ≥ 1",
+            4 * ps
+        );
+    }
+    if a.ingest_tokens > 0 && a.ingest_tokens / 4 < margs.ubatch + 2 * a.ingest_page_size {
+        bail!("--ingest-tokens / 4 (the host's budget in the ingestion run) must hold a ubatch and two pages of --ingest-page-size (or --ingest-tokens 0 skips it)");
+    }
+    let opts = margs.session_options(&pool);
+    let per_pos = backburner_engine::offload::bytes_per_position(&cfg, opts.kv);
+    let page_put = per_pos * ps;
+    let workers = start_workers(&a, &loaded, &margs, page_put)?;
+    eprintln!(
+        "bench decode-offload: model {} ({} layers, {} attention), depth {} (synthetic rows), page {ps}, {} KiB KV per position, host {} thread(s), workers {} thread(s) each, machine: {}",
+        loaded.dir.display(),
+        cfg.num_hidden_layers,
+        backburner_engine::offload::attention_layers(&cfg).len(),
+        a.depth,
+        per_pos / 1024,
+        pool.threads(),
+        a.worker_threads,
+        bench::machine_description()
+    );
+    let mut setups = CONFIGS
+        .iter()
+        .map(|c| setup(*c, &a, &loaded, &opts, &workers, page_put))
+        .collect::<Result<Vec<_>>>()?;
+    // the workers pack their new pages in the background: let them finish before measuring
+    std::thread::sleep(Duration::from_secs(2));
+    measure_rounds(&mut setups, &a)?;
+    let results = summarize(&setups);
     drop(setups);
     let ingest = if a.ingest_tokens > 0 {
-        Some(ingest(&a, &loaded, &margs, &pool, &addr1)?)
+        Some(ingest(&a, &loaded, &margs, &pool, &workers.one)?)
     } else {
         None
     };
@@ -275,7 +333,7 @@ pub fn run(a: OffloadArgs) -> Result<()> {
         "kv_dtype": margs.kv_dtype.as_str(),
         "host_kv_budget_positions": a.depth / 2 + ps,
         "host_threads": pool.threads(),
-        "worker_threads": wt,
+        "worker_threads": a.worker_threads,
         "decode_tokens": a.decode_tokens,
         "reps": a.reps,
         "shaped_link": {"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit},
