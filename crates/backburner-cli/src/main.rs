@@ -223,22 +223,6 @@ fn need_tok<'a>(
 
 const IDS_HINT: &str = "; give token ids with --prompt-tokens or --prompt-tokens-file";
 
-/// Rejects sampling settings that have no meaning (NaN or negative temperature, top-p outside (0, 1], min-p
-/// outside [0, 1]).
-/// Bytes with a binary unit.
-pub fn human_bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else if b >= (1u64 << 20) as f64 {
-        format!("{:.2} MiB", b / (1u64 << 20) as f64)
-    } else if b >= 1024.0 {
-        format!("{:.1} KiB", b / 1024.0)
-    } else {
-        format!("{b} B")
-    }
-}
-
 fn run_perplexity(a: PplArgs) -> Result<()> {
     if let Some(n) = a.model.ctx_size {
         bail!("perplexity takes --ctx {n} (the window length, at most the model's context), not --ctx-size");

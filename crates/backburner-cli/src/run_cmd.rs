@@ -79,6 +79,8 @@ pub(crate) struct RunArgs {
     link: LinkArgs,
 }
 
+/// Rejects sampling settings that have no meaning (NaN or negative temperature, top-p outside (0, 1], min-p
+/// outside [0, 1]).
 fn check_sampling(a: &RunArgs) -> Result<()> {
     if !a.temp.is_finite() || a.temp < 0.0 {
         bail!("--temp {} must be a finite number ≥ 0 (0 = greedy)", a.temp);

@@ -88,13 +88,12 @@ impl Session {
                 None => ids.to_vec(),
             };
             let start = self.tokens.len();
-            let (snap, off0) = (self.state.snapshot(), self.state.offloaded());
-            let want = if skip > 0 && which == Logits::All {
-                Logits::All
-            } else {
-                which
-            };
-            let failure = match self.run_budgeted(&input, want, skip, progress) {
+            // a refusal is raised before a ubatch runs: a call of one ubatch changes nothing before it, so only a
+            // longer one needs a snapshot (a copy of every linear state: not on the decode path)
+            let multi = input.len() > self.opts.ubatch;
+            let snap = multi.then(|| self.state.snapshot());
+            let off0 = self.state.offloaded();
+            let failure = match self.run_budgeted(&input, which, skip, progress) {
                 Ok(logits) => {
                     self.rebuild = false;
                     return Ok(logits);
@@ -108,7 +107,9 @@ impl Session {
             }
             match failure {
                 Failure::Refused(e) if self.state.offloaded() == off0 && !self.rebuild => {
-                    self.state.restore(&snap);
+                    if let Some(snap) = &snap {
+                        self.state.restore(snap);
+                    }
                     return Err(e);
                 }
                 Failure::Refused(e) => {

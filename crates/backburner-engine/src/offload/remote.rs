@@ -31,8 +31,6 @@ pub struct LinkPages {
     head_dim: usize,
     page_size: usize,
     pending: Option<Pending>,
-    /// The first worker whose failure was latched.
-    failed: Option<usize>,
 }
 
 impl LinkPages {
@@ -45,17 +43,10 @@ impl LinkPages {
             head_dim,
             page_size,
             pending: None,
-            failed: None,
         }
     }
 
-    /// The worker whose failure was latched, if any.
-    pub fn failed_worker(&self) -> Option<usize> {
-        self.failed
-    }
-
-    fn fail(&mut self, worker: usize, e: impl std::fmt::Display) -> RemoteError {
-        self.failed.get_or_insert(worker);
+    fn fail(&self, worker: usize, e: impl std::fmt::Display) -> RemoteError {
         RemoteError(format!("worker {worker}: {e}"))
     }
 

@@ -191,15 +191,20 @@ impl SessionCore {
         self.page_stats
     }
 
-    /// Bytes of a request of `kind` whose buffers the session has reserved already (an `Attend`'s, inside the page
-    /// store's headroom while it holds pages).
-    pub fn prepaid(&self, kind: backburner_link::Kind) -> u64 {
-        if kind != backburner_link::Kind::Attend || self.pages.headroom() == 0 {
-            return 0;
-        }
-        page_requests::attend_sizes(self.cfg(), self.spec.ubatch).map_or(0, |(_, q)| {
-            (q + backburner_link::frame::MAX_CONTROL) as u64 * 2
-        })
+    /// Bytes to reserve for the buffers of a request of `kind` with a body of `body` bytes, once its header has
+    /// been read: the body and, for a `Ping`, its echo (twice the body); once for a `PagesPut`, whose pages the
+    /// store reserves; an `Attend`'s come out of the page store's headroom while it holds pages.
+    pub fn request_buffers(&self, kind: backburner_link::Kind, body: usize) -> u64 {
+        use backburner_link::Kind;
+        let copies = if kind == Kind::PagesPut { 1 } else { 2 };
+        let prepaid = match kind {
+            Kind::Attend if self.pages.headroom() > 0 => {
+                page_requests::attend_sizes(self.cfg(), self.spec.ubatch)
+                    .map_or(0, |(_, q)| (q + page_requests::ATTEND_CONTROL) as u64 * 2)
+            }
+            _ => 0,
+        };
+        (body as u64).saturating_mul(copies).saturating_sub(prepaid)
     }
 
     /// The offloaded pages (tests, stats).

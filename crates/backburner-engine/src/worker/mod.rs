@@ -371,14 +371,8 @@ fn session_loop(
             });
         }
         let h = h?;
-        // the received body and, for a ping, its echo
-        // the body is not authenticated yet: its buffers never evict another session
-        // (a page put's pages are reserved by the store, which answers PagesFull when they do not fit: only its
-        // received body is reserved here)
-        let copies = if h.kind == Kind::PagesPut { 1 } else { 2 };
-        let need = (h.body_len() as u64)
-            .saturating_mul(copies)
-            .saturating_sub(core.prepaid(h.kind));
+        // the received body (see `SessionCore::request_buffers`); not authenticated yet: its buffers never evict
+        let need = core.request_buffers(h.kind, h.body_len());
         let hold = match shared.budget.reserve(need, "a request's buffers") {
             Ok(r) => r,
             Err(_) if h.kind == Kind::PagesPut => {

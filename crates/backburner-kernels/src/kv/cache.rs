@@ -331,15 +331,7 @@ impl PagedKvCache {
         q_pos0: usize,
         scale: f32,
     ) -> Partial {
-        attend_pages(
-            q,
-            n_tokens,
-            n_heads,
-            q_pos0,
-            &self.pages,
-            scale,
-            Some(prefix),
-        )
+        self.attend_after_ahead(prefix, &[], q, n_tokens, n_heads, q_pos0, scale)
     }
 
     /// The partials of the first pages held here, computed ahead (while the fold over the pages held elsewhere is
