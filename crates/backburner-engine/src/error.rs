@@ -34,6 +34,20 @@ pub enum EngineError {
         /// Why no worker took the pages.
         why: String,
     },
+    /// A layer-split worker, which holds the only copy of its layers, failed or could not be reached: the request
+    /// fails (nothing else can run those layers). The session keeps its tokens (without this request's) and the
+    /// next request re-ingests them through the worker once it is back.
+    #[error("worker {addr} holding layers {layers} is lost ({reason}); the session keeps its {kept} tokens and re-ingests them on the next request")]
+    WorkerLost {
+        /// The worker's address.
+        addr: String,
+        /// The layers it holds (`a..b`).
+        layers: String,
+        /// What failed.
+        reason: String,
+        /// Tokens the session keeps.
+        kept: usize,
+    },
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),

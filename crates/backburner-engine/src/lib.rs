@@ -2,7 +2,9 @@
 //! and perplexity.
 #![warn(missing_docs)]
 
+pub mod chain;
 pub mod compute;
+pub mod connection;
 pub mod error;
 pub mod generate;
 pub mod offload;

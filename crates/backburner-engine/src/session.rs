@@ -67,6 +67,8 @@ pub struct Session {
     pub(crate) rebuild: bool,
     /// Offload counters kept by the session (the workers keep their own link counters).
     pub(crate) offload_stats: LinkStats,
+    /// Layer split: the workers holding the layers past the host's (`None`: the host holds every layer).
+    pub(crate) chain: Option<crate::chain::LayerSplit>,
 }
 
 impl Session {
@@ -76,9 +78,14 @@ impl Session {
     /// and the embedding and head.
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Self> {
         let n = model.config().num_hidden_layers;
-        if model.layer_range() != (0..n) || !model.holds_ends() {
+        Self::assemble(model, opts, n)
+    }
+
+    /// A session on `model`, which must hold layers `[0, held)` and the embedding and head.
+    pub(crate) fn assemble(model: Arc<Model>, opts: SessionOptions, held: usize) -> Result<Self> {
+        if model.layer_range() != (0..held) || !model.holds_ends() {
             return Err(EngineError::InvalidSetting(format!(
-                "a session needs every layer and the embedding and head; this model holds layers {:?}{}",
+                "this session needs layers 0..{held} and the embedding and head; the model holds layers {:?}{}",
                 model.layer_range(),
                 if model.holds_ends() { "" } else { " without the ends" }
             )));
@@ -92,7 +99,7 @@ impl Session {
             ));
         }
         let cfg = model.config();
-        let state = ModelState::new(cfg, 0..cfg.num_hidden_layers, opts.kv);
+        let state = ModelState::new(cfg, 0..held, opts.kv);
         Ok(Session {
             model,
             state,
@@ -102,6 +109,7 @@ impl Session {
             placement: Placement::default(),
             rebuild: false,
             offload_stats: LinkStats::default(),
+            chain: None,
         })
     }
 
@@ -132,6 +140,9 @@ impl Session {
         let mut s = self.offload_stats.clone();
         for w in self.lock_workers().iter() {
             s.add(&w.stats());
+        }
+        if let Some(c) = &self.chain {
+            s.add(&c.link_stats());
         }
         let ps = self.opts.kv.page_size.max(1);
         let n_attn = crate::offload::attention_layers(self.model.config()).len();
@@ -201,6 +212,9 @@ impl Session {
         }
         self.check_fits(ids.len())?;
         self.model.check_ids(ids)?;
+        if self.chain.is_some() {
+            return self.prefill_chain(ids, which, &mut progress);
+        }
         if self.offload_needed(ids.len()) {
             return self.prefill_budgeted(ids, which, &mut progress);
         }
@@ -284,6 +298,11 @@ impl Session {
     pub fn fill_synthetic(&mut self, n: usize, seed: u64) -> Result<()> {
         use rand::{Rng, SeedableRng};
         self.check_fits(n)?;
+        if self.chain.is_some() {
+            return Err(EngineError::InvalidSetting(
+                "synthetic rows need every attention layer on the host (not a layer split)".into(),
+            ));
+        }
         if self.rebuild {
             return Err(EngineError::InvalidSetting(
                 "the session's state is being rebuilt".into(),
@@ -323,9 +342,13 @@ impl Session {
     /// state; the next prefill re-ingests the tokens kept.
     pub fn rewind(&mut self, snap: &StateSnapshot) {
         let n = snap.n_tokens();
-        if self.rebuild || n < self.state.offloaded() {
+        if self.rebuild || n < self.state.offloaded() || self.chain.is_some() {
+            // the workers of a layer split cannot rewind their linear states: rebuild from the tokens kept
             self.tokens.truncate(n);
             self.drop_state_for_rebuild();
+            if let Some(c) = &mut self.chain {
+                c.reset();
+            }
         } else {
             self.state.restore(snap);
             self.tokens.truncate(n);
@@ -340,6 +363,9 @@ impl Session {
         self.drop_state_for_rebuild();
         self.rebuild = false;
         self.tokens.clear();
+        if let Some(c) = &mut self.chain {
+            c.reset();
+        }
         for w in self.lock_workers().iter_mut() {
             w.on_truncate(0);
         }

@@ -32,6 +32,7 @@ fn connect(dir: &std::path::Path, addr: &str) -> Conn {
             kv_dtype: WireKvDtype::F16,
             kv_page_size: 64,
             ubatch: 16,
+            layer_split: false,
         })
     })
     .unwrap();

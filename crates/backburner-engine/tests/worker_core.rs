@@ -33,6 +33,7 @@ fn spec(n: usize) -> SessionSpec {
         max_positions: 1 << 40,
         max_frame: 1 << 20,
         pack_pages: true,
+        layer_split: false,
     }
 }
 
@@ -112,7 +113,7 @@ fn wire_values_at_their_extremes_get_typed_errors() {
             "RunLayers {pos} {n} {bytes}"
         );
     }
-    assert!(matches!(h(run(1, 2, 2 * 64 * 4)), Ok(Reply::LayersDone(d)) if d.pos_after == 3));
+    assert!(matches!(h(run(1, 2, 2 * 64 * 4)), Ok(Reply::LayersDone(d, x, _)) if d.pos_after == 3 && x.is_empty()));
     for (a, b) in [(0, 4), (2, 1), (0, u64::MAX), (u64::MAX, u64::MAX)] {
         assert_eq!(code(h(fetch(a, b))), ErrorCode::BadState, "fetch {a}..{b}");
     }
@@ -158,7 +159,7 @@ fn the_budget_refuses_growth_before_allocating() {
     assert_eq!(budget.used(), base);
     assert!(matches!(
         core.handle(run(0, 4, 4 * 64 * 4), Instant::now(), &pool),
-        Ok(Reply::LayersDone(_))
+        Ok(Reply::LayersDone(..))
     ));
 }
 
@@ -332,4 +333,42 @@ proptest! {
             prop_assert!(budget.used() <= budget.limit());
         }
     }
+}
+
+#[test]
+fn a_layer_split_session_returns_the_residual_of_any_range() {
+    let (_d, m) = model(8, 4);
+    let pool = ComputePool::new(1).unwrap();
+    let budget = MemoryBudget::new(1 << 30);
+    let mut sp = spec(8);
+    sp.range = 2..5; // neither a tail nor on the 4-layer seam
+    sp.layer_split = true;
+    let mut core = SessionCore::new(m.clone(), sp.clone(), &budget).unwrap();
+    let hidden = m.config().hidden_size;
+    let x: Vec<f32> = (0..3 * hidden).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+    let bytes = backburner_link::frame::f32_bytes(&x);
+    let before = budget.used();
+    let reply = core
+        .handle(
+            Request::RunLayers(RunLayers { pos: 0, n_tokens: 3 }, bytes.clone()),
+            Instant::now(),
+            &pool,
+        )
+        .unwrap();
+    let Reply::LayersDone(d, back, hold) = reply else {
+        panic!("expected LayersDone")
+    };
+    assert_eq!(d.pos_after, 3);
+    // the reply and its sealed copy are reserved until sent
+    assert_eq!(hold.bytes(), 2 * bytes.len() as u64);
+    assert!(budget.used() >= before + hold.bytes());
+    drop(hold);
+    let mut want = x.clone();
+    let mut st = backburner_model::ModelState::new(m.config(), 2..5, sp.kv);
+    m.forward_layers(2..5, &mut want, 3, &mut st);
+    let got = backburner_link::frame::bytes_f32(&back).unwrap();
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 }

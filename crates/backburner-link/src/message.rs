@@ -66,6 +66,11 @@ pub struct SessionParams {
     pub kv_page_size: u64,
     /// Largest ubatch the host sends (tokens).
     pub ubatch: u32,
+    /// Layer split: the worker holds the only copy of layers `layer_start..layer_end` (any non-empty range of the
+    /// model, on any layer boundary) and every `LayersDone` carries the residual stream leaving `layer_end`.
+    /// `false`: a split-prefill mirror of a tail range `[L, n)` on a layer-cycle seam, whose `LayersDone` carry
+    /// no tensor.
+    pub layer_split: bool,
 }
 
 /// `Auth` (host → worker).
@@ -121,7 +126,8 @@ pub struct RunLayers {
     pub n_tokens: u32,
 }
 
-/// `LayersDone` (worker → host).
+/// `LayersDone` (worker → host). Tensor section: in a layer-split session the residual stream leaving the worker's
+/// last layer, `[n_tokens, hidden]` f32; empty in a split-prefill session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayersDone {
     /// Mirror position after the ubatch.

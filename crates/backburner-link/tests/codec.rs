@@ -193,7 +193,7 @@ fn header_fields_at_zero_max_and_past_max() {
             matches!(err(header(k, PROTOCOL_VERSION, 0, 0)), LinkError::UnknownKind(v) if v == k)
         );
     }
-    for v in [0u16, 1, 2, 4, u16::MAX] {
+    for v in [0u16, 1, 3, 5, u16::MAX] {
         assert!(
             matches!(err(header(1, v, 0, 0)), LinkError::VersionMismatch { theirs, .. } if theirs == v)
         );
@@ -284,7 +284,7 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
             limits,
         };
         control_round_trip(Kind::Challenge, &ch);
-        for kv_dtype in [WireKvDtype::F16, WireKvDtype::F32] {
+        for (kv_dtype, layer_split) in [(WireKvDtype::F16, false), (WireKvDtype::F32, true)] {
             let p = SessionParams {
                 fingerprint: [2; 32],
                 n_layers: y,
@@ -294,6 +294,7 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
                 kv_dtype,
                 kv_page_size: x,
                 ubatch: y,
+                layer_split,
             };
             control_round_trip(Kind::Auth, &p);
         }

@@ -49,6 +49,7 @@ fn the_documented_handshake_and_sealed_frames() {
         kv_dtype: WireKvDtype::F16,
         kv_page_size: 4096,
         ubatch: 512,
+        layer_split: false,
     };
     let session = 0x0123_4567_89ab_cdefu64;
     let mut t = Transcript::default();

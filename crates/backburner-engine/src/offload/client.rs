@@ -24,7 +24,7 @@ pub enum PutOutcome {
 
 impl WorkerClient {
     fn conn_or_lost(&mut self) -> Result<&mut backburner_link::Conn, LinkError> {
-        self.conn.as_mut().ok_or_else(|| {
+        self.link.conn.as_mut().ok_or_else(|| {
             LinkError::Refused("the worker's connection (and the pages it held) is gone".into())
         })
     }
@@ -116,7 +116,7 @@ impl WorkerClient {
         let c = self.conn_or_lost()?;
         let (p, t): (Partials, _) = c.reader.expect(Kind::Partials, "Partials")?;
         let parts = decode_partials(&p, &t, n_tokens, n_heads, head_dim)?;
-        self.stats.offload_compute_us = self.stats.offload_compute_us.saturating_add(p.compute_us);
+        self.link.stats.offload_compute_us = self.link.stats.offload_compute_us.saturating_add(p.compute_us);
         self.succeeded();
         Ok(parts)
     }

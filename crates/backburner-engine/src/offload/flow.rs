@@ -44,7 +44,7 @@ impl Session {
             let mut ws = self.lock_workers();
             for i in held {
                 if let Some(w) = ws.get_mut(i) {
-                    if w.conn.is_some() {
+                    if w.link.conn.is_some() {
                         if let Err(e) = w.pages_drop(0) {
                             w.fail(&e);
                         }
@@ -280,10 +280,10 @@ impl Session {
         let frame = ws
             .iter()
             .map(|w| {
-                let lim = w.limits.map_or(usize::MAX, |l| {
+                let lim = w.link.limits.map_or(usize::MAX, |l| {
                     usize::try_from(l.max_frame).unwrap_or(usize::MAX)
                 });
-                w.settings.frame_budget.min(lim)
+                w.link.settings.frame_budget.min(lim)
             })
             .min()
             .unwrap_or(usize::MAX);
@@ -326,22 +326,22 @@ impl Session {
             let mut ws = self.lock_workers();
             let w = &mut ws[wi];
             let holds = self.placement.uses(wi);
-            if holds && w.conn.is_none() {
+            if holds && w.link.conn.is_none() {
                 return Err(Failure::Lost(format!(
                     "worker {wi} ({}) lost its connection",
-                    w.settings.addr
+                    w.link.settings.addr
                 )));
             }
             if !holds && !w.available() {
                 why.push(format!(
                     "{} failed recently and is retried after its backoff",
-                    w.settings.addr
+                    w.link.settings.addr
                 ));
                 continue;
             }
             if let Err(e) = w.ensure_connected(&cfg, kv.dtype, kv.page_size, ubatch) {
                 w.fail(&e);
-                why.push(format!("{}: {e}", w.settings.addr));
+                why.push(format!("{}: {e}", w.link.settings.addr));
                 continue;
             }
             match w.pages_put(first as u64, k as u32, &bytes) {
@@ -358,11 +358,11 @@ impl Session {
                 Ok(PutOutcome::Full(f)) => {
                     why.push(format!(
                         "{} is full ({} bytes needed, {} free)",
-                        w.settings.addr, f.needed, f.free
+                        w.link.settings.addr, f.needed, f.free
                     ));
                 }
                 Err(e) => {
-                    let addr = w.settings.addr.clone();
+                    let addr = w.link.settings.addr.clone();
                     w.fail(&e);
                     if holds {
                         return Err(Failure::Lost(format!("worker {wi} ({addr}): {e}")));

@@ -78,7 +78,7 @@ fn drain(
 ) {
     for (worker, c) in sent {
         let w = &mut ws[*worker];
-        if w.conn.is_some() {
+        if w.link.conn.is_some() {
             if let Err(e) = w.attend_recv(c.len(), n_heads, d) {
                 w.fail(&e);
             }
@@ -169,7 +169,7 @@ impl RemotePages for LinkPages {
             let mut parts: Vec<Partial> = (0..want).map(|_| Partial::empty(t, h, d)).collect();
             let w = &mut ws[run.worker];
             for c in cs {
-                if w.conn.is_none() {
+                if w.link.conn.is_none() {
                     continue; // failed on an earlier chunk
                 }
                 let got = w.attend_recv(c.len(), h, d).and_then(|g| {

@@ -1,58 +1,36 @@
-//! The host's client for one worker: connection, handshake, deadlines, backoff, and what it knows of the mirror.
+//! The host's split-prefill client of one worker: its connection and what it knows of the worker's mirror.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use backburner_kernels::kv::KvDtype;
 use backburner_link::frame::Kind;
-use backburner_link::handshake::host_handshake;
-use backburner_link::message::{Empty, SessionParams, WorkerLimits};
-use backburner_link::{Conn, LinkError, WireKvDtype};
+use backburner_link::message::{Challenge, Empty};
+use backburner_link::LinkError;
 use backburner_model::ModelConfig;
-use tracing::{info, warn};
 
-use super::{balanced_split, FingerprintFn, LinkStats, WorkerSettings};
+use super::{balanced_split, LinkStats, WorkerSettings};
+use crate::connection::{why, Connection, SessionShape};
 
-/// The reason a send failed: the worker's `Error` frame if it sent one before closing (a refused request), else the
-/// send's own error.
-pub(crate) fn why(c: &mut Conn, e: LinkError) -> LinkError {
-    c.reader.set_deadline(Some(Duration::from_millis(500)));
-    match c.reader.recv() {
-        Err(remote @ LinkError::Remote { .. }) => remote,
-        _ => e,
-    }
-}
-
-/// A connection to one worker plus what the host knows about its mirror.
+/// A split-prefill client of one worker: its [`Connection`] plus what the host knows about the worker's mirror
+/// of the tail layers `[L, n)`. KV offload uses the same connection.
 pub struct WorkerClient {
-    pub(crate) settings: WorkerSettings,
-    fingerprint: FingerprintFn,
-    pub(crate) conn: Option<Conn>,
+    pub(crate) link: Connection,
     pub(super) split: usize,
-    /// What the worker accepts (from its `Welcome`).
-    pub(crate) limits: Option<WorkerLimits>,
     /// KV rows the mirror holds that match the host (positions `[0, mirror_kv)`).
     pub(super) mirror_kv: usize,
     /// Position the mirror's linear states correspond to (None = unknown).
     pub(super) mirror_linear_at: Option<usize>,
     /// The worker's observed compute time per token and layer (µs), for deadlines.
     pub(super) us_per_token_layer: Option<f64>,
-    /// The worker's compute threads (from its `Welcome`).
-    pub(super) worker_threads: usize,
-    pub(crate) stats: LinkStats,
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    counted: (u64, u64),
 }
 
 impl std::fmt::Debug for WorkerClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerClient")
-            .field("addr", &self.settings.addr)
-            .field("connected", &self.conn.is_some())
+            .field("link", &self.link)
             .field("split", &self.split)
             .field("mirror_kv", &self.mirror_kv)
-            .field("stats", &self.stats)
             .finish()
     }
 }
@@ -67,35 +45,22 @@ impl WorkerClient {
         fingerprint: impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static,
     ) -> Self {
         WorkerClient {
-            settings,
-            fingerprint: Box::new(fingerprint),
-            conn: None,
+            link: Connection::new(settings, fingerprint),
             split: 0,
-            limits: None,
             mirror_kv: 0,
             mirror_linear_at: None,
             us_per_token_layer: None,
-            worker_threads: 1,
-            stats: LinkStats::default(),
-            retry_at: None,
-            backoff: Duration::from_millis(500),
-            counted: (0, 0),
         }
     }
 
     /// Settings.
     pub fn settings(&self) -> &WorkerSettings {
-        &self.settings
+        self.link.settings()
     }
 
     /// Link statistics so far.
     pub fn stats(&self) -> LinkStats {
-        let mut s = self.stats.clone();
-        if let Some(c) = &self.conn {
-            s.bytes_sent += c.bytes_sent() - self.counted.0;
-            s.bytes_received += c.bytes_received() - self.counted.1;
-        }
-        s
+        self.link.stats()
     }
 
     /// The split layer L of the current connection (0 before the first connection).
@@ -115,23 +80,19 @@ impl WorkerClient {
 
     /// Whether the worker may be tried now (not waiting out a backoff after a failure).
     pub fn available(&self) -> bool {
-        self.retry_at.is_none_or(|t| Instant::now() >= t)
+        self.link.available()
     }
 
     /// Whether a batch of `n_tokens` should try the worker now.
     pub fn wants(&self, n_tokens: usize, ubatch: usize) -> bool {
-        n_tokens >= self.settings.split_min_tokens.max(1)
+        n_tokens >= self.link.settings.split_min_tokens.max(1)
             && n_tokens > ubatch
-            && self.retry_at.is_none_or(|t| Instant::now() >= t)
+            && self.link.available()
     }
 
     /// The deadline budget of a message of `bytes` bytes whose reply also waits for `compute` on the worker.
     pub(crate) fn allowance(&self, bytes: usize, compute: Duration) -> Duration {
-        let transfer = (bytes as f64 / self.settings.min_rate.max(1) as f64).min(1e9);
-        self.settings
-            .timeout
-            .saturating_add(compute)
-            .saturating_add(Duration::from_secs_f64(transfer))
+        self.link.allowance(bytes, compute)
     }
 
     /// Round trip of a `Ping` with `payload` bytes; connects first if needed.
@@ -145,7 +106,7 @@ impl WorkerClient {
     ) -> Result<Duration, LinkError> {
         self.ensure_connected(cfg, kv, page, ubatch)?;
         let d = self.allowance(2 * payload.len(), Duration::ZERO);
-        let c = self.conn.as_mut().expect("connected");
+        let c = self.link.conn.as_mut().expect("connected");
         c.set_deadline(Some(d));
         let t = Instant::now();
         if let Err(e) = c.writer.send(Kind::Ping, &Empty {}, payload) {
@@ -161,34 +122,6 @@ impl WorkerClient {
         Ok(dt)
     }
 
-    fn params(
-        &self,
-        cfg: &ModelConfig,
-        l: usize,
-        kv: KvDtype,
-        page: usize,
-        ubatch: usize,
-    ) -> Result<SessionParams, LinkError> {
-        let too_big = |what: &str, v: usize| {
-            LinkError::Refused(format!("{what} {v} does not fit the protocol's field"))
-        };
-        let n = cfg.num_hidden_layers;
-        Ok(SessionParams {
-            fingerprint: (self.fingerprint)(l..n).map_err(LinkError::Refused)?,
-            n_layers: u32::try_from(n).map_err(|_| too_big("layers", n))?,
-            layer_start: u32::try_from(l).map_err(|_| too_big("split layer", l))?,
-            layer_end: u32::try_from(n).map_err(|_| too_big("layers", n))?,
-            hidden: u32::try_from(cfg.hidden_size)
-                .map_err(|_| too_big("hidden", cfg.hidden_size))?,
-            kv_dtype: match kv {
-                KvDtype::F16 => WireKvDtype::F16,
-                KvDtype::F32 => WireKvDtype::F32,
-            },
-            kv_page_size: u64::try_from(page).map_err(|_| too_big("page size", page))?,
-            ubatch: u32::try_from(ubatch).map_err(|_| too_big("ubatch", ubatch))?,
-        })
-    }
-
     /// Connects and runs the handshake if there is no connection.
     ///
     /// Errors: [`LinkError::Refused`] when this host cannot use the worker (no split point, a ubatch above the
@@ -200,7 +133,7 @@ impl WorkerClient {
         page: usize,
         ubatch: usize,
     ) -> Result<(), LinkError> {
-        if self.conn.is_some() {
+        if self.link.is_connected() {
             return Ok(());
         }
         let n = cfg.num_hidden_layers;
@@ -212,18 +145,17 @@ impl WorkerClient {
         };
         // Warm the fingerprint cache before connecting, for every range the handshake may choose (from the given
         // split layer, or from the first split point): the worker bounds the whole handshake.
-        let widest = self.settings.split_layer.unwrap_or(cyc).clamp(1, n - 1);
-        (self.fingerprint)(widest..n).map_err(LinkError::Refused)?;
-        let st = &self.settings;
-        let mut conn = Conn::connect(&st.addr, st.timeout, st.shaper)?;
+        let (fixed, host_threads) = (self.link.settings.split_layer, self.link.settings.host_threads);
+        let widest = fixed.unwrap_or(cyc).clamp(1, n - 1);
+        self.link.fingerprint(widest..n)?;
+        let shape = SessionShape { kv, page, ubatch };
         let mut chosen = 0;
-        let shaken = host_handshake(&mut conn, &st.secret, |ch| {
-            let l = match (st.split_layer, ch.layers) {
+        let link = &mut self.link;
+        let params = |ch: &Challenge| {
+            let l = match (fixed, ch.layers) {
                 (Some(l), _) => l,
                 (None, Some((a, _))) => a as usize,
-                (None, None) => {
-                    balanced_split(cfg, st.host_threads, ch.threads as usize).unwrap_or(first)
-                }
+                (None, None) => balanced_split(cfg, host_threads, ch.threads as usize).unwrap_or(first),
             };
             if l == 0 || l >= n || l % cyc != 0 {
                 return Err(LinkError::Refused(format!(
@@ -237,56 +169,25 @@ impl WorkerClient {
                 )));
             }
             chosen = l;
-            self.params(cfg, l, kv, page, ubatch)
-        });
-        let welcome = match shaken {
-            Ok((_, w)) => w,
-            Err(e) => {
-                // what a failed handshake sent and received still went over the link
-                self.stats.bytes_sent += conn.bytes_sent();
-                self.stats.bytes_received += conn.bytes_received();
-                return Err(e);
-            }
+            Ok(l..n)
         };
-        info!(addr = %st.addr, split = chosen, worker_threads = welcome.threads, session = welcome.session, "worker attached");
+        link.connect_with(cfg, shape, false, params)?;
         self.split = chosen;
-        self.limits = Some(welcome.limits);
-        self.worker_threads = welcome.threads.max(1) as usize;
-        self.counted = (conn.bytes_sent(), conn.bytes_received());
-        self.stats.bytes_sent += conn.bytes_sent();
-        self.stats.bytes_received += conn.bytes_received();
-        self.conn = Some(conn);
         self.mirror_kv = 0;
         self.mirror_linear_at = Some(0);
         Ok(())
     }
 
-    fn account(&mut self) {
-        if let Some(c) = &self.conn {
-            let (s, r) = (c.bytes_sent(), c.bytes_received());
-            self.stats.bytes_sent += s - self.counted.0;
-            self.stats.bytes_received += r - self.counted.1;
-            self.counted = (s, r);
-        }
-    }
-
-    /// Drops the connection after a failure and schedules a retry (backoff doubles up to 60 s).
+    /// Drops the connection after a failure and schedules a retry (backoff doubles up to 60 s); the mirror is
+    /// unknown from then on.
     pub fn fail(&mut self, err: &LinkError) {
-        self.account();
-        if let Some(c) = self.conn.take() {
-            c.shutdown();
-        }
-        self.stats.fallbacks += 1;
+        self.link.fail(err);
+        self.link.stats.fallbacks += 1;
         self.mirror_kv = 0;
         self.mirror_linear_at = None;
-        warn!(addr = %self.settings.addr, "worker failed ({err}); running locally, retry in {:?}", self.backoff);
-        self.retry_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(60));
     }
 
     pub(crate) fn succeeded(&mut self) {
-        self.backoff = Duration::from_millis(500);
-        self.retry_at = None;
-        self.account();
+        self.link.succeeded();
     }
 }

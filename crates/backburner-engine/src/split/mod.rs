@@ -13,7 +13,7 @@
 mod client;
 mod pipeline;
 
-pub(crate) use client::why;
+pub(crate) use crate::connection::why;
 
 use std::ops::Range;
 use std::time::Duration;
@@ -73,8 +73,10 @@ impl WorkerSettings {
 /// What went over the link, for the stats line and `--json`.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct LinkStats {
-    /// Tokens whose tail layers ran on the worker.
+    /// Tokens whose tail layers ran on the worker (split prefill), or through the workers' layers (layer split).
     pub worker_tokens: u64,
+    /// Layer split: layers held (and run) by workers; 0 when the host holds every layer.
+    pub worker_layers: u64,
     /// Bytes sent to the worker.
     pub bytes_sent: u64,
     /// Bytes received from the worker.
@@ -109,6 +111,7 @@ impl LinkStats {
     /// Adds `o`'s counters to these (the gauges `pages_on_workers` and `positions_on_workers` too).
     pub fn add(&mut self, o: &LinkStats) {
         self.worker_tokens += o.worker_tokens;
+        self.worker_layers += o.worker_layers;
         self.bytes_sent += o.bytes_sent;
         self.bytes_received += o.bytes_received;
         self.fallbacks += o.fallbacks;

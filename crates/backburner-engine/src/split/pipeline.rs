@@ -23,8 +23,8 @@ impl WorkerClient {
     /// Rows per `Sync`/`Fetch` frame under the frame budget (the host's and the worker's).
     fn rows_per_frame(&self, cfg: &ModelConfig, kv: backburner_kernels::kv::KvDtype) -> usize {
         let (l, n) = (self.split, cfg.num_hidden_layers);
-        let budget = self.limits.map_or(self.settings.frame_budget, |w| {
-            self.settings
+        let budget = self.link.limits.map_or(self.link.settings.frame_budget, |w| {
+            self.link.settings
                 .frame_budget
                 .min(usize::try_from(w.max_frame).unwrap_or(usize::MAX))
         });
@@ -53,7 +53,7 @@ impl WorkerClient {
             let last = to == p;
             let payload = wire::encode(state, cfg, l..n, at, to, last);
             let d = self.allowance(payload.len(), Duration::ZERO);
-            let conn = self.conn.as_mut().expect("connected");
+            let conn = self.link.conn.as_mut().expect("connected");
             conn.set_deadline(Some(d));
             let msg = Sync {
                 truncate_to: at as u64,
@@ -61,7 +61,7 @@ impl WorkerClient {
                 linear: last,
             };
             if let Err(e) = conn.writer.send(Kind::Sync, &msg, &payload) {
-                return Err(super::client::why(conn, e));
+                return Err(crate::connection::why(conn, e));
             }
             let _: (Empty, _) = conn.reader.expect(Kind::SyncDone, "SyncDone")?;
             at = to;
@@ -121,14 +121,14 @@ impl WorkerClient {
                 wire::payload_len(cfg, l..n, rows, kv.dtype, f.linear).unwrap_or(usize::MAX)
             })
             .collect();
-        let worker_threads = self.worker_threads;
-        let conn = self.conn.as_mut().expect("connected");
+        let worker_threads = self.link.worker_threads;
+        let conn = self.link.conn.as_mut().expect("connected");
         let failed = AtomicBool::new(false);
         // the residual of a ubatch, with the worker's expected compute for it
         let (tx, rx) = mpsc::channel::<(RunLayers, Vec<u8>, Duration)>();
         // when each RunLayers went out, and its compute allowance
         let (sent_tx, sent_rx) = mpsc::channel::<(Instant, Duration)>();
-        let base = (self.settings.timeout, self.settings.min_rate.max(1));
+        let base = (self.link.settings.timeout, self.link.settings.min_rate.max(1));
         let allow = move |bytes: usize, compute: Duration| {
             let transfer = (bytes as f64 / base.1 as f64).min(1e9);
             base.0
@@ -137,7 +137,7 @@ impl WorkerClient {
         };
         let (conn_w, conn_r) = (&mut conn.writer, &mut conn.reader);
         let observed = self.us_per_token_layer;
-        let host_threads = self.settings.host_threads;
+        let host_threads = self.link.settings.host_threads;
         let last: Result<(Vec<f32>, usize), LinkError> = std::thread::scope(|s| {
             let failed_ref = &failed;
             let (fetches_ref, fetch_bytes_ref) = (&fetches, &fetch_bytes);
@@ -211,8 +211,8 @@ impl WorkerClient {
                 let rows = (fd.to_pos - fd.from_pos) as usize;
                 wire::apply(state, cfg, l..n, rows, f.linear, payload)?;
             }
-            self.stats.worker_compute_us += acks.iter().map(|a| a.compute_us).sum::<u64>();
-            self.stats.worker_idle_us += acks.iter().skip(1).map(|a| a.idle_us).sum::<u64>();
+            self.link.stats.worker_compute_us += acks.iter().map(|a| a.compute_us).sum::<u64>();
+            self.link.stats.worker_idle_us += acks.iter().skip(1).map(|a| a.idle_us).sum::<u64>();
             let us: u64 = acks.iter().map(|a| a.compute_us).sum();
             let toks = pos_last - p;
             if toks > 0 && n > l {
@@ -226,8 +226,8 @@ impl WorkerClient {
         progress(ids.len(), ids.len());
         self.mirror_kv = pos_last;
         self.mirror_linear_at = Some(pos_last);
-        self.stats.worker_tokens += (pos_last - p) as u64;
-        self.stats.split_calls += 1;
+        self.link.stats.worker_tokens += (pos_last - p) as u64;
+        self.link.stats.split_calls += 1;
         self.succeeded();
         let logits = pool
             .install(|| model.logits(&x[(t - 1) * hidden..], 1))

@@ -15,22 +15,39 @@ use tracing::info;
 use super::registry::SessionGuard;
 use super::{Loaded, SessionCore, SessionSpec, Shared, WorkerError, MAX_POSITIONS};
 
-pub(super) fn check_range(c: &ModelConfig, r: &Range<usize>) -> Result<(), (ErrorCode, String)> {
+/// Checks a session's layer range: a split-prefill mirror needs a tail range `[L, n)` with L on a layer-cycle seam
+/// strictly inside the model; a layer-split session (`layer_split`) any non-empty range inside `0..n`.
+pub(super) fn check_range(
+    c: &ModelConfig,
+    r: &Range<usize>,
+    layer_split: bool,
+) -> Result<(), (ErrorCode, String)> {
+    let n = c.num_hidden_layers;
+    if layer_split {
+        if r.start >= r.end || r.end > n {
+            return Err((
+                ErrorCode::LayerRangeMismatch,
+                format!(
+                    "layer range {}..{} is not a non-empty range of this {n}-layer model",
+                    r.start, r.end
+                ),
+            ));
+        }
+        return Ok(());
+    }
     let cyc = c.full_attention_interval;
-    if r.end != c.num_hidden_layers
-        || r.start == 0
-        || r.start >= r.end
-        || !r.start.is_multiple_of(cyc)
-    {
+    if r.end != n || r.start == 0 || r.start >= r.end || !r.start.is_multiple_of(cyc) {
         let valid = valid_split_layers(c);
+        let valid = if valid.is_empty() {
+            "none".to_string()
+        } else {
+            valid.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+        };
         return Err((
             ErrorCode::LayerRangeMismatch,
             format!(
-                "layer range {}..{} is not a tail range on a {cyc}-layer cycle boundary of this {}-layer model (valid starts: {})",
-                r.start,
-                r.end,
-                c.num_hidden_layers,
-                if valid.is_empty() { "none".to_string() } else { valid.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ") }
+                "layer range {}..{} is not a tail range on a {cyc}-layer cycle boundary of this {n}-layer model (valid starts: {valid})",
+                r.start, r.end
             ),
         ));
     }
@@ -109,7 +126,7 @@ fn accept_params(
             ),
         ));
     }
-    check_range(c, &range)?;
+    check_range(c, &range, p.layer_split)?;
     if let Some(fixed) = &o.layers {
         if *fixed != range {
             return Err((
@@ -178,6 +195,7 @@ fn accept_params(
         max_positions,
         max_frame: o.max_frame,
         pack_pages: o.pack_pages,
+        layer_split: p.layer_split,
     };
     // the session's state is reserved before the host is welcomed, so a full worker says so in the handshake
     let core =

@@ -51,8 +51,9 @@ pub enum Reply {
     Pong(Vec<u8>),
     /// Sync applied.
     SyncDone,
-    /// Layers run.
-    LayersDone(LayersDone),
+    /// Layers run; in a layer-split session with the residual stream leaving the last layer (`[n_tokens, hidden]`
+    /// f32 bytes, else empty) and the reservation that covers it until it is sent.
+    LayersDone(LayersDone, Vec<u8>, Reservation),
     /// Rows and states, and the reservation that covers the payload until it is sent.
     FetchDone(FetchDone, Vec<u8>, Reservation),
     /// Mirror cleared.
@@ -92,6 +93,9 @@ pub struct SessionSpec {
     /// Re-lay offloaded KV pages for the attention kernel in a background thread (the worker's `--no-pack-pages`
     /// turns it off).
     pub pack_pages: bool,
+    /// Layer split: this worker holds the only copy of `range`, and every `RunLayers` is answered with the residual
+    /// stream leaving its last layer.
+    pub layer_split: bool,
 }
 
 /// One session's mirror and what it holds against the budget.
@@ -353,6 +357,13 @@ impl SessionCore {
         }
         self.check_positions(r.pos + u64::from(r.n_tokens))?;
         self.reserve_growth(t)?;
+        // a layer-split reply: the residual and its sealed copy in the frame buffer
+        let reply_bytes = if self.spec.layer_split { x.len() } else { 0 };
+        let hold = self.budget.reserve_with(
+            (reply_bytes as u64).saturating_mul(2),
+            "a RunLayers reply",
+            self.room.as_ref(),
+        )?;
         let idle = arrived.saturating_duration_since(self.last_done);
         let mut x = bytes_f32(x).map_err(|e| Fault::new(ErrorCode::Malformed, e.to_string()))?;
         let t0 = Instant::now();
@@ -365,11 +376,17 @@ impl SessionCore {
         self.settle();
         let compute = t0.elapsed();
         self.last_done = Instant::now();
-        Ok(Reply::LayersDone(LayersDone {
+        let out = if self.spec.layer_split {
+            backburner_link::frame::f32_bytes(&x)
+        } else {
+            Vec::new()
+        };
+        let done = LayersDone {
             pos_after: self.mirror.n_tokens() as u64,
             compute_us: u64::try_from(compute.as_micros()).unwrap_or(u64::MAX),
             idle_us: u64::try_from(idle.as_micros()).unwrap_or(u64::MAX),
-        }))
+        };
+        Ok(Reply::LayersDone(done, out, hold))
     }
 
     /// The payload of a fetch and a reservation covering it and the frame buffer it is sealed into.

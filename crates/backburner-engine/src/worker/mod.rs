@@ -149,7 +149,7 @@ impl Worker {
             live: Default::default(),
         });
         if let Some(r) = &opts.layers {
-            check_range(&shared.config, r).map_err(|(_, m)| WorkerError::LayerRange(m))?;
+            check_range(&shared.config, r, true).map_err(|(_, m)| WorkerError::LayerRange(m))?;
             load(&shared, r.clone())?;
         }
         let listener = TcpListener::bind(addr).map_err(|source| WorkerError::Bind {
@@ -411,14 +411,17 @@ fn session_loop(
 
 fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError> {
     let bytes = match &reply {
-        Reply::Pong(p) | Reply::FetchDone(_, p, _) | Reply::Partials(_, p, _) => p.len(),
+        Reply::Pong(p)
+        | Reply::FetchDone(_, p, _)
+        | Reply::Partials(_, p, _)
+        | Reply::LayersDone(_, p, _) => p.len(),
         _ => 0,
     };
     conn.writer.set_deadline(Some(pace.allowance(bytes)));
     match reply {
         Reply::Pong(p) => conn.writer.send(Kind::Pong, &Empty {}, &p),
         Reply::SyncDone => conn.writer.send(Kind::SyncDone, &Empty {}, &[]),
-        Reply::LayersDone(d) => conn.writer.send(Kind::LayersDone, &d, &[]),
+        Reply::LayersDone(d, x, _hold) => conn.writer.send(Kind::LayersDone, &d, &x),
         Reply::FetchDone(d, p, _hold) => conn.writer.send(Kind::FetchDone, &d, &p),
         Reply::ResetDone => conn.writer.send(Kind::ResetDone, &Empty {}, &[]),
         Reply::PagesDone(d) => conn.writer.send(Kind::PagesDone, &d, &[]),

@@ -1,0 +1,209 @@
+//! Layer split ("zero-to-one" for weights): the host holds the embedding, layers `[0, L₁)`, the final norm and the
+//! head; worker 1 holds the only copy of `[L₁, L₂)`, worker 2 of `[L₂, L₃)`, …, the last worker up to n. Each
+//! ubatch's residual stream goes host → worker 1 → host → worker 2 → … → host: the host relays every hop (workers
+//! never talk to each other, so each needs only the host's link and secret; the cost is one extra link crossing per
+//! worker boundary: per token 2 × hidden × 4 bytes each way per worker, e.g. 8 KiB per worker for hidden 1024). The
+//! final norm and head run on the host, so logits never cross.
+//!
+//! Prefill is pipelined: while a worker runs ubatch i, the host computes ubatch i+1's layers and the link carries
+//! the others (one sender and one receiver thread per worker connection). Decode sends one residual row per worker
+//! and gets one back.
+//!
+//! A worker holds the only copy of its layers' state, so a lost worker fails the request with
+//! [`crate::EngineError::WorkerLost`]; the session keeps its tokens and the next request re-ingests them through
+//! fresh worker sessions (once the worker is back).
+
+mod run;
+mod session;
+
+use std::ops::Range;
+use std::time::Duration;
+
+use backburner_link::LinkError;
+use backburner_model::ModelConfig;
+use serde::Serialize;
+
+use crate::connection::Connection;
+use crate::split::LinkStats;
+
+/// One worker of a layer split: its connection, the layers it holds, and how far its state matches the host's.
+#[derive(Debug)]
+pub struct Stage {
+    pub(crate) link: Connection,
+    pub(crate) range: Range<usize>,
+    /// Positions the worker's session holds (those of the host); `None` after a failure (its state is gone).
+    pub(crate) pos: Option<usize>,
+    /// Observed worker compute per token and layer (µs), for deadlines.
+    pub(crate) us_per_token_layer: Option<f64>,
+}
+
+impl Stage {
+    /// A worker that will hold `range` (connected on first use).
+    pub fn new(link: Connection, range: Range<usize>) -> Self {
+        Stage {
+            link,
+            range,
+            pos: Some(0),
+            us_per_token_layer: None,
+        }
+    }
+
+    /// The layers this worker holds.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// The worker's address.
+    pub fn addr(&self) -> &str {
+        &self.link.settings.addr
+    }
+}
+
+/// Time spent per side in layer-split calls (µs), for the stats line and `bench layer-split`.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ChainStats {
+    /// Calls (prefills and decode steps) that ran through the workers.
+    pub calls: u64,
+    /// Tokens those calls carried.
+    pub tokens: u64,
+    /// Host compute: embedding, its layers and the head (µs).
+    pub host_us: u64,
+    /// Worker compute reported by the workers, summed over workers (µs).
+    pub worker_us: u64,
+    /// Wall time of the calls (µs).
+    pub wall_us: u64,
+    /// Single-token calls (decode steps) among `calls`.
+    pub decode_calls: u64,
+    /// Host compute in decode steps (µs).
+    pub decode_host_us: u64,
+    /// Worker compute in decode steps, summed over workers (µs).
+    pub decode_worker_us: u64,
+    /// Wall time of decode steps (µs).
+    pub decode_wall_us: u64,
+    /// Calls that failed because a worker was lost.
+    pub failures: u64,
+    /// Times the workers' state was rebuilt by re-ingesting the history.
+    pub rebuilds: u64,
+}
+
+/// The workers of a layer split, in chain order, and what their calls cost.
+#[derive(Debug)]
+pub struct LayerSplit {
+    pub(crate) stages: Vec<Stage>,
+    pub(crate) stats: ChainStats,
+}
+
+/// A stage's failure: which worker, and why.
+#[derive(Debug)]
+pub(crate) struct StageError {
+    pub stage: usize,
+    pub error: LinkError,
+}
+
+impl LayerSplit {
+    /// A chain over `stages` (in layer order). Errors: [`crate::EngineError::InvalidSetting`] unless the ranges
+    /// are non-empty, contiguous and end at the model's last layer.
+    pub fn new(cfg: &ModelConfig, stages: Vec<Stage>) -> crate::Result<Self> {
+        let n = cfg.num_hidden_layers;
+        let bad = |m: String| Err(crate::EngineError::InvalidSetting(m));
+        let Some(first) = stages.first() else {
+            return bad("a layer split needs at least one worker".into());
+        };
+        let mut at = first.range.start;
+        for s in &stages {
+            if s.range.start != at || s.range.end <= s.range.start {
+                return bad(format!(
+                    "worker layer ranges must be non-empty and contiguous: {} holds {:?} after layer {at}",
+                    s.addr(),
+                    s.range
+                ));
+            }
+            at = s.range.end;
+        }
+        if at != n {
+            return bad(format!(
+                "the last worker's layers end at {at}, not at the model's {n} layers"
+            ));
+        }
+        Ok(LayerSplit {
+            stages,
+            stats: ChainStats::default(),
+        })
+    }
+
+    /// The first layer a worker holds: the host holds `[0, host_end)`.
+    pub fn host_end(&self) -> usize {
+        self.stages[0].range.start
+    }
+
+    /// The workers in chain order.
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    /// Layers held by workers.
+    pub fn worker_layers(&self) -> usize {
+        self.stages.iter().map(|s| s.range.len()).sum()
+    }
+
+    /// Time per side so far.
+    pub fn stats(&self) -> &ChainStats {
+        &self.stats
+    }
+
+    /// The workers' link counters summed, with `worker_layers` set.
+    pub fn link_stats(&self) -> LinkStats {
+        let mut s = LinkStats::default();
+        for st in &self.stages {
+            s.add(&st.link.stats());
+        }
+        s.worker_layers = self.worker_layers() as u64;
+        s.worker_tokens = self.stats.tokens;
+        s
+    }
+
+    /// Closes every worker session (their state is dropped; the next call starts fresh ones from position 0).
+    pub(crate) fn reset(&mut self) {
+        for s in &mut self.stages {
+            if let Some(c) = s.link.conn.take() {
+                c.shutdown();
+            }
+            s.pos = Some(0);
+        }
+    }
+
+    /// Whether every worker's state matches the host's `pos` positions (else a rebuild is needed).
+    pub(crate) fn in_step(&self, pos: usize) -> bool {
+        self.stages.iter().all(|s| s.pos == Some(pos))
+    }
+
+    /// A worker failed: its connection is dropped (with backoff) and every other worker's session is closed too,
+    /// since their states went on without it.
+    pub(crate) fn fail(&mut self, e: &StageError) {
+        for (i, s) in self.stages.iter_mut().enumerate() {
+            if i == e.stage {
+                s.link.fail(&e.error);
+            } else if let Some(c) = s.link.conn.take() {
+                c.shutdown();
+            }
+            s.pos = None;
+        }
+        self.stats.failures += 1;
+    }
+}
+
+/// The compute a worker may take for `tokens` tokens through `layers` layers: 4× its observed time per token and
+/// layer, or before any observation the host's own (`host_us` per token and layer, scaled by threads), never more
+/// than 25× what the host's speed suggests; capped at a day.
+pub(crate) fn compute_allowance(
+    observed: Option<f64>,
+    host_us: f64,
+    host_threads: usize,
+    worker_threads: usize,
+    tokens: usize,
+    layers: usize,
+) -> Duration {
+    let host_based = host_us * host_threads.max(1) as f64 / worker_threads.max(1) as f64;
+    let per = observed.map_or(host_based, |o| o.min(25.0 * host_based));
+    Duration::from_secs_f64((4.0 * per * (tokens * layers) as f64 / 1e6).min(86_400.0))
+}

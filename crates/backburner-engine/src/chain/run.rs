@@ -1,0 +1,273 @@
+//! One layer-split call: connecting the workers, then each ubatch through the host's layers and every worker's in
+//! turn (pipelined across ubatches when there are several), with a deadline on every message.
+
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use backburner_link::frame::{bytes_f32, f32_bytes, Kind};
+use backburner_link::message::{LayersDone, RunLayers};
+use backburner_link::{FrameReader, FrameWriter, LinkError};
+use backburner_model::{Model, ModelConfig, ModelState};
+
+use super::{compute_allowance, LayerSplit, StageError};
+use crate::compute::ComputePool;
+use crate::connection::{why, SessionShape};
+
+/// A residual on its way to a worker: the request, its bytes, and the compute the worker may take for it.
+type Hop = (RunLayers, Vec<u8>, Duration);
+
+/// Deadline inputs shared by a call's threads: the base timeout and the slowest transfer rate (bytes/s).
+#[derive(Clone, Copy)]
+struct Pace {
+    timeout: Duration,
+    min_rate: u64,
+}
+
+impl Pace {
+    fn allow(&self, bytes: usize, compute: Duration) -> Duration {
+        let transfer = (bytes as f64 / self.min_rate.max(1) as f64).min(1e9);
+        self.timeout
+            .saturating_add(compute)
+            .saturating_add(Duration::from_secs_f64(transfer))
+    }
+}
+
+fn u32_tokens(t: usize) -> u32 {
+    u32::try_from(t).expect("the ubatch was checked to fit u32 when connecting")
+}
+
+/// Checks a worker's `LayersDone` for the ubatch at `pos` of `t` tokens and the size of its residual `x`.
+fn check_done(
+    d: &LayersDone,
+    x: &[u8],
+    pos: usize,
+    t: usize,
+    hidden: usize,
+) -> Result<(), LinkError> {
+    let want = (pos + t) as u64;
+    if d.pos_after != want {
+        return Err(LinkError::Malformed(format!(
+            "worker acknowledged position {}, expected {want}",
+            d.pos_after
+        )));
+    }
+    let bytes = t.checked_mul(hidden).and_then(|v| v.checked_mul(4));
+    if bytes != Some(x.len()) {
+        return Err(LinkError::Malformed(format!(
+            "worker returned a residual of {} bytes for {t} tokens of hidden {hidden}",
+            x.len()
+        )));
+    }
+    Ok(())
+}
+
+impl LayerSplit {
+    /// Connects every worker that has no connection (a fresh session: its state starts at position 0).
+    pub(crate) fn connect(
+        &mut self,
+        cfg: &ModelConfig,
+        shape: SessionShape,
+    ) -> Result<(), StageError> {
+        for (i, s) in self.stages.iter_mut().enumerate() {
+            if s.link.is_connected() {
+                continue;
+            }
+            let range = s.range.clone();
+            let fail = |error| StageError { stage: i, error };
+            s.link.fingerprint(range.clone()).map_err(fail)?;
+            s.link
+                .connect_with(cfg, shape, true, |ch| {
+                    if shape.ubatch as u64 > u64::from(ch.limits.max_ubatch) {
+                        return Err(LinkError::Refused(format!(
+                            "the host's ubatch {} is above the worker's limit of {} tokens",
+                            shape.ubatch, ch.limits.max_ubatch
+                        )));
+                    }
+                    if let Some((a, b)) = ch.layers {
+                        if (a as usize, b as usize) != (range.start, range.end) {
+                            return Err(LinkError::Refused(format!(
+                                "the worker serves layers {a}..{b} (--layers), this layer split needs {}..{}",
+                                range.start, range.end
+                            )));
+                        }
+                    }
+                    Ok(range.clone())
+                })
+                .map_err(fail)?;
+            s.pos = Some(0);
+        }
+        Ok(())
+    }
+
+    /// Runs the host's layers `[0, L₁)` of `chunk` (one ubatch at the state's position), returning the residual
+    /// `[t, hidden]` and the host's compute time per token and layer (µs).
+    fn host_layers(
+        model: &Model,
+        state: &mut ModelState,
+        chunk: &[u32],
+        pool: &ComputePool,
+        l1: usize,
+    ) -> (Vec<f32>, f64) {
+        let t = chunk.len();
+        let t0 = Instant::now();
+        let x = pool.install(|| {
+            let mut x = model
+                .embed(chunk)
+                .expect("the session checked the ids and holds the embedding");
+            model.forward_layers(0..l1, &mut x, t, state);
+            model.commit_tokens(state, t);
+            x
+        });
+        let us = t0.elapsed().as_secs_f64() * 1e6;
+        (x, us / (t * l1.max(1)) as f64)
+    }
+
+    /// Runs `chunks` (consecutive ubatches from the state's position) through the host's layers and every worker,
+    /// calling `out(index, residual, t)` with each ubatch's final residual `[t, hidden]` in order (on this
+    /// thread). `progress(done, total)` counts tokens through the host's layers.
+    ///
+    /// Errors: the first worker's failure (transport, deadline, its typed `Error`, a reply that does not match).
+    /// The host's and the workers' states are then partly advanced; the caller discards them.
+    pub(crate) fn run(
+        &mut self,
+        model: &Model,
+        state: &mut ModelState,
+        chunks: &[&[u32]],
+        pool: &ComputePool,
+        progress: &mut dyn FnMut(usize, usize),
+        out: &mut dyn FnMut(usize, Vec<f32>, usize),
+    ) -> Result<(), StageError> {
+        let t0 = Instant::now();
+        let host0 = self.stats.host_us;
+        let worker0 = self.stats.worker_us;
+        let tokens: usize = chunks.iter().map(|c| c.len()).sum();
+        let r = if chunks.len() == 1 {
+            self.run_one(model, state, chunks[0], pool)
+                .map(|x| out(0, x, chunks[0].len()))
+        } else {
+            self.run_pipelined(model, state, chunks, pool, progress, out)
+        };
+        let wall = t0.elapsed().as_micros() as u64;
+        if r.is_ok() {
+            let st = &mut self.stats;
+            st.calls += 1;
+            st.tokens += tokens as u64;
+            st.wall_us += wall;
+            if tokens == 1 {
+                st.decode_calls += 1;
+                st.decode_wall_us += wall;
+                st.decode_host_us += st.host_us - host0;
+                st.decode_worker_us += st.worker_us - worker0;
+            }
+            for s in &mut self.stages {
+                s.pos = Some(state.n_tokens());
+                s.link.succeeded();
+            }
+        }
+        progress(tokens, tokens);
+        r
+    }
+
+    /// One ubatch, worker after worker, on this thread (decode steps and short prompts).
+    fn run_one(
+        &mut self,
+        model: &Model,
+        state: &mut ModelState,
+        chunk: &[u32],
+        pool: &ComputePool,
+    ) -> Result<Vec<f32>, StageError> {
+        let t = chunk.len();
+        let hidden = model.config().hidden_size;
+        let pos = state.n_tokens();
+        let l1 = self.host_end();
+        let th = Instant::now();
+        let (mut x, host_us) = Self::host_layers(model, state, chunk, pool, l1);
+        self.stats.host_us += th.elapsed().as_micros() as u64;
+        let host_threads = pool.threads();
+        for (i, s) in self.stages.iter_mut().enumerate() {
+            let fail = |error| StageError { stage: i, error };
+            let compute = compute_allowance(
+                s.us_per_token_layer,
+                host_us,
+                host_threads,
+                s.link.worker_threads,
+                t,
+                s.range.len(),
+            );
+            let bytes = f32_bytes(&x);
+            let d = s.link.allowance(2 * bytes.len(), compute);
+            let c = s.link.conn.as_mut().expect("connected before the call");
+            c.set_deadline(Some(d));
+            let msg = RunLayers {
+                pos: pos as u64,
+                n_tokens: u32_tokens(t),
+            };
+            if let Err(e) = c.writer.send(Kind::RunLayers, &msg, &bytes) {
+                return Err(fail(why(c, e)));
+            }
+            let (done, back): (LayersDone, _) = c
+                .reader
+                .expect(Kind::LayersDone, "LayersDone")
+                .map_err(fail)?;
+            check_done(&done, &back, pos, t, hidden).map_err(fail)?;
+            x = bytes_f32(&back).map_err(fail)?;
+            self.stats.worker_us += done.compute_us;
+            s.us_per_token_layer = Some(done.compute_us as f64 / (t * s.range.len()) as f64);
+        }
+        Ok(x)
+    }
+}
+
+/// One worker's sender: each residual as it comes (its send deadline includes the previous ubatch's compute, which
+/// it may wait behind in the socket), noting when it went out.
+fn send_stage(
+    w: &mut FrameWriter,
+    rx: mpsc::Receiver<Hop>,
+    sent: mpsc::Sender<(Instant, Duration, RunLayers)>,
+    pace: Pace,
+) -> Result<(), LinkError> {
+    let mut prev = Duration::ZERO;
+    for (msg, bytes, compute) in rx {
+        w.set_deadline(Some(pace.allow(bytes.len(), prev)));
+        w.send(Kind::RunLayers, &msg, &bytes)?;
+        let _ = sent.send((Instant::now(), compute, msg));
+        prev = compute;
+    }
+    Ok(())
+}
+
+/// One worker's receiver: each `LayersDone` due `allow(bytes, compute)` after its request went out or the previous
+/// reply arrived (whichever is later), checked, and passed on (to the next worker via `next`, or to the host).
+fn receive_stage(
+    r: &mut FrameReader,
+    sent: mpsc::Receiver<(Instant, Duration, RunLayers)>,
+    next: &dyn Fn(RunLayers, Vec<u8>) -> bool,
+    pace: Pace,
+    hidden: usize,
+    worker_us: &Mutex<(u64, u64)>,
+) -> Result<(), LinkError> {
+    let mut last = Instant::now();
+    for (at, compute, msg) in sent {
+        let t = msg.n_tokens as usize;
+        let bytes = t.saturating_mul(hidden).saturating_mul(4);
+        let left = pace
+            .allow(bytes, compute)
+            .saturating_sub(at.max(last).elapsed());
+        r.set_deadline(Some(left.max(Duration::from_millis(1))));
+        let (done, back): (LayersDone, _) = r.expect(Kind::LayersDone, "LayersDone")?;
+        let pos = usize::try_from(msg.pos).map_err(|_| LinkError::Malformed("position".into()))?;
+        check_done(&done, &back, pos, t, hidden)?;
+        {
+            let mut g = worker_us.lock().unwrap_or_else(|p| p.into_inner());
+            g.0 += done.compute_us;
+            g.1 += t as u64;
+        }
+        last = Instant::now();
+        if !next(msg, back) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+mod pipeline;

@@ -1,0 +1,151 @@
+//! A session in layer split: prefill and decode through the host's layers and the workers', rebuilding the
+//! workers' state from the token history after a loss.
+
+use std::sync::Arc;
+
+use backburner_kernels::profile::{self, Phase};
+use backburner_model::Model;
+
+use super::{LayerSplit, StageError};
+use crate::connection::SessionShape;
+use crate::error::{EngineError, Result};
+use crate::session::{Logits, Session, SessionOptions};
+
+impl Session {
+    /// A session whose layers past the host's run on workers (layer split): `model` holds layers `[0, L₁)`, the
+    /// embedding, the final norm and the head, where L₁ is the first worker's first layer; the workers connect on
+    /// the first prefill. Logits are bit-identical to a local session's with the same ubatch and page size.
+    ///
+    /// Errors: [`EngineError::InvalidSetting`] for a model that does not hold exactly `[0, L₁)` and the ends, a
+    /// KV budget (KV offload and layer split do not combine yet), and the settings [`Session::new`] refuses.
+    pub fn with_layer_split(
+        model: Arc<Model>,
+        opts: SessionOptions,
+        chain: LayerSplit,
+    ) -> Result<Self> {
+        if opts.kv_budget.is_some() {
+            return Err(EngineError::InvalidSetting(
+                "--kv-budget (KV offload) does not combine with a layer split yet".into(),
+            ));
+        }
+        let mut s = Session::assemble(model, opts, chain.host_end())?;
+        s.chain = Some(chain);
+        Ok(s)
+    }
+
+    /// The layer split's workers and their counters (`None` when the host holds every layer).
+    pub fn layer_split(&self) -> Option<&LayerSplit> {
+        self.chain.as_ref()
+    }
+
+    /// Prefill of validated ids through the layer split, re-ingesting the history first when the workers' state
+    /// was lost or the session was rewound.
+    pub(crate) fn prefill_chain(
+        &mut self,
+        ids: &[u32],
+        which: Logits,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Vec<f32>> {
+        profile::set_phase(if ids.len() == 1 {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        });
+        let shape = SessionShape {
+            kv: self.opts.kv.dtype,
+            page: self.opts.kv.page_size,
+            ubatch: self.opts.ubatch,
+        };
+        let pos = self.state.n_tokens();
+        let chain = self.chain.as_mut().expect("a layer-split session");
+        let rebuild = self.rebuild || !chain.in_step(pos) || pos != self.tokens.len();
+        let r = (|| {
+            if rebuild {
+                chain.reset();
+                self.state.clear();
+                chain.connect(self.model.config(), shape)?;
+                if !self.tokens.is_empty() {
+                    let hist: Vec<&[u32]> = self.tokens.chunks(self.opts.ubatch).collect();
+                    chain.run(
+                        &self.model,
+                        &mut self.state,
+                        &hist,
+                        &self.opts.pool,
+                        &mut |_, _| {},
+                        &mut |_, _, _| {},
+                    )?;
+                    chain.stats.rebuilds += 1;
+                }
+            } else {
+                chain.connect(self.model.config(), shape)?;
+            }
+            let chunks: Vec<&[u32]> = ids.chunks(self.opts.ubatch).collect();
+            let last = chunks.len() - 1;
+            let (model, pool) = (&self.model, &self.opts.pool);
+            let hidden = model.config().hidden_size;
+            let mut logits = Vec::new();
+            chain.run(
+                model,
+                &mut self.state,
+                &chunks,
+                pool,
+                progress,
+                &mut |k, x, t| {
+                    let rows = match which {
+                        Logits::All => 0..t,
+                        Logits::Last if k == last => t - 1..t,
+                        Logits::Last => return,
+                    };
+                    let n = rows.len();
+                    let part = &x[rows.start * hidden..rows.end * hidden];
+                    logits.extend(
+                        pool.install(|| model.logits(part, n))
+                            .expect("a layer-split host holds the head"),
+                    );
+                },
+            )?;
+            Ok::<_, StageError>(logits)
+        })();
+        match r {
+            Ok(logits) => {
+                self.tokens.extend_from_slice(ids);
+                self.rebuild = false;
+                Ok(logits)
+            }
+            Err(e) => Err(self.chain_lost(e)),
+        }
+    }
+
+    /// After a worker failure: the workers' sessions are closed, the host's state is dropped and the tokens kept
+    /// for the next request's rebuild.
+    fn chain_lost(&mut self, e: StageError) -> EngineError {
+        let chain = self.chain.as_mut().expect("a layer-split session");
+        let stage = &chain.stages[e.stage.min(chain.stages.len() - 1)];
+        let (addr, layers) = (stage.addr().to_string(), stage.range());
+        chain.fail(&e);
+        self.state.clear();
+        self.rebuild = !self.tokens.is_empty();
+        EngineError::WorkerLost {
+            addr,
+            layers: format!("{}..{}", layers.start, layers.end),
+            reason: e.error.to_string(),
+            kept: self.tokens.len(),
+        }
+    }
+}
+
+impl LayerSplit {
+    /// Builds a chain from worker layer ranges and their connections (see [`LayerSplit::new`]).
+    pub fn from_parts(
+        cfg: &backburner_model::ModelConfig,
+        parts: Vec<(crate::connection::Connection, std::ops::Range<usize>)>,
+    ) -> Result<Self> {
+        LayerSplit::new(
+            cfg,
+            parts
+                .into_iter()
+                .map(|(c, r)| super::Stage::new(c, r))
+                .collect(),
+        )
+    }
+}

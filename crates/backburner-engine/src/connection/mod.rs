@@ -1,0 +1,219 @@
+//! A connection to one worker, apart from what any executor does with it: connecting, the handshake (whose
+//! session parameters the executor chooses), deadlines, failure and backoff, and byte counters.
+//!
+//! Executors own one [`Connection`] per worker they use: split prefill and KV offload through
+//! [`crate::WorkerClient`] (a mirror of a tail range), layer split through [`crate::chain`] (a range the worker holds
+//! the only copy of).
+
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use backburner_kernels::kv::KvDtype;
+use backburner_link::handshake::host_handshake;
+use backburner_link::message::{Challenge, SessionParams, Welcome, WorkerLimits};
+use backburner_link::{Conn, LinkError, WireKvDtype};
+use backburner_model::ModelConfig;
+use tracing::{info, warn};
+
+use crate::split::{FingerprintFn, LinkStats, WorkerSettings};
+
+/// The reason a send failed: the worker's `Error` frame if it sent one before closing (a refused request), else the
+/// send's own error.
+pub(crate) fn why(c: &mut Conn, e: LinkError) -> LinkError {
+    c.reader.set_deadline(Some(Duration::from_millis(500)));
+    match c.reader.recv() {
+        Err(remote @ LinkError::Remote { .. }) => remote,
+        _ => e,
+    }
+}
+
+/// What a session on a worker is asked to be, besides its layer range: the KV layout and the largest ubatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionShape {
+    /// KV cache dtype.
+    pub kv: KvDtype,
+    /// KV page size (positions).
+    pub page: usize,
+    /// Largest ubatch the host sends (tokens).
+    pub ubatch: usize,
+}
+
+/// One worker's connection (made lazily), its deadlines, backoff and byte counters.
+pub struct Connection {
+    pub(crate) settings: WorkerSettings,
+    fingerprint: FingerprintFn,
+    pub(crate) conn: Option<Conn>,
+    /// What the worker accepts (from its `Welcome`).
+    pub(crate) limits: Option<WorkerLimits>,
+    /// The worker's compute threads (from its `Welcome`).
+    pub(crate) worker_threads: usize,
+    pub(crate) stats: LinkStats,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    counted: (u64, u64),
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("addr", &self.settings.addr)
+            .field("connected", &self.conn.is_some())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// A connection made on first use. `fingerprint(range)` computes the host's model fingerprint of a layer range
+    /// (see `backburner_model::fingerprint`); it should answer from a cache once warmed (see
+    /// [`crate::split::dir_fingerprint`]).
+    pub fn new(
+        settings: WorkerSettings,
+        fingerprint: impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static,
+    ) -> Self {
+        Connection {
+            settings,
+            fingerprint: Box::new(fingerprint),
+            conn: None,
+            limits: None,
+            worker_threads: 1,
+            stats: LinkStats::default(),
+            retry_at: None,
+            backoff: Duration::from_millis(500),
+            counted: (0, 0),
+        }
+    }
+
+    /// Settings.
+    pub fn settings(&self) -> &WorkerSettings {
+        &self.settings
+    }
+
+    /// Whether a connection is open.
+    pub fn is_connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// Link statistics so far.
+    pub fn stats(&self) -> LinkStats {
+        let mut s = self.stats.clone();
+        if let Some(c) = &self.conn {
+            s.bytes_sent += c.bytes_sent() - self.counted.0;
+            s.bytes_received += c.bytes_received() - self.counted.1;
+        }
+        s
+    }
+
+    /// Whether the worker may be tried now (not waiting out a backoff after a failure).
+    pub fn available(&self) -> bool {
+        self.retry_at.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// The deadline budget of a message of `bytes` bytes whose reply also waits for `compute` on the worker.
+    pub(crate) fn allowance(&self, bytes: usize, compute: Duration) -> Duration {
+        let transfer = (bytes as f64 / self.settings.min_rate.max(1) as f64).min(1e9);
+        self.settings
+            .timeout
+            .saturating_add(compute)
+            .saturating_add(Duration::from_secs_f64(transfer))
+    }
+
+    /// The host's fingerprint of `range` (computed before connecting so that the handshake answers from a cache).
+    pub(crate) fn fingerprint(&self, range: Range<usize>) -> Result<[u8; 32], LinkError> {
+        (self.fingerprint)(range).map_err(LinkError::Refused)
+    }
+
+    /// The session parameters for `range` of `cfg` with `shape`.
+    ///
+    /// Errors: [`LinkError::Refused`] when a value does not fit its protocol field or there is no fingerprint.
+    pub(crate) fn params(
+        &self,
+        cfg: &ModelConfig,
+        range: Range<usize>,
+        shape: SessionShape,
+        layer_split: bool,
+    ) -> Result<SessionParams, LinkError> {
+        let too_big = |what: &str, v: usize| {
+            LinkError::Refused(format!("{what} {v} does not fit the protocol's field"))
+        };
+        let n = cfg.num_hidden_layers;
+        let u32_of = |what: &str, v: usize| u32::try_from(v).map_err(|_| too_big(what, v));
+        Ok(SessionParams {
+            fingerprint: self.fingerprint(range.clone())?,
+            n_layers: u32_of("layers", n)?,
+            layer_start: u32_of("first layer", range.start)?,
+            layer_end: u32_of("last layer", range.end)?,
+            hidden: u32_of("hidden", cfg.hidden_size)?,
+            kv_dtype: match shape.kv {
+                KvDtype::F16 => WireKvDtype::F16,
+                KvDtype::F32 => WireKvDtype::F32,
+            },
+            kv_page_size: u64::try_from(shape.page).map_err(|_| too_big("page size", shape.page))?,
+            ubatch: u32_of("ubatch", shape.ubatch)?,
+            layer_split,
+        })
+    }
+
+    /// Connects and runs the handshake for the session parameters of `range` (chosen from the worker's
+    /// `Challenge`; it must not block: the worker bounds the whole handshake), as a layer-split session or a
+    /// split-prefill mirror. Returns the worker's `Welcome`.
+    ///
+    /// Errors: the worker's typed errors ([`LinkError::Remote`]), `range`'s, [`LinkError::Refused`] for values the
+    /// protocol cannot carry, transport errors and deadlines.
+    pub(crate) fn connect_with(
+        &mut self,
+        cfg: &ModelConfig,
+        shape: SessionShape,
+        layer_split: bool,
+        range: impl FnOnce(&Challenge) -> Result<Range<usize>, LinkError>,
+    ) -> Result<Welcome, LinkError> {
+        if let Some(c) = self.conn.take() {
+            c.shutdown();
+        }
+        let st = &self.settings;
+        let mut conn = Conn::connect(&st.addr, st.timeout, st.shaper)?;
+        let this = &*self;
+        let shaken = host_handshake(&mut conn, &st.secret, |ch| {
+            this.params(cfg, range(ch)?, shape, layer_split)
+        });
+        // what the handshake sent and received went over the link either way
+        self.stats.bytes_sent += conn.bytes_sent();
+        self.stats.bytes_received += conn.bytes_received();
+        let (params, welcome) = shaken?;
+        info!(addr = %self.settings.addr, layers = ?(params.layer_start..params.layer_end),
+            layer_split, worker_threads = welcome.threads, session = welcome.session, "worker attached");
+        self.limits = Some(welcome.limits);
+        self.worker_threads = welcome.threads.max(1) as usize;
+        self.counted = (conn.bytes_sent(), conn.bytes_received());
+        self.conn = Some(conn);
+        Ok(welcome)
+    }
+
+    /// Adds the open connection's bytes since the last count to the statistics.
+    pub(crate) fn account(&mut self) {
+        if let Some(c) = &self.conn {
+            let (s, r) = (c.bytes_sent(), c.bytes_received());
+            self.stats.bytes_sent += s - self.counted.0;
+            self.stats.bytes_received += r - self.counted.1;
+            self.counted = (s, r);
+        }
+    }
+
+    /// Drops the connection after a failure and schedules a retry (backoff doubles up to 60 s).
+    pub fn fail(&mut self, err: &LinkError) {
+        self.account();
+        if let Some(c) = self.conn.take() {
+            c.shutdown();
+        }
+        warn!(addr = %self.settings.addr, "worker failed ({err}); retry in {:?}", self.backoff);
+        self.retry_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(60));
+    }
+
+    /// Marks a successful exchange: the backoff resets and the byte counters catch up.
+    pub(crate) fn succeeded(&mut self) {
+        self.backoff = Duration::from_millis(500);
+        self.retry_at = None;
+        self.account();
+    }
+}
