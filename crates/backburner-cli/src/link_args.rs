@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use backburner_engine::offload::KvBudget;
-use backburner_engine::{Session, Timings, WorkerClient};
+use backburner_engine::{Session, Timings, WorkerClient, WorkerSettings};
 use clap::Args;
 
 use crate::worker_cmd::{self, human_bytes};
@@ -34,6 +34,14 @@ pub struct LinkArgs {
     /// First layer the worker runs (a multiple of the model's 4-layer cycle); default balances the two sides' threads.
     #[arg(long, requires = "worker")]
     pub split_layer: Option<usize>,
+    /// Layer split: the first layer each --worker holds, in --worker order (e.g. `--layer-split 4`, or
+    /// `--layer-split 16,40` with two workers). This host loads and runs only the embedding, layers [0, L1), the
+    /// final norm and the head; worker i holds the only copy of [Li, Li+1), the last one up to the model's end.
+    /// Any layer boundary works; multiples of the layer cycle balance best. A lost worker fails the request (the
+    /// session re-ingests its tokens on the next one).
+    #[arg(long, value_delimiter = ',', value_name = "L1[,L2...]", requires = "worker",
+          conflicts_with_all = ["split_layer", "kv_budget"])]
+    pub layer_split: Vec<usize>,
     /// Smallest prompt (tokens) that goes through the worker.
     #[arg(long, default_value_t = 512, requires = "worker")]
     pub split_min_tokens: usize,
@@ -74,16 +82,21 @@ impl LinkArgs {
         Ok(())
     }
 
-    /// A client per `--worker`, in order, for `loaded`'s model. Validates `--split-layer` first.
-    pub fn clients(&self, loaded: &Loaded, host_threads: usize) -> Result<Vec<WorkerClient>> {
-        self.check_split(loaded)?;
+    /// The layers this host holds: `[0, L1)` with `--layer-split`, else every layer (`None`).
+    pub fn host_layers(&self) -> Option<usize> {
+        self.layer_split.first().copied()
+    }
+
+    /// The settings of each `--worker`, in order (secret, timeout, split settings). Errors: a worker given twice,
+    /// an unreadable secret file.
+    pub fn settings(&self, host_threads: usize) -> Result<Vec<WorkerSettings>> {
         let secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
         let mut out = Vec::new();
         for (i, addr) in self.worker.iter().enumerate() {
             if self.worker[..i].contains(addr) {
                 bail!("--worker {addr} is given twice");
             }
-            let mut st = backburner_engine::WorkerSettings::new(addr.clone(), host_threads);
+            let mut st = WorkerSettings::new(addr.clone(), host_threads);
             st.split_layer = self.split_layer;
             st.split_min_tokens = self.split_min_tokens;
             st.secret = secret.clone();
@@ -94,12 +107,28 @@ impl LinkArgs {
                 );
             }
             st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
-            out.push(WorkerClient::new(
-                st,
-                backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
-            ));
+            out.push(st);
         }
         Ok(out)
+    }
+
+    /// A client per `--worker`, in order, for `loaded`'s model (none with `--layer-split`: see
+    /// [`crate::chain_args::layer_split`]). Validates `--split-layer` first.
+    pub fn clients(&self, loaded: &Loaded, host_threads: usize) -> Result<Vec<WorkerClient>> {
+        if !self.layer_split.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.check_split(loaded)?;
+        Ok(self
+            .settings(host_threads)?
+            .into_iter()
+            .map(|st| {
+                WorkerClient::new(
+                    st,
+                    backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+                )
+            })
+            .collect())
     }
 }
 
@@ -114,6 +143,9 @@ fn decode_ms_per_token(tm: &Timings) -> f64 {
 
 /// The `"link"` object of `run --json`, if the session has workers.
 pub fn link_json(s: &Session, tm: &Timings) -> Option<serde_json::Value> {
+    if s.layer_split().is_some() {
+        return crate::chain_args::link_json(s);
+    }
     let n_workers = s.workers().len();
     if n_workers == 0 {
         return None;
@@ -147,6 +179,9 @@ pub fn link_json(s: &Session, tm: &Timings) -> Option<serde_json::Value> {
 
 /// The link lines of `run`'s stats (none without workers).
 pub fn link_lines(s: &Session, tm: &Timings) -> Vec<String> {
+    if s.layer_split().is_some() {
+        return crate::chain_args::link_lines(s);
+    }
     let n_workers = s.workers().len();
     if n_workers == 0 {
         return Vec::new();

@@ -4,6 +4,7 @@ mod bench;
 mod bench_offload;
 mod bench_report;
 mod bench_split;
+mod chain_args;
 mod default_model;
 mod link_args;
 mod prompt;
@@ -181,24 +182,34 @@ pub struct Loaded {
 /// Loads `--model` (or the bundled default, generating it on first use), with a progress bar on a TTY; weights are
 /// packed on `pool`'s threads.
 pub fn load(args: &ModelArgs, pool: &ComputePool) -> Result<Loaded> {
+    load_host(args, pool, None)
+}
+
+/// As [`load`], holding only layers `[0, held)` (and the ends) when `held` is given: a layer-split host. Errors:
+/// `held` past the model's layers, and every error of loading.
+pub fn load_host(args: &ModelArgs, pool: &ComputePool, held: Option<usize>) -> Result<Loaded> {
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => default_model::ensure()?,
     };
-    pool.install(|| load_dir(&dir))
+    pool.install(|| load_dir(&dir, held))
 }
 
-fn load_dir(dir: &Path) -> Result<Loaded> {
+fn load_dir(dir: &Path, held: Option<usize>) -> Result<Loaded> {
     let config = ModelConfig::from_dir(dir)?;
-    let ckpt = Checkpoint::open(dir)?;
     let n = config.num_hidden_layers;
+    let held = held.unwrap_or(n);
+    if held > n {
+        bail!("--layer-split {held} is past this {n}-layer model's last layer");
+    }
+    let ckpt = Checkpoint::open(dir)?;
     let tokenizer = TextTokenizer::from_dir(dir, config.vocab_size, &config.eos_token_ids)?;
-    let pb = bar(n as u64, "loading");
+    let pb = bar(held as u64, "loading");
     let model = Model::from_checkpoint(
         config,
         &ckpt,
         &LoadOptions {
-            layers: 0..n,
+            layers: 0..held,
             ends: true,
         },
         |done, _| pb.set_position(done as u64),

@@ -15,7 +15,7 @@ use backburner_model::{ChatMessage, TextTokenizer};
 use clap::Args;
 use indicatif::ProgressBar;
 
-use crate::{bar, compute_pool, link_args, load, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
+use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
 
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
@@ -98,8 +98,9 @@ fn check_sampling(a: &RunArgs) -> Result<()> {
 pub(crate) fn run(a: RunArgs) -> Result<()> {
     check_sampling(&a)?;
     let pool = compute_pool(a.model.threads)?;
-    let loaded = load(&a.model, &pool)?;
+    let loaded = crate::load_host(&a.model, &pool, a.link.host_layers())?;
     let workers = a.link.clients(&loaded, pool.threads())?;
+    let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
     let tok = &loaded.tokenizer;
     if !a.stop.is_empty() {
         need_tok(tok, "--stop", "")?;
@@ -144,7 +145,10 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     let mut opts = a.model.session_options(&pool);
     opts.kv_budget = a.link.kv_budget;
     opts.interleave = !a.link.no_interleave;
-    let mut session = backburner_engine::Session::new(loaded.model.clone(), opts)?;
+    let mut session = match chain {
+        Some(c) => Session::with_layer_split(loaded.model.clone(), opts, c)?,
+        None => Session::new(loaded.model.clone(), opts)?,
+    };
     for w in workers {
         session.attach_worker(w);
     }

@@ -27,7 +27,10 @@ fn host_model(dir: &std::path::Path, held: usize) -> Arc<Model> {
 fn connection(dir: &std::path::Path, addr: &str) -> Connection {
     let mut s = WorkerSettings::new(addr, 1);
     s.timeout = Duration::from_secs(5);
-    Connection::new(s, backburner_engine::split::dir_fingerprint(dir.to_path_buf()))
+    Connection::new(
+        s,
+        backburner_engine::split::dir_fingerprint(dir.to_path_buf()),
+    )
 }
 
 /// A layer-split session: the host holds `[0, stages[0].1.start)`.
@@ -67,7 +70,10 @@ fn one_and_two_workers_give_the_local_bits() {
         let hidden = f.model.config().hidden_size as u64;
         let payload = 2 * stages.len() as u64 * 112 * hidden * 4;
         let total = ls.bytes_sent + ls.bytes_received;
-        assert!(total >= payload && total < payload + 64 * 1024, "{total} vs {payload}");
+        assert!(
+            total >= payload && total < payload + 64 * 1024,
+            "{total} vs {payload}"
+        );
         let st = s.layer_split().unwrap().stats();
         assert_eq!((st.calls, st.decode_calls, st.failures), (13, 12, 0));
     }
@@ -127,7 +133,10 @@ fn a_lost_worker_fails_the_request_and_the_next_one_rebuilds() {
             kept: k,
             ..
         } => {
-            assert_eq!((e_addr.as_str(), layers.as_str(), *k), (addr.as_str(), "4..8", kept));
+            assert_eq!(
+                (e_addr.as_str(), layers.as_str(), *k),
+                (addr.as_str(), "4..8", kept)
+            );
         }
         other => panic!("expected WorkerLost, got {other}"),
     }

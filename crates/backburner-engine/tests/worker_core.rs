@@ -113,7 +113,9 @@ fn wire_values_at_their_extremes_get_typed_errors() {
             "RunLayers {pos} {n} {bytes}"
         );
     }
-    assert!(matches!(h(run(1, 2, 2 * 64 * 4)), Ok(Reply::LayersDone(d, x, _)) if d.pos_after == 3 && x.is_empty()));
+    assert!(
+        matches!(h(run(1, 2, 2 * 64 * 4)), Ok(Reply::LayersDone(d, x, _)) if d.pos_after == 3 && x.is_empty())
+    );
     for (a, b) in [(0, 4), (2, 1), (0, u64::MAX), (u64::MAX, u64::MAX)] {
         assert_eq!(code(h(fetch(a, b))), ErrorCode::BadState, "fetch {a}..{b}");
     }
@@ -345,12 +347,20 @@ fn a_layer_split_session_returns_the_residual_of_any_range() {
     sp.layer_split = true;
     let mut core = SessionCore::new(m.clone(), sp.clone(), &budget).unwrap();
     let hidden = m.config().hidden_size;
-    let x: Vec<f32> = (0..3 * hidden).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+    let x: Vec<f32> = (0..3 * hidden)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+        .collect();
     let bytes = backburner_link::frame::f32_bytes(&x);
     let before = budget.used();
     let reply = core
         .handle(
-            Request::RunLayers(RunLayers { pos: 0, n_tokens: 3 }, bytes.clone()),
+            Request::RunLayers(
+                RunLayers {
+                    pos: 0,
+                    n_tokens: 3,
+                },
+                bytes.clone(),
+            ),
             Instant::now(),
             &pool,
         )

@@ -44,16 +44,16 @@ pub fn worker_wrapped(wrapper: &[&str], extra: &[&str]) -> WorkerProc {
         }
         None => Command::new(bin()),
     };
+    // an ephemeral port unless `extra` gives one
+    let listen: &[&str] = if extra.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let child = cmd
-        .args([
-            "worker",
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-            "--model",
-            m.to_str().unwrap(),
-        ])
+        .arg("worker")
+        .args(listen)
+        .args(["--threads", "1", "--model", m.to_str().unwrap()])
         .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())

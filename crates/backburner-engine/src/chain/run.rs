@@ -141,12 +141,20 @@ impl LayerSplit {
         let host0 = self.stats.host_us;
         let worker0 = self.stats.worker_us;
         let tokens: usize = chunks.iter().map(|c| c.len()).sum();
+        // the head (in `out`) is host compute too
+        let mut head_us = 0u64;
+        let mut timed = |k: usize, x: Vec<f32>, t: usize| {
+            let th = Instant::now();
+            out(k, x, t);
+            head_us += th.elapsed().as_micros() as u64;
+        };
         let r = if chunks.len() == 1 {
             self.run_one(model, state, chunks[0], pool)
-                .map(|x| out(0, x, chunks[0].len()))
+                .map(|x| timed(0, x, chunks[0].len()))
         } else {
-            self.run_pipelined(model, state, chunks, pool, progress, out)
+            self.run_pipelined(model, state, chunks, pool, progress, &mut timed)
         };
+        self.stats.host_us += head_us;
         let wall = t0.elapsed().as_micros() as u64;
         if r.is_ok() {
             let st = &mut self.stats;

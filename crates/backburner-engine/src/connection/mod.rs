@@ -148,7 +148,8 @@ impl Connection {
                 KvDtype::F16 => WireKvDtype::F16,
                 KvDtype::F32 => WireKvDtype::F32,
             },
-            kv_page_size: u64::try_from(shape.page).map_err(|_| too_big("page size", shape.page))?,
+            kv_page_size: u64::try_from(shape.page)
+                .map_err(|_| too_big("page size", shape.page))?,
             ubatch: u32_of("ubatch", shape.ubatch)?,
             layer_split,
         })

@@ -116,7 +116,11 @@ impl WorkerClient {
         let c = self.conn_or_lost()?;
         let (p, t): (Partials, _) = c.reader.expect(Kind::Partials, "Partials")?;
         let parts = decode_partials(&p, &t, n_tokens, n_heads, head_dim)?;
-        self.link.stats.offload_compute_us = self.link.stats.offload_compute_us.saturating_add(p.compute_us);
+        self.link.stats.offload_compute_us = self
+            .link
+            .stats
+            .offload_compute_us
+            .saturating_add(p.compute_us);
         self.succeeded();
         Ok(parts)
     }

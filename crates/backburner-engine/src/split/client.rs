@@ -145,7 +145,10 @@ impl WorkerClient {
         };
         // Warm the fingerprint cache before connecting, for every range the handshake may choose (from the given
         // split layer, or from the first split point): the worker bounds the whole handshake.
-        let (fixed, host_threads) = (self.link.settings.split_layer, self.link.settings.host_threads);
+        let (fixed, host_threads) = (
+            self.link.settings.split_layer,
+            self.link.settings.host_threads,
+        );
         let widest = fixed.unwrap_or(cyc).clamp(1, n - 1);
         self.link.fingerprint(widest..n)?;
         let shape = SessionShape { kv, page, ubatch };
@@ -155,7 +158,9 @@ impl WorkerClient {
             let l = match (fixed, ch.layers) {
                 (Some(l), _) => l,
                 (None, Some((a, _))) => a as usize,
-                (None, None) => balanced_split(cfg, host_threads, ch.threads as usize).unwrap_or(first),
+                (None, None) => {
+                    balanced_split(cfg, host_threads, ch.threads as usize).unwrap_or(first)
+                }
             };
             if l == 0 || l >= n || l % cyc != 0 {
                 return Err(LinkError::Refused(format!(

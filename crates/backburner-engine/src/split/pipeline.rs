@@ -23,11 +23,15 @@ impl WorkerClient {
     /// Rows per `Sync`/`Fetch` frame under the frame budget (the host's and the worker's).
     fn rows_per_frame(&self, cfg: &ModelConfig, kv: backburner_kernels::kv::KvDtype) -> usize {
         let (l, n) = (self.split, cfg.num_hidden_layers);
-        let budget = self.link.limits.map_or(self.link.settings.frame_budget, |w| {
-            self.link.settings
-                .frame_budget
-                .min(usize::try_from(w.max_frame).unwrap_or(usize::MAX))
-        });
+        let budget = self
+            .link
+            .limits
+            .map_or(self.link.settings.frame_budget, |w| {
+                self.link
+                    .settings
+                    .frame_budget
+                    .min(usize::try_from(w.max_frame).unwrap_or(usize::MAX))
+            });
         let row_bytes = wire::payload_len(cfg, l..n, 1, kv, false)
             .unwrap_or(usize::MAX)
             .max(1);
@@ -128,7 +132,10 @@ impl WorkerClient {
         let (tx, rx) = mpsc::channel::<(RunLayers, Vec<u8>, Duration)>();
         // when each RunLayers went out, and its compute allowance
         let (sent_tx, sent_rx) = mpsc::channel::<(Instant, Duration)>();
-        let base = (self.link.settings.timeout, self.link.settings.min_rate.max(1));
+        let base = (
+            self.link.settings.timeout,
+            self.link.settings.min_rate.max(1),
+        );
         let allow = move |bytes: usize, compute: Duration| {
             let transfer = (bytes as f64 / base.1 as f64).min(1e9);
             base.0

@@ -41,7 +41,11 @@ pub(super) fn check_range(
         let valid = if valid.is_empty() {
             "none".to_string()
         } else {
-            valid.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+            valid
+                .iter()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         return Err((
             ErrorCode::LayerRangeMismatch,

@@ -81,36 +81,44 @@ impl LayerSplit {
             }
             let first_tx = hops_tx[0].clone();
             let mut handles = Vec::with_capacity(2 * n);
-            let conns = stages.iter_mut().map(|s| s.link.conn.as_mut().expect("connected"));
+            let conns = stages
+                .iter_mut()
+                .map(|s| s.link.conn.as_mut().expect("connected"));
             for (i, (c, rx)) in conns.zip(hops_rx).enumerate() {
                 let (w, r) = (&mut c.writer, &mut c.reader);
                 let (sent_tx, sent_rx) = mpsc::channel();
                 let pace = infos[i].pace;
                 let failed = &failed;
-                handles.push((i, sc.spawn(move || {
-                    let res = send_stage(w, rx, sent_tx, pace);
-                    if res.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    res
-                })));
+                handles.push((
+                    i,
+                    sc.spawn(move || {
+                        let res = send_stage(w, rx, sent_tx, pace);
+                        if res.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
+                        res
+                    }),
+                ));
                 let next_tx = hops_tx.get(i + 1).cloned();
                 let out_tx = out_tx.clone();
                 let (compute, wus) = (&compute, &worker_us[i]);
-                handles.push((i, sc.spawn(move || {
-                    let next = |msg: RunLayers, x: Vec<u8>| match &next_tx {
-                        Some(tx) => {
-                            let c = compute(i + 1, msg.n_tokens as usize);
-                            tx.send((msg, x, c)).is_ok()
+                handles.push((
+                    i,
+                    sc.spawn(move || {
+                        let next = |msg: RunLayers, x: Vec<u8>| match &next_tx {
+                            Some(tx) => {
+                                let c = compute(i + 1, msg.n_tokens as usize);
+                                tx.send((msg, x, c)).is_ok()
+                            }
+                            None => out_tx.send((msg, x)).is_ok(),
+                        };
+                        let res = receive_stage(r, sent_rx, &next, pace, hidden, wus);
+                        if res.is_err() {
+                            failed.store(true, Ordering::Relaxed);
                         }
-                        None => out_tx.send((msg, x)).is_ok(),
-                    };
-                    let res = receive_stage(r, sent_rx, &next, pace, hidden, wus);
-                    if res.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    res
-                })));
+                        res
+                    }),
+                ));
             }
             drop(hops_tx);
             drop(out_tx);
@@ -169,7 +177,10 @@ impl LayerSplit {
             });
         }
         for (k, (msg, bytes)) in outs.into_iter().enumerate() {
-            let x = bytes_f32(&bytes).map_err(|error| StageError { stage: n - 1, error })?;
+            let x = bytes_f32(&bytes).map_err(|error| StageError {
+                stage: n - 1,
+                error,
+            })?;
             out(k, x, msg.n_tokens as usize);
         }
         Ok(())
