@@ -24,7 +24,8 @@ pub struct WorkerArgs {
     /// Checkpoint directory (the same model as the host's). Default: the bundled model.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Layer range to serve, `L..n` (default: what the host's handshake asks for).
+    /// Layer range to serve, `a..b`: the tail `L..n` for split prefill, any range for a layer split (default: what
+    /// the host's handshake asks for).
     #[arg(long)]
     layers: Option<String>,
     /// Compute threads (default: all cores).
@@ -56,11 +57,11 @@ pub struct WorkerArgs {
     exit_after_frames: Option<usize>,
 }
 
-/// Parses `L..n`.
+/// Parses `a..b`.
 pub fn parse_range(s: &str) -> Result<std::ops::Range<usize>> {
     let (a, b) = s
         .split_once("..")
-        .with_context(|| format!("--layers {s:?}: expected L..n, e.g. 4..8"))?;
+        .with_context(|| format!("--layers {s:?}: expected a..b, e.g. 4..8"))?;
     let a: usize = a
         .trim()
         .parse()

@@ -1,6 +1,8 @@
-//! The worker daemon: serves several hosts' sessions at once, each running a tail layer range `[L, n)` on residual
-//! streams its host sends and keeping a mirror of those layers' state (KV rows and linear states) that the host
-//! syncs and fetches. See docs/PROTOCOL.md.
+//! The worker daemon: serves several hosts' sessions at once. A split-prefill session runs a tail layer range
+//! `[L, n)` on residual streams its host sends and keeps a mirror of those layers' state (KV rows and linear states)
+//! that the host syncs and fetches; a layer-split session holds the only copy of any layer range and answers each
+//! residual stream with the one leaving its last layer; any session may hold KV pages (offload). See
+//! docs/PROTOCOL.md.
 //!
 //! Threads: one accept loop; one thread per connection, bounded: at most `max_pending` connections in their
 //! handshake (the oldest is dropped for a new one, and each has `handshake_timeout` for the whole handshake) and at
