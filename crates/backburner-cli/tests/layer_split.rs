@@ -1,6 +1,6 @@
 //! Layer split with real processes: the host loads layers [0, L1) and the ends, one worker or a chain of two hold
-//! the rest; tokens and logits equal the local run's. A worker killed during prefill or decode fails the request
-//! with a typed error (no hang), and a session that lost its worker re-ingests its history once a worker is back on
+//! the rest; tokens and logits equal the local run's. A worker killed during prefill or decode, or a stalled, cut
+//! or corrupting link, fails the request with a typed error within the deadline (no hang), and a session that lost its worker re-ingests its history once a worker is back on
 //! the same address.
 
 mod common;
@@ -213,5 +213,77 @@ fn after_a_kill_the_next_request_rebuilds_on_the_restarted_worker() {
         }
         assert_eq!(toks, want, "{what}");
         assert_eq!(s.layer_split().unwrap().stats().rebuilds, 1, "{what}");
+    }
+}
+
+#[test]
+fn a_bad_link_fails_the_request_within_the_deadline_with_a_typed_error() {
+    use backburner_link::relay::{Dir, Fault, Relay};
+    let w = worker(&[]);
+    let upstream = w.addr.parse().unwrap();
+    // to the host: ~0.3 KB of handshake, 5 LayersDone of 16 KiB (64 tokens × hidden 64 × f32) and one of 4 KiB
+    // (336 prompt tokens: ~86.5 KB before decode), then 256 B + framing per decode step: 88 000 is a few steps in
+    let faults = [
+        (
+            "stalled worker in prefill",
+            Fault::Stall {
+                dir: Dir::ToHost,
+                after: 30_000,
+            },
+        ),
+        (
+            "stalled worker in decode",
+            Fault::Stall {
+                dir: Dir::ToHost,
+                after: 88_000,
+            },
+        ),
+        (
+            "stalled host in prefill",
+            Fault::Stall {
+                dir: Dir::ToWorker,
+                after: 40_000,
+            },
+        ),
+        (
+            "flipped byte in a residual",
+            Fault::FlipByte {
+                dir: Dir::ToHost,
+                at: 50_000,
+            },
+        ),
+        (
+            "cut connection",
+            Fault::CloseAfter {
+                dir: Dir::ToHost,
+                after: 88_500,
+            },
+        ),
+    ];
+    for (what, fault) in faults {
+        let relay = Relay::start(upstream, fault, 1).unwrap();
+        let addr = relay.addr().to_string();
+        let t = Instant::now();
+        let o = run_tiny(&[
+            "--worker",
+            &addr,
+            "--layer-split",
+            "4",
+            "--worker-timeout",
+            "2",
+        ]);
+        let took = t.elapsed();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{what}: {err} {out} relay: {} connections, {} bytes to host",
+            relay.connections(),
+            relay.bytes(Dir::ToHost)
+        );
+        assert!(err.contains("holding layers 4..8 is lost"), "{what}: {err}");
+        // the deadline is 2 s plus transfer and compute allowances; never the 60 s default or a hang
+        assert!(took < Duration::from_secs(8), "{what}: took {took:?}");
     }
 }

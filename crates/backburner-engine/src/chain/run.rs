@@ -171,8 +171,8 @@ impl LayerSplit {
                 s.pos = Some(state.n_tokens());
                 s.link.succeeded();
             }
+            progress(tokens, tokens);
         }
-        progress(tokens, tokens);
         r
     }
 
