@@ -1,7 +1,7 @@
 //! Layer split with real processes: the host loads layers [0, L1) and the ends, one worker or a chain of two hold
 //! the rest; tokens and logits equal the local run's. A worker killed during prefill or decode, or a stalled, cut
-//! or corrupting link, fails the request with a typed error within the deadline (no hang), and a session that lost its worker re-ingests its history once a worker is back on
-//! the same address.
+//! or corrupting link, fails the request with a typed error within the deadline (no hang), and a session that lost
+//! its worker re-ingests its history once a worker is back on the same address.
 
 mod common;
 
