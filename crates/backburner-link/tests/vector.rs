@@ -94,15 +94,15 @@ fn the_documented_handshake_and_sealed_frames() {
     };
     let welcome = handshake_frame(&mut t, Kind::Welcome, &encode_control(&w).unwrap());
 
-    assert_eq!(hello, hex("42 42 4c 4b 03 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
-    assert_eq!(challenge, hex("42 42 4c 4b 03 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(th2.to_vec(), hex("af 0b 1f 7b f2 57 06 14 0a ac ce 65 01 7c df b1 27 78 b4 1b 62 65 4d e8 a3 d5 38 43 b1 a5 c9 82"));
-    assert_eq!(mac_h.to_vec(), hex("e5 04 1c 3c 58 b8 64 dc 51 21 2b cb 5a 8c 37 de 86 b0 09 96 ad f4 f1 8e 15 d4 34 31 2b dc 16 47"));
-    assert_eq!(auth_frame, hex("42 42 4c 4b 03 00 03 00 4a 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 e5 04 1c 3c 58 b8 64 dc 51 21 2b cb 5a 8c 37 de 86 b0 09 96 ad f4 f1 8e 15 d4 34 31 2b dc 16 47 aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04"));
-    assert_eq!(th3.to_vec(), hex("f8 27 5d 31 8a b9 ae cd 50 c7 b7 20 c1 a3 38 ec 09 a8 15 90 cd a7 54 09 89 02 d9 31 5b d9 59 73"));
-    assert_eq!(mac_w.to_vec(), hex("e0 1d 3d 7b 25 fc 6d fa 2c 95 30 85 b8 73 f8 0a 22 8b b7 7d d7 e5 b1 a8 df 4b 99 6d a3 72 49 0b"));
-    assert_eq!(welcome, hex("42 42 4c 4b 03 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 e0 1d 3d 7b 25 fc 6d fa 2c 95 30 85 b8 73 f8 0a 22 8b b7 7d d7 e5 b1 a8 df 4b 99 6d a3 72 49 0b ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(t.hash().to_vec(), hex("f3 7a 19 15 8b 50 01 4f fc b6 4d f8 c6 64 ac e1 f5 93 db 9f 50 ac 40 45 01 b3 b3 b9 a0 92 66 36"));
+    assert_eq!(hello, hex("42 42 4c 4b 04 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
+    assert_eq!(challenge, hex("42 42 4c 4b 04 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(th2.to_vec(), hex("f9 e3 8d 46 96 cb 31 7a bf 4c a4 a6 76 96 7b 1f 2d 69 e8 8b 51 5a 30 a2 83 0b f2 62 4a bf af a9"));
+    assert_eq!(mac_h.to_vec(), hex("b7 95 24 d1 c7 ad f4 24 0f 9a fb 61 db a1 4a 22 c2 b6 09 51 85 38 55 a5 59 25 fe b4 86 f0 b7 bb"));
+    assert_eq!(auth_frame, hex("42 42 4c 4b 04 00 03 00 4b 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 b7 95 24 d1 c7 ad f4 24 0f 9a fb 61 db a1 4a 22 c2 b6 09 51 85 38 55 a5 59 25 fe b4 86 f0 b7 bb aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00"));
+    assert_eq!(th3.to_vec(), hex("1b de 7d b9 05 b6 dd 35 24 5c cb ff 64 ac d9 46 8a 56 d4 7f a1 4f d9 11 94 c6 fb 26 55 8a af 3e"));
+    assert_eq!(mac_w.to_vec(), hex("fe e2 c7 65 fd 33 f0 39 05 87 69 3d fa 0e dd f7 3b c3 25 6e e6 cc fd 25 01 f0 18 d2 12 0c 90 ea"));
+    assert_eq!(welcome, hex("42 42 4c 4b 04 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 fe e2 c7 65 fd 33 f0 39 05 87 69 3d fa 0e dd f7 3b c3 25 6e e6 cc fd 25 01 f0 18 d2 12 0c 90 ea ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(t.hash().to_vec(), hex("73 89 c0 f2 04 9e 74 c4 a8 72 72 09 6a 8d e0 42 a2 8e 6d b9 09 f9 22 a5 0a 61 cd 1e ea bf 0d 78"));
 
     let th4 = t.hash();
     let mut host = derive(secret, &th4, Role::Host);
@@ -117,7 +117,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 03 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 63 25 b5 fc | b9 f9 40 e9 3f e3 83 32 82 ed 1f b6 55 df 5d 17"));
+    assert_eq!(out, hex("42 42 4c 4b 04 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 13 84 52 3f | 15 9f 4d 29 d7 ef 10 c9 f2 20 f5 4d 9d d8 2a 4f"));
     encode_frame(
         &mut out,
         Kind::Pong,
@@ -127,7 +127,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut worker.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 03 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | de fa 4b bc | 59 14 c8 55 d6 0d 63 8e a4 9f 22 76 e5 e6 7b d2"));
+    assert_eq!(out, hex("42 42 4c 4b 04 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 15 d0 df c8 | 25 de 38 38 64 1b ad 2e 52 fb 98 9e ab 26 4f 71"));
     let fetch = encode_control(&Fetch {
         from_pos: 0,
         to_pos: 3,
@@ -144,5 +144,5 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 03 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | cc 53 51 | 1b 6e d5 2b 92 e1 d0 58 b8 7e 66 b6 e3 ec 3d 23"));
+    assert_eq!(out, hex("42 42 4c 4b 04 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | 96 af ef | 48 b4 4c 2d fe 56 2d c8 6d d0 a9 b7 d6 85 cd 36"));
 }
