@@ -1,4 +1,4 @@
-//! KV-offload requests on a worker connection (docs/PROTOCOL.md §5.12): put pages, drop pages, attend.
+//! KV-offload requests on a worker connection (docs/PROTOCOL.md §5.11): put pages, drop pages, attend.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! A session's KV-offload requests on the worker (`PagesPut`, `PagesDrop`, `Attend`; docs/PROTOCOL.md §5.12): the
+//! A session's KV-offload requests on the worker (`PagesPut`, `PagesDrop`, `Attend`; docs/PROTOCOL.md §5.11): the
 //! checks of every size taken from the request, before the [`SessionPages`] store is touched or anything is
 //! allocated.
 
