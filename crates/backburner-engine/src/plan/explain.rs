@@ -7,7 +7,7 @@ const GB: u64 = 1_000_000_000;
 /// Bytes as decimal gigabytes (10^9 bytes) with one decimal, the `.0` dropped: `24 GB`, `53.8 GB`, `0.4 GB`.
 pub fn fmt_gb(bytes: u64) -> String {
     let tenths = (bytes as u128 * 10 + GB as u128 / 2) / GB as u128;
-    if tenths % 10 == 0 {
+    if tenths.is_multiple_of(10) {
         format!("{} GB", tenths / 10)
     } else {
         format!("{}.{} GB", tenths / 10, tenths % 10)

@@ -64,6 +64,10 @@ pub struct ModelCosts {
     pub offload_bytes_per_token_layer: u64,
     /// Width of the residual stream (elements).
     pub hidden: usize,
+    /// Query heads of the attention layers.
+    pub n_heads: usize,
+    /// Head dim of the attention layers.
+    pub head_dim: usize,
     /// Vocabulary size (rows of the head).
     pub vocab: usize,
     /// Layers per hybrid cycle: the seams a split prefers are multiples of it.
@@ -193,6 +197,8 @@ impl ModelCosts {
             scratch_bytes_per_token: scratch_width(cfg).saturating_mul(4 * SCRATCH_FACTOR),
             offload_bytes_per_token_layer: mul(&[4, hq]).saturating_mul(2 * d as u64 + 1),
             hidden: cfg.hidden_size,
+            n_heads: hq,
+            head_dim: d,
             vocab: cfg.vocab_size,
             interval: cfg.full_attention_interval.max(1),
             max_position_embeddings: cfg.max_position_embeddings,
@@ -258,11 +264,12 @@ impl ModelCosts {
         b
     }
 
-    /// Scratch of a worker that only attends offloaded pages: q in and the partial out for one ubatch
-    /// (`ubatch × offload_bytes_per_token_layer`).
+    /// Scratch of a worker that only attends offloaded pages: the room a worker reserves for one attention request,
+    /// three partials (`[ubatch, n_heads, head_dim]` + LSE `[ubatch, n_heads]`) and two queries
+    /// (`[ubatch, n_heads, head_dim]`), f32: `ubatch × 4 × (5·n_heads·head_dim + 3·n_heads)`.
     pub fn offload_scratch_bytes(&self, ubatch: usize) -> u64 {
-        self.offload_bytes_per_token_layer
-            .saturating_mul(ubatch as u64)
+        let (hq, d) = (self.n_heads as u64, self.head_dim as u64);
+        (4 * (5 * hq * d + 3 * hq)).saturating_mul(ubatch as u64)
     }
 }
 
@@ -278,11 +285,8 @@ fn kv_bytes_per_layer_position(cfg: &ModelConfig, kv: KvDtype) -> u64 {
     };
     let all = crate::offload::bytes_per_position(cfg, opts) as u64;
     let n = crate::offload::attention_layers(cfg).len() as u64;
-    if n == 0 {
-        mul(&[2, cfg.num_key_value_heads, cfg.head_dim, kv.size_of()])
-    } else {
-        all / n
-    }
+    all.checked_div(n)
+        .unwrap_or_else(|| mul(&[2, cfg.num_key_value_heads, cfg.head_dim, kv.size_of()]))
 }
 
 /// Elements per ubatch token of the forward pass's activations (see [`ModelCosts::scratch_bytes`]).

@@ -8,7 +8,7 @@
 //!    attached this becomes **split prefill**: the first worker mirrors the tail layers `[L, n)`, L from
 //!    [`crate::balanced_split`] on a seam and moved towards the tail until the mirror fits the worker.
 //! 2. **KV offload** when the weights fit the host but the context's KV does not and workers exist: the host keeps a
-//!    budget of whole KV pages, the oldest pages go to the workers in chain order.
+//!    budget of whole KV pages (at least a ubatch and two pages), the oldest pages go to the workers in chain order.
 //! 3. **Layer split** otherwise: the host keeps the ends and layers `[0, L1)`, worker 1 `[L1, L2)`, …, the last
 //!    worker up to `n`. Each device in chain order takes **as many layers as fit** after its fixed costs and the KV
 //!    of its own attention layers for the context (the host is the one device that must compute anyway, and every

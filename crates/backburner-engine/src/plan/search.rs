@@ -204,7 +204,8 @@ fn kv_offload(req: &PlanRequest, need: usize) -> Option<Plan> {
     let host_budget = usize::try_from(free.checked_div(page_bytes)?)
         .ok()?
         .saturating_mul(req.page_size);
-    if host_budget == 0 {
+    // The newest page stays on the host while a ubatch is appended: the budget must hold a ubatch and two pages.
+    if host_budget < req.ubatch.saturating_add(2 * req.page_size) {
         return None;
     }
     let caps: Vec<usize> = req

@@ -216,7 +216,7 @@ fn everything_local_then_split_prefill_then_kv_offload() {
     let r = request("ref-27b-config", 64 * GB, &[8 * GB]);
     let p = plan(&r).unwrap();
     let host_pages = (64 * GB - fixed) / (65_536 * 4096);
-    let worker_pages = (8 * GB - 512 * (2 * 24 * 256 + 24) * 4) / (65_536 * 4096);
+    let worker_pages = (8 * GB - 512 * 4 * (5 * 24 * 256 + 3 * 24)) / (65_536 * 4096);
     assert_eq!(
         p.mode,
         Mode::KvOffload {
