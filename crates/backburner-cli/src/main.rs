@@ -7,6 +7,7 @@ mod bench_split;
 mod chain_args;
 mod default_model;
 mod link_args;
+mod plan_cmd;
 mod prompt;
 mod run_cmd;
 mod worker_cmd;
@@ -46,6 +47,10 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Serve hosts over the link (a daemon): the tail layers of split prefill, and the KV pages of KV offload.
     Worker(worker_cmd::WorkerArgs),
+    /// Compute a placement for memory budgets (mode, layer ranges, KV, largest context) without loading weights.
+    Plan(Box<plan_cmd::PlanArgs>),
+    /// Measure the host's per-layer prefill and decode speed for `plan --calibration`.
+    Calibrate(Box<plan_cmd::CalibrateArgs>),
 }
 
 /// Options shared by every command that loads a model.
@@ -120,6 +125,8 @@ fn main() {
         Cmd::Perplexity(a) => run_perplexity(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Worker(a) => worker_cmd::run(a),
+        Cmd::Plan(a) => plan_cmd::run(*a),
+        Cmd::Calibrate(a) => plan_cmd::calibrate(*a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

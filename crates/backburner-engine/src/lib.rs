@@ -9,6 +9,7 @@ pub mod error;
 pub mod generate;
 pub mod offload;
 pub mod perplexity;
+pub mod plan;
 pub mod sampling;
 pub mod session;
 pub mod split;

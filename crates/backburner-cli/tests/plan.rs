@@ -1,0 +1,183 @@
+//! `backburner plan` and `backburner calibrate` end to end on the 27B reference config and the tiny fixture.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
+}
+
+fn bb(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_backburner"))
+        .args(args)
+        .env(
+            "BACKBURNER_CACHE",
+            std::env::temp_dir().join("backburner-cli-test-cache"),
+        )
+        .output()
+        .expect("run backburner")
+}
+
+fn ref27b() -> String {
+    fixture("ref-27b-config").to_str().unwrap().to_string()
+}
+
+#[test]
+fn plan_explains_that_the_27b_does_not_fit_24gb_plus_8gb() {
+    let m = ref27b();
+    let o = bb(&[
+        "plan",
+        "--model",
+        &m,
+        "--host-memory",
+        "24GB",
+        "--worker-memory",
+        "8GB",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("weights need 53.8 GB; host 24 GB + worker 8 GB = 32 GB: does not fit; with a second worker of 26 GB it fits as layer split: host 0..24, worker 1 24..32, worker 2 32..64"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plan_json_of_a_layer_split_holds_the_ranges_and_fits_every_device() {
+    let m = ref27b();
+    let o = bb(&[
+        "plan",
+        "--model",
+        &m,
+        "--host-memory",
+        "24GB",
+        "--worker-memory",
+        "8GB",
+        "--worker-memory",
+        "26GB",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "layer_split");
+    let range = |d: &serde_json::Value| {
+        (
+            d["layers"]["start"].as_u64().unwrap(),
+            d["layers"]["end"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(range(&v["host"]), (0, 24));
+    assert_eq!(range(&v["workers"][0]), (24, 32));
+    assert_eq!(range(&v["workers"][1]), (32, 64));
+    assert_eq!(v["max_ctx"], 6212);
+    for d in std::iter::once(&v["host"]).chain(v["workers"].as_array().unwrap()) {
+        let total: u64 = ["weight_bytes", "state_bytes", "kv_bytes", "scratch_bytes"]
+            .iter()
+            .map(|k| d[k].as_u64().unwrap())
+            .sum();
+        assert!(total <= d["memory"].as_u64().unwrap(), "{d}");
+        // KV for its own attention layers (every 4th) at max_ctx, 4096 bytes per layer and position.
+        let (a, b) = range(d);
+        let attn = (a..b).filter(|l| (l + 1) % 4 == 0).count() as u64;
+        assert_eq!(d["kv_bytes"].as_u64().unwrap(), attn * 4096 * 6212);
+    }
+    assert_eq!(v["link"]["decode_bytes_per_token"], 2 * 2 * 5120 * 4);
+    assert!(v["expected"].is_null());
+}
+
+#[test]
+fn plan_human_output_and_gib_units() {
+    let m = ref27b();
+    let o = bb(&[
+        "plan",
+        "--model",
+        &m,
+        "--host-memory",
+        "64GiB",
+        "--worker-memory",
+        "8GiB",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    // 64 GiB = 68.7 GB: the weights fit, the 262144-token KV (17.2 GB) does not: KV offload.
+    assert!(
+        out.starts_with("plan: KV offload: the host holds all 64 layers"),
+        "{out}"
+    );
+    assert!(out.contains("68.7 GB"), "{out}");
+    assert!(
+        out.contains("context: 262144 tokens, 262144 fit this placement"),
+        "{out}"
+    );
+    let bad = bb(&["plan", "--model", &m, "--host-memory", "24 gigs"]);
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn plan_with_a_calibration_prints_expected_rates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cal = dir.path().join("cal.json");
+    std::fs::write(
+        &cal,
+        r#"{"version":1,"host":{"threads":8,"prefill_us_per_token_layer":20.0,"decode_us_per_layer":500.0,
+            "ends_prefill_us_per_token":10.0,"ends_decode_us":1000.0,"prefill_tokens":512},"workers":[]}"#,
+    )
+    .unwrap();
+    let m = ref27b();
+    let o = bb(&[
+        "plan",
+        "--model",
+        &m,
+        "--host-memory",
+        "64GB",
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "local");
+    // 64 × 500 µs + 1000 µs per token = 33 ms.
+    assert!((v["expected"]["decode_ms"]["host"].as_f64().unwrap() - 33.0).abs() < 1e-9);
+    assert!(
+        (v["expected"]["prefill_tok_s"].as_f64().unwrap() - 1e6 / (64.0 * 20.0 + 10.0)).abs()
+            < 1e-6
+    );
+}
+
+#[test]
+fn calibrate_writes_host_numbers_and_refuses_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cal.json");
+    let m = fixture("tiny-bf16");
+    let o = bb(&[
+        "calibrate",
+        "--model",
+        m.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--ubatch",
+        "64",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(v["host"]["prefill_tokens"], 64);
+    assert!(v["host"]["decode_us_per_layer"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["workers"], serde_json::json!([]));
+    let o = bb(&[
+        "calibrate",
+        "--model",
+        m.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--worker",
+        "127.0.0.1:1",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not implemented"));
+}

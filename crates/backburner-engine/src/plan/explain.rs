@@ -1,0 +1,157 @@
+//! Human words for plans: sizes in GB, a one-line summary, and the explanation of a plan that does not fit.
+
+use super::{min_context, search, Mode, Plan, PlanError, PlanRequest};
+
+const GB: u64 = 1_000_000_000;
+
+/// Bytes as decimal gigabytes (10^9 bytes) with one decimal, the `.0` dropped: `24 GB`, `53.8 GB`, `0.4 GB`.
+pub fn fmt_gb(bytes: u64) -> String {
+    let tenths = (bytes as u128 * 10 + GB as u128 / 2) / GB as u128;
+    if tenths.is_multiple_of(10) {
+        format!("{} GB", tenths / 10)
+    } else {
+        format!("{}.{} GB", tenths / 10, tenths % 10)
+    }
+}
+
+/// One line naming the mode, who holds which layers, and the largest context, e.g.
+/// `layer split: host 0..24, worker 1 24..32, worker 2 32..64; context up to 262144 tokens`.
+pub fn summary(p: &Plan) -> String {
+    let n = p
+        .host
+        .layers
+        .end
+        .max(p.workers.iter().map(|w| w.layers.end).max().unwrap_or(0));
+    let what = match &p.mode {
+        Mode::Local => format!("local: the host holds all {n} layers"),
+        Mode::SplitPrefill { split_layer } => {
+            format!("split prefill: the host holds all {n} layers, worker 1 mirrors {split_layer}..{n}")
+        }
+        Mode::KvOffload { host_kv_positions } => format!(
+            "KV offload: the host holds all {n} layers and the newest {host_kv_positions} positions, the workers the oldest pages"
+        ),
+        Mode::LayerSplit => {
+            let host = if p.host.layers.is_empty() {
+                "host (ends only)".to_string()
+            } else {
+                format!("host {:?}", p.host.layers)
+            };
+            let mut parts = vec![host];
+            parts.extend(
+                p.workers
+                    .iter()
+                    .filter(|w| !w.layers.is_empty())
+                    .map(|w| format!("{} {:?}", w.name, w.layers)),
+            );
+            format!("layer split: {}", parts.join(", "))
+        }
+    };
+    format!("{what}; context up to {} tokens", p.max_ctx)
+}
+
+fn ordinal(k: usize) -> String {
+    match k {
+        1 => "first".into(),
+        2 => "second".into(),
+        3 => "third".into(),
+        4 => "fourth".into(),
+        _ => format!("{k}th"),
+    }
+}
+
+/// `host 24 GB + worker 8 GB` (one worker) or `host 8 GB + worker 1 12 GB + worker 2 8 GB`.
+fn devices(req: &PlanRequest) -> String {
+    let mut s = format!("host {}", fmt_gb(req.host_memory));
+    let many = req.worker_memory.len() > 1;
+    for (i, &m) in req.worker_memory.iter().enumerate() {
+        if many {
+            s += &format!(" + worker {} {}", i + 1, fmt_gb(m));
+        } else {
+            s += &format!(" + worker {}", fmt_gb(m));
+        }
+    }
+    s
+}
+
+/// The [`PlanError::DoesNotFit`] for a request no mode fits: what is needed against what is there, and the least
+/// memory (whole GB) one more worker at the end of the chain would need for a plan to fit, with that plan.
+pub(super) fn does_not_fit(req: &PlanRequest) -> PlanError {
+    let c = &req.costs;
+    let n = c.n_layers();
+    let ctx = req.ctx.unwrap_or_else(|| min_context(req));
+    let weights = c.total_weight_bytes();
+    let avail = req
+        .worker_memory
+        .iter()
+        .fold(req.host_memory, |a, &b| a.saturating_add(b));
+    let (devs, total) = (devices(req), fmt_gb(avail));
+    let mut s = if weights > avail {
+        format!(
+            "weights need {}; {devs} = {total}: does not fit",
+            fmt_gb(weights)
+        )
+    } else {
+        let kv = c.kv_bytes(0..n, ctx);
+        let state = c.state_bytes(0..n);
+        format!(
+            "weights {} + recurrent state {} + KV for {ctx} tokens {} + scratch; {devs} = {total}: no placement of whole layers fits",
+            fmt_gb(weights),
+            fmt_gb(state),
+            fmt_gb(kv)
+        )
+    };
+    let host_min = search::host_minimum(req);
+    if req.host_memory < host_min {
+        s += &format!(
+            "; the host alone needs {} for the embedding, head and scratch",
+            fmt_gb(host_min)
+        );
+        return PlanError::DoesNotFit {
+            explanation: s,
+            extra_worker_bytes: None,
+        };
+    }
+    let extra = extra_worker(req);
+    if let Some((bytes, plan)) = &extra {
+        s += &format!(
+            "; with a {} worker of {} it fits as {}",
+            ordinal(req.worker_memory.len() + 1),
+            fmt_gb(*bytes),
+            super::summary(plan)
+        );
+    }
+    PlanError::DoesNotFit {
+        explanation: s,
+        extra_worker_bytes: extra.map(|e| e.0),
+    }
+}
+
+/// The least whole-GB memory of one more worker that makes `req` fit, and the plan it gives.
+fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
+    let c = &req.costs;
+    let n = c.n_layers();
+    let ctx = req.ctx.unwrap_or_else(|| min_context(req));
+    let with = |gb: u64| {
+        let mut r = req.clone();
+        r.calibration = None;
+        r.worker_memory.push(gb.saturating_mul(GB));
+        search::place(&r).ok().flatten()
+    };
+    let everything = c
+        .total_weight_bytes()
+        .saturating_add(c.state_bytes(0..n))
+        .saturating_add(c.kv_bytes(0..n, ctx))
+        .saturating_add(c.scratch_bytes(req.ubatch, true, true));
+    let hi = everything.div_ceil(GB).saturating_add(1);
+    with(hi)?;
+    let (mut lo, mut hi) = (1u64, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if with(mid).is_some() {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    with(lo).map(|p| (lo * GB, p))
+}

@@ -1,0 +1,350 @@
+//! The planner's memory model: what each decoder layer, the ends, the per-sequence state and a ubatch's activations
+//! cost in bytes, from a checkpoint's stored tensors or from config.json alone.
+
+use std::path::Path;
+
+use backburner_kernels::kv::KvDtype;
+use backburner_model::{Checkpoint, KvOptions, LayerKind, LinearState, ModelConfig};
+use serde::Serialize;
+
+use super::PlanError;
+
+/// Where the weight sizes of a [`ModelCosts`] came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightSource {
+    /// Summed from the stored tensors of a checkpoint (weights stay in their stored dtype in memory).
+    Checkpoint,
+    /// Computed from config.json's shapes at `bytes_per_param` bytes per weight (its `dtype`/`torch_dtype`;
+    /// bf16 when absent).
+    Config {
+        /// 2 for bf16/f16, 4 for f32.
+        bytes_per_param: u64,
+    },
+}
+
+/// Bytes of the parts a node holds only when it holds the ends (the host).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EndsBytes {
+    /// `embed_tokens` `[vocab, hidden]`.
+    pub embedding: u64,
+    /// The final RMSNorm `[hidden]`.
+    pub final_norm: u64,
+    /// `lm_head` `[vocab, hidden]`; 0 when the head is tied to the embedding.
+    pub head: u64,
+}
+
+impl EndsBytes {
+    /// All three, in bytes.
+    pub fn total(&self) -> u64 {
+        self.embedding
+            .saturating_add(self.final_norm)
+            .saturating_add(self.head)
+    }
+}
+
+/// What one model costs in memory, per part. All sizes are bytes; positions and ubatches are tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelCosts {
+    /// The kind of each decoder layer (its length is the layer count).
+    pub layer_kinds: Vec<LayerKind>,
+    /// Weight bytes of each decoder layer (every tensor under `layers.{i}.`).
+    pub layer_weight_bytes: Vec<u64>,
+    /// Weight bytes of the embedding, final norm and head.
+    pub ends: EndsBytes,
+    /// K and V bytes of one position of ONE full-attention layer: `2 × n_kv_heads × head_dim × kv dtype bytes`.
+    pub kv_bytes_per_position: u64,
+    /// Fixed state bytes of one Gated DeltaNet layer (f32): conv `[conv_dim, kernel−1]` + recurrent
+    /// `[n_v_heads, d_k, d_v]`.
+    pub linear_state_bytes: u64,
+    /// Activation bytes per ubatch token on a node running decoder layers (see [`ModelCosts::scratch_bytes`]).
+    pub scratch_bytes_per_token: u64,
+    /// Bytes per token of one attention op's link traffic in KV offload: q `[n_heads, head_dim]` out, the partial
+    /// `[n_heads, head_dim]` and its LSE `[n_heads]` back, all f32.
+    pub offload_bytes_per_token_layer: u64,
+    /// Width of the residual stream (elements).
+    pub hidden: usize,
+    /// Query heads of the attention layers.
+    pub n_heads: usize,
+    /// Head dim of the attention layers.
+    pub head_dim: usize,
+    /// Vocabulary size (rows of the head).
+    pub vocab: usize,
+    /// Layers per hybrid cycle: the seams a split prefers are multiples of it.
+    pub interval: usize,
+    /// The longest context the checkpoint claims (tokens).
+    pub max_position_embeddings: usize,
+    /// KV dtype the KV sizes are for.
+    pub kv_dtype: KvDtype,
+    /// Where the weight sizes came from.
+    pub source: WeightSource,
+}
+
+/// Multiplies element counts into bytes, saturating (a saturated size never fits anywhere).
+fn mul(xs: &[usize]) -> u64 {
+    xs.iter().fold(1u64, |a, &x| a.saturating_mul(x as u64))
+}
+
+impl ModelCosts {
+    /// Costs from `cfg`'s shapes with `bytes_per_param` bytes per weight (2 = bf16/f16, 4 = f32) and KV in `kv`.
+    /// Tensor shapes are those the loader reads (gated attention: `q_proj` is `[2·n_heads·head_dim, hidden]`).
+    pub fn from_config(cfg: &ModelConfig, bytes_per_param: u64, kv: KvDtype) -> Self {
+        let layer_weight_bytes = (0..cfg.num_hidden_layers)
+            .map(|i| layer_params(cfg, cfg.layer_types[i]).saturating_mul(bytes_per_param))
+            .collect();
+        let emb = mul(&[cfg.vocab_size, cfg.hidden_size]).saturating_mul(bytes_per_param);
+        let ends = EndsBytes {
+            embedding: emb,
+            final_norm: mul(&[cfg.hidden_size]).saturating_mul(bytes_per_param),
+            head: if cfg.tie_word_embeddings { 0 } else { emb },
+        };
+        Self::with_weights(
+            cfg,
+            layer_weight_bytes,
+            ends,
+            kv,
+            WeightSource::Config { bytes_per_param },
+        )
+    }
+
+    /// Costs from a checkpoint's stored tensors: each layer's bytes are the sum of the stored sizes of the tensors
+    /// named `{prefix}layers.{i}.*`; the ends are `{prefix}embed_tokens.weight`, `{prefix}norm.weight` and (untied)
+    /// `lm_head.weight`. Tensors of other parts (a vision tower, MTP heads) are not counted.
+    ///
+    /// Errors: [`PlanError::Model`] when an end tensor is missing; [`PlanError::Invalid`] when a layer has no tensor.
+    pub fn from_checkpoint(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        kv: KvDtype,
+    ) -> Result<Self, PlanError> {
+        let prefix = cfg.layout.prefix();
+        let layers_prefix = format!("{prefix}layers.");
+        let mut per_layer = vec![0u64; cfg.num_hidden_layers];
+        let mut seen = vec![false; cfg.num_hidden_layers];
+        for name in ck.names() {
+            let Some(rest) = name.strip_prefix(&layers_prefix) else {
+                continue;
+            };
+            let Some(i) = rest.split('.').next().and_then(|s| s.parse::<usize>().ok()) else {
+                continue;
+            };
+            if i < per_layer.len() {
+                let bytes = ck.raw(name)?.1.len() as u64;
+                per_layer[i] = per_layer[i].saturating_add(bytes);
+                seen[i] = true;
+            }
+        }
+        if let Some(i) = seen.iter().position(|s| !s) {
+            return Err(PlanError::Invalid(format!(
+                "the checkpoint in {} has no tensor of layer {i}",
+                ck.dir().display()
+            )));
+        }
+        let size = |n: &str| -> Result<u64, PlanError> { Ok(ck.raw(n)?.1.len() as u64) };
+        let ends = EndsBytes {
+            embedding: size(&format!("{prefix}embed_tokens.weight"))?,
+            final_norm: size(&format!("{prefix}norm.weight"))?,
+            head: if cfg.tie_word_embeddings {
+                0
+            } else {
+                size("lm_head.weight")?
+            },
+        };
+        Ok(Self::with_weights(
+            cfg,
+            per_layer,
+            ends,
+            kv,
+            WeightSource::Checkpoint,
+        ))
+    }
+
+    /// Reads `dir/config.json` and, when the directory holds weights (`model.safetensors` or a sharded index), sums
+    /// the stored tensors ([`ModelCosts::from_checkpoint`]); otherwise computes the weights from the config's shapes
+    /// and its `dtype`/`torch_dtype` (`bfloat16` when absent; [`ModelCosts::from_config`]).
+    ///
+    /// Errors: [`PlanError::Model`] for an unreadable config or checkpoint; [`PlanError::Invalid`] for a dtype other
+    /// than bfloat16, float16 or float32.
+    pub fn from_dir(dir: &Path, kv: KvDtype) -> Result<(ModelConfig, Self), PlanError> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let has_weights = dir.join("model.safetensors").exists()
+            || dir.join("model.safetensors.index.json").exists();
+        let costs = if has_weights {
+            let ck = Checkpoint::open(dir)?;
+            Self::from_checkpoint(&cfg, &ck, kv)?
+        } else {
+            let text = std::fs::read_to_string(dir.join("config.json"))
+                .map_err(|e| PlanError::Invalid(format!("read config.json: {e}")))?;
+            Self::from_config(&cfg, config_dtype_bytes(&text)?, kv)
+        };
+        Ok((cfg, costs))
+    }
+
+    fn with_weights(
+        cfg: &ModelConfig,
+        layer_weight_bytes: Vec<u64>,
+        ends: EndsBytes,
+        kv: KvDtype,
+        source: WeightSource,
+    ) -> Self {
+        let (hq, d) = (cfg.num_attention_heads, cfg.head_dim);
+        ModelCosts {
+            layer_kinds: cfg.layer_types.clone(),
+            layer_weight_bytes,
+            ends,
+            kv_bytes_per_position: kv_bytes_per_layer_position(cfg, kv),
+            linear_state_bytes: LinearState::zeros(cfg).bytes() as u64,
+            scratch_bytes_per_token: scratch_width(cfg).saturating_mul(4 * SCRATCH_FACTOR),
+            offload_bytes_per_token_layer: mul(&[4, hq]).saturating_mul(2 * d as u64 + 1),
+            hidden: cfg.hidden_size,
+            n_heads: hq,
+            head_dim: d,
+            vocab: cfg.vocab_size,
+            interval: cfg.full_attention_interval.max(1),
+            max_position_embeddings: cfg.max_position_embeddings,
+            kv_dtype: kv,
+            source,
+        }
+    }
+
+    /// Number of decoder layers.
+    pub fn n_layers(&self) -> usize {
+        self.layer_kinds.len()
+    }
+
+    /// Weight bytes of layers `r` (no ends).
+    pub fn weight_bytes(&self, r: std::ops::Range<usize>) -> u64 {
+        self.layer_weight_bytes[r]
+            .iter()
+            .fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// Weight bytes of the whole model: every layer plus the ends.
+    pub fn total_weight_bytes(&self) -> u64 {
+        self.weight_bytes(0..self.n_layers())
+            .saturating_add(self.ends.total())
+    }
+
+    /// Full-attention layers in `r`.
+    pub fn attention_layers(&self, r: std::ops::Range<usize>) -> usize {
+        self.layer_kinds[r]
+            .iter()
+            .filter(|k| **k == LayerKind::FullAttention)
+            .count()
+    }
+
+    /// Fixed recurrent + conv state bytes of the Gated DeltaNet layers in `r`.
+    pub fn state_bytes(&self, r: std::ops::Range<usize>) -> u64 {
+        let linear = r.len() - self.attention_layers(r);
+        self.linear_state_bytes.saturating_mul(linear as u64)
+    }
+
+    /// KV bytes of `positions` positions over the full-attention layers in `r`.
+    pub fn kv_bytes(&self, r: std::ops::Range<usize>, positions: usize) -> u64 {
+        self.kv_bytes_per_position
+            .saturating_mul(self.attention_layers(r) as u64)
+            .saturating_mul(positions as u64)
+    }
+
+    /// Activation (scratch) bytes of a node that runs decoder layers on ubatches of `ubatch` tokens; with `ends`, one
+    /// f32 logits row (`vocab × 4`) more. The estimate is
+    /// `ubatch × 4 × 2 × (3·hidden + 3·intermediate + 2·proj + core)` where `proj` is the wider fused input
+    /// projection (Gated DeltaNet `conv_dim + n_v·d_v + 2·n_v` or attention `2·n_q·d + 2·n_kv·d`) and `core` the
+    /// wider mixer output (`n_v·d_v` or `n_q·d`): the forward pass's buffers (normed input, projection, mixer
+    /// output, gate|up, activation, q/k/v/z heads), ×2 for the second buffer set of interleaved halves. It is an
+    /// estimate with headroom, not a bound on allocator behaviour. A node with no layers and no ends needs none.
+    pub fn scratch_bytes(&self, ubatch: usize, layers: bool, ends: bool) -> u64 {
+        let mut b = 0u64;
+        if layers {
+            b = self.scratch_bytes_per_token.saturating_mul(ubatch as u64);
+        }
+        if ends {
+            b = b.saturating_add(mul(&[self.vocab, 4]));
+        }
+        b
+    }
+
+    /// Scratch of a worker that only attends offloaded pages: the room a worker reserves for one attention request,
+    /// three partials (`[ubatch, n_heads, head_dim]` + LSE `[ubatch, n_heads]`) and two queries
+    /// (`[ubatch, n_heads, head_dim]`), f32: `ubatch × 4 × (5·n_heads·head_dim + 3·n_heads)`.
+    pub fn offload_scratch_bytes(&self, ubatch: usize) -> u64 {
+        let (hq, d) = (self.n_heads as u64, self.head_dim as u64);
+        (4 * (5 * hq * d + 3 * hq)).saturating_mul(ubatch as u64)
+    }
+}
+
+/// The headroom factor of [`ModelCosts::scratch_bytes`] (two buffer sets).
+pub const SCRATCH_FACTOR: u64 = 2;
+
+/// `2 × n_kv_heads × head_dim × kv bytes`: the KV of one position of one full-attention layer, derived from the
+/// engine's own [`crate::offload::bytes_per_position`] (which covers every attention layer).
+fn kv_bytes_per_layer_position(cfg: &ModelConfig, kv: KvDtype) -> u64 {
+    let opts = KvOptions {
+        dtype: kv,
+        ..KvOptions::default()
+    };
+    let all = crate::offload::bytes_per_position(cfg, opts) as u64;
+    let n = crate::offload::attention_layers(cfg).len() as u64;
+    all.checked_div(n)
+        .unwrap_or_else(|| mul(&[2, cfg.num_key_value_heads, cfg.head_dim, kv.size_of()]))
+}
+
+/// Elements per ubatch token of the forward pass's activations (see [`ModelCosts::scratch_bytes`]).
+fn scratch_width(cfg: &ModelConfig) -> u64 {
+    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
+    let (hq, hkv, d) = (
+        cfg.num_attention_heads as u64,
+        cfg.num_key_value_heads as u64,
+        cfg.head_dim as u64,
+    );
+    let vd = (cfg.linear_num_value_heads * cfg.linear_value_head_dim) as u64;
+    let gdn_proj = cfg.conv_dim() as u64 + vd + 2 * cfg.linear_num_value_heads as u64;
+    let attn_proj = 2 * hq * d + 2 * hkv * d;
+    let proj = gdn_proj.max(attn_proj);
+    let core = vd.max(hq * d);
+    3 * h + 3 * i + 2 * proj + core
+}
+
+/// Parameters of one decoder layer of `kind` (every tensor the loader reads, norms and small vectors included).
+fn layer_params(c: &ModelConfig, kind: LayerKind) -> u64 {
+    let h = c.hidden_size;
+    let common = mul(&[3, h, c.intermediate_size]).saturating_add(2 * h as u64);
+    let mixer = match kind {
+        LayerKind::LinearAttention => {
+            let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
+            let proj_rows = c.conv_dim() + hv * dv + 2 * hv;
+            mul(&[h, proj_rows])
+                .saturating_add(mul(&[hv, dv, h]))
+                .saturating_add(mul(&[c.conv_dim(), c.linear_conv_kernel_dim]))
+                .saturating_add((2 * hv + dv) as u64)
+        }
+        LayerKind::FullAttention => {
+            let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+            mul(&[h, 2 * hq * d + 2 * hkv * d])
+                .saturating_add(mul(&[hq, d, h]))
+                .saturating_add(2 * d as u64)
+        }
+    };
+    common.saturating_add(mixer)
+}
+
+/// Bytes per weight named by config.json's `dtype` (transformers ≥ 4.56) or `torch_dtype`, at the top level or in
+/// `text_config`; 2 (bf16) when absent. Errors: [`PlanError::Invalid`] for bad JSON or an unsupported dtype.
+pub fn config_dtype_bytes(config_json: &str) -> Result<u64, PlanError> {
+    let v: serde_json::Value = serde_json::from_str(config_json)
+        .map_err(|e| PlanError::Invalid(format!("config.json: {e}")))?;
+    let pick = |o: &serde_json::Value| {
+        o.get("dtype")
+            .or_else(|| o.get("torch_dtype"))
+            .and_then(|d| d.as_str())
+            .map(str::to_string)
+    };
+    let name = pick(&v).or_else(|| v.get("text_config").and_then(pick));
+    match name.as_deref() {
+        None | Some("bfloat16") | Some("float16") => Ok(2),
+        Some("float32") => Ok(4),
+        Some(other) => Err(PlanError::Invalid(format!(
+            "config.json dtype {other:?} is not one this engine loads (bfloat16, float16, float32)"
+        ))),
+    }
+}

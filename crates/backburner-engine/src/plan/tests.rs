@@ -1,0 +1,374 @@
+use std::path::PathBuf;
+
+use backburner_kernels::kv::KvDtype;
+use backburner_model::{Checkpoint, KvOptions};
+
+use super::*;
+
+const GB: u64 = 1_000_000_000;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
+}
+
+fn request(dir: &str, host: u64, workers: &[u64]) -> PlanRequest {
+    let (config, costs) = ModelCosts::from_dir(&fixture(dir), KvDtype::F16).unwrap();
+    PlanRequest {
+        config,
+        costs,
+        host_memory: host,
+        worker_memory: workers.to_vec(),
+        ctx: None,
+        ubatch: 512,
+        page_size: 4096,
+        layer_split: None,
+        calibration: None,
+    }
+}
+
+/// Every device holds what it says, within its memory; the KV of each covers its own attention layers at max_ctx;
+/// max_ctx is the largest the placement holds (one more position overflows a device, or the model's limit is hit).
+fn check_totals(req: &PlanRequest, p: &Plan) {
+    let c = &req.costs;
+    for d in std::iter::once(&p.host).chain(&p.workers) {
+        assert!(
+            d.total_bytes() <= d.memory,
+            "{}: {} > {}",
+            d.name,
+            d.total_bytes(),
+            d.memory
+        );
+    }
+    if p.mode == Mode::LayerSplit {
+        let mut free_positions = Vec::new();
+        for (i, d) in std::iter::once(&p.host).chain(&p.workers).enumerate() {
+            assert_eq!(d.holds_ends, i == 0);
+            if d.layers.is_empty() && i > 0 {
+                continue;
+            }
+            let attn = d
+                .layers
+                .clone()
+                .filter(|&l| c.layer_kinds[l] == backburner_model::LayerKind::FullAttention)
+                .count() as u64;
+            assert_eq!(d.kv_positions, p.max_ctx);
+            let per = c.kv_bytes_per_position * attn;
+            assert_eq!(d.kv_bytes, per * p.max_ctx as u64);
+            let fixed = d.weight_bytes + d.state_bytes + d.scratch_bytes;
+            if attn > 0 {
+                free_positions.push((d.memory - fixed) / per);
+            }
+        }
+        let expect = free_positions
+            .into_iter()
+            .min()
+            .unwrap()
+            .min(c.max_position_embeddings as u64);
+        assert_eq!(p.max_ctx as u64, expect);
+    }
+}
+
+#[test]
+fn ref_27b_costs_match_the_hand_computed_shapes() {
+    let r = request("ref-27b-config", 24 * GB, &[8 * GB]);
+    let c = &r.costs;
+    assert_eq!(c.source, WeightSource::Config { bytes_per_param: 2 });
+    // Linear layer: MLP 3·5120·17408 + norms 2·5120 + in_proj (10240 + 6144 + 96)·5120 + out 6144·5120
+    // + conv 10240·4 + A_log, dt_bias 2·48 + norm 128 = 383,273,184 params.
+    assert_eq!(c.layer_weight_bytes[0], 2 * 383_273_184);
+    // Attention layer: q (with gate) 2·24·256, k, v 4·256 each, o 6144 → 104,858,112 + MLP and norms.
+    assert_eq!(c.layer_weight_bytes[3], 2 * 372_255_232);
+    assert_eq!(c.ends.embedding, 2 * 248_320 * 5120);
+    assert_eq!(c.ends.head, c.ends.embedding);
+    assert_eq!(c.total_weight_bytes(), 53_791_996_928);
+    assert_eq!(fmt_gb(c.total_weight_bytes()), "53.8 GB");
+    // KV: 2 · 4 heads · 256 · 2 bytes per layer and position, 64 KiB over the 16 attention layers (DESIGN §1).
+    assert_eq!(c.kv_bytes_per_position, 4096);
+    let all = crate::offload::bytes_per_position(&r.config, KvOptions::default()) as u64;
+    assert_eq!(c.kv_bytes(0..64, 1), all);
+    assert_eq!(all, 64 << 10);
+    // conv [10240, 3] + recurrent [48, 128, 128], f32: ~3 MiB (DESIGN §1).
+    assert_eq!(c.linear_state_bytes, 4 * (10240 * 3 + 48 * 128 * 128));
+    assert_eq!(c.state_bytes(0..64), 48 * c.linear_state_bytes);
+    // (3·5120 + 3·17408 + 2·16480 + 6144) · 4 bytes · 2.
+    assert_eq!(c.scratch_bytes(512, true, false), 512 * 106_688 * 8);
+    assert_eq!(
+        c.scratch_bytes(512, true, true),
+        512 * 106_688 * 8 + 248_320 * 4
+    );
+}
+
+#[test]
+fn host_24gb_worker_8gb_does_not_fit_the_27b_and_says_what_would() {
+    let r = request("ref-27b-config", 24 * GB, &[8 * GB]);
+    let Err(PlanError::DoesNotFit {
+        explanation,
+        extra_worker_bytes,
+    }) = plan(&r)
+    else {
+        panic!("the 27B cannot fit 32 GB");
+    };
+    // Host: 24 GB − ends 5.0856 − scratch 0.438 leaves 18.48 GB: 6 cycles of 3.0707 GB (weights, state, KV for
+    // 4096 tokens). Worker 1: 2 cycles. Layers 32..64 (8 cycles + scratch = 25.003 GB) need a 26 GB worker.
+    assert!(
+        explanation.starts_with(
+            "weights need 53.8 GB; host 24 GB + worker 8 GB = 32 GB: does not fit; with a second worker of 26 GB it fits as layer split: host 0..24, worker 1 24..32, worker 2 32..64; context up to "
+        ),
+        "{explanation}"
+    );
+    assert_eq!(extra_worker_bytes, Some(26 * GB));
+    // 25 GB is not enough on seams, so the suggestion is the least.
+    let r25 = request("ref-27b-config", 24 * GB, &[8 * GB, 25 * GB]);
+    assert!(matches!(plan(&r25), Err(PlanError::DoesNotFit { .. })));
+}
+
+#[test]
+fn host_8gb_workers_12gb_8gb_does_not_fit_and_the_host_keeps_only_the_ends() {
+    let r = request("ref-27b-config", 8 * GB, &[12 * GB, 8 * GB]);
+    let Err(PlanError::DoesNotFit {
+        explanation,
+        extra_worker_bytes,
+    }) = plan(&r)
+    else {
+        panic!("the 27B cannot fit 28 GB");
+    };
+    // Host: 8 − 5.52 = 2.48 GB, less than one cycle; worker 1: 11.56 / 3.07 = 3 cycles; worker 2: 2 cycles;
+    // layers 20..64 (11 cycles, 33.78 GB + scratch 0.44) need a 35 GB third worker.
+    assert!(
+        explanation.starts_with(
+            "weights need 53.8 GB; host 8 GB + worker 1 12 GB + worker 2 8 GB = 28 GB: does not fit; with a third worker of 35 GB it fits as layer split: host (ends only), worker 1 0..12, worker 2 12..20, worker 3 20..64"
+        ),
+        "{explanation}"
+    );
+    assert_eq!(extra_worker_bytes, Some(35 * GB));
+}
+
+#[test]
+fn the_27b_splits_on_seams_over_three_devices_with_the_context_that_fits() {
+    let r = request("ref-27b-config", 24 * GB, &[8 * GB, 26 * GB]);
+    let p = plan(&r).unwrap();
+    assert_eq!(p.mode, Mode::LayerSplit);
+    // With the largest context the chain's least free device sets it; seams only.
+    for d in std::iter::once(&p.host).chain(&p.workers) {
+        assert_eq!(d.layers.start % 4, 0);
+        assert!(d.layers.end % 4 == 0);
+    }
+    assert_eq!(p.host.layers, 0..24);
+    assert_eq!(p.workers[0].layers, 24..32);
+    assert_eq!(p.workers[1].layers, 32..64);
+    assert_eq!(p.ctx, p.max_ctx);
+    check_totals(&r, &p);
+    // The host is the tightest: 24 GB − ends − scratch (with the logits row) − 6 cycles' weights and state, over
+    // its 6 attention layers × 4096 bytes. A longer context would push layers 20..24 off the host and onto
+    // worker 2, which cannot take 9 cycles.
+    let cycle = 3 * 766_546_368 + 744_510_464 + 3 * 3_268_608;
+    let fixed = 5_085_603_840 + 512 * 106_688 * 8 + 248_320 * 4 + 6 * cycle;
+    assert_eq!(p.max_ctx as u64, (24 * GB - fixed) / (6 * 4096));
+    assert_eq!(p.max_ctx, 6212);
+    // Residual 5120 × 4 bytes to and back from each of the two workers.
+    assert_eq!(p.link.decode_bytes_per_token, 2 * 2 * 5120 * 4);
+    assert!(p.expected.is_none());
+}
+
+#[test]
+fn an_explicit_context_that_does_not_fit_is_refused_with_numbers() {
+    let mut r = request("ref-27b-config", 24 * GB, &[8 * GB, 26 * GB]);
+    r.ctx = Some(262_144);
+    let Err(PlanError::DoesNotFit { explanation, .. }) = plan(&r) else {
+        panic!("262144 tokens of KV do not fit a 26 GB worker");
+    };
+    assert!(
+        explanation
+            .starts_with("weights 53.8 GB + recurrent state 0.2 GB + KV for 262144 tokens 17.2 GB"),
+        "{explanation}"
+    );
+}
+
+#[test]
+fn everything_local_then_split_prefill_then_kv_offload() {
+    // 64 GB host: 53.8 GB weights + state + scratch leave 9.5 GB: 145k positions at 64 KiB.
+    let r = request("ref-27b-config", 64 * GB, &[]);
+    let p = plan(&r).unwrap();
+    assert_eq!(p.mode, Mode::Local);
+    let fixed = 53_791_996_928 + 48 * 3_268_608 + 512 * 106_688 * 8 + 248_320 * 4;
+    assert_eq!(p.max_ctx as u64, (64 * GB - fixed) / 65_536);
+    assert!(p.notes.iter().any(|n| n.contains("context capped")));
+    check_totals(&r, &p);
+    // 80 GB host: the whole 262144-token context fits; a worker makes it split prefill on the balanced seam.
+    let r = request("ref-27b-config", 80 * GB, &[40 * GB]);
+    let p = plan(&r).unwrap();
+    assert_eq!(p.mode, Mode::SplitPrefill { split_layer: 32 });
+    assert_eq!(p.workers[0].layers, 32..64);
+    assert_eq!(p.max_ctx, 262_144);
+    assert!(p.notes.iter().any(|n| n.contains("≥ 512 tokens")));
+    check_totals(&r, &p);
+    // A 20 GB worker cannot mirror 32 layers: the split layer moves to the tail until it fits.
+    let r = request("ref-27b-config", 80 * GB, &[20 * GB]);
+    let p = plan(&r).unwrap();
+    let Mode::SplitPrefill { split_layer } = p.mode else {
+        panic!("{:?}", p.mode)
+    };
+    assert!(split_layer > 32 && split_layer % 4 == 0);
+    check_totals(&r, &p);
+    // 64 GB host + 8 GB worker: the weights fit, the full context does not: KV offload in whole pages.
+    let r = request("ref-27b-config", 64 * GB, &[8 * GB]);
+    let p = plan(&r).unwrap();
+    let host_pages = (64 * GB - fixed) / (65_536 * 4096);
+    let worker_pages = (8 * GB - 512 * 4 * (5 * 24 * 256 + 3 * 24)) / (65_536 * 4096);
+    assert_eq!(
+        p.mode,
+        Mode::KvOffload {
+            host_kv_positions: host_pages as usize * 4096
+        }
+    );
+    assert_eq!(
+        p.max_ctx as u64,
+        ((host_pages + worker_pages) * 4096).min(262_144)
+    );
+    assert_eq!(p.workers[0].kv_positions, p.max_ctx - p.host.kv_positions);
+    check_totals(&r, &p);
+}
+
+#[test]
+fn the_8_layer_model_splits_off_seams_for_two_workers() {
+    let base = request("tiny-bf16", 0, &[]);
+    let c = &base.costs;
+    let ctx = 4096;
+    let stage = |r: std::ops::Range<usize>, ends: bool| {
+        c.weight_bytes(r.clone())
+            + c.state_bytes(r.clone())
+            + c.kv_bytes(r.clone(), ctx)
+            + c.scratch_bytes(512, true, ends)
+            + if ends { c.ends.total() } else { 0 }
+    };
+    // Each device holds 3 layers at most (the host: 2 and the ends), so the one seam (4) cannot serve 3 stages.
+    let host = stage(0..2, true) + 1000;
+    let w = stage(2..5, false).max(stage(5..8, false)) + 1000;
+    let mut r = request("tiny-bf16", host, &[w, w]);
+    r.ctx = Some(ctx);
+    let p = plan(&r).unwrap();
+    assert_eq!(p.mode, Mode::LayerSplit);
+    assert_eq!(
+        (p.host.layers.clone(), p.workers[0].layers.clone()),
+        (0..2, 2..5)
+    );
+    assert_eq!(p.workers[1].layers, 5..8);
+    assert!(
+        p.notes.iter().any(|n| n.contains("any layer boundary")),
+        "{:?}",
+        p.notes
+    );
+    check_totals(&r, &p);
+    // With room on seams, seams win: host 0..4, worker 1 4..8, worker 2 idle.
+    let mut r = request(
+        "tiny-bf16",
+        stage(0..4, true) + 1000,
+        &[stage(4..8, false) + 1000, w],
+    );
+    r.ctx = Some(ctx);
+    let p = plan(&r).unwrap();
+    assert_eq!(
+        (p.host.layers.clone(), p.workers[0].layers.clone()),
+        (0..4, 4..8)
+    );
+    assert!(p.workers[1].layers.is_empty());
+    assert!(p.notes.iter().any(|n| n.contains("worker 2 is not needed")));
+}
+
+#[test]
+fn fixed_split_points_are_validated_and_the_rest_placed() {
+    let mut r = request("ref-27b-config", 24 * GB, &[8 * GB, 30 * GB]);
+    r.layer_split = Some(vec![20]);
+    let p = plan(&r).unwrap();
+    assert_eq!(p.host.layers, 0..20);
+    // Worker 1 (8 GB) takes 2 cycles after the fixed point; worker 2 the remaining 9.
+    assert_eq!(p.workers[0].layers, 20..28);
+    assert_eq!(p.workers[1].layers, 28..64);
+    check_totals(&r, &p);
+    for bad in [vec![0], vec![64], vec![20, 20], vec![8, 16, 24]] {
+        r.layer_split = Some(bad.clone());
+        assert!(matches!(plan(&r), Err(PlanError::Invalid(_))), "{bad:?}");
+    }
+}
+
+#[test]
+fn checkpoint_weight_bytes_are_the_stored_tensor_sizes() {
+    let dir = fixture("tiny-bf16");
+    let (cfg, c) = ModelCosts::from_dir(&dir, KvDtype::F16).unwrap();
+    assert_eq!(c.source, WeightSource::Checkpoint);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let stored: u64 = ck
+        .names()
+        .iter()
+        .map(|n| ck.raw(n).unwrap().1.len() as u64)
+        .sum();
+    assert_eq!(c.total_weight_bytes(), stored);
+    assert_eq!(c.total_weight_bytes(), ck.total_bytes() as u64);
+    assert_eq!(c.ends.head, 0, "tied head");
+    // Every tensor of tiny-bf16 is bf16, so the shapes of config.json give the same bytes.
+    let from_cfg = ModelCosts::from_config(&cfg, 2, KvDtype::F16);
+    assert_eq!(from_cfg.layer_weight_bytes, c.layer_weight_bytes);
+    assert_eq!(from_cfg.ends, c.ends);
+}
+
+#[test]
+fn the_scratch_estimate_covers_a_real_ubatch() {
+    let dir = fixture("tiny-bf16");
+    let model = std::sync::Arc::new(backburner_model::Model::load(&dir).unwrap());
+    let (_, c) = ModelCosts::from_dir(&dir, KvDtype::F16).unwrap();
+    let opts = crate::SessionOptions {
+        ubatch: 64,
+        ..Default::default()
+    };
+    let mut s = crate::Session::new(model, opts).unwrap();
+    let ids: Vec<u32> = (0..64).map(|i| (i * 7) % 512).collect();
+    s.prefill(&ids, crate::Logits::Last, |_, _| {}).unwrap();
+    let used = s.state().scratch_bytes() as u64;
+    let est = c.scratch_bytes(64, true, false);
+    assert!(
+        used > 0 && used <= est && est <= 4 * used,
+        "used {used}, estimate {est}"
+    );
+    // The state the planner counts equals what the session holds: linear states + KV rows of 64 positions.
+    let want = c.state_bytes(0..8) + c.kv_bytes(0..8, 64);
+    assert_eq!(s.state().bytes() as u64, want);
+}
+
+#[test]
+fn calibration_gives_expected_rates() {
+    let mut r = request("ref-27b-config", 24 * GB, &[8 * GB, 26 * GB]);
+    let t = |pf: f64, dec: f64| DeviceTimes {
+        threads: 8,
+        prefill_us_per_token_layer: pf,
+        decode_us_per_layer: dec,
+        ends_prefill_us_per_token: 10.0,
+        ends_decode_us: 1000.0,
+        prefill_tokens: 512,
+    };
+    r.calibration = Some(Calibration {
+        version: 1,
+        model: String::new(),
+        host: t(20.0, 500.0),
+        workers: vec![t(40.0, 1000.0), t(40.0, 1000.0)],
+        link: Some(LinkTimes {
+            round_trip_us: 100.0,
+            bytes_per_s: 1e9,
+        }),
+    });
+    let p = plan(&r).unwrap();
+    let e = p.expected.clone().unwrap();
+    // Decode: host 24 × 500 + 1000 µs; workers 8 × 1000 + 32 × 1000; link 2 hops × 100 µs + 81920 B at 1 GB/s.
+    assert!((e.decode_ms.host - 13.0).abs() < 1e-9);
+    assert!((e.decode_ms.workers - 40.0).abs() < 1e-9);
+    assert!((e.decode_ms.link - (0.2 + 0.08192)).abs() < 1e-9);
+    assert!((e.decode_tok_s - 1e3 / (13.0 + 40.0 + 0.28192)).abs() < 1e-9);
+    // Prefill: the slowest stage is worker 2, 32 × 40 µs per token.
+    assert!((e.prefill_tok_s - 1e6 / 1280.0).abs() < 1e-9);
+    // Without numbers for worker 2 there is no estimate, and a note says so.
+    r.calibration.as_mut().unwrap().workers.pop();
+    let p = plan(&r).unwrap();
+    assert!(p.expected.is_none());
+    assert!(p.notes.iter().any(|n| n.contains("no expected rates")));
+}
