@@ -4,6 +4,7 @@ mod bench;
 mod bench_offload;
 mod bench_report;
 mod bench_split;
+mod calibrate_cmd;
 mod chain_args;
 mod default_model;
 mod link_args;
@@ -49,8 +50,8 @@ enum Cmd {
     Worker(worker_cmd::WorkerArgs),
     /// Compute a placement for memory budgets (mode, layer ranges, KV, largest context) without loading weights.
     Plan(Box<plan_cmd::PlanArgs>),
-    /// Measure the host's per-layer prefill and decode speed for `plan --calibration`.
-    Calibrate(Box<plan_cmd::CalibrateArgs>),
+    /// Measure the host's and workers' per-layer prefill and decode speed and the link, for `plan --calibration`.
+    Calibrate(Box<calibrate_cmd::CalibrateArgs>),
 }
 
 /// Options shared by every command that loads a model.
@@ -126,7 +127,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Worker(a) => worker_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
-        Cmd::Calibrate(a) => plan_cmd::calibrate(*a),
+        Cmd::Calibrate(a) => calibrate_cmd::calibrate(*a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -1,15 +1,12 @@
-//! `backburner plan` (print a placement) and `backburner calibrate` (measure the host's speed for it).
+//! `backburner plan`: print a placement.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use backburner_engine::offload::parse_bytes;
 use backburner_engine::plan::{
-    self, fmt_gb, summary, Calibration, DevicePlan, DeviceTimes, ModelCosts, Plan, PlanRequest,
+    self, fmt_gb, summary, Calibration, DevicePlan, ModelCosts, Plan, PlanRequest,
 };
-use backburner_engine::{Logits, Session};
 use backburner_kernels::kv::KvDtype;
 use clap::Args;
 
@@ -147,105 +144,4 @@ fn print_plan(p: &Plan) {
     for n in &p.notes {
         out_line(&format!("note: {n}"));
     }
-}
-
-/// `backburner calibrate`.
-#[derive(Args)]
-pub struct CalibrateArgs {
-    #[command(flatten)]
-    model: crate::ModelArgs,
-    /// A worker to measure (not implemented yet: the command refuses rather than guess).
-    #[arg(long)]
-    worker: Vec<String>,
-    /// Where to write the calibration JSON.
-    #[arg(long)]
-    out: PathBuf,
-    /// Decode steps to time.
-    #[arg(long, default_value_t = 16)]
-    decode_tokens: usize,
-}
-
-/// Runs `backburner calibrate`: times one prefill ubatch (at most `--ubatch`, 512 by default, and at most the
-/// context) and `--decode-tokens` decode steps of the real model on the host, takes the ends out (timed apart),
-/// and divides by the layer count.
-pub fn calibrate(a: CalibrateArgs) -> Result<()> {
-    if !a.worker.is_empty() {
-        bail!("worker calibration is not implemented yet: run `backburner calibrate` without --worker and fill the \"workers\" and \"link\" fields of the file by hand");
-    }
-    if a.decode_tokens == 0 {
-        bail!("--decode-tokens must be ≥ 1");
-    }
-    let threads = crate::thread_count(a.model.threads)?;
-    let pool = crate::compute_pool(a.model.threads)?;
-    let loaded = crate::load(&a.model, &pool)?;
-    let model = loaded.model.clone();
-    let cfg = model.config().clone();
-    let n = cfg.num_hidden_layers as f64;
-    let t = a
-        .model
-        .ubatch
-        .min(512)
-        .min(cfg.max_position_embeddings.saturating_sub(a.decode_tokens))
-        .max(1);
-    let ids: Vec<u32> = (0..t as u32)
-        .map(|i| (i * 7919) % cfg.vocab_size as u32)
-        .collect();
-    let (embed_us, head_us) = time_ends(&model, &ids, &pool)?;
-    let mut s = Session::new(model.clone(), a.model.session_options(&pool))?;
-    let t0 = Instant::now();
-    let logits = s.prefill(&ids, Logits::Last, |_, _| {})?;
-    let prefill_us = t0.elapsed().as_secs_f64() * 1e6;
-    let mut next = backburner_engine::argmax(&logits);
-    let t0 = Instant::now();
-    for _ in 0..a.decode_tokens {
-        next = backburner_engine::argmax(&s.decode(next)?);
-    }
-    let decode_us = t0.elapsed().as_secs_f64() * 1e6 / a.decode_tokens as f64;
-    let ends_prefill = embed_us + head_us / t as f64;
-    let ends_decode = embed_us + head_us;
-    let cal = Calibration {
-        version: 1,
-        model: format!(
-            "{} ({} layers)",
-            loaded.dir.display(),
-            cfg.num_hidden_layers
-        ),
-        host: DeviceTimes {
-            threads,
-            prefill_us_per_token_layer: ((prefill_us / t as f64 - ends_prefill) / n).max(0.0),
-            decode_us_per_layer: ((decode_us - ends_decode) / n).max(0.0),
-            ends_prefill_us_per_token: ends_prefill,
-            ends_decode_us: ends_decode,
-            prefill_tokens: t,
-        },
-        workers: Vec::new(),
-        link: None,
-    };
-    let text = serde_json::to_string_pretty(&cal)?;
-    std::fs::write(&a.out, text + "\n").with_context(|| format!("write {}", a.out.display()))?;
-    eprintln!(
-        "host: prefill {:.2} µs/token/layer ({t} tokens), decode {:.1} µs/layer; worker and link fields left empty (not measured yet)",
-        cal.host.prefill_us_per_token_layer, cal.host.decode_us_per_layer
-    );
-    Ok(())
-}
-
-/// (embedding µs per token, final norm + head µs for one row), each the best of three.
-fn time_ends(
-    model: &Arc<backburner_model::Model>,
-    ids: &[u32],
-    pool: &backburner_engine::ComputePool,
-) -> Result<(f64, f64)> {
-    let mut embed = f64::MAX;
-    let mut head = f64::MAX;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        let x = pool.install(|| model.embed(ids))?;
-        embed = embed.min(t0.elapsed().as_secs_f64() * 1e6 / ids.len() as f64);
-        let h = model.config().hidden_size;
-        let t0 = Instant::now();
-        pool.install(|| model.logits(&x[..h], 1))?;
-        head = head.min(t0.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok((embed, head))
 }

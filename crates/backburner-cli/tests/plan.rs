@@ -1,5 +1,7 @@
 //! `backburner plan` and `backburner calibrate` end to end on the 27B reference config and the tiny fixture.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -148,36 +150,76 @@ fn plan_with_a_calibration_prints_expected_rates() {
 }
 
 #[test]
-fn calibrate_writes_host_numbers_and_refuses_workers() {
+fn calibrate_measures_the_host_a_worker_and_the_link() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("cal.json");
-    let m = fixture("tiny-bf16");
-    let o = bb(&[
-        "calibrate",
-        "--model",
-        m.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--threads",
-        "1",
-        "--ubatch",
-        "64",
-    ]);
+    let m = fixture("tiny-f32");
+    let w = common::worker(&[]);
+    let args = |worker: &str| {
+        let mut v = vec![
+            "calibrate".to_string(),
+            "--model".into(),
+            m.to_str().unwrap().into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+            "--threads".into(),
+            "1".into(),
+            "--ubatch".into(),
+            "64".into(),
+            "--decode-tokens".into(),
+            "4".into(),
+        ];
+        if !worker.is_empty() {
+            v.extend(["--worker".to_string(), worker.to_string()]);
+        }
+        v
+    };
+    let run = |a: Vec<String>| bb(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let o = run(args(""));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(v["host"]["prefill_tokens"], 64);
     assert!(v["host"]["decode_us_per_layer"].as_f64().unwrap() > 0.0);
     assert_eq!(v["workers"], serde_json::json!([]));
+    assert!(v["link"].is_null());
+    let o = run(args(&w.addr));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let wk = &v["workers"][0];
+    assert_eq!(wk["threads"], 1);
+    assert_eq!(wk["prefill_tokens"], 64);
+    for f in ["prefill_us_per_token_layer", "decode_us_per_layer"] {
+        assert!(wk[f].as_f64().unwrap() > 0.0, "{f}: {v}");
+    }
+    assert!(v["link"]["round_trip_us"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["link"]["bytes_per_s"].as_f64().unwrap() > 1e6, "{v}");
+    // the calibration gives a layer-split plan its expected rates
     let o = bb(&[
-        "calibrate",
+        "plan",
         "--model",
         m.to_str().unwrap(),
-        "--out",
+        "--host-memory",
+        "4MB",
+        "--worker-memory",
+        "1GB",
+        "--ubatch",
+        "64",
+        "--calibration",
         out.to_str().unwrap(),
-        "--worker",
-        "127.0.0.1:1",
+        "--json",
     ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["mode"], "layer_split", "{p}");
+    assert!(p["expected"]["decode_tok_s"].as_f64().unwrap() > 0.0, "{p}");
+    // an unreachable worker: a clear error
+    let o = run(args("127.0.0.1:1"));
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not implemented"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("calibrating worker 127.0.0.1:1"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

@@ -13,6 +13,7 @@
 //! [`crate::EngineError::WorkerLost`]; the session keeps its tokens and the next request re-ingests them through
 //! fresh worker sessions (once the worker is back).
 
+pub mod calibrate;
 mod run;
 mod session;
 

@@ -190,6 +190,34 @@ impl Connection {
         Ok(welcome)
     }
 
+    /// Round trip of a `Ping` carrying `payload` on the open connection.
+    ///
+    /// Errors: [`LinkError::Refused`] without a connection; transport errors and deadlines; a `Pong` whose payload
+    /// differs ([`LinkError::Malformed`]).
+    pub fn ping(&mut self, payload: &[u8]) -> Result<Duration, LinkError> {
+        use backburner_link::frame::Kind;
+        use backburner_link::message::Empty;
+        let d = self.allowance(2 * payload.len(), Duration::ZERO);
+        let c = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| LinkError::Refused("not connected".into()))?;
+        c.set_deadline(Some(d));
+        let t = Instant::now();
+        if let Err(e) = c.writer.send(Kind::Ping, &Empty {}, payload) {
+            return Err(why(c, e));
+        }
+        let (_e, back): (Empty, _) = c.reader.expect(Kind::Pong, "Pong")?;
+        let dt = t.elapsed();
+        if back != payload {
+            return Err(LinkError::Malformed(
+                "pong payload differs from ping".into(),
+            ));
+        }
+        self.succeeded();
+        Ok(dt)
+    }
+
     /// Adds the open connection's bytes since the last count to the statistics.
     pub(crate) fn account(&mut self) {
         if let Some(c) = &self.conn {

@@ -15,11 +15,11 @@ pub struct Calibration {
     pub model: String,
     /// The host.
     pub host: DeviceTimes,
-    /// WORKER SIDE: one entry per worker in chain order. `backburner calibrate` does not measure workers yet: the
-    /// list it writes is empty, and a plan that uses a worker without an entry has no expected rates.
+    /// One entry per worker in chain order (`backburner calibrate --worker`); a plan that uses a worker without an
+    /// entry has no expected rates.
     #[serde(default)]
     pub workers: Vec<DeviceTimes>,
-    /// WORKER SIDE: the link to the workers; not measured yet (`None`).
+    /// The link to the workers (the slowest measured; `None` without workers).
     #[serde(default)]
     pub link: Option<LinkTimes>,
 }

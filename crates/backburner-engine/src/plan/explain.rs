@@ -4,13 +4,21 @@ use super::{min_context, search, Mode, Plan, PlanError, PlanRequest};
 
 const GB: u64 = 1_000_000_000;
 
-/// Bytes as decimal gigabytes (10^9 bytes) with one decimal, the `.0` dropped: `24 GB`, `53.8 GB`, `0.4 GB`.
+/// Bytes in decimal units with one decimal, the `.0` dropped: `24 GB`, `53.8 GB`, `420 MB`, `3.5 MB`, `800 KB`
+/// (GB from 1 GB up, MB from 1 MB up, else KB; 10^3 steps).
 pub fn fmt_gb(bytes: u64) -> String {
-    let tenths = (bytes as u128 * 10 + GB as u128 / 2) / GB as u128;
-    if tenths.is_multiple_of(10) {
-        format!("{} GB", tenths / 10)
+    let (unit, name) = if bytes >= GB {
+        (GB, "GB")
+    } else if bytes >= 1_000_000 {
+        (1_000_000, "MB")
     } else {
-        format!("{}.{} GB", tenths / 10, tenths % 10)
+        (1_000, "KB")
+    };
+    let tenths = (bytes as u128 * 10 + unit as u128 / 2) / unit as u128;
+    if tenths.is_multiple_of(10) {
+        format!("{} {name}", tenths / 10)
+    } else {
+        format!("{}.{} {name}", tenths / 10, tenths % 10)
     }
 }
 
