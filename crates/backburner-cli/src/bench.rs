@@ -31,6 +31,9 @@ enum BenchKind {
     /// Decode ms/token at a long context with half the KV cache on one or two worker processes vs local, and
     /// ingestion of a prompt 4x the host's KV budget.
     DecodeOffload(crate::bench_offload::OffloadArgs),
+    /// Prefill and decode with the whole model on the host vs a layer split with one worker process vs a chain of
+    /// two (loopback and a shaped link), alternating rounds, medians, with the decode time split per side.
+    LayerSplit(crate::bench_layer_split::LayerSplitArgs),
 }
 
 #[derive(Args)]
@@ -385,5 +388,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::Local(l) => run_local(l),
         BenchKind::SplitPrefill(a) => crate::bench_split::run(a),
         BenchKind::DecodeOffload(a) => crate::bench_offload::run(a),
+        BenchKind::LayerSplit(a) => crate::bench_layer_split::run(a),
     }
 }
