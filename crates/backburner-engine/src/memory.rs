@@ -387,7 +387,10 @@ mod tests {
         assert_eq!(m.weights, want_w);
         // the report counts stored rows; the estimate whole blocks of 64
         assert_eq!(m.kv_pages, 100 * 2 * 2 * 2 * 32 * 2);
-        assert_eq!(kv_bytes(&cfg, 0..8, so.kv, 100), Some(128 * 2 * 2 * 2 * 32 * 2));
+        assert_eq!(
+            kv_bytes(&cfg, 0..8, so.kv, 100),
+            Some(128 * 2 * 2 * 2 * 32 * 2)
+        );
         assert_eq!(Some(m.recurrent_state), recurrent_bytes(&cfg, 0..8));
         let est = scratch_estimate(&cfg, 32).unwrap();
         assert!(m.scratch > 0 && m.scratch <= est, "{} > {est}", m.scratch);
