@@ -299,6 +299,17 @@ fn report(
         out_line(&obj.to_string());
     } else {
         out_line("");
+        // before the stats line, which stays the last line
+        let m = session.memory();
+        let h = worker_cmd::human_bytes;
+        eprintln!(
+            "memory: weights {}, kv {}, state {}, scratch {} (peak RSS {})",
+            h(m.weights),
+            h(m.kv_pages),
+            h(m.recurrent_state),
+            h(m.scratch),
+            memory::peak_rss_bytes().map_or("unknown".into(), h)
+        );
         let mut stats = format!(
             "prompt {} tokens | prefill {:.1} tok/s",
             prompt.len(),
@@ -324,16 +335,6 @@ fn report(
         for line in link_args::link_lines(session, tm) {
             eprintln!("{line}");
         }
-        let m = session.memory();
-        let h = worker_cmd::human_bytes;
-        eprintln!(
-            "memory: weights {}, kv {}, state {}, scratch {} (peak RSS {})",
-            h(m.weights),
-            h(m.kv_pages),
-            h(m.recurrent_state),
-            h(m.scratch),
-            memory::peak_rss_bytes().map_or("unknown".into(), h)
-        );
     }
 }
 

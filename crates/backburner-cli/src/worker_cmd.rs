@@ -177,7 +177,9 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         );
     }
     if max_memory == 0 {
-        bail!("--max-memory 0: the worker needs memory for its weights and session state (e.g. 2G)");
+        bail!(
+            "--max-memory 0: the worker needs memory for its weights and session state (e.g. 2G)"
+        );
     }
     if a.max_sessions == 0 || a.max_ubatch == 0 {
         bail!("--max-sessions and --max-ubatch must be at least 1");
