@@ -143,8 +143,20 @@ fn start_workers(
     let cfg = loaded.model.config();
     let quarter = (a.depth / 4 / margs.kv_page_size * page_put) as u64;
     let headroom = backburner_engine::worker::attend_headroom(cfg, margs.ubatch);
-    let w1_mem = format!("{}", quarter + headroom + page_put as u64 + (3 << 20));
     let wt = a.worker_threads;
+    // its --max-memory also holds the weights of the tail layers the host will ask for (split balanced as in
+    // `clients`: one host thread)
+    let l = backburner_engine::balanced_split(cfg, 1, wt).unwrap_or(cfg.num_hidden_layers);
+    let ck = backburner_model::Checkpoint::open(&loaded.dir)?;
+    let tail = backburner_model::LoadOptions {
+        layers: l..cfg.num_hidden_layers,
+        ends: false,
+    };
+    let weights = backburner_model::load_bytes(&ck, cfg, &tail)?;
+    let w1_mem = format!(
+        "{}",
+        quarter + headroom + page_put as u64 + (3 << 20) + weights
+    );
     let mut procs = Vec::new();
     let mut start = |extra: &[&str]| -> Result<String> {
         let (p, addr) = spawn_worker(&loaded.dir, wt, extra)?;

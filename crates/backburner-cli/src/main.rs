@@ -76,6 +76,11 @@ pub struct ModelArgs {
     /// Context length in tokens (default: the model's max_position_embeddings).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    /// Most bytes this command may allocate for weights, KV cache, recurrent state and buffers, checked before
+    /// anything is allocated (units: K/KiB, M/MiB, G/GiB binary; KB, MB, GB decimal). The OS's limits (ulimit -d,
+    /// ulimit -v, the cgroup's memory.max) are checked the same way whether or not it is given.
+    #[arg(long, value_name = "BYTES", value_parser = backburner_engine::offload::parse_bytes)]
+    pub max_memory: Option<u64>,
 }
 
 impl ModelArgs {
@@ -201,10 +206,12 @@ pub fn load_host(args: &ModelArgs, pool: &ComputePool, held: Option<usize>) -> R
         Some(d) => d.clone(),
         None => default_model::ensure()?,
     };
-    pool.install(|| load_dir(&dir, held))
+    pool.install(|| load_dir(&dir, held, args.max_memory))
 }
 
-fn load_dir(dir: &Path, held: Option<usize>) -> Result<Loaded> {
+/// Loads layers `[0, held)` (default: every layer) and the ends of `dir`, after checking that their weights fit
+/// `--max-memory` and the OS's limits.
+fn load_dir(dir: &Path, held: Option<usize>, max_memory: Option<u64>) -> Result<Loaded> {
     let config = ModelConfig::from_dir(dir)?;
     let n = config.num_hidden_layers;
     let held = held.unwrap_or(n);
@@ -213,16 +220,17 @@ fn load_dir(dir: &Path, held: Option<usize>) -> Result<Loaded> {
     }
     let ckpt = Checkpoint::open(dir)?;
     let tokenizer = TextTokenizer::from_dir(dir, config.vocab_size, &config.eos_token_ids)?;
+    let opts = LoadOptions {
+        layers: 0..held,
+        ends: true,
+    };
+    let weights = backburner_model::load_bytes(&ckpt, &config, &opts)?;
+    use backburner_engine::memory::{check_fits, host_limits, MemoryNeed};
+    let what = format!("weights of layers 0..{held} and the ends");
+    check_fits(&[MemoryNeed::new(what, weights)], &host_limits(max_memory))?;
     let pb = bar(held as u64, "loading");
-    let model = Model::from_checkpoint(
-        config,
-        &ckpt,
-        &LoadOptions {
-            layers: 0..held,
-            ends: true,
-        },
-        |done, _| pb.set_position(done as u64),
-    )?;
+    let model =
+        Model::from_checkpoint(config, &ckpt, &opts, |done, _| pb.set_position(done as u64))?;
     pb.finish_and_clear();
     Ok(Loaded {
         model: Arc::new(model),

@@ -15,7 +15,9 @@ use backburner_model::{ChatMessage, TextTokenizer};
 use clap::Args;
 use indicatif::ProgressBar;
 
-use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
+use backburner_engine::memory::{self, MemoryNeed};
+
+use crate::{bar, compute_pool, link_args, need_tok, prompt, worker_cmd, LinkArgs, ModelArgs, IDS_HINT};
 
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
@@ -142,6 +144,7 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
             a.model.kv_page_size
         );
     }
+    check_session_memory(&a, &loaded.model, prompt.len())?;
     let mut opts = a.model.session_options(&pool);
     opts.kv_budget = a.link.kv_budget;
     opts.interleave = !a.link.no_interleave;
@@ -290,9 +293,25 @@ fn report(
         if let Some(link) = link_args::link_json(session, tm) {
             obj["link"] = link;
         }
+        let (mem, peak) = (session.memory(), memory::peak_rss_bytes());
+        let mut m = serde_json::to_value(mem).expect("a report serializes");
+        m["total"] = mem.total().into();
+        m["peak_rss"] = peak.into();
+        obj["memory"] = m;
         out_line(&obj.to_string());
     } else {
         out_line("");
+        // before the stats line, which stays the last line
+        let m = session.memory();
+        let h = worker_cmd::human_bytes;
+        eprintln!(
+            "memory: weights {}, kv {}, state {}, scratch {} (peak RSS {})",
+            h(m.weights),
+            h(m.kv_pages),
+            h(m.recurrent_state),
+            h(m.scratch),
+            memory::peak_rss_bytes().map_or("unknown".into(), h)
+        );
         let mut stats = format!(
             "prompt {} tokens | prefill {:.1} tok/s",
             prompt.len(),
@@ -319,6 +338,51 @@ fn report(
             eprintln!("{line}");
         }
     }
+}
+
+/// Checks, before the session allocates anything, that the KV cache of the positions this run can reach (the prompt
+/// and `--max-tokens`, within the context and, with workers, `--kv-budget`), the recurrent states and the forward
+/// pass's buffers (an estimate) fit `--max-memory` beside the loaded weights, and fit the OS's limits now. Errors:
+/// the [`memory::OverMemory`] message naming what did not fit.
+fn check_session_memory(a: &RunArgs, model: &backburner_model::Model, prompt: usize) -> Result<()> {
+    let cfg = model.config();
+    let kv = backburner_model::KvOptions {
+        page_size: a.model.kv_page_size,
+        dtype: a.model.kv_dtype,
+    };
+    let ctx = a.model.ctx_size.unwrap_or(cfg.max_position_embeddings);
+    let mut positions = prompt.saturating_add(a.max_tokens).min(ctx);
+    if let (Some(b), false) = (a.link.kv_budget, a.link.worker.is_empty()) {
+        positions = positions.min(b.positions(cfg, kv));
+    }
+    let n = cfg.num_hidden_layers;
+    let ubatch = a.model.ubatch.min(prompt.max(1));
+    let over = || anyhow::anyhow!("the session's memory overflows u64");
+    let needs = [
+        MemoryNeed::new(
+            format!("the KV cache of {positions} positions"),
+            memory::kv_bytes(cfg, 0..n, kv, positions).ok_or_else(over)?,
+        ),
+        MemoryNeed::new(
+            "the recurrent states",
+            memory::recurrent_bytes(cfg, 0..n).ok_or_else(over)?,
+        ),
+        MemoryNeed::new(
+            format!("activation buffers for ubatches of {ubatch} tokens"),
+            memory::scratch_estimate(cfg, ubatch).ok_or_else(over)?,
+        ),
+    ];
+    // the weights are allocated already: they count against --max-memory, and the OS's limits count them as used
+    let weights = MemoryNeed::new(
+        format!("weights of layers 0..{n} and the ends"),
+        model.weight_bytes() as u64,
+    );
+    if let Some(m) = a.model.max_memory {
+        let all: Vec<MemoryNeed> = std::iter::once(weights).chain(needs.clone()).collect();
+        memory::check_fits(&all, &[memory::MemoryLimit::flag(m)])?;
+    }
+    memory::check_fits(&needs, &memory::os_limits())?;
+    Ok(())
 }
 
 /// Installs a Ctrl-C (and SIGTERM/SIGHUP) handler for generation: the first signal raises the returned flag, so the

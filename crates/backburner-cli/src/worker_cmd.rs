@@ -31,8 +31,10 @@ pub struct WorkerArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Most bytes of session state (KV rows, recurrent states, offloaded KV pages) and request buffers, all sessions
-    /// together; default half the machine's memory. Units: K/KiB, M/MiB, G/GiB (binary), KB, MB, GB (decimal).
+    /// Most bytes the worker holds: the weights of the layers it serves (reserved before they are loaded; a range
+    /// whose weights do not fit is refused, and its host runs locally) plus the session state (KV rows, recurrent
+    /// states, offloaded KV pages) and request buffers of all sessions together; default half the machine's memory.
+    /// Units: K/KiB, M/MiB, G/GiB (binary), KB, MB, GB (decimal).
     #[arg(long)]
     max_memory: Option<String>,
     /// Most host sessions served at once; more get a Busy error and run locally.
@@ -176,7 +178,9 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         );
     }
     if max_memory == 0 {
-        bail!("--max-memory 0: the worker needs some memory for session state (e.g. 2G)");
+        bail!(
+            "--max-memory 0: the worker needs memory for its weights and session state (e.g. 2G)"
+        );
     }
     if a.max_sessions == 0 || a.max_ubatch == 0 {
         bail!("--max-sessions and --max-ubatch must be at least 1");
@@ -196,15 +200,21 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     let s2 = stop.clone();
     ctrlc::set_handler(move || s2.store(true, Ordering::Relaxed))
         .context("install the SIGINT/SIGTERM handler")?;
+    let weights = worker.weight_bytes();
     eprintln!(
-        "backburner worker listening on {} (model {}, layers {}, {threads} thread{}, {} for state and KV pages)",
+        "backburner worker listening on {} (model {}, layers {}, {threads} thread{}, {} for weights, state and KV pages{})",
         worker.local_addr(),
         model_dir.display(),
         layers
             .map(|r| format!("{}..{}", r.start, r.end))
             .unwrap_or_else(|| "from the host".into()),
         if threads == 1 { "" } else { "s" },
-        human_bytes(max_memory)
+        human_bytes(max_memory),
+        if weights > 0 {
+            format!(", weights {} of it", human_bytes(weights))
+        } else {
+            String::new()
+        }
     );
     worker.serve(stop);
     eprintln!("backburner worker: shut down");

@@ -52,7 +52,9 @@ fn put(c: &mut Conn, first_pos: u64, n_pages: u32) -> Kind {
 #[test]
 fn a_put_larger_than_the_free_memory_is_answered_pages_full_and_the_session_goes_on() {
     let f = model_with_layers(8, 22);
-    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 1 << 20);
+    let w = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = (1 << 20) + tail_weights(f.dir.path(), 4)
+    });
     let mut c = connect(f.dir.path(), &w.addr);
     // 1 MiB budget, 32 KiB per page over both layers
     assert_eq!(put(&mut c, 0, 10), Kind::PagesDone);
@@ -110,7 +112,7 @@ fn a_first_worker_full_of_pages_keeps_answering_and_the_next_takes_over_with_the
     let want = two_turns(&mut Session::new(f.model.clone(), ubatch_128(None)).unwrap()).unwrap();
     for mem in [500_000u64, 700_000, 900_000] {
         let w1 = start_worker_with(f.dir.path(), |o| {
-            o.max_memory = mem;
+            o.max_memory = mem + tail_weights(f.dir.path(), 4);
             o.max_ubatch = 256
         });
         let w2 = start_worker_with(f.dir.path(), |o| o.max_ubatch = 256);
@@ -130,7 +132,7 @@ fn a_first_worker_full_of_pages_keeps_answering_and_the_next_takes_over_with_the
     }
     // alone, the full worker refuses more pages: a typed budget error, not a lost worker
     let w1 = start_worker_with(f.dir.path(), |o| {
-        o.max_memory = 700_000;
+        o.max_memory = 700_000 + tail_weights(f.dir.path(), 4);
         o.max_ubatch = 256
     });
     let mut s = Session::new(f.model.clone(), ubatch_128(Some(320))).unwrap();
@@ -156,7 +158,7 @@ fn a_later_workers_per_page_partials_come_in_chunks_within_its_frame_bound() {
     // the first worker takes a few pages; the second, with 256 KiB frames, the next ~30: per-page partials of a
     // 128-token ubatch over 30 pages would be 2 MiB in one frame
     let w1 = start_worker_with(f.dir.path(), |o| {
-        o.max_memory = 560_000;
+        o.max_memory = 560_000 + tail_weights(f.dir.path(), 4);
         o.max_ubatch = 256
     });
     let w2 = start_worker_with(f.dir.path(), |o| {
@@ -183,7 +185,9 @@ fn a_worker_short_of_memory_evicts_an_idle_mirror_before_an_older_session_holdin
     // as in split.rs: a split session's idle mirror holds ~102 KB after a 20-ubatch prompt and a split call peaks at
     // ~462 KB; a session holding 3 pages holds ~96 KB of pages, ~42 KB of headroom and ~24 KB of state. 680 KB holds
     // both idle sessions, but not a third one's peak beside them: one of the two is evicted.
-    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 680_000);
+    let w = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = 680_000 + tail_weights(f.dir.path(), 4)
+    });
     let pages_prompt = prompt(5 * 64 + 3, 8);
     let mut lp = Session::new(f.model.clone(), opts()).unwrap();
     let want_p = run(&mut lp, &pages_prompt, 3);

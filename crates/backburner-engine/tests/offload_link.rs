@@ -49,7 +49,9 @@ fn two_workers_share_the_pages_in_order_and_the_logits_keep_their_bits() {
     let f = model_with_layers(8, 12);
     // the first worker has room for a few pages of both attention layers (f16, 2 kv heads × 32 dims, 64 positions:
     // 16 KiB per page and layer) beside its session state; the second takes the rest
-    let w1 = start_worker_with(f.dir.path(), |o| o.max_memory = 220_000);
+    let w1 = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = 220_000 + tail_weights(f.dir.path(), 4)
+    });
     let w2 = start_worker(f.dir.path(), None, None);
     let p = prompt(9 * 64 + 7, 4);
     let mut local = Session::new(f.model.clone(), opts()).unwrap();

@@ -352,7 +352,9 @@ fn an_idle_session_is_evicted_for_a_busy_one_and_its_host_falls_back_exactly() {
     // layers (24 192 bytes of state). After a 20-ubatch prompt a mirror holds 304 rows: 102 016 bytes. Fetching
     // them reserves the payload twice (buffer and sealed frame) and one layer's rows as f32 (304 × 512 bytes):
     // a session peaks at 461 696 bytes. 512 KiB holds one peak, not a peak beside an idle mirror.
-    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 512 << 10);
+    let w = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = (512 << 10) + tail_weights(f.dir.path(), 4)
+    });
     let (p1, p2, more) = (
         prompt(20 * UBATCH, 1),
         prompt(20 * UBATCH, 2),
@@ -432,7 +434,9 @@ fn a_fake_worker_cannot_make_the_host_read_a_frame_before_the_handshake() {
 #[test]
 fn a_request_that_cannot_fit_evicts_nobody() {
     let f = model_with_layers(8, 16);
-    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 8 << 20);
+    let w = start_worker_with(f.dir.path(), |o| {
+        o.max_memory = (8 << 20) + tail_weights(f.dir.path(), 4)
+    });
     let p = prompt(6 * UBATCH, 5);
     let mut local = Session::new(f.model.clone(), opts()).unwrap();
     let want = run(&mut local, &p, 1);

@@ -15,6 +15,8 @@ use crate::error::{ModelError, Result};
 
 struct Shard {
     path: PathBuf,
+    /// The open file, for positional reads that do not go through the map (fingerprints).
+    file: File,
     mmap: Mmap,
     /// Byte offset of the data section (8 + header length).
     data_start: usize,
@@ -98,6 +100,7 @@ impl Checkpoint {
             }
             shards.push(Shard {
                 path,
+                file,
                 mmap,
                 data_start: 8 + n,
             });
@@ -153,6 +156,64 @@ impl Checkpoint {
                 message: format!("tensor {name:?} data lies outside the file"),
             })?;
         Ok((info.dtype, bytes))
+    }
+
+    /// Stored size of a tensor's data (bytes). Errors: [`ModelError::MissingTensor`].
+    pub fn stored_bytes(&self, name: &str) -> Result<usize> {
+        let (_, info) = self.info(name)?;
+        Ok(info.data_offsets.1 - info.data_offsets.0)
+    }
+
+    /// A tensor's stored dtype. Errors: [`ModelError::MissingTensor`].
+    pub fn dtype(&self, name: &str) -> Result<Dtype> {
+        Ok(self.info(name)?.1.dtype)
+    }
+
+    /// The shard file holding a tensor. Errors: [`ModelError::MissingTensor`].
+    pub fn shard_path(&self, name: &str) -> Result<&Path> {
+        let (si, _) = self.info(name)?;
+        Ok(&self.shards[*si].path)
+    }
+
+    /// Passes a tensor's stored bytes to `f` in order, in pieces of at most `chunk` bytes (at least 1), read from
+    /// the file with positional reads into one buffer of that size rather than through the memory map: the bytes go
+    /// through the OS page cache but never become resident in this process, so hashing tensors this process does
+    /// not hold (a host fingerprinting a worker's layers) costs `chunk` bytes of memory, not the tensors' size.
+    /// (Where positional reads are not available the map is read and its pages released after.)
+    ///
+    /// Errors: [`ModelError::MissingTensor`]; [`ModelError::Io`] when a read fails or the file ends early (it was
+    /// truncated after it was opened).
+    pub fn read_chunks(&self, name: &str, chunk: usize, mut f: impl FnMut(&[u8])) -> Result<()> {
+        let (si, info) = self.info(name)?;
+        let shard = &self.shards[*si];
+        let (a, b) = info.data_offsets;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            let chunk = chunk.max(1).min(b - a).max(1);
+            let mut buf = vec![0u8; chunk];
+            let mut at = a;
+            while at < b {
+                let n = chunk.min(b - at);
+                let off = (shard.data_start + at) as u64;
+                shard
+                    .file
+                    .read_exact_at(&mut buf[..n], off)
+                    .map_err(|e| ModelError::io(&shard.path, e))?;
+                f(&buf[..n]);
+                at += n;
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (&shard.file, a, b);
+            let (_, bytes) = self.raw(name)?;
+            for c in bytes.chunks(chunk.max(1)) {
+                f(c);
+            }
+            self.release(name);
+        }
+        Ok(())
     }
 
     /// Reads a tensor as f32, checking its shape against `expected` (elements per dim).

@@ -9,11 +9,16 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::Result;
 
+/// Bytes read at a time when hashing a tensor (the only memory [`layer_digest`] holds for its bytes).
+pub const DIGEST_CHUNK: usize = 4 << 20;
+
 /// The digest of one decoder layer: SHA-256 over, for every tensor of layer `layer` (sorted by its canonical name
 /// `layers.<i>.<rest>`), the canonical name, `format!("{dtype:?}{shape:?}")` and the XXH3-128 hash of its bytes (16
-/// bytes little-endian). Cost: one pass over the layer's bytes at memory speed.
+/// bytes little-endian). Cost: one pass over the layer's bytes, read from the file [`DIGEST_CHUNK`] bytes at a time
+/// with positional reads ([`Checkpoint::read_chunks`]), so a host can fingerprint layers it does not hold without
+/// their bytes ever becoming resident in its process.
 ///
-/// Errors: errors reading the mmap surface as [`crate::ModelError::CorruptSafetensors`].
+/// Errors: [`crate::ModelError::Io`] when a read fails.
 pub fn layer_digest(ckpt: &Checkpoint, config: &ModelConfig, layer: usize) -> Result<[u8; 32]> {
     let prefix = config.layout.prefix();
     let mut names: Vec<(String, &str)> = Vec::new();
@@ -34,10 +39,14 @@ pub fn layer_digest(ckpt: &Checkpoint, config: &ModelConfig, layer: usize) -> Re
     names.sort();
     let mut h = Sha256::new();
     for (canon, name) in names {
-        let (dtype, bytes) = ckpt.raw(name)?;
+        let dtype = ckpt.dtype(name)?;
         h.update(canon.as_bytes());
         h.update(format!("{dtype:?}{:?}", ckpt.shape(name)?).as_bytes());
-        h.update(xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes());
+        // streamed: the same value as the one-shot xxh3_128 of the bytes, read DIGEST_CHUNK at a time from the
+        // file so that none of them stays resident
+        let mut x = xxhash_rust::xxh3::Xxh3::new();
+        ckpt.read_chunks(name, DIGEST_CHUNK, |c| x.update(c))?;
+        h.update(x.digest128().to_le_bytes());
     }
     Ok(h.finalize().into())
 }

@@ -20,7 +20,7 @@ pub use config::{LayerKind, ModelConfig, WeightLayout};
 pub use error::{ModelError, Result};
 pub use fingerprint::fingerprint;
 pub use linear::Linear;
-pub use model::{LoadOptions, Model, GDN_CHUNK};
+pub use model::{load_bytes, LoadOptions, Model, GDN_CHUNK};
 pub use remote::{RemoteError, RemotePages};
 pub use state::{KvOptions, LayerState, LinearState, ModelState, PageStore, StateSnapshot};
 pub use tokenizer::{ChatMessage, TextTokenizer};

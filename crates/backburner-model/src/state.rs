@@ -400,7 +400,31 @@ impl ModelState {
         self.n_tokens = 0;
     }
 
-    /// Bytes held: KV pages plus linear states.
+    /// Bytes of the KV pages held here (pages moved elsewhere not counted).
+    pub fn kv_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| match l {
+                LayerState::Attention(c) => c.bytes(),
+                LayerState::Linear(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Bytes of the Gated DeltaNet layers' conv and recurrent states.
+    pub fn linear_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| match l {
+                LayerState::Attention(_) => 0,
+                LayerState::Linear(s) => s.bytes(),
+            })
+            .sum()
+    }
+
+    /// Bytes held: KV pages plus linear states ([`ModelState::kv_bytes`] + [`ModelState::linear_bytes`]).
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()

@@ -57,7 +57,8 @@ fn weights_stay_in_the_checkpoint_dtype_and_hold_its_bytes() {
     use backburner_kernels::matmul::WeightDtype;
     use backburner_model::model::Mixer;
     use backburner_model::Linear;
-    // Packed panels round the outputs up to groups of 64 (4 panels of 16); nothing else is added or widened.
+    // Packed panels round the outputs up to groups of 64 (4 panels of 16); nothing else is added or widened (the
+    // f32 vectors count 4 bytes an element).
     let held =
         |l: &Linear| l.out_features().div_ceil(64) * 64 * l.in_features() * l.dtype().size_of();
     for (name, dtype) in [
@@ -74,6 +75,16 @@ fn weights_stay_in_the_checkpoint_dtype_and_hold_its_bytes() {
                 Mixer::Linear(w) => lins.extend([&w.in_proj, &w.out_proj]),
                 Mixer::Attention(w) => lins.extend([&w.qkv, &w.o_proj]),
             }
+            // and the f32 vectors: norms, conv kernel, dt_bias, A
+            let c = m.config();
+            want += 4 * match &layer.mixer {
+                Mixer::Linear(_) => {
+                    c.conv_dim() * c.linear_conv_kernel_dim
+                        + 2 * c.linear_num_value_heads
+                        + c.linear_value_head_dim
+                }
+                Mixer::Attention(_) => 2 * c.head_dim,
+            } + 4 * 2 * c.hidden_size;
             for l in lins {
                 assert_eq!(l.dtype(), dtype, "{name} layer {i}");
                 assert_eq!(l.bytes(), held(l), "{name} layer {i}");
@@ -82,6 +93,7 @@ fn weights_stay_in_the_checkpoint_dtype_and_hold_its_bytes() {
         }
         let c = m.config();
         let table = c.vocab_size.div_ceil(64) * 64 * c.hidden_size * dtype.size_of();
+        want += 4 * c.hidden_size; // the final norm
         want += if c.tie_word_embeddings {
             table
         } else {
@@ -427,4 +439,89 @@ fn a_tensor_stored_in_two_shards_is_an_error() {
         matches!(&e, ModelError::CorruptSafetensors { message, .. } if message.contains("also stored")),
         "{e:?}"
     );
+}
+
+#[test]
+fn load_bytes_from_the_headers_equals_the_weights_held_after_loading() {
+    use backburner_model::{load_bytes, Checkpoint, LoadOptions};
+    for name in ["tiny-f32", "tiny-bf16", "tiny-hub"] {
+        let dir = fixture(name);
+        let cfg = ModelConfig::from_dir(&dir).unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        let n = cfg.num_hidden_layers;
+        for (layers, ends) in [
+            (0..n, true),
+            (0..n / 2, true),
+            (n / 2..n, false),
+            (1..2, false),
+        ] {
+            let opts = LoadOptions {
+                layers: layers.clone(),
+                ends,
+            };
+            let want = load_bytes(&ck, &cfg, &opts).unwrap();
+            let m = Model::from_checkpoint(cfg.clone(), &ck, &opts, |_, _| {}).unwrap();
+            assert_eq!(
+                want,
+                m.weight_bytes() as u64,
+                "{name} {layers:?} ends {ends}"
+            );
+        }
+        let bad = LoadOptions {
+            layers: 0..n + 1,
+            ends: true,
+        };
+        assert!(matches!(
+            load_bytes(&ck, &cfg, &bad),
+            Err(ModelError::InvalidConfig(_))
+        ));
+    }
+}
+
+#[test]
+fn layer_digests_read_in_chunks_equal_the_one_shot_hash_of_the_mapped_bytes() {
+    use backburner_model::fingerprint::layer_digest;
+    use backburner_model::Checkpoint;
+    use sha2::{Digest, Sha256};
+    for name in ["tiny-f32", "tiny-bf16", "tiny-hub"] {
+        let dir = fixture(name);
+        let cfg = ModelConfig::from_dir(&dir).unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        for layer in 0..cfg.num_hidden_layers {
+            // the definition, hashed from the map in one piece
+            let prefix = cfg.layout.prefix();
+            let mut names: Vec<(String, &str)> = ck
+                .names()
+                .into_iter()
+                .filter_map(|n| {
+                    let rest = n.strip_prefix(prefix)?.strip_prefix("layers.")?;
+                    let (idx, tail) = rest.split_once('.')?;
+                    (idx.parse::<usize>() == Ok(layer))
+                        .then(|| (format!("layers.{layer}.{tail}"), n))
+                })
+                .collect();
+            names.sort();
+            let mut h = Sha256::new();
+            for (canon, n) in names {
+                let (dtype, bytes) = ck.raw(n).unwrap();
+                h.update(canon.as_bytes());
+                h.update(format!("{dtype:?}{:?}", ck.shape(n).unwrap()).as_bytes());
+                h.update(xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes());
+            }
+            let want: [u8; 32] = h.finalize().into();
+            assert_eq!(
+                layer_digest(&ck, &cfg, layer).unwrap(),
+                want,
+                "{name} layer {layer}"
+            );
+        }
+        // chunks smaller than a tensor and than the read buffer give the same bytes in order
+        let t = ck.names()[0].to_string();
+        let mut got = Vec::new();
+        ck.read_chunks(&t, 7, |c| got.extend_from_slice(c)).unwrap();
+        assert_eq!(got, ck.raw(&t).unwrap().1);
+        let mut x = xxhash_rust::xxh3::Xxh3::new();
+        ck.read_chunks(&t, 7, |c| x.update(c)).unwrap();
+        assert_eq!(x.digest128(), xxhash_rust::xxh3::xxh3_128(&got));
+    }
 }

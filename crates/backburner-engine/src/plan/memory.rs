@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use backburner_kernels::kv::KvDtype;
-use backburner_model::{Checkpoint, KvOptions, LayerKind, LinearState, ModelConfig};
+use backburner_model::{Checkpoint, KvOptions, LayerKind, ModelConfig};
 use serde::Serialize;
 
 use super::PlanError;
@@ -193,8 +193,8 @@ impl ModelCosts {
             layer_weight_bytes,
             ends,
             kv_bytes_per_position: kv_bytes_per_layer_position(cfg, kv),
-            linear_state_bytes: LinearState::zeros(cfg).bytes() as u64,
-            scratch_bytes_per_token: scratch_width(cfg).saturating_mul(4 * SCRATCH_FACTOR),
+            linear_state_bytes: linear_state_bytes(cfg),
+            scratch_bytes_per_token: scratch_bytes_per_token(cfg),
             offload_bytes_per_token_layer: mul(&[4, hq]).saturating_mul(2 * d as u64 + 1),
             hidden: cfg.hidden_size,
             n_heads: hq,
@@ -287,6 +287,22 @@ fn kv_bytes_per_layer_position(cfg: &ModelConfig, kv: KvDtype) -> u64 {
     let n = crate::offload::attention_layers(cfg).len() as u64;
     all.checked_div(n)
         .unwrap_or_else(|| mul(&[2, cfg.num_key_value_heads, cfg.head_dim, kv.size_of()]))
+}
+
+/// Conv + recurrent state bytes of one Gated DeltaNet layer ([`crate::memory::recurrent_bytes`] of one layer; 0
+/// for a model without one).
+fn linear_state_bytes(cfg: &ModelConfig) -> u64 {
+    cfg.layer_types
+        .iter()
+        .position(|k| *k == LayerKind::LinearAttention)
+        .and_then(|i| crate::memory::recurrent_bytes(cfg, i..i + 1))
+        .unwrap_or(0)
+}
+
+/// Activation bytes per ubatch token of a node running decoder layers (see [`ModelCosts::scratch_bytes`]); also
+/// the per-token part of [`crate::memory::scratch_estimate`], the check `run` makes before allocating.
+pub(crate) fn scratch_bytes_per_token(cfg: &ModelConfig) -> u64 {
+    scratch_width(cfg).saturating_mul(4 * SCRATCH_FACTOR)
 }
 
 /// Elements per ubatch token of the forward pass's activations (see [`ModelCosts::scratch_bytes`]).

@@ -21,7 +21,7 @@
 
 mod calib;
 mod explain;
-mod memory;
+pub(crate) mod memory;
 mod search;
 #[cfg(test)]
 mod tests;

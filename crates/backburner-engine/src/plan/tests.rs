@@ -181,7 +181,7 @@ fn an_explicit_context_that_does_not_fit_is_refused_with_numbers() {
     };
     assert!(
         explanation
-            .starts_with("weights 53.8 GB + recurrent state 0.2 GB + KV for 262144 tokens 17.2 GB"),
+            .starts_with("weights 53.8 GB + recurrent state 156.9 MB + KV for 262144 tokens 17.2 GB"),
         "{explanation}"
     );
 }

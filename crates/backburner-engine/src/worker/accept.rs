@@ -79,8 +79,23 @@ pub(super) fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, 
             )));
         }
     }
-    info!(?range, "loading layers");
-    *g = None; // free the old range's weights before loading the new one
+    *g = None; // free the old range's weights (and their reservation) before loading the new one
+               // the weights count against --max-memory: reserved from the checkpoint's headers before anything is allocated
+    let opts = LoadOptions {
+        layers: range.clone(),
+        ends: false,
+    };
+    let need = backburner_model::load_bytes(&shared.ckpt, &shared.config, &opts)?;
+    let weights = shared
+        .budget
+        .reserve(need, "the weights of its layers")
+        .map_err(|e| WorkerError::Memory {
+            layers: range.clone(),
+            need,
+            used: e.used,
+            limit: e.limit,
+        })?;
+    info!(?range, weight_bytes = need, "loading layers");
     let model = shared.pool.install(|| {
         Model::from_checkpoint(
             shared.config.clone(),
@@ -97,6 +112,7 @@ pub(super) fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, 
         model: Arc::new(model),
         range,
         fingerprint: fp,
+        _weights: weights,
     });
     *g = Some(l.clone());
     Ok(l)
@@ -172,6 +188,7 @@ fn accept_params(
         .map_err(|m| (ErrorCode::Busy, m))?;
     let l = load(shared, range).map_err(|e| match e {
         WorkerError::LayerRange(m) => (ErrorCode::LayerRangeMismatch, m),
+        e @ WorkerError::Memory { .. } => (ErrorCode::OutOfMemory, e.to_string()),
         other => (ErrorCode::Internal, other.to_string()),
     })?;
     if l.fingerprint != p.fingerprint {

@@ -1,5 +1,6 @@
-//! The worker's memory budget: every byte of session state (KV rows, linear states) and every transient buffer of a
-//! request (a received frame, a fetch's payload) is reserved here before it is allocated.
+//! The worker's memory budget: the weights of the layers it loads, every byte of session state (KV rows, linear
+//! states) and every transient buffer of a request (a received frame, a fetch's payload) are reserved here before
+//! they are allocated.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -177,7 +178,7 @@ impl Drop for Reservation {
     }
 }
 
-/// The default state budget of a worker: half the machine's physical memory (from `/proc/meminfo`), or 4 GiB where
+/// The default memory budget of a worker (weights and state): half the machine's physical memory (from `/proc/meminfo`), or 4 GiB where
 /// that cannot be read.
 pub fn default_max_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")

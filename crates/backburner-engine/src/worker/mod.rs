@@ -48,7 +48,8 @@ pub struct WorkerOptions {
     pub layers: Option<Range<usize>>,
     /// Compute threads: the worker's own [`ComputePool`] (reported to the host, which balances the split with it).
     pub threads: usize,
-    /// Bytes of session state (KV rows, linear states) and request buffers all sessions together may hold
+    /// Bytes the worker may hold: the weights of the layers it loads (reserved before they are loaded), and the
+    /// session state (KV rows, linear states, offloaded pages) and request buffers of all sessions together
     /// (default: [`default_max_memory`]).
     pub max_memory: u64,
     /// Shared secret; `None` accepts any host (only allowed on loopback, enforced by the caller).
@@ -111,6 +112,8 @@ struct Loaded {
     model: Arc<Model>,
     range: Range<usize>,
     fingerprint: [u8; 32],
+    /// The weights' bytes, held against the memory budget while they are loaded.
+    _weights: Reservation,
 }
 
 struct Shared {
@@ -159,6 +162,12 @@ impl Worker {
             source,
         })?;
         Ok(Worker { shared, listener })
+    }
+
+    /// Bytes of the weights loaded now (0 before a host's handshake chose the layers, without `--layers`).
+    pub fn weight_bytes(&self) -> u64 {
+        let g = self.shared.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map_or(0, |l| l.model.weight_bytes() as u64)
     }
 
     /// The bound address (useful with port 0).
@@ -248,6 +257,21 @@ pub enum WorkerError {
     /// The compute threads could not be started (or `threads` is 0).
     #[error("{0}")]
     Threads(String),
+    /// The weights of a layer range do not fit the memory budget beside what is held.
+    #[error(
+        "the weights of layers {}..{} need {} bytes; the worker holds {used} of its --max-memory {limit} bytes",
+        layers.start, layers.end, need
+    )]
+    Memory {
+        /// The layers.
+        layers: Range<usize>,
+        /// Bytes their weights need ([`backburner_model::load_bytes`]).
+        need: u64,
+        /// Bytes held when they were asked for.
+        used: u64,
+        /// The budget (`--max-memory`).
+        limit: u64,
+    },
 }
 
 fn handle_connection(

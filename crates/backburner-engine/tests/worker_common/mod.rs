@@ -26,6 +26,18 @@ pub fn model_with_layers(n: usize, seed: u64) -> Fixture {
     Fixture { dir, model }
 }
 
+/// Bytes of the weights a worker serving layers `start..n` of the checkpoint in `dir` loads: what its `max_memory`
+/// holds beside session state (tests that size a worker's budget for its state add this).
+pub fn tail_weights(dir: &Path, start: usize) -> u64 {
+    let cfg = backburner_model::ModelConfig::from_dir(dir).unwrap();
+    let ck = backburner_model::Checkpoint::open(dir).unwrap();
+    let opts = backburner_model::LoadOptions {
+        layers: start..cfg.num_hidden_layers,
+        ends: false,
+    };
+    backburner_model::load_bytes(&ck, &cfg, &opts).unwrap()
+}
+
 pub struct RunningWorker {
     pub addr: String,
     pub stop: Arc<AtomicBool>,

@@ -162,6 +162,17 @@ impl PackedMatrix {
         })
     }
 
+    /// Bytes [`PackedMatrix::pack`] allocates for an `[n, k]` matrix stored in `dtype` (the zero padding of the last
+    /// panel group included), without packing it: what a loader must budget before it allocates. `None` when the
+    /// size overflows `usize`.
+    pub fn packed_bytes(n: usize, k: usize, dtype: WeightDtype) -> Option<usize> {
+        let n_panels = n.div_ceil(PANEL).div_ceil(PANEL_GROUP) * PANEL_GROUP;
+        n_panels
+            .checked_mul(k)?
+            .checked_mul(PANEL)?
+            .checked_mul(dtype.size_of())
+    }
+
     /// Packs a row-major f32 matrix `[n, k]` into `dtype` (rounding to nearest even for bf16/f16). For tests and
     /// synthetic weights.
     ///
@@ -314,6 +325,19 @@ mod tests {
         assert_eq!(d[2 * k * PANEL + 2 * PANEL + 10], 0.0);
         assert_eq!(m.to_f32_rows(), w);
         assert_eq!(m.bytes(), 4 * 4 * k * PANEL);
+        assert_eq!(
+            PackedMatrix::packed_bytes(n, k, WeightDtype::F32),
+            Some(m.bytes())
+        );
+        let h = PackedMatrix::from_f32(200, 3, &vec![0.5; 600], WeightDtype::Bf16);
+        assert_eq!(
+            PackedMatrix::packed_bytes(200, 3, WeightDtype::Bf16),
+            Some(h.bytes())
+        );
+        assert_eq!(
+            PackedMatrix::packed_bytes(usize::MAX, 2, WeightDtype::F32),
+            None
+        );
     }
 
     #[test]

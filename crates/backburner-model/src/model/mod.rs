@@ -263,23 +263,35 @@ impl Model {
         Ok(head.forward_as(Op::Head, &h, n_rows))
     }
 
-    /// Bytes of weights held by this node (every loaded projection, embedding and head; norms and small vectors
-    /// are not counted).
+    /// Bytes of weights held by this node: every loaded projection, the embedding and head as packed (their
+    /// checkpoint dtype plus panel padding), and the f32 vectors (norms, conv kernels, `dt_bias`, `A`). Equals
+    /// [`load_bytes`] of the same checkpoint and [`LoadOptions`].
     pub fn weight_bytes(&self) -> usize {
+        let f = |v: &Vec<f32>| 4 * v.len();
         let layers: usize = self
             .layers
             .iter()
             .flatten()
             .map(|l| {
                 let mixer = match &l.mixer {
-                    Mixer::Linear(w) => w.in_proj.bytes() + w.out_proj.bytes(),
-                    Mixer::Attention(w) => w.qkv.bytes() + w.o_proj.bytes(),
+                    Mixer::Linear(w) => {
+                        w.in_proj.bytes()
+                            + w.out_proj.bytes()
+                            + f(&w.conv_weight)
+                            + f(&w.dt_bias)
+                            + f(&w.neg_a)
+                            + f(&w.norm)
+                    }
+                    Mixer::Attention(w) => {
+                        w.qkv.bytes() + w.o_proj.bytes() + f(&w.q_norm) + f(&w.k_norm)
+                    }
                 };
-                mixer + l.gate_up.bytes() + l.down.bytes()
+                mixer + l.gate_up.bytes() + l.down.bytes() + f(&l.input_norm) + f(&l.post_norm)
             })
             .sum();
         let ends = self.embed.as_ref().map_or(0, Linear::bytes)
-            + self.lm_head.as_ref().map_or(0, Linear::bytes);
+            + self.lm_head.as_ref().map_or(0, Linear::bytes)
+            + self.final_norm.as_ref().map_or(0, f);
         layers + ends
     }
 
@@ -400,4 +412,128 @@ fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
         gate_up,
         down,
     })
+}
+
+/// Bytes [`Model::from_checkpoint`] will allocate for the weights `opts` names, computed from the checkpoint's tensor
+/// headers alone (nothing is read or allocated): each fused projection packed in its parts' common dtype with its
+/// panel padding ([`PackedMatrix::packed_bytes`](backburner_kernels::matmul::PackedMatrix::packed_bytes)), and 4
+/// bytes per element of every vector read as f32. Equals [`Model::weight_bytes`] of the loaded model, so a caller can
+/// check a memory budget before loading. (The load's transient memory is the file pages it reads, which it releases
+/// tensor by tensor, and a few small allocations.)
+///
+/// Errors: [`ModelError::InvalidConfig`] for a layer range outside the model or a size that overflows `u64`;
+/// [`ModelError::MissingTensor`] and [`ModelError::UnsupportedDtype`] for a tensor the load would need.
+pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
+    if opts.layers.end > c.num_hidden_layers || opts.layers.start > opts.layers.end {
+        return Err(ModelError::InvalidConfig(format!(
+            "layer range {:?} is outside 0..{}",
+            opts.layers, c.num_hidden_layers
+        )));
+    }
+    let overflow = || ModelError::InvalidConfig("the weights' size overflows".into());
+    let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(overflow);
+    // a fused projection: the parts' rows packed in their common dtype
+    let linear = |parts: &[(String, usize)], k: usize| -> Result<u64> {
+        use backburner_kernels::matmul::{PackedMatrix, WeightDtype};
+        let mut common: Option<WeightDtype> = None;
+        let mut mixed = false;
+        let mut n = 0usize;
+        for (name, rows) in parts {
+            let d = match ckpt.dtype(name)? {
+                safetensors::Dtype::F32 => WeightDtype::F32,
+                safetensors::Dtype::BF16 => WeightDtype::Bf16,
+                safetensors::Dtype::F16 => WeightDtype::F16,
+                other => {
+                    return Err(ModelError::UnsupportedDtype {
+                        name: name.clone(),
+                        dtype: format!("{other:?}"),
+                    })
+                }
+            };
+            mixed |= common.is_some_and(|c| c != d);
+            common = Some(d);
+            n = n.checked_add(*rows).ok_or_else(overflow)?;
+        }
+        let dtype = if mixed {
+            WeightDtype::F32
+        } else {
+            common.unwrap_or(WeightDtype::F32)
+        };
+        PackedMatrix::packed_bytes(n, k, dtype)
+            .map(|b| b as u64)
+            .ok_or_else(overflow)
+    };
+    let vector =
+        |elems: usize| -> Result<u64> { (elems as u64).checked_mul(4).ok_or_else(overflow) };
+    let pre = c.layout.prefix();
+    let (h, v, inter) = (c.hidden_size, c.vocab_size, c.intermediate_size);
+    let mut total = 0u64;
+    if opts.ends {
+        total = add(
+            total,
+            linear(&[(format!("{pre}embed_tokens.weight"), v)], h)?,
+        )?;
+        total = add(total, vector(h)?)?;
+        if !c.tie_word_embeddings {
+            total = add(total, linear(&[("lm_head.weight".to_string(), v)], h)?)?;
+        }
+    }
+    for i in opts.layers.clone() {
+        let p = format!("{pre}layers.{i}.");
+        let part = |name: &str, rows: usize| (format!("{p}{name}"), rows);
+        total = add(total, vector(2 * h)?)?; // the two layer norms
+        total = add(
+            total,
+            linear(
+                &[
+                    part("mlp.gate_proj.weight", inter),
+                    part("mlp.up_proj.weight", inter),
+                ],
+                h,
+            )?,
+        )?;
+        total = add(total, linear(&[part("mlp.down_proj.weight", h)], inter)?)?;
+        let mixer = match c.layer_types[i] {
+            LayerKind::LinearAttention => {
+                let (hv, dv, kc) = (
+                    c.linear_num_value_heads,
+                    c.linear_value_head_dim,
+                    c.linear_conv_kernel_dim,
+                );
+                let conv_dim = c.conv_dim();
+                let in_proj = linear(
+                    &[
+                        part("linear_attn.in_proj_qkv.weight", conv_dim),
+                        part("linear_attn.in_proj_z.weight", hv * dv),
+                        part("linear_attn.in_proj_b.weight", hv),
+                        part("linear_attn.in_proj_a.weight", hv),
+                    ],
+                    h,
+                )?;
+                let out = linear(&[part("linear_attn.out_proj.weight", h)], hv * dv)?;
+                // conv kernel, dt_bias, A, gated norm
+                let vecs = conv_dim
+                    .checked_mul(kc)
+                    .and_then(|e| e.checked_add(2 * hv + dv))
+                    .ok_or_else(overflow)
+                    .and_then(vector)?;
+                add(add(in_proj, out)?, vecs)?
+            }
+            LayerKind::FullAttention => {
+                let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+                let qkv = linear(
+                    &[
+                        part("self_attn.q_proj.weight", hq * 2 * d),
+                        part("self_attn.k_proj.weight", hkv * d),
+                        part("self_attn.v_proj.weight", hkv * d),
+                    ],
+                    h,
+                )?;
+                let o = linear(&[part("self_attn.o_proj.weight", h)], hq * d)?;
+                add(add(qkv, o)?, vector(2 * d)?)?
+            }
+        };
+        total = add(total, mixer)?;
+    }
+    Ok(total)
 }

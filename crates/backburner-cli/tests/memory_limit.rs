@@ -1,0 +1,155 @@
+//! `backburner run` under a memory limit: the OS's data limit (`ulimit -d`, RLIMIT_DATA) and `--max-memory` both fail
+//! with an error naming the weights and the limit, before anything is allocated, instead of an allocator abort; with
+//! room for the model the same command succeeds.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use backburner_model::synthetic;
+
+/// A random checkpoint whose weights (about 44 MB, bf16) dwarf the process's own data (a few MB): 4 layers, hidden
+/// 256, a 32k vocabulary with an untied head.
+fn big_model(dir: &Path) -> u64 {
+    let mut c = synthetic::tiny_config(4);
+    c["hidden_size"] = 256.into();
+    c["intermediate_size"] = 1024.into();
+    c["vocab_size"] = 32768.into();
+    synthetic::write_random_checkpoint(dir, &c, 9).unwrap();
+    let cfg = backburner_model::ModelConfig::from_dir(dir).unwrap();
+    let ck = backburner_model::Checkpoint::open(dir).unwrap();
+    let opts = backburner_model::LoadOptions {
+        layers: 0..4,
+        ends: true,
+    };
+    backburner_model::load_bytes(&ck, &cfg, &opts).unwrap()
+}
+
+/// A command that runs `program args…` under a data limit of `kib` KiB (RLIMIT_DATA through the shell's `ulimit -d`,
+/// which any user may lower): private writable memory, the heap included, beyond it fails to allocate. It binds
+/// our weights (heap copies) but not the read-only map of the checkpoint file. Reusable for a worker or a host.
+pub fn under_data_limit(kib: u64, program: &str) -> Command {
+    let mut c = Command::new("sh");
+    c.args([
+        "-c",
+        &format!("ulimit -d {kib} && exec \"$0\" \"$@\""),
+        program,
+    ]);
+    c
+}
+
+/// `backburner run` on `model` with token ids, one thread, `--json`, 4 tokens unless `extra` says, plus `extra`, under a data limit of `kib` KiB
+/// (`None`: no limit).
+pub fn run_host(model: &Path, kib: Option<u64>, extra: &[&str]) -> Output {
+    let mut c = match kib {
+        Some(k) => under_data_limit(k, common::bin()),
+        None => Command::new(common::bin()),
+    };
+    c.args([
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-tokens",
+        "1,2,3,4,5",
+        "--threads",
+        "1",
+        "--json",
+    ])
+    .args(extra);
+    if !extra.contains(&"--max-tokens") {
+        c.args(["--max-tokens", "4"]);
+    }
+    c.output().expect("spawn backburner")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_host_under_a_data_limit_below_its_weights_fails_with_the_weights_and_the_limit_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = big_model(dir.path());
+    assert!(weights > 40_000_000, "{weights}");
+    // half the weights: a clear error, exit 1, no abort (SIGABRT) and nothing on stdout
+    let o = run_host(dir.path(), Some(weights / 2 / 1024), &[]);
+    let e = stderr(&o);
+    assert_eq!(o.status.signal(), None, "killed by a signal: {e}");
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("weights of layers 0..4 and the ends need") && e.contains("RLIMIT_DATA"),
+        "{e}"
+    );
+    assert!(!e.contains("memory allocation of"), "{e}");
+    assert!(o.stdout.is_empty());
+    // room for the model: the same command succeeds, and reports what it held
+    let o = run_host(dir.path(), Some(4 * weights / 1024), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 4);
+    assert_eq!(v["memory"]["weights"], weights);
+    let unlimited = run_host(dir.path(), None, &[]);
+    let u: serde_json::Value = serde_json::from_slice(&unlimited.stdout).unwrap();
+    assert_eq!(u["tokens"], v["tokens"]);
+}
+
+#[test]
+fn max_memory_is_checked_before_loading_and_memory_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = big_model(dir.path());
+    let o = run_host(dir.path(), None, &["--max-memory", "20MB"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("weights of layers 0..4 and the ends need")
+            && e.contains("--max-memory is 20.0 MB"),
+        "{e}"
+    );
+    // the weights fit but not a KV cache for a huge context: named as such
+    let limit = (weights + 1_000_000).to_string();
+    let o = run_host(
+        dir.path(),
+        None,
+        &["--max-memory", &limit, "--max-tokens", "60000"],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("the KV cache of 60005 positions need"), "{e}");
+    // enough: the JSON carries the report, its parts adding up
+    let o = run_host(dir.path(), None, &["--max-memory", "1GB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &v["memory"];
+    let part = |k: &str| m[k].as_u64().unwrap();
+    assert_eq!(part("weights"), weights);
+    assert!(part("kv_pages") > 0 && part("recurrent_state") > 0 && part("scratch") > 0);
+    assert_eq!(
+        part("total"),
+        part("weights") + part("kv_pages") + part("recurrent_state") + part("scratch")
+    );
+    assert!(part("peak_rss") >= weights, "{m}");
+    // the stats line of a streamed run
+    let o = run_host(dir.path(), None, &[]);
+    assert!(o.status.success());
+    let text = Command::new(common::bin())
+        .args([
+            "run",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--prompt-tokens",
+            "1,2",
+            "--max-tokens",
+            "2",
+            "--threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let e = stderr(&text);
+    assert!(
+        e.contains("memory: weights ") && e.contains(", kv ") && e.contains("(peak RSS "),
+        "{e}"
+    );
+}
