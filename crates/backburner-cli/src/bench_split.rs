@@ -152,6 +152,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
         no_interleave: false,
         split_layer: a.split_layer,
         layer_split: Vec::new(),
+        worker_memory: Vec::new(),
         split_min_tokens: 1,
         secret_file: None,
         worker_timeout: 600,

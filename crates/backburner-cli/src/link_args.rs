@@ -42,6 +42,12 @@ pub struct LinkArgs {
     #[arg(long, value_delimiter = ',', value_name = "L1[,L2...]", requires = "worker",
           conflicts_with_all = ["split_layer", "kv_budget"])]
     pub layer_split: Vec<usize>,
+    /// Memory of each --worker for the planner (same units as --max-memory; repeatable, in --worker order). With a
+    /// host memory limit (--max-memory or the operating system's) and no --layer-split, --kv-budget or
+    /// --split-layer, `run` places the model by the same planner as `backburner plan`; a worker without this is
+    /// assumed to hold what it is given (it refuses layers whose weights exceed its own --max-memory).
+    #[arg(long, value_name = "BYTES", value_parser = backburner_engine::offload::parse_bytes, requires = "worker")]
+    pub worker_memory: Vec<u64>,
     /// Smallest prompt (tokens) that goes through the worker.
     #[arg(long, default_value_t = 512, requires = "worker")]
     pub split_min_tokens: usize,

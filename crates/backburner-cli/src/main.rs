@@ -9,6 +9,7 @@ mod calibrate_cmd;
 mod chain_args;
 mod default_model;
 mod link_args;
+mod placement;
 mod plan_cmd;
 mod prompt;
 mod run_cmd;

@@ -17,7 +17,9 @@ use indicatif::ProgressBar;
 
 use backburner_engine::memory::{self, MemoryNeed};
 
-use crate::{bar, compute_pool, link_args, need_tok, prompt, worker_cmd, LinkArgs, ModelArgs, IDS_HINT};
+use crate::{
+    bar, compute_pool, link_args, need_tok, prompt, worker_cmd, LinkArgs, ModelArgs, IDS_HINT,
+};
 
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
@@ -97,9 +99,18 @@ fn check_sampling(a: &RunArgs) -> Result<()> {
 }
 
 /// Runs `backburner run`.
-pub(crate) fn run(a: RunArgs) -> Result<()> {
+pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     check_sampling(&a)?;
     let pool = compute_pool(a.model.threads)?;
+    let dir = match &a.model.model {
+        Some(d) => d.clone(),
+        None => crate::default_model::ensure()?,
+    };
+    a.model.model = Some(dir.clone());
+    let plan = crate::placement::plan_run(&a.model, &dir, &mut a.link, a.model.ctx_size)?;
+    if let (Some(p), false) = (&plan, a.json) {
+        eprintln!("plan: {}", backburner_engine::plan::summary(p));
+    }
     let loaded = crate::load_host(&a.model, &pool, a.link.host_layers())?;
     let workers = a.link.clients(&loaded, pool.threads())?;
     let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
@@ -146,6 +157,11 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     }
     check_session_memory(&a, &loaded.model, prompt.len())?;
     let mut opts = a.model.session_options(&pool);
+    if let Some(p) = &plan {
+        // the plan's memory holds this much context
+        let ctx = opts.context_length.unwrap_or(usize::MAX).min(p.max_ctx);
+        opts.context_length = Some(ctx);
+    }
     opts.kv_budget = a.link.kv_budget;
     opts.interleave = !a.link.no_interleave;
     let mut session = match chain {
@@ -202,7 +218,7 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     }
     let total_s = t_start.elapsed().as_secs_f64();
     let interrupted = gen.stop_reason == StopReason::Interrupted;
-    report(&a, &prompt, seed, &gen, &session, total_s);
+    report(&a, &prompt, seed, &gen, &session, total_s, plan.as_ref());
     if interrupted {
         std::process::exit(130); // 128 + SIGINT, as a shell reports a Ctrl-C
     }
@@ -268,6 +284,7 @@ fn report(
     gen: &Generation,
     session: &Session,
     total_s: f64,
+    plan: Option<&backburner_engine::plan::Plan>,
 ) {
     let json = a.json;
     let tm = &gen.timings;
@@ -292,6 +309,9 @@ fn report(
         }
         if let Some(link) = link_args::link_json(session, tm) {
             obj["link"] = link;
+        }
+        if let Some(p) = plan {
+            obj["plan"] = serde_json::to_value(p).unwrap_or_default();
         }
         let (mem, peak) = (session.memory(), memory::peak_rss_bytes());
         let mut m = serde_json::to_value(mem).expect("a report serializes");
@@ -355,17 +375,17 @@ fn check_session_memory(a: &RunArgs, model: &backburner_model::Model, prompt: us
     if let (Some(b), false) = (a.link.kv_budget, a.link.worker.is_empty()) {
         positions = positions.min(b.positions(cfg, kv));
     }
-    let n = cfg.num_hidden_layers;
+    let held = model.layer_range();
     let ubatch = a.model.ubatch.min(prompt.max(1));
     let over = || anyhow::anyhow!("the session's memory overflows u64");
     let needs = [
         MemoryNeed::new(
             format!("the KV cache of {positions} positions"),
-            memory::kv_bytes(cfg, 0..n, kv, positions).ok_or_else(over)?,
+            memory::kv_bytes(cfg, held.clone(), kv, positions).ok_or_else(over)?,
         ),
         MemoryNeed::new(
             "the recurrent states",
-            memory::recurrent_bytes(cfg, 0..n).ok_or_else(over)?,
+            memory::recurrent_bytes(cfg, held.clone()).ok_or_else(over)?,
         ),
         MemoryNeed::new(
             format!("activation buffers for ubatches of {ubatch} tokens"),
@@ -374,7 +394,10 @@ fn check_session_memory(a: &RunArgs, model: &backburner_model::Model, prompt: us
     ];
     // the weights are allocated already: they count against --max-memory, and the OS's limits count them as used
     let weights = MemoryNeed::new(
-        format!("weights of layers 0..{n} and the ends"),
+        format!(
+            "weights of layers {}..{} and the ends",
+            held.start, held.end
+        ),
         model.weight_bytes() as u64,
     );
     if let Some(m) = a.model.max_memory {

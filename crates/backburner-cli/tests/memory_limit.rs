@@ -153,3 +153,107 @@ fn max_memory_is_checked_before_loading_and_memory_is_reported() {
         "{e}"
     );
 }
+
+/// A random checkpoint whose decoder layers hold most of the weights (8 layers of ~15 MB, bf16; tied 4k vocabulary:
+/// ~4 MB of ends), so that a host holding the ends and a few layers fits where the whole model does not.
+fn layer_heavy_model(dir: &Path) -> u64 {
+    let mut c = synthetic::tiny_config(8);
+    c["hidden_size"] = 512.into();
+    c["intermediate_size"] = 4096.into();
+    c["vocab_size"] = 4096.into();
+    c["tie_word_embeddings"] = true.into();
+    synthetic::write_random_checkpoint(dir, &c, 11).unwrap();
+    let cfg = backburner_model::ModelConfig::from_dir(dir).unwrap();
+    let ck = backburner_model::Checkpoint::open(dir).unwrap();
+    let opts = backburner_model::LoadOptions {
+        layers: 0..8,
+        ends: true,
+    };
+    backburner_model::load_bytes(&ck, &cfg, &opts).unwrap()
+}
+
+#[test]
+fn a_host_under_a_data_limit_runs_the_model_with_one_worker_or_two_and_the_same_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = layer_heavy_model(dir.path());
+    assert!(weights > 100_000_000, "{weights}");
+    // the limit: three quarters of the weights
+    let kib = weights * 3 / 4 / 1024;
+    let flags = ["--ubatch", "64", "--max-tokens", "6", "--ignore-eos"];
+    let local = run_host(dir.path(), None, &flags);
+    assert!(local.status.success(), "{}", stderr(&local));
+    let want: serde_json::Value = serde_json::from_slice(&local.stdout).unwrap();
+    // alone under the limit: the typed error naming the weights and the limit
+    let o = run_host(dir.path(), Some(kib), &flags);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("weights of layers 0..8 and the ends need"),
+        "{}",
+        stderr(&o)
+    );
+    // with a worker: the planner places the layers the host cannot hold on it (same planner as `plan`)
+    let a = common::worker_for(dir.path(), &[], &[]);
+    let o = run_host(
+        dir.path(),
+        Some(kib),
+        &[&flags[..], &["--worker", &a.addr]].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"], want["tokens"]);
+    assert_eq!(v["plan"]["mode"], "layer_split", "{}", v["plan"]);
+    let host_end = v["link"]["host_layers"][1].as_u64().unwrap();
+    assert_eq!(v["link"]["worker_layers"].as_u64().unwrap(), 8 - host_end);
+    assert!(v["memory"]["weights"].as_u64().unwrap() < weights * 3 / 4);
+    // with two workers, the first given room for about half the model: a chain
+    let b = common::worker_for(dir.path(), &[], &[]);
+    let half = (weights * 7 / 10).to_string();
+    let o = run_host(
+        dir.path(),
+        Some(kib),
+        &[
+            &flags[..],
+            &[
+                "--worker",
+                &a.addr,
+                "--worker",
+                &b.addr,
+                "--worker-memory",
+                &half,
+            ],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"], want["tokens"]);
+    let stages = v["link"]["layer_split"].as_array().unwrap();
+    assert_eq!(stages.len(), 2, "{}", v["plan"]);
+    assert_eq!(
+        stages[0]["layers"],
+        serde_json::json!([host_end, 4]),
+        "{}",
+        v["link"]
+    );
+    // and an explicit chain under the same limit
+    let o = run_host(
+        dir.path(),
+        Some(kib),
+        &[
+            &flags[..],
+            &[
+                "--worker",
+                &a.addr,
+                "--worker",
+                &b.addr,
+                "--layer-split",
+                "2,5",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"], want["tokens"]);
+    assert_eq!(v["link"]["host_layers"], serde_json::json!([0, 2]));
+}

@@ -35,7 +35,11 @@ pub fn worker(extra: &[&str]) -> WorkerProc {
 /// Starts `backburner worker` under a wrapper command (`wrapper[0] wrapper[1..] backburner worker ...`), e.g. to run
 /// it as another user or under a resource limit.
 pub fn worker_wrapped(wrapper: &[&str], extra: &[&str]) -> WorkerProc {
-    let m = fixture("tiny-f32");
+    worker_for(&fixture("tiny-f32"), wrapper, extra)
+}
+
+/// Starts `backburner worker` on the model in `m` (under `wrapper`, as [`worker_wrapped`]).
+pub fn worker_for(m: &std::path::Path, wrapper: &[&str], extra: &[&str]) -> WorkerProc {
     let mut cmd = match wrapper.split_first() {
         Some((w, rest)) => {
             let mut c = Command::new(w);

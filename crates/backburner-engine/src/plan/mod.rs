@@ -89,7 +89,8 @@ pub struct DevicePlan {
     pub name: String,
     /// Bytes this device may use.
     pub memory: u64,
-    /// The decoder layers whose weights it holds (split prefill: the mirrored tail); empty (`n..n`) = none.
+    /// The decoder layers whose weights it holds (split prefill: the mirrored tail); empty = none (`0..0` for a
+    /// host holding only the embedding and head, whose layers are always `[0, L1)`; `n..n` for an unused worker).
     pub layers: Range<usize>,
     /// Holds the embedding, final norm and head.
     pub holds_ends: bool,

@@ -84,7 +84,12 @@ fn device(
     DevicePlan {
         name,
         memory: mem,
-        layers: if r.is_empty() { n..n } else { r.clone() },
+        // a host without layers holds `[0, 0)`: its layers are always `[0, L1)`
+        layers: match (r.is_empty(), ends) {
+            (true, true) => 0..0,
+            (true, false) => n..n,
+            _ => r.clone(),
+        },
         holds_ends: ends,
         weight_bytes: if ends {
             weights.saturating_add(c.ends.total())

@@ -180,8 +180,9 @@ fn an_explicit_context_that_does_not_fit_is_refused_with_numbers() {
         panic!("262144 tokens of KV do not fit a 26 GB worker");
     };
     assert!(
-        explanation
-            .starts_with("weights 53.8 GB + recurrent state 156.9 MB + KV for 262144 tokens 17.2 GB"),
+        explanation.starts_with(
+            "weights 53.8 GB + recurrent state 156.9 MB + KV for 262144 tokens 17.2 GB"
+        ),
         "{explanation}"
     );
 }
