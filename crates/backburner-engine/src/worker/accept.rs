@@ -79,8 +79,9 @@ pub(super) fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, 
             )));
         }
     }
-    *g = None; // free the old range's weights (and their reservation) before loading the new one
-               // the weights count against --max-memory: reserved from the checkpoint's headers before anything is allocated
+    // free the old range's weights (and their reservation) before loading the new one; the new weights count
+    // against --max-memory, reserved from the checkpoint's headers before anything is allocated
+    *g = None;
     let opts = LoadOptions {
         layers: range.clone(),
         ends: false,

@@ -190,6 +190,19 @@ impl SessionCore {
         self.held.bytes().saturating_add(self.pages.bytes())
     }
 
+    /// What this session holds, in bytes: the weights of its layers (shared by every session of that range), the
+    /// mirror's KV rows plus the KV pages hosts offloaded here, its Gated DeltaNet states and its activation
+    /// buffers as grown so far.
+    pub fn memory(&self) -> crate::memory::MemoryReport {
+        let m = &self.mirror;
+        crate::memory::MemoryReport {
+            weights: self.model.weight_bytes() as u64,
+            kv_pages: (m.kv_bytes() as u64).saturating_add(self.pages.bytes()),
+            recurrent_state: m.linear_bytes() as u64,
+            scratch: m.scratch_bytes() as u64,
+        }
+    }
+
     /// What the session's KV-offload requests did so far.
     pub fn page_stats(&self) -> PageStats {
         self.page_stats
@@ -209,6 +222,11 @@ impl SessionCore {
             _ => 0,
         };
         (body as u64).saturating_mul(copies).saturating_sub(prepaid)
+    }
+
+    /// The layers this session runs.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.spec.range.clone()
     }
 
     /// The offloaded pages (tests, stats).

@@ -350,6 +350,19 @@ fn serve_session(
     let room: MakeRoom = Arc::new(move |need| reg.evict_idle_except(id, need, &budget));
     let mut core = core.with_room(room);
     let r = session_loop(shared, conn, &mut core, me, stop, &mut frames);
+    let mem = core.memory();
+    info!(
+        session = id,
+        frames,
+        layers = ?core.range(),
+        weight_bytes = mem.weights,
+        kv_bytes = mem.kv_pages,
+        state_bytes = mem.recurrent_state,
+        scratch_bytes = mem.scratch,
+        budget_used = shared.budget.used(),
+        budget = shared.opts.max_memory,
+        "session's memory"
+    );
     let st = core.page_stats();
     if st.puts > 0 {
         info!(
