@@ -52,7 +52,7 @@ pub fn calibrate(a: CalibrateArgs) -> Result<()> {
     let loaded = crate::load_host(&a.model, &pool, Some(k))?;
     let model = loaded.model.clone();
     let kv = a.model.session_options(&pool).kv;
-    let t = a.model.ubatch.min(512).max(1);
+    let t = a.model.ubatch.clamp(1, 512);
     let host = time_host_layers(&model, 0..k, t, a.decode_tokens, kv, &pool)?;
     let ids: Vec<u32> = (0..t as u32)
         .map(|i| (i * 7919) % cfg.vocab_size as u32)
