@@ -41,6 +41,17 @@ pub fn calibrate(a: CalibrateArgs) -> Result<()> {
     if a.decode_tokens == 0 {
         bail!("--decode-tokens must be ≥ 1");
     }
+    if a.model.ubatch == 0 {
+        bail!("--ubatch must be ≥ 1 (the prefill ubatch timed is min(--ubatch, 512) tokens)");
+    }
+    for (i, w) in a.worker.iter().enumerate() {
+        if a.worker[..i].contains(w) {
+            bail!("--worker {w} is given twice");
+        }
+    }
+    // the output is opened first, so an unwritable path fails before minutes of measuring
+    let mut out =
+        std::fs::File::create(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     let threads = crate::thread_count(a.model.threads)?;
     let pool = crate::compute_pool(a.model.threads)?;
     let dir = match &a.model.model {
@@ -69,10 +80,11 @@ pub fn calibrate(a: CalibrateArgs) -> Result<()> {
         let w = time_worker(&model, conn, 0..k, t, a.decode_tokens, kv, &pool)
             .with_context(|| format!("calibrating worker {addr}"))?;
         eprintln!(
-            "worker {addr}: prefill {:.2} µs/token/layer, decode {:.1} µs/layer ({} threads); link round trip {:.0} µs, {:.0} MB/s",
+            "worker {addr}: prefill {:.2} µs/token/layer, decode {:.1} µs/layer ({} thread{}); link round trip {:.0} µs, {:.0} MB/s",
             w.layers.prefill_us_per_token_layer,
             w.layers.decode_us_per_layer,
             w.threads,
+            if w.threads == 1 { "" } else { "s" },
             w.round_trip_us,
             w.bytes_per_s / 1e6
         );
@@ -97,6 +109,8 @@ pub fn calibrate(a: CalibrateArgs) -> Result<()> {
     let cal = Calibration {
         version: 1,
         model: format!("{} ({} layers)", dir.display(), cfg.num_hidden_layers),
+        layers: cfg.num_hidden_layers,
+        hidden: cfg.hidden_size,
         host: DeviceTimes {
             threads,
             prefill_us_per_token_layer: host.prefill_us_per_token_layer,
@@ -109,7 +123,9 @@ pub fn calibrate(a: CalibrateArgs) -> Result<()> {
         link,
     };
     let text = serde_json::to_string_pretty(&cal)?;
-    std::fs::write(&a.out, text + "\n").with_context(|| format!("write {}", a.out.display()))?;
+    use std::io::Write;
+    out.write_all((text + "\n").as_bytes())
+        .with_context(|| format!("write {}", a.out.display()))?;
     eprintln!(
         "host: prefill {:.2} µs/token/layer ({t} tokens), decode {:.1} µs/layer; written to {}",
         cal.host.prefill_us_per_token_layer,

@@ -119,9 +119,10 @@ pub fn link_lines(s: &Session) -> Vec<String> {
     let ls = s.link_stats();
     let st = c.stats();
     let mut out = vec![format!(
-        "layer split: {} | {} layers on workers | sent {} | received {}",
+        "layer split: {} | {} layer{} on workers | sent {} | received {}",
         placement(s, c),
         ls.worker_layers,
+        if ls.worker_layers == 1 { "" } else { "s" },
         human_bytes(ls.bytes_sent),
         human_bytes(ls.bytes_received),
     )];

@@ -213,14 +213,47 @@ pub fn load_host(args: &ModelArgs, pool: &ComputePool, held: Option<usize>) -> R
 /// Loads layers `[0, held)` (default: every layer) and the ends of `dir`, after checking that their weights fit
 /// `--max-memory` and the OS's limits.
 fn load_dir(dir: &Path, held: Option<usize>, max_memory: Option<u64>) -> Result<Loaded> {
+    let (config, tokenizer) = load_tokenizer(dir)?;
+    load_weights(dir, config, tokenizer, held, max_memory)
+}
+
+/// The config and tokenizer of `dir` (no weights): what a command needs to tokenize its prompt before it decides
+/// what to load.
+pub fn load_tokenizer(dir: &Path) -> Result<(ModelConfig, Option<TextTokenizer>)> {
     let config = ModelConfig::from_dir(dir)?;
+    // Parsing a tokenizer takes far more memory than its file (measured: a peak of ~20× for the Qwen3.5
+    // tokenizer's 10 MB, most of it kept): under an OS limit, say so instead of an allocator abort.
+    if let Ok(meta) = std::fs::metadata(dir.join("tokenizer.json")) {
+        use backburner_engine::memory::{check_fits, os_limits, MemoryNeed};
+        let need = MemoryNeed::new(
+            format!(
+                "loading the tokenizer ({} of tokenizer.json, about 22 times that in memory)",
+                backburner_engine::memory::human(meta.len())
+            ),
+            meta.len().saturating_mul(22),
+        );
+        check_fits(&[need], &os_limits())?;
+    }
+    let tokenizer = TextTokenizer::from_dir(dir, config.vocab_size, &config.eos_token_ids)?;
+    Ok((config, tokenizer))
+}
+
+/// Loads layers `[0, held)` (default: every layer) and the ends of `dir` with its `config` and `tokenizer`, after
+/// checking that their weights fit `--max-memory` and the OS's limits. Errors: `held` past the model's layers, a
+/// budget the weights do not fit (naming them), and every error of loading.
+pub fn load_weights(
+    dir: &Path,
+    config: ModelConfig,
+    tokenizer: Option<TextTokenizer>,
+    held: Option<usize>,
+    max_memory: Option<u64>,
+) -> Result<Loaded> {
     let n = config.num_hidden_layers;
     let held = held.unwrap_or(n);
     if held > n {
         bail!("--layer-split {held} is past this {n}-layer model's last layer");
     }
     let ckpt = Checkpoint::open(dir)?;
-    let tokenizer = TextTokenizer::from_dir(dir, config.vocab_size, &config.eos_token_ids)?;
     let opts = LoadOptions {
         layers: 0..held,
         ends: true,

@@ -10,24 +10,25 @@ use backburner_engine::plan::{self, Mode, ModelCosts, Plan, PlanRequest};
 use crate::link_args::LinkArgs;
 use crate::ModelArgs;
 
-/// Bytes kept back from an operating-system limit for what the planner does not count (the tokenizer, thread
-/// stacks, allocator slack).
-const OS_RESERVE: u64 = 32 << 20;
-
-/// Memory assumed for a worker whose `--worker-memory` is not given: as much as it takes (a worker that cannot
-/// hold its layers refuses them in the handshake with a typed error).
-const UNKNOWN_WORKER_MEMORY: u64 = 1 << 50;
-
-/// The host's memory for planning: the tightest of `--max-memory` and the OS's limits (less what the process holds
-/// already and [`OS_RESERVE`]); `None` without any limit.
+/// The host's memory for planning: the tightest of `--max-memory` and the OS's limits less what the process holds
+/// already (the tokenizer is loaded by then), as the check before loading counts them; `None` without any limit.
 fn host_memory(max_memory: Option<u64>) -> Option<u64> {
     host_limits(max_memory)
         .iter()
         .map(|l| match l.source {
             LimitSource::Flag => l.bytes,
-            _ => l.bytes.saturating_sub(l.used).saturating_sub(OS_RESERVE),
+            _ => l.bytes.saturating_sub(l.used),
         })
         .min()
+}
+
+/// What a run needs: the positions it can reach (prompt and `--max-tokens`) and the largest ubatch it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct RunNeed {
+    /// Prompt tokens plus tokens to generate.
+    pub positions: usize,
+    /// Tokens per prefill ubatch (at most the prompt).
+    pub ubatch: usize,
 }
 
 /// Plans the placement when it is for the planner to decide (workers, a memory limit, no `--layer-split`,
@@ -37,8 +38,17 @@ pub fn plan_run(
     args: &ModelArgs,
     dir: &std::path::Path,
     link: &mut LinkArgs,
-    ctx: Option<usize>,
+    need: RunNeed,
 ) -> Result<Option<Plan>> {
+    if !link.worker_memory.is_empty() && link.worker_memory.len() != link.worker.len() {
+        anyhow::bail!(
+            "--worker-memory is given {} time{} for {} --worker{}: give it once per worker, in --worker order",
+            link.worker_memory.len(),
+            if link.worker_memory.len() == 1 { "" } else { "s" },
+            link.worker.len(),
+            if link.worker.len() == 1 { "" } else { "s" },
+        );
+    }
     let explicit =
         !link.layer_split.is_empty() || link.kv_budget.is_some() || link.split_layer.is_some();
     if link.worker.is_empty() || explicit {
@@ -54,23 +64,30 @@ pub fn plan_run(
             link.worker_memory
                 .get(i)
                 .copied()
-                .unwrap_or(UNKNOWN_WORKER_MEMORY)
+                .unwrap_or(plan::UNKNOWN_MEMORY)
         })
         .collect();
-    let mut req = PlanRequest {
+    // placed for the positions this run reaches (within --ctx-size and the model), not the largest context: the
+    // session then gets all that the placement holds (`Plan::max_ctx`)
+    // (whole blocks of 64 positions, as the KV cache allocates them)
+    let ctx = need
+        .positions
+        .div_ceil(64)
+        .saturating_mul(64)
+        .min(args.ctx_size.unwrap_or(usize::MAX))
+        .min(config.max_position_embeddings)
+        .max(1);
+    let req = PlanRequest {
         config,
         costs,
         host_memory: host,
         worker_memory,
-        ctx,
-        ubatch: args.ubatch,
+        ctx: Some(ctx),
+        ubatch: need.ubatch.max(1),
         page_size: args.kv_page_size,
         layer_split: None,
         calibration: None,
     };
-    // placed for the context asked for (else one page), not the largest one: a run's context is what its prompt
-    // and tokens need, and the session gets all the placement holds (`Plan::max_ctx`)
-    req.ctx = Some(ctx.unwrap_or_else(|| plan::min_context(&req)));
     let p = plan::plan(&req).map_err(|e| anyhow::anyhow!("{e}"))?;
     apply(&p, link);
     Ok(Some(p))

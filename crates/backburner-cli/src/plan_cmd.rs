@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use backburner_engine::memory::human;
 use backburner_engine::offload::parse_bytes;
 use backburner_engine::plan::{
-    self, fmt_gb, summary, Calibration, DevicePlan, ModelCosts, Plan, PlanRequest,
+    self, summary, Calibration, DevicePlan, ModelCosts, Plan, PlanRequest,
 };
 use backburner_kernels::kv::KvDtype;
 use clap::Args;
@@ -84,11 +85,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
 
 /// GB (10^9) from 1 GB up, MB (10^6) below, so small states do not print as 0.
 fn size(b: u64) -> String {
-    if b >= 1_000_000_000 {
-        fmt_gb(b)
-    } else {
-        format!("{} MB", b.div_ceil(1_000_000))
-    }
+    human(b)
 }
 
 fn row(d: &DevicePlan) -> String {
@@ -112,7 +109,11 @@ fn row(d: &DevicePlan) -> String {
         size(d.kv_bytes),
         size(d.scratch_bytes),
         size(d.total_bytes()),
-        fmt_gb(d.memory)
+        if d.memory >= backburner_engine::plan::UNKNOWN_MEMORY {
+            "?".to_string()
+        } else {
+            human(d.memory)
+        }
     )
 }
 

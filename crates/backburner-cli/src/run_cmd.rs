@@ -107,21 +107,29 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         None => crate::default_model::ensure()?,
     };
     a.model.model = Some(dir.clone());
-    let plan = crate::placement::plan_run(&a.model, &dir, &mut a.link, a.model.ctx_size)?;
-    if let (Some(p), false) = (&plan, a.json) {
-        eprintln!("plan: {}", backburner_engine::plan::summary(p));
-    }
-    let loaded = crate::load_host(&a.model, &pool, a.link.host_layers())?;
-    let workers = a.link.clients(&loaded, pool.threads())?;
-    let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
-    let tok = &loaded.tokenizer;
+    // the prompt first (config and tokenizer only): the placement is planned for what this run needs
+    let (config, tokenizer) = crate::load_tokenizer(&dir)?;
     if !a.stop.is_empty() {
-        need_tok(tok, "--stop", "")?;
+        need_tok(&tokenizer, "--stop", "")?;
     }
-    let prompt = build_prompt(&a, tok)?;
+    let prompt = build_prompt(&a, &tokenizer)?;
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
+    let need = crate::placement::RunNeed {
+        positions: prompt.len().saturating_add(a.max_tokens),
+        ubatch: a.model.ubatch.min(prompt.len()),
+    };
+    let plan = crate::placement::plan_run(&a.model, &dir, &mut a.link, need)?;
+    if let (Some(p), false) = (&plan, a.json) {
+        eprintln!("plan: {}", backburner_engine::plan::summary(p));
+    }
+    let held = a.link.host_layers();
+    let loaded =
+        pool.install(|| crate::load_weights(&dir, config, tokenizer, held, a.model.max_memory))?;
+    let workers = a.link.clients(&loaded, pool.threads())?;
+    let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
+    let tok = &loaded.tokenizer;
     let vocab = loaded.model.config().vocab_size;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
         bail!("prompt token id {bad} is out of range: the model's vocab_size is {vocab}");
@@ -181,7 +189,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     let mut out = std::io::stdout();
     let has_tok = tok.is_some();
     let t_start = Instant::now();
-    let gen = generate(
+    let gen_result = generate(
         &mut session,
         &prompt,
         &params,
@@ -207,7 +215,31 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
                 }
             }
         },
-    )?;
+    );
+    let gen = match gen_result {
+        Ok(g) => g,
+        Err(e) if json => {
+            // a failure before the first token (e.g. a lost layer-split worker during prefill): still one object
+            let mut obj = serde_json::json!({
+                "prompt_tokens": prompt,
+                "tokens": [],
+                "text": "",
+                "stop_reason": "error",
+                "seed": seed,
+                "error": e.to_string(),
+            });
+            if let Some(link) = link_args::link_json(&session, &Default::default()) {
+                obj["link"] = link;
+            }
+            if let Some(p) = &plan {
+                obj["plan"] = serde_json::to_value(p).unwrap_or_default();
+            }
+            out_line(&obj.to_string());
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Some(f) = &a.dump_logits {
         let bytes: Vec<u8> = gen
             .step_logits

@@ -123,10 +123,10 @@ fn worker_flags_are_validated() {
             "secret",
         ),
         (
-            vec!["worker", "--model", ms, "--layers", "3..8"],
-            "cycle boundary",
+            vec!["worker", "--model", ms, "--layers", "3..9"],
+            "not a non-empty range of this 8-layer model",
         ),
-        (vec!["worker", "--model", ms, "--layers", "4-8"], "L..n"),
+        (vec!["worker", "--model", ms, "--layers", "4-8"], "a..b"),
         (
             vec!["worker", "--model", ms, "--max-memory", "lots"],
             "is not a byte size",

@@ -37,7 +37,7 @@ pub enum EngineError {
     /// A layer-split worker, which holds the only copy of its layers, failed or could not be reached: the request
     /// fails (nothing else can run those layers). The session keeps its tokens (without this request's) and the
     /// next request re-ingests them through the worker once it is back.
-    #[error("worker {addr} holding layers {layers} is lost ({reason}); the session keeps its {kept} tokens and re-ingests them on the next request")]
+    #[error("worker {addr} holding layers {layers} is lost ({reason}){}", kept_note(*kept))]
     WorkerLost {
         /// The worker's address.
         addr: String,
@@ -48,9 +48,29 @@ pub enum EngineError {
         /// Tokens the session keeps.
         kept: usize,
     },
+    /// A layer-split worker could not be used for its layers: unreachable, or it refused them in the handshake
+    /// (another model, a pinned `--layers` range, too little memory, a wrong secret). Nothing ran; the session keeps
+    /// its tokens.
+    #[error("cannot use worker {addr} for layers {layers}: {reason}")]
+    WorkerUnavailable {
+        /// The worker's address.
+        addr: String,
+        /// The layers it was to hold (`a..b`).
+        layers: String,
+        /// Why: the worker's refusal or the connection's error.
+        reason: String,
+    },
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),
+}
+
+/// The tail of [`EngineError::WorkerLost`]'s message: what the session keeps.
+fn kept_note(kept: usize) -> String {
+    match kept {
+        0 => String::new(),
+        n => format!("; the session keeps its {n} tokens and re-ingests them on its next request"),
+    }
 }
 
 /// Result alias.

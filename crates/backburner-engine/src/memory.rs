@@ -34,19 +34,22 @@ impl MemoryReport {
     }
 }
 
-/// Bytes for people, in decimal units as `--max-memory` examples use them: `512 B`, `271.3 MB`, `8.2 GB`.
-pub fn human(b: u64) -> String {
-    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
-    if b < 1000 {
-        return format!("{b} B");
+/// Bytes for people in decimal units (10^3 steps, as `--max-memory` and `plan` take them) with one decimal, a `.0`
+/// dropped: `512 B`, `800 KB`, `271.3 MB`, `24 GB`, `53.8 GB` (GB from 1 GB up, MB from 1 MB, KB from 1 KB).
+pub fn human(bytes: u64) -> String {
+    const GB: u64 = 1_000_000_000;
+    let (unit, name) = match bytes {
+        b if b >= GB => (GB, "GB"),
+        b if b >= 1_000_000 => (1_000_000, "MB"),
+        b if b >= 1_000 => (1_000, "KB"),
+        b => return format!("{b} B"),
+    };
+    let tenths = (bytes as u128 * 10 + unit as u128 / 2) / unit as u128;
+    if tenths.is_multiple_of(10) {
+        format!("{} {name}", tenths / 10)
+    } else {
+        format!("{}.{} {name}", tenths / 10, tenths % 10)
     }
-    let mut v = b as f64 / 1000.0;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    format!("{v:.1} {}", UNITS[u])
 }
 
 fn proc_status_kib(key: &str) -> Option<u64> {
@@ -432,7 +435,7 @@ mod tests {
         let msg = e.to_string();
         assert!(
             msg.starts_with(
-                "weights of layers 0..8 and the ends need 271.3 MB; --max-memory is 200.0 MB"
+                "weights of layers 0..8 and the ends need 271.3 MB; --max-memory is 200 MB"
             ),
             "{msg}"
         );
@@ -447,6 +450,6 @@ mod tests {
             ("the KV cache of 4096 positions", 271_300_000)
         );
         assert!(e.to_string().contains("RLIMIT_DATA"), "{e}");
-        assert!(e.to_string().contains("of which 10.0 MB are in use"), "{e}");
+        assert!(e.to_string().contains("of which 10 MB are in use"), "{e}");
     }
 }

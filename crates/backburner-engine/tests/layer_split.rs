@@ -142,8 +142,11 @@ fn a_lost_worker_fails_the_request_and_the_next_one_rebuilds() {
     }
     assert_eq!(s.tokens().len(), kept);
     assert_eq!(&s.tokens()[..60], &p[..]);
-    // still down: the same typed error, nothing lost
-    assert!(matches!(s.decode(t), Err(EngineError::WorkerLost { kept: k, .. }) if k == kept));
+    // still down: it cannot be used (nothing listens there), and nothing is lost
+    assert!(
+        matches!(s.decode(t), Err(EngineError::WorkerUnavailable { ref addr, .. }) if *addr == e_addr_of(&err))
+    );
+    assert_eq!(s.tokens().len(), kept);
     let _back = start_worker_on(f.dir.path(), &addr);
     let mut got = fed.clone();
     while got.len() < 6 {
@@ -153,6 +156,15 @@ fn a_lost_worker_fails_the_request_and_the_next_one_rebuilds() {
     }
     assert_eq!(got, toks);
     assert_eq!(s.layer_split().unwrap().stats().rebuilds, 1);
+}
+
+fn e_addr_of(e: &EngineError) -> String {
+    match e {
+        EngineError::WorkerLost { addr, .. } | EngineError::WorkerUnavailable { addr, .. } => {
+            addr.clone()
+        }
+        other => panic!("not a worker error: {other}"),
+    }
 }
 
 #[test]

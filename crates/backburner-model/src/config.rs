@@ -317,6 +317,7 @@ impl ModelConfig {
             ("linear_value_head_dim", raw.linear_value_head_dim),
             ("linear_conv_kernel_dim", raw.linear_conv_kernel_dim),
             ("full_attention_interval", raw.full_attention_interval),
+            ("max_position_embeddings", raw.max_position_embeddings),
         ] {
             if v == 0 {
                 return bad(format!("{name} must be > 0"));

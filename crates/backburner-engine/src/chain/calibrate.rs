@@ -113,11 +113,25 @@ pub fn time_worker(
         stages: vec![Stage::new(link, layers.clone())],
         stats: Default::default(),
     };
-    let lost = |chain: &LayerSplit, e: super::StageError| EngineError::WorkerLost {
-        addr: chain.stages[0].addr().to_string(),
-        layers: format!("{}..{}", layers.start, layers.end),
-        reason: e.error.to_string(),
-        kept: 0,
+    let lost = |chain: &LayerSplit, e: super::StageError| {
+        let (addr, layers) = (
+            chain.stages[0].addr().to_string(),
+            format!("{}..{}", layers.start, layers.end),
+        );
+        let reason = e.error.to_string();
+        match e.connecting {
+            true => EngineError::WorkerUnavailable {
+                addr,
+                layers,
+                reason,
+            },
+            false => EngineError::WorkerLost {
+                addr,
+                layers,
+                reason,
+                kept: 0,
+            },
+        }
     };
     let shape = SessionShape {
         kv: kv.dtype,

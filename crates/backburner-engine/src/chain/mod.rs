@@ -99,6 +99,8 @@ pub struct LayerSplit {
 pub(crate) struct StageError {
     pub stage: usize,
     pub error: LinkError,
+    /// It failed while connecting (unreachable, or refused in the handshake): nothing ran on it.
+    pub connecting: bool,
 }
 
 impl LayerSplit {
@@ -191,6 +193,17 @@ impl LayerSplit {
         }
         self.stats.failures += 1;
     }
+}
+
+/// The slowest dense compute a worker is assumed to run a layer at before its speed is known (flop/s): a few
+/// times below one plain core's, so that only a stalled worker misses the deadlines it sets.
+pub const MIN_LAYER_FLOPS: f64 = 1e10;
+
+/// A pessimistic time per token and layer (µs) when the host has no layer of its own to time: a layer's dense
+/// products (about `2 × (3·hidden·intermediate + 4·hidden²)` flop per token) at [`MIN_LAYER_FLOPS`].
+pub(crate) fn fallback_us_per_token_layer(cfg: &backburner_model::ModelConfig) -> f64 {
+    let (h, i) = (cfg.hidden_size as f64, cfg.intermediate_size as f64);
+    2.0 * (3.0 * h * i + 4.0 * h * h) / MIN_LAYER_FLOPS * 1e6
 }
 
 /// The compute a worker may take for `tokens` tokens through `layers` layers: 4× its observed time per token and

@@ -73,7 +73,11 @@ impl LayerSplit {
                 continue;
             }
             let range = s.range.clone();
-            let fail = |error| StageError { stage: i, error };
+            let fail = |error| StageError {
+                stage: i,
+                error,
+                connecting: true,
+            };
             s.link.fingerprint(range.clone()).map_err(fail)?;
             s.link
                 .connect_with(cfg, shape, true, |ch| {
@@ -100,7 +104,7 @@ impl LayerSplit {
     }
 
     /// Runs the host's layers `[0, L₁)` of `chunk` (one ubatch at the state's position), returning the residual
-    /// `[t, hidden]` and the host's compute time per token and layer (µs).
+    /// `[t, hidden]` and the host's compute time per token and layer (µs; a pessimistic estimate when L₁ = 0).
     fn host_layers(
         model: &Model,
         state: &mut ModelState,
@@ -119,7 +123,12 @@ impl LayerSplit {
             x
         });
         let us = t0.elapsed().as_secs_f64() * 1e6;
-        (x, us / (t * l1.max(1)) as f64)
+        // with no layer of its own the host's time says nothing of a layer's: a pessimistic estimate instead
+        let per = match l1 {
+            0 => super::fallback_us_per_token_layer(model.config()),
+            _ => us / (t * l1) as f64,
+        };
+        (x, per)
     }
 
     /// Runs `chunks` (consecutive ubatches from the state's position) through the host's layers and every worker,
@@ -193,7 +202,11 @@ impl LayerSplit {
         self.stats.host_us += th.elapsed().as_micros() as u64;
         let host_threads = pool.threads();
         for (i, s) in self.stages.iter_mut().enumerate() {
-            let fail = |error| StageError { stage: i, error };
+            let fail = |error| StageError {
+                stage: i,
+                error,
+                connecting: false,
+            };
             let compute = compute_allowance(
                 s.us_per_token_layer,
                 host_us,

@@ -116,7 +116,8 @@ impl Session {
         }
     }
 
-    /// After a worker failure: the workers' sessions are closed, the host's state is dropped and the tokens kept
+    /// After a worker failure ([`EngineError::WorkerLost`], or [`EngineError::WorkerUnavailable`] when it failed
+    /// while connecting): the workers' sessions are closed, the host's state is dropped and the tokens kept
     /// for the next request's rebuild.
     fn chain_lost(&mut self, e: StageError) -> EngineError {
         let chain = self.chain.as_mut().expect("a layer-split session");
@@ -125,11 +126,21 @@ impl Session {
         chain.fail(&e);
         self.state.clear();
         self.rebuild = !self.tokens.is_empty();
-        EngineError::WorkerLost {
-            addr,
-            layers: format!("{}..{}", layers.start, layers.end),
-            reason: e.error.to_string(),
-            kept: self.tokens.len(),
+        let layers = format!("{}..{}", layers.start, layers.end);
+        let reason = e.error.to_string();
+        if e.connecting {
+            EngineError::WorkerUnavailable {
+                addr,
+                layers,
+                reason,
+            }
+        } else {
+            EngineError::WorkerLost {
+                addr,
+                layers,
+                reason,
+                kept: self.tokens.len(),
+            }
         }
     }
 }

@@ -234,7 +234,8 @@ impl Connection {
         if let Some(c) = self.conn.take() {
             c.shutdown();
         }
-        warn!(addr = %self.settings.addr, "worker failed ({err}); retry in {:?}", self.backoff);
+        warn!(addr = %self.settings.addr, "worker failed: {err}");
+        tracing::debug!(addr = %self.settings.addr, "next try in {:?} at the earliest", self.backoff);
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(Duration::from_secs(60));
     }

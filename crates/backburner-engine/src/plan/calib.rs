@@ -13,6 +13,12 @@ pub struct Calibration {
     /// What was measured (model directory and shape), for the reader.
     #[serde(default)]
     pub model: String,
+    /// Decoder layers of the model measured (0 = not recorded); a plan for another shape refuses the file.
+    #[serde(default)]
+    pub layers: usize,
+    /// Hidden size of the model measured (0 = not recorded).
+    #[serde(default)]
+    pub hidden: usize,
     /// The host.
     pub host: DeviceTimes,
     /// One entry per worker in chain order (`backburner calibrate --worker`); a plan that uses a worker without an

@@ -1,26 +1,9 @@
-//! Human words for plans: sizes in GB, a one-line summary, and the explanation of a plan that does not fit.
+//! Human words for plans: a one-line summary, and the explanation of a plan that does not fit.
 
 use super::{min_context, search, Mode, Plan, PlanError, PlanRequest};
+use crate::memory::human;
 
 const GB: u64 = 1_000_000_000;
-
-/// Bytes in decimal units with one decimal, the `.0` dropped: `24 GB`, `53.8 GB`, `420 MB`, `3.5 MB`, `800 KB`
-/// (GB from 1 GB up, MB from 1 MB up, else KB; 10^3 steps).
-pub fn fmt_gb(bytes: u64) -> String {
-    let (unit, name) = if bytes >= GB {
-        (GB, "GB")
-    } else if bytes >= 1_000_000 {
-        (1_000_000, "MB")
-    } else {
-        (1_000, "KB")
-    };
-    let tenths = (bytes as u128 * 10 + unit as u128 / 2) / unit as u128;
-    if tenths.is_multiple_of(10) {
-        format!("{} {name}", tenths / 10)
-    } else {
-        format!("{}.{} {name}", tenths / 10, tenths % 10)
-    }
-}
 
 /// One line naming the mode, who holds which layers, and the largest context, e.g.
 /// `layer split: host 0..24, worker 1 24..32, worker 2 32..64; context up to 262144 tokens`.
@@ -67,15 +50,24 @@ fn ordinal(k: usize) -> String {
     }
 }
 
+/// A worker's memory for people: its size, or `memory not given` for [`super::UNKNOWN_MEMORY`].
+fn memory_of(m: u64) -> String {
+    if m >= super::UNKNOWN_MEMORY {
+        "(memory not given)".into()
+    } else {
+        human(m)
+    }
+}
+
 /// `host 24 GB + worker 8 GB` (one worker) or `host 8 GB + worker 1 12 GB + worker 2 8 GB`.
 fn devices(req: &PlanRequest) -> String {
-    let mut s = format!("host {}", fmt_gb(req.host_memory));
+    let mut s = format!("host {}", human(req.host_memory));
     let many = req.worker_memory.len() > 1;
     for (i, &m) in req.worker_memory.iter().enumerate() {
         if many {
-            s += &format!(" + worker {} {}", i + 1, fmt_gb(m));
+            s += &format!(" + worker {} {}", i + 1, memory_of(m));
         } else {
-            s += &format!(" + worker {}", fmt_gb(m));
+            s += &format!(" + worker {}", memory_of(m));
         }
     }
     s
@@ -92,27 +84,33 @@ pub(super) fn does_not_fit(req: &PlanRequest) -> PlanError {
         .worker_memory
         .iter()
         .fold(req.host_memory, |a, &b| a.saturating_add(b));
-    let (devs, total) = (devices(req), fmt_gb(avail));
+    let devs = devices(req);
+    // a sum only when every device's memory is known (and there is more than the host)
+    let total = if req.worker_memory.is_empty() || avail >= super::UNKNOWN_MEMORY {
+        String::new()
+    } else {
+        format!(" = {}", human(avail))
+    };
     let mut s = if weights > avail {
         format!(
-            "weights need {}; {devs} = {total}: does not fit",
-            fmt_gb(weights)
+            "weights need {}; {devs}{total}: does not fit",
+            human(weights)
         )
     } else {
         let kv = c.kv_bytes(0..n, ctx);
         let state = c.state_bytes(0..n);
         format!(
-            "weights {} + recurrent state {} + KV for {ctx} tokens {} + scratch; {devs} = {total}: no placement of whole layers fits",
-            fmt_gb(weights),
-            fmt_gb(state),
-            fmt_gb(kv)
+            "weights {} + recurrent state {} + KV for {ctx} tokens {} + scratch; {devs}{total}: no placement of whole layers fits",
+            human(weights),
+            human(state),
+            human(kv)
         )
     };
     let host_min = search::host_minimum(req);
     if req.host_memory < host_min {
         s += &format!(
             "; the host alone needs {} for the embedding, head and scratch",
-            fmt_gb(host_min)
+            human(host_min)
         );
         return PlanError::DoesNotFit {
             explanation: s,
@@ -124,7 +122,7 @@ pub(super) fn does_not_fit(req: &PlanRequest) -> PlanError {
         s += &format!(
             "; with a {} worker of {} it fits as {}",
             ordinal(req.worker_memory.len() + 1),
-            fmt_gb(*bytes),
+            human(*bytes),
             super::summary(plan)
         );
     }

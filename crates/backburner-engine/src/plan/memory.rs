@@ -107,48 +107,35 @@ impl ModelCosts {
         )
     }
 
-    /// Costs from a checkpoint's stored tensors: each layer's bytes are the sum of the stored sizes of the tensors
-    /// named `{prefix}layers.{i}.*`; the ends are `{prefix}embed_tokens.weight`, `{prefix}norm.weight` and (untied)
-    /// `lm_head.weight`. Tensors of other parts (a vision tower, MTP heads) are not counted.
+    /// Costs from a checkpoint: each layer's and the ends' bytes are what loading them allocates
+    /// ([`backburner_model::load_bytes`], from the tensor headers: projections packed in their dtype with their
+    /// panel padding, vectors as f32), so a plan and the check `run` makes before loading agree to the byte. An
+    /// untied head is counted as large as the embedding (both `[vocab, hidden]`).
     ///
-    /// Errors: [`PlanError::Model`] when an end tensor is missing; [`PlanError::Invalid`] when a layer has no tensor.
+    /// Errors: [`PlanError::Model`] for a tensor the load would need that is missing or of an unsupported dtype.
     pub fn from_checkpoint(
         cfg: &ModelConfig,
         ck: &Checkpoint,
         kv: KvDtype,
     ) -> Result<Self, PlanError> {
-        let prefix = cfg.layout.prefix();
-        let layers_prefix = format!("{prefix}layers.");
-        let mut per_layer = vec![0u64; cfg.num_hidden_layers];
-        let mut seen = vec![false; cfg.num_hidden_layers];
-        for name in ck.names() {
-            let Some(rest) = name.strip_prefix(&layers_prefix) else {
-                continue;
-            };
-            let Some(i) = rest.split('.').next().and_then(|s| s.parse::<usize>().ok()) else {
-                continue;
-            };
-            if i < per_layer.len() {
-                let bytes = ck.raw(name)?.1.len() as u64;
-                per_layer[i] = per_layer[i].saturating_add(bytes);
-                seen[i] = true;
-            }
-        }
-        if let Some(i) = seen.iter().position(|s| !s) {
-            return Err(PlanError::Invalid(format!(
-                "the checkpoint in {} has no tensor of layer {i}",
-                ck.dir().display()
-            )));
-        }
-        let size = |n: &str| -> Result<u64, PlanError> { Ok(ck.raw(n)?.1.len() as u64) };
+        let bytes = |layers: std::ops::Range<usize>, ends: bool| {
+            backburner_model::load_bytes(ck, cfg, &backburner_model::LoadOptions { layers, ends })
+        };
+        let per_layer = (0..cfg.num_hidden_layers)
+            .map(|i| bytes(i..i + 1, false))
+            .collect::<Result<Vec<u64>, _>>()?;
+        let all_ends = bytes(0..0, true)?;
+        let final_norm = mul(&[cfg.hidden_size, 4]);
+        let matrices = all_ends.saturating_sub(final_norm);
+        let (embedding, head) = if cfg.tie_word_embeddings {
+            (matrices, 0)
+        } else {
+            (matrices / 2, matrices - matrices / 2)
+        };
         let ends = EndsBytes {
-            embedding: size(&format!("{prefix}embed_tokens.weight"))?,
-            final_norm: size(&format!("{prefix}norm.weight"))?,
-            head: if cfg.tie_word_embeddings {
-                0
-            } else {
-                size("lm_head.weight")?
-            },
+            embedding,
+            final_norm,
+            head,
         };
         Ok(Self::with_weights(
             cfg,

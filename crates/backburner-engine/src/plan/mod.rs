@@ -32,11 +32,15 @@ use backburner_model::{ModelConfig, ModelError};
 use serde::Serialize;
 
 pub use calib::{Calibration, DecodeBreakdown, DeviceTimes, LinkTimes, Rates};
-pub use explain::{fmt_gb, summary};
+pub use explain::summary;
 pub use memory::{config_dtype_bytes, EndsBytes, ModelCosts, WeightSource, SCRATCH_FACTOR};
 
 /// Smallest batch (tokens) that split prefill sends through the worker (the session's default `split_min_tokens`).
 pub const SPLIT_MIN_TOKENS: usize = 512;
+
+/// The memory to give a worker whose memory is not known (`run` without `--worker-memory`): as much as it takes
+/// (the worker itself refuses layers its own budget cannot hold); explanations print it as "memory not given".
+pub const UNKNOWN_MEMORY: u64 = 1 << 50;
 
 /// What the planner is asked.
 #[derive(Clone, Debug)]
@@ -223,6 +227,15 @@ fn validate(req: &PlanRequest) -> Result<(), PlanError> {
     if n == 0 || req.config.num_hidden_layers != n {
         return bad("the model's costs and config disagree on the layer count".into());
     }
+    if let Some(c) = &req.calibration {
+        let (l, h) = (req.config.num_hidden_layers, req.config.hidden_size);
+        if (c.layers != 0 && c.layers != l) || (c.hidden != 0 && c.hidden != h) {
+            return bad(format!(
+                "the calibration was measured on another model ({}: {} layers, hidden {}); this one has {l} layers, hidden {h}: run `backburner calibrate` on it",
+                c.model, c.layers, c.hidden
+            ));
+        }
+    }
     let max = req.costs.max_position_embeddings;
     match req.ctx {
         Some(0) => return bad("the context must be ≥ 1 token".into()),
@@ -238,21 +251,20 @@ fn validate(req: &PlanRequest) -> Result<(), PlanError> {
             return bad("a layer split needs at least one worker".into());
         }
         if pts.is_empty() || pts.len() > req.worker_memory.len() {
+            let w = req.worker_memory.len();
             return bad(format!(
-                "{} split point(s) for {} worker(s): give one to {} points L1 < L2 < … (the first layer of each worker)",
+                "{} split point{} for {w} worker{}: give at most one per worker, L1 < L2 < … (the first layer each holds)",
                 pts.len(),
-                req.worker_memory.len(),
-                req.worker_memory.len()
+                if pts.len() == 1 { "" } else { "s" },
+                if w == 1 { "" } else { "s" },
             ));
         }
-        let mut prev = 0;
-        for &l in pts {
-            if l <= prev || l >= n {
-                return bad(format!(
-                    "split points {pts:?} must increase strictly inside 1..{n} (the {n}-layer model's layer boundaries)"
-                ));
-            }
-            prev = l;
+        // L1 may be 0 (the host keeps only the embedding and head); each later point is past the one before
+        let increasing = pts.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || pts.iter().any(|&l| l >= n) {
+            return bad(format!(
+                "split points {pts:?} must increase inside 0..{n} (the {n}-layer model's layer boundaries; 0 leaves the host only the embedding and head)"
+            ));
         }
     }
     Ok(())

@@ -3,7 +3,7 @@
 use std::ops::Range;
 
 use super::{min_context, DevicePlan, Mode, Plan, PlanError, PlanRequest, SPLIT_MIN_TOKENS};
-use crate::plan::explain::fmt_gb;
+use crate::memory::human;
 
 /// The plan for `req`, or `None` when nothing fits (the caller explains).
 pub(super) fn place(req: &PlanRequest) -> Result<Option<Plan>, PlanError> {
@@ -145,8 +145,8 @@ fn local_or_split_prefill(req: &PlanRequest, max_ctx: usize) -> Plan {
     let mut p = new_plan(req, Mode::Local, host, idle, max_ctx);
     p.notes.push(format!(
         "everything fits the host ({} of {})",
-        fmt_gb(p.host.total_bytes()),
-        fmt_gb(req.host_memory)
+        human(p.host.total_bytes()),
+        human(req.host_memory)
     ));
     capped_note(req, max_ctx, &mut p.notes);
     let Some(&wmem) = req.worker_memory.first() else {
@@ -171,7 +171,7 @@ fn local_or_split_prefill(req: &PlanRequest, max_ctx: usize) -> Plan {
     let Some(l) = fits else {
         p.notes.push(format!(
             "worker 1 ({}) cannot mirror a tail range with KV for {max_ctx} tokens: split prefill is off",
-            fmt_gb(wmem)
+            human(wmem)
         ));
         return p;
     };
@@ -253,7 +253,7 @@ fn kv_offload(req: &PlanRequest, need: usize) -> Option<Plan> {
     let want = req.ctx.unwrap_or(c.max_position_embeddings);
     p.notes.push(format!(
         "the weights fit the host but KV for {want} tokens ({}) does not: the host keeps the newest {host_budget} positions ({} pages), the oldest pages move to the workers in order",
-        fmt_gb(c.kv_bytes(0..n, want)),
+        human(c.kv_bytes(0..n, want)),
         host_budget / req.page_size
     ));
     capped_note(req, max_ctx, &mut p.notes);
@@ -370,8 +370,8 @@ fn build_layer_split(req: &PlanRequest, mems: &[u64], bounds: &[usize], seams: b
     } else {
         p.notes.push(format!(
             "the weights ({}) do not fit the host ({}) with room for context: layer split, each device taking as many layers as fit in chain order",
-            fmt_gb(req.costs.total_weight_bytes()),
-            fmt_gb(req.host_memory)
+            human(req.costs.total_weight_bytes()),
+            human(req.host_memory)
         ));
     }
     let off_seam: Vec<usize> = bounds[1..bounds.len() - 1]

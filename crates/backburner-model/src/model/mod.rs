@@ -341,76 +341,119 @@ impl Model {
     }
 }
 
-fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
+/// A fused projection as the loader reads it: its parts (tensor name, rows) concatenated by rows, and its input
+/// width.
+type Fused = (Vec<(String, usize)>, usize);
+
+/// The projections of layer `i` in load order: gate|up, down, the mixer's fused input projection and its output
+/// projection (shared by [`load_layer`] and [`load_bytes`], so the budget check sizes exactly what is loaded).
+fn layer_linears(c: &ModelConfig, i: usize) -> [Fused; 4] {
     let p = format!("{}layers.{i}.", c.layout.prefix());
-    let h = c.hidden_size;
-    let inter = c.intermediate_size;
-    let r = |name: &str, shape: &[usize]| ck.read_f32(&format!("{p}{name}"), shape);
     let part = |name: &str, rows: usize| (format!("{p}{name}"), rows);
-    let input_norm = r("input_layernorm.weight", &[h])?;
-    let post_norm = r("post_attention_layernorm.weight", &[h])?;
-    let gate_up = Linear::load(
-        ck,
-        h,
-        &[
-            part("mlp.gate_proj.weight", inter),
-            part("mlp.up_proj.weight", inter),
-        ],
-    )?;
-    let down = Linear::load(ck, inter, &[part("mlp.down_proj.weight", h)])?;
-    let mixer = match c.layer_types[i] {
+    let (h, inter) = (c.hidden_size, c.intermediate_size);
+    let gate_up = vec![
+        part("mlp.gate_proj.weight", inter),
+        part("mlp.up_proj.weight", inter),
+    ];
+    let down = vec![part("mlp.down_proj.weight", h)];
+    match c.layer_types[i] {
         LayerKind::LinearAttention => {
-            let (hv, dv, kc) = (
-                c.linear_num_value_heads,
-                c.linear_value_head_dim,
-                c.linear_conv_kernel_dim,
-            );
-            let conv_dim = c.conv_dim();
-            let in_proj = Linear::load(
-                ck,
-                h,
-                &[
-                    part("linear_attn.in_proj_qkv.weight", conv_dim),
-                    part("linear_attn.in_proj_z.weight", hv * dv),
-                    part("linear_attn.in_proj_b.weight", hv),
-                    part("linear_attn.in_proj_a.weight", hv),
-                ],
-            )?;
-            let a_log = r("linear_attn.A_log", &[hv])?;
-            Mixer::Linear(GdnWeights {
-                in_proj,
-                conv_weight: r("linear_attn.conv1d.weight", &[conv_dim, 1, kc])?,
-                dt_bias: r("linear_attn.dt_bias", &[hv])?,
-                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
-                norm: r("linear_attn.norm.weight", &[dv])?,
-                out_proj: Linear::load(ck, hv * dv, &[part("linear_attn.out_proj.weight", h)])?,
-            })
+            let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
+            let in_proj = vec![
+                part("linear_attn.in_proj_qkv.weight", c.conv_dim()),
+                part("linear_attn.in_proj_z.weight", hv * dv),
+                part("linear_attn.in_proj_b.weight", hv),
+                part("linear_attn.in_proj_a.weight", hv),
+            ];
+            let out = vec![part("linear_attn.out_proj.weight", h)];
+            [(gate_up, h), (down, inter), (in_proj, h), (out, hv * dv)]
         }
         LayerKind::FullAttention => {
             let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-            let qkv = Linear::load(
-                ck,
-                h,
-                &[
-                    part("self_attn.q_proj.weight", hq * 2 * d),
-                    part("self_attn.k_proj.weight", hkv * d),
-                    part("self_attn.v_proj.weight", hkv * d),
-                ],
-            )?;
-            Mixer::Attention(AttnWeights {
-                qkv,
-                q_norm: r("self_attn.q_norm.weight", &[d])?,
-                k_norm: r("self_attn.k_norm.weight", &[d])?,
-                o_proj: Linear::load(ck, hq * d, &[part("self_attn.o_proj.weight", h)])?,
+            let qkv = vec![
+                part("self_attn.q_proj.weight", hq * 2 * d),
+                part("self_attn.k_proj.weight", hkv * d),
+                part("self_attn.v_proj.weight", hkv * d),
+            ];
+            let o = vec![part("self_attn.o_proj.weight", h)];
+            [(gate_up, h), (down, inter), (qkv, h), (o, hq * d)]
+        }
+    }
+}
+
+/// The vectors of layer `i` read as f32 (name, shape), in load order: the two layer norms, then the Gated DeltaNet's
+/// conv kernel, `dt_bias`, `A_log` and gated norm, or the attention's q and k norms.
+fn layer_vectors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+    let p = format!("{}layers.{i}.", c.layout.prefix());
+    let v = |name: &str, shape: &[usize]| (format!("{p}{name}"), shape.to_vec());
+    let h = c.hidden_size;
+    let mut out = vec![
+        v("input_layernorm.weight", &[h]),
+        v("post_attention_layernorm.weight", &[h]),
+    ];
+    match c.layer_types[i] {
+        LayerKind::LinearAttention => {
+            let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
+            out.extend([
+                v(
+                    "linear_attn.conv1d.weight",
+                    &[c.conv_dim(), 1, c.linear_conv_kernel_dim],
+                ),
+                v("linear_attn.dt_bias", &[hv]),
+                v("linear_attn.A_log", &[hv]),
+                v("linear_attn.norm.weight", &[dv]),
+            ]);
+        }
+        LayerKind::FullAttention => {
+            let d = c.head_dim;
+            out.extend([
+                v("self_attn.q_norm.weight", &[d]),
+                v("self_attn.k_norm.weight", &[d]),
+            ]);
+        }
+    }
+    out
+}
+
+fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
+    let [gate_up, down, mix_in, mix_out] =
+        layer_linears(c, i).map(|(parts, k)| Linear::load(ck, k, &parts));
+    let mut vecs = layer_vectors(c, i)
+        .into_iter()
+        .map(|(name, shape)| ck.read_f32(&name, &shape))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter();
+    let mut next = || {
+        vecs.next()
+            .expect("layer_vectors lists every vector read here")
+    };
+    let (input_norm, post_norm) = (next(), next());
+    let (in_proj, out_proj) = (mix_in?, mix_out?);
+    let mixer = match c.layer_types[i] {
+        LayerKind::LinearAttention => {
+            let (conv_weight, dt_bias, a_log, norm) = (next(), next(), next(), next());
+            Mixer::Linear(GdnWeights {
+                in_proj,
+                conv_weight,
+                dt_bias,
+                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                norm,
+                out_proj,
             })
         }
+        LayerKind::FullAttention => Mixer::Attention(AttnWeights {
+            qkv: in_proj,
+            q_norm: next(),
+            k_norm: next(),
+            o_proj: out_proj,
+        }),
     };
     Ok(Layer {
         input_norm,
         post_norm,
         mixer,
-        gate_up,
-        down,
+        gate_up: gate_up?,
+        down: down?,
     })
 }
 
@@ -466,7 +509,7 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
     let vector =
         |elems: usize| -> Result<u64> { (elems as u64).checked_mul(4).ok_or_else(overflow) };
     let pre = c.layout.prefix();
-    let (h, v, inter) = (c.hidden_size, c.vocab_size, c.intermediate_size);
+    let (h, v) = (c.hidden_size, c.vocab_size);
     let mut total = 0u64;
     if opts.ends {
         total = add(
@@ -479,61 +522,16 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
         }
     }
     for i in opts.layers.clone() {
-        let p = format!("{pre}layers.{i}.");
-        let part = |name: &str, rows: usize| (format!("{p}{name}"), rows);
-        total = add(total, vector(2 * h)?)?; // the two layer norms
-        total = add(
-            total,
-            linear(
-                &[
-                    part("mlp.gate_proj.weight", inter),
-                    part("mlp.up_proj.weight", inter),
-                ],
-                h,
-            )?,
-        )?;
-        total = add(total, linear(&[part("mlp.down_proj.weight", h)], inter)?)?;
-        let mixer = match c.layer_types[i] {
-            LayerKind::LinearAttention => {
-                let (hv, dv, kc) = (
-                    c.linear_num_value_heads,
-                    c.linear_value_head_dim,
-                    c.linear_conv_kernel_dim,
-                );
-                let conv_dim = c.conv_dim();
-                let in_proj = linear(
-                    &[
-                        part("linear_attn.in_proj_qkv.weight", conv_dim),
-                        part("linear_attn.in_proj_z.weight", hv * dv),
-                        part("linear_attn.in_proj_b.weight", hv),
-                        part("linear_attn.in_proj_a.weight", hv),
-                    ],
-                    h,
-                )?;
-                let out = linear(&[part("linear_attn.out_proj.weight", h)], hv * dv)?;
-                // conv kernel, dt_bias, A, gated norm
-                let vecs = conv_dim
-                    .checked_mul(kc)
-                    .and_then(|e| e.checked_add(2 * hv + dv))
-                    .ok_or_else(overflow)
-                    .and_then(vector)?;
-                add(add(in_proj, out)?, vecs)?
-            }
-            LayerKind::FullAttention => {
-                let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-                let qkv = linear(
-                    &[
-                        part("self_attn.q_proj.weight", hq * 2 * d),
-                        part("self_attn.k_proj.weight", hkv * d),
-                        part("self_attn.v_proj.weight", hkv * d),
-                    ],
-                    h,
-                )?;
-                let o = linear(&[part("self_attn.o_proj.weight", h)], hq * d)?;
-                add(add(qkv, o)?, vector(2 * d)?)?
-            }
-        };
-        total = add(total, mixer)?;
+        for (parts, k) in layer_linears(c, i) {
+            total = add(total, linear(&parts, k)?)?;
+        }
+        for (_, shape) in layer_vectors(c, i) {
+            let elems = shape
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .ok_or_else(overflow)?;
+            total = add(total, vector(elems)?)?;
+        }
     }
     Ok(total)
 }

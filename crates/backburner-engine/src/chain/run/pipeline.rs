@@ -26,9 +26,13 @@ struct StageInfo {
 /// The first failure of a call: lowest worker first, a receiver's error (it carries the worker's `Error` frame)
 /// before its sender's.
 fn first_error(results: Vec<(usize, Result<(), LinkError>)>) -> Option<StageError> {
-    results
-        .into_iter()
-        .find_map(|(stage, r)| r.err().map(|error| StageError { stage, error }))
+    results.into_iter().find_map(|(stage, r)| {
+        r.err().map(|error| StageError {
+            stage,
+            error,
+            connecting: false,
+        })
+    })
 }
 
 impl LayerSplit {
@@ -61,7 +65,8 @@ impl LayerSplit {
             .collect();
         let n = infos.len();
         // the host's latest compute per token and layer (µs, f64 bits): the workers' allowance before they are known
-        let host_us = AtomicU64::new(1000f64.to_bits());
+        let host_us =
+            AtomicU64::new(crate::chain::fallback_us_per_token_layer(model.config()).to_bits());
         let compute = |i: usize, t: usize| {
             let h = f64::from_bits(host_us.load(Ordering::Relaxed));
             let s = infos[i];
@@ -169,6 +174,7 @@ impl LayerSplit {
         if outs.len() != chunks.len() {
             return Err(StageError {
                 stage: n - 1,
+                connecting: false,
                 error: LinkError::Malformed(format!(
                     "{} of {} ubatches came back",
                     outs.len(),
@@ -180,6 +186,7 @@ impl LayerSplit {
             let x = bytes_f32(&bytes).map_err(|error| StageError {
                 stage: n - 1,
                 error,
+                connecting: false,
             })?;
             out(k, x, msg.n_tokens as usize);
         }
