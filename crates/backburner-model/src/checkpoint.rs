@@ -40,7 +40,7 @@ impl Checkpoint {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+            let text = crate::fsutil::read_text(&index, crate::fsutil::MAX_SMALL_FILE)?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Json {
                     path: index.clone(),
@@ -77,6 +77,7 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(files.len());
         let mut tensors = HashMap::new();
         for (si, path) in files.into_iter().enumerate() {
+            crate::fsutil::check_regular(&path, u64::MAX)?;
             let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
             // SAFETY: the map is read-only; a checkpoint modified while we run is outside our contract
             // (as for every mmap-based loader).

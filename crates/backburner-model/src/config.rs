@@ -219,7 +219,7 @@ impl ModelConfig {
     /// [`ModelError::NotYetSupported`], [`ModelError::InvalidConfig`].
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let text = crate::fsutil::read_text(&path, crate::fsutil::MAX_SMALL_FILE)?;
         Self::from_json_str(&text).map_err(|e| match e {
             ModelError::Json { message, .. } => ModelError::Json { path, message },
             other => other,

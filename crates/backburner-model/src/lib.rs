@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod fingerprint;
+pub mod fsutil;
 pub mod linear;
 pub mod model;
 pub mod ops;

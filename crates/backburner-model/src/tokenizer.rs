@@ -41,7 +41,7 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    let text = crate::fsutil::read_text(path, crate::fsutil::MAX_SMALL_FILE)?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| ModelError::Json {
@@ -71,6 +71,7 @@ impl TextTokenizer {
         if !tok_path.exists() {
             return Ok(None);
         }
+        crate::fsutil::check_regular(&tok_path, crate::fsutil::MAX_TOKENIZER_FILE)?;
         let inner = tokenizers::Tokenizer::from_file(&tok_path)
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
         let n = inner.get_vocab_size(true);
@@ -83,7 +84,10 @@ impl TextTokenizer {
         let tcfg = read_json(&dir.join("tokenizer_config.json"))?;
         let jinja_path = dir.join("chat_template.jinja");
         let chat_template = if jinja_path.exists() {
-            Some(std::fs::read_to_string(&jinja_path).map_err(|e| ModelError::io(&jinja_path, e))?)
+            Some(crate::fsutil::read_text(
+                &jinja_path,
+                crate::fsutil::MAX_SMALL_FILE,
+            )?)
         } else {
             tcfg.as_ref()
                 .and_then(|c| c.get("chat_template"))

@@ -525,3 +525,64 @@ fn layer_digests_read_in_chunks_equal_the_one_shot_hash_of_the_mapped_bytes() {
         assert_eq!(x.digest128(), xxhash_rust::xxh3::xxh3_128(&got));
     }
 }
+
+/// An error with its sources, as a CLI prints it.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out += &format!(": {s}");
+        src = s.source();
+    }
+    out
+}
+
+/// Runs `f` on a thread and fails (instead of hanging) if it takes more than 10 s.
+fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("blocked on a non-regular file")
+}
+
+#[test]
+fn a_fifo_or_directory_in_place_of_a_checkpoint_file_is_refused_without_blocking() {
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors",
+        "tokenizer_config.json",
+    ] {
+        let d = copy_fixture("tiny-bf16");
+        let p = d.path().join(name);
+        let _ = std::fs::remove_file(&p);
+        let made = std::process::Command::new("mkfifo").arg(&p).status();
+        if !made.map(|s| s.success()).unwrap_or(false) {
+            eprintln!("mkfifo unavailable: skipping {name}");
+            continue;
+        }
+        let dir = d.path().to_path_buf();
+        let err = within_10s(move || {
+            let cfg = ModelConfig::from_dir(&dir).map_err(|e| chain(&e))?;
+            TextTokenizer::from_dir(&dir, cfg.vocab_size, &cfg.eos_token_ids)
+                .map_err(|e| chain(&e))?;
+            backburner_model::Checkpoint::open(&dir)
+                .map(|_| ())
+                .map_err(|e| chain(&e))
+        })
+        .expect_err(name);
+        assert!(
+            err.contains("not a regular file") && err.contains(name),
+            "{name}: {err}"
+        );
+    }
+    // a directory named config.json
+    let d = copy_fixture("tiny-bf16");
+    let p = d.path().join("config.json");
+    std::fs::remove_file(&p).unwrap();
+    std::fs::create_dir(&p).unwrap();
+    let err = chain(&ModelConfig::from_dir(d.path()).unwrap_err());
+    assert!(err.contains("not a regular file"), "{err}");
+}

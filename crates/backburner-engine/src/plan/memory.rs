@@ -160,8 +160,10 @@ impl ModelCosts {
             let ck = Checkpoint::open(dir)?;
             Self::from_checkpoint(&cfg, &ck, kv)?
         } else {
-            let text = std::fs::read_to_string(dir.join("config.json"))
-                .map_err(|e| PlanError::Invalid(format!("read config.json: {e}")))?;
+            let text = backburner_model::fsutil::read_text(
+                &dir.join("config.json"),
+                backburner_model::fsutil::MAX_SMALL_FILE,
+            )?;
             Self::from_config(&cfg, config_dtype_bytes(&text)?, kv)
         };
         Ok((cfg, costs))
