@@ -2,17 +2,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
-}
+use common::fixture;
 
 fn bb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_backburner"))
+    Command::new(common::bin())
         .args(args)
         .env(
             "BACKBURNER_CACHE",
