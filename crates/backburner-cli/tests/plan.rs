@@ -61,8 +61,8 @@ fn plan_json_of_a_layer_split_holds_the_ranges_and_fits_every_device() {
     assert_eq!(v["mode"], "layer_split");
     let range = |d: &serde_json::Value| {
         (
-            d["layers"]["start"].as_u64().unwrap(),
-            d["layers"]["end"].as_u64().unwrap(),
+            d["layers"][0].as_u64().unwrap(),
+            d["layers"][1].as_u64().unwrap(),
         )
     };
     assert_eq!(range(&v["host"]), (0, 24));

@@ -38,6 +38,11 @@ pub use memory::{config_dtype_bytes, EndsBytes, ModelCosts, WeightSource, SCRATC
 /// Smallest batch (tokens) that split prefill sends through the worker (the session's default `split_min_tokens`).
 pub const SPLIT_MIN_TOKENS: usize = 512;
 
+/// A layer range as `[start, end]` in JSON (as `run --json` writes ranges).
+fn range_pair<S: serde::Serializer>(r: &Range<usize>, s: S) -> Result<S::Ok, S::Error> {
+    [r.start, r.end].serialize(s)
+}
+
 /// The memory to give a worker whose memory is not known (`run` without `--worker-memory`): as much as it takes
 /// (the worker itself refuses layers its own budget cannot hold); explanations print it as "memory not given".
 pub const UNKNOWN_MEMORY: u64 = 1 << 50;
@@ -95,6 +100,7 @@ pub struct DevicePlan {
     pub memory: u64,
     /// The decoder layers whose weights it holds (split prefill: the mirrored tail); empty = none (`0..0` for a
     /// host holding only the embedding and head, whose layers are always `[0, L1)`; `n..n` for an unused worker).
+    #[serde(serialize_with = "range_pair")]
     pub layers: Range<usize>,
     /// Holds the embedding, final norm and head.
     pub holds_ends: bool,
