@@ -98,9 +98,25 @@ impl LinkArgs {
     pub fn settings(&self, host_threads: usize) -> Result<Vec<WorkerSettings>> {
         let secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
         let mut out = Vec::new();
+        // the same worker under two names (127.0.0.1:50060 and localhost:50060) counts as given twice
+        let resolved: Vec<Vec<std::net::SocketAddr>> = self
+            .worker
+            .iter()
+            .map(|a| {
+                std::net::ToSocketAddrs::to_socket_addrs(a.as_str())
+                    .map(|it| it.collect())
+                    .unwrap_or_default()
+            })
+            .collect();
         for (i, addr) in self.worker.iter().enumerate() {
-            if self.worker[..i].contains(addr) {
-                bail!("--worker {addr} is given twice");
+            let same = |j: usize| {
+                self.worker[j] == *addr || resolved[j].iter().any(|x| resolved[i].contains(x))
+            };
+            if let Some(j) = (0..i).find(|&j| same(j)) {
+                bail!(
+                    "--worker {addr} is given twice (as {} before)",
+                    self.worker[j]
+                );
             }
             let mut st = WorkerSettings::new(addr.clone(), host_threads);
             st.split_layer = self.split_layer;

@@ -72,6 +72,17 @@ fn bad_split_points_are_refused_before_any_worker_is_used() {
             ],
             "must increase",
         ),
+        (
+            vec![
+                "--worker",
+                "127.0.0.1:9",
+                "--worker",
+                "localhost:9",
+                "--layer-split",
+                "4,6",
+            ],
+            "--worker localhost:9 is given twice (as 127.0.0.1:9 before)",
+        ),
     ] {
         let o = run_tiny(&flags);
         let err = String::from_utf8_lossy(&o.stderr);
