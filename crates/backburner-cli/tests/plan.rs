@@ -209,11 +209,16 @@ fn calibrate_measures_the_host_a_worker_and_the_link() {
     let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(p["mode"], "layer_split", "{p}");
     assert!(p["expected"]["decode_tok_s"].as_f64().unwrap() > 0.0, "{p}");
+    // a worker pinned to other layers (`--layers 2..5`) is timed on those
+    let pinned = common::worker(&["--layers", "2..5"]);
+    let o = run(args(&pinned.addr));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // an unreachable worker: a clear error
     let o = run(args("127.0.0.1:1"));
     assert!(!o.status.success());
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("calibrating worker 127.0.0.1:1"),
+        String::from_utf8_lossy(&o.stderr).contains("calibrating worker 127.0.0.1:1")
+            && String::from_utf8_lossy(&o.stderr).contains("cannot use worker"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );

@@ -88,7 +88,8 @@ pub fn time_host_layers(
     })
 }
 
-/// Times layers `layers` on the worker behind `link` as a layer-split session (the worker loads only them): one
+/// Times layers `layers` (or the range the worker is pinned to with `--layers`) on the worker behind `link` as a
+/// layer-split session (the worker loads only them): one
 /// prefill ubatch of `tokens` tokens and `decode` single-token steps, from the worker's own compute reports; then
 /// the link's round trip (median of 9 small pings) and bandwidth (a 4 MiB ping). `model` must hold the embedding
 /// (its layers are not used).
@@ -109,9 +110,14 @@ pub fn time_worker(
     }
     let cfg = model.config();
     // a chain that ends before the model does: only the workers' times are of use
+    let mut stage = Stage::new(link, layers.clone());
+    // a worker pinned to other layers (`--layers`) is timed on those
+    stage.adopt_pinned = true;
+    // the host runs no layer: only the embedding feeds the worker
     let mut chain = LayerSplit {
-        stages: vec![Stage::new(link, layers.clone())],
+        stages: vec![stage],
         stats: Default::default(),
+        host_end: 0,
     };
     let lost = |chain: &LayerSplit, e: super::StageError| {
         let (addr, layers) = (
@@ -139,6 +145,7 @@ pub fn time_worker(
         ubatch: tokens,
     };
     chain.connect(cfg, shape).map_err(|e| lost(&chain, e))?;
+    let layers = chain.stages[0].range();
     let mut state = ModelState::new(cfg, 0..0, kv);
     let p = ids(tokens, cfg.vocab_size);
     let k = layers.len() as f64;

@@ -36,6 +36,8 @@ pub struct Stage {
     pub(crate) pos: Option<usize>,
     /// Observed worker compute per token and layer (µs), for deadlines.
     pub(crate) us_per_token_layer: Option<f64>,
+    /// Calibration only: take the range a worker is pinned to (`--layers`) instead of refusing it.
+    pub(crate) adopt_pinned: bool,
 }
 
 impl Stage {
@@ -46,6 +48,7 @@ impl Stage {
             range,
             pos: Some(0),
             us_per_token_layer: None,
+            adopt_pinned: false,
         }
     }
 
@@ -92,6 +95,8 @@ pub struct ChainStats {
 pub struct LayerSplit {
     pub(crate) stages: Vec<Stage>,
     pub(crate) stats: ChainStats,
+    /// The host runs layers `[0, host_end)` (the first worker's first layer; fixed when the chain is made).
+    pub(crate) host_end: usize,
 }
 
 /// A stage's failure: which worker, and why.
@@ -129,6 +134,7 @@ impl LayerSplit {
             ));
         }
         Ok(LayerSplit {
+            host_end: stages[0].range.start,
             stages,
             stats: ChainStats::default(),
         })
@@ -136,7 +142,7 @@ impl LayerSplit {
 
     /// The first layer a worker holds: the host holds `[0, host_end)`.
     pub fn host_end(&self) -> usize {
-        self.stages[0].range.start
+        self.host_end
     }
 
     /// The workers in chain order.

@@ -78,7 +78,11 @@ impl LayerSplit {
                 error,
                 connecting: true,
             };
-            s.link.fingerprint(range.clone()).map_err(fail)?;
+            let adopt = s.adopt_pinned;
+            if !adopt {
+                s.link.fingerprint(range.clone()).map_err(fail)?;
+            }
+            let mut chosen = range.clone();
             s.link
                 .connect_with(cfg, shape, true, |ch| {
                     if shape.ubatch as u64 > u64::from(ch.limits.max_ubatch) {
@@ -88,6 +92,10 @@ impl LayerSplit {
                         )));
                     }
                     if let Some((a, b)) = ch.layers {
+                        if adopt {
+                            chosen = a as usize..b as usize;
+                            return Ok(chosen.clone());
+                        }
                         if (a as usize, b as usize) != (range.start, range.end) {
                             return Err(LinkError::Refused(format!(
                                 "the worker serves layers {a}..{b} (--layers), this layer split needs {}..{}",
@@ -98,6 +106,7 @@ impl LayerSplit {
                     Ok(range.clone())
                 })
                 .map_err(fail)?;
+            s.range = chosen;
             s.pos = Some(0);
         }
         Ok(())

@@ -50,7 +50,7 @@ impl LayerSplit {
         let l1 = self.host_end();
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         let host_threads = pool.threads();
-        let LayerSplit { stages, stats } = self;
+        let LayerSplit { stages, stats, .. } = self;
         let infos: Vec<StageInfo> = stages
             .iter()
             .map(|s| StageInfo {
