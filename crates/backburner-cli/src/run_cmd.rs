@@ -83,19 +83,28 @@ pub(crate) struct RunArgs {
     link: LinkArgs,
 }
 
-/// Rejects sampling settings that have no meaning (NaN or negative temperature, top-p outside (0, 1], min-p
-/// outside [0, 1]).
+/// Rejects sampling settings that have no meaning (the engine's [`SamplingParams::validate`]), naming the flag.
 fn check_sampling(a: &RunArgs) -> Result<()> {
-    if !a.temp.is_finite() || a.temp < 0.0 {
-        bail!("--temp {} must be a finite number ≥ 0 (0 = greedy)", a.temp);
-    }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        bail!("--top-p {} must be in (0, 1] (1 = off)", a.top_p);
-    }
-    if !(0.0..=1.0).contains(&a.min_p) {
-        bail!("--min-p {} must be in [0, 1] (0 = off)", a.min_p);
-    }
-    Ok(())
+    let p = SamplingParams {
+        temperature: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        seed: 0,
+    };
+    p.validate().map_err(|e| {
+        let m = e.to_string();
+        let m = m.strip_prefix("invalid input: ").unwrap_or(&m);
+        // the engine names the request fields; here they are flags
+        let m = [
+            ("temperature", "--temp"),
+            ("top_p", "--top-p"),
+            ("min_p", "--min-p"),
+        ]
+        .iter()
+        .fold(m.to_string(), |m, (field, flag)| m.replacen(field, flag, 1));
+        anyhow::anyhow!("{m}")
+    })
 }
 
 /// Runs `backburner run`.

@@ -60,6 +60,9 @@ pub enum EngineError {
         /// Why: the worker's refusal or the connection's error.
         reason: String,
     },
+    /// A request value without a meaning (a sampling value out of its range, ...): nothing ran.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),

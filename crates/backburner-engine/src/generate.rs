@@ -238,7 +238,9 @@ impl<'a> TextStream<'a> {
 /// `on_text` receives each complete piece of text as it is produced (nothing without a tokenizer); `on_token` each id;
 /// `on_prefill(done, total)` prefill progress.
 ///
-/// Errors: those of [`Session::prefill`] (the prompt must fit the context); generation itself stops with
+/// Errors: [`crate::EngineError::InvalidInput`] for sampling values without a meaning
+/// ([`SamplingParams::validate`]), and those of [`Session::prefill`] (the prompt must fit the context); generation
+/// itself stops with
 /// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does, and with [`StopReason::Interrupted`] when
 /// [`GenerateParams::cancel`] is set, and with [`StopReason::Error`] (the error in [`Generation::error`]) when a decode
 /// step fails (for example [`crate::EngineError::KvBudget`] once a worker holding KV pages is lost for good); what was
@@ -252,6 +254,7 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation> {
+    params.sampling.validate()?;
     session.check_fits(prompt.len())?;
     let room = session.context_length() - session.tokens().len() - prompt.len();
     let mut sampler = Sampler::new(params.sampling.clone());

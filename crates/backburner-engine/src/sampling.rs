@@ -47,6 +47,29 @@ impl Default for SamplingParams {
     }
 }
 
+impl SamplingParams {
+    /// Checks that every value has a meaning: temperature finite and ≥ 0, top-p in (0, 1], min-p in [0, 1].
+    ///
+    /// Errors: [`crate::EngineError::InvalidInput`] naming the value, as the CLI flag (`--temp`, `--top-p`,
+    /// `--min-p`) and the API field (`temperature`, `top_p`, `min_p`) name it.
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |m: String| Err(crate::EngineError::InvalidInput(m));
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad(format!(
+                "temperature {} must be a finite number ≥ 0 (0 = greedy)",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p {} must be in (0, 1] (1 = off)", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p {} must be in [0, 1] (0 = off)", self.min_p));
+        }
+        Ok(())
+    }
+}
+
 /// One candidate token: its id, its tempered logit `v = logit / T` (f64) and `e = exp(v − max v)`.
 #[derive(Clone, Copy, Debug, Default)]
 struct Cand {
@@ -366,6 +389,34 @@ fn draw_split(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_values_without_a_meaning_are_invalid_input() {
+        let p = |temperature: f32, top_p: f32, min_p: f32| SamplingParams {
+            temperature,
+            top_p,
+            min_p,
+            ..SamplingParams::default()
+        };
+        for ok in [p(0.0, 1.0, 0.0), p(2.5, 1e-6, 1.0), p(1e30, 0.5, 0.5)] {
+            assert!(ok.validate().is_ok(), "{ok:?}");
+        }
+        for (bad, field) in [
+            (p(f32::NAN, 1.0, 0.0), "temperature"),
+            (p(-0.1, 1.0, 0.0), "temperature"),
+            (p(f32::INFINITY, 1.0, 0.0), "temperature"),
+            (p(1.0, 0.0, 0.0), "top_p"),
+            (p(1.0, 1.01, 0.0), "top_p"),
+            (p(1.0, f32::NAN, 0.0), "top_p"),
+            (p(1.0, 1.0, -0.01), "min_p"),
+            (p(1.0, 1.0, f32::NAN), "min_p"),
+        ] {
+            match bad.validate() {
+                Err(crate::EngineError::InvalidInput(m)) => assert!(m.starts_with(field), "{m}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn greedy_takes_the_argmax_and_the_lowest_id_on_ties() {
