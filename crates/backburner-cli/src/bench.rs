@@ -391,3 +391,38 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::LayerSplit(a) => crate::bench_layer_split::run(a),
     }
 }
+
+/// The emulated link of the benches' shaped configurations (a one-way delay and a line rate on every frame the
+/// host sends; see ../shared/LINK_EMULATION.md), shared by `bench split-prefill`, `decode-offload` and
+/// `layer-split`.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct ShapedLinkArgs {
+    /// Emulated link: one-way delay in µs.
+    #[arg(long, default_value_t = 48)]
+    pub shaped_delay_us: u64,
+    /// Emulated link: rate in Gbit/s.
+    #[arg(long, default_value_t = 10.0)]
+    pub shaped_gbit: f64,
+}
+
+impl ShapedLinkArgs {
+    /// The shaper. Errors: a rate that is not a finite number in (0, 10 000] Gbit/s.
+    pub fn shaper(&self) -> Result<backburner_link::Shaper> {
+        if !(self.shaped_gbit.is_finite() && self.shaped_gbit > 0.0 && self.shaped_gbit <= 1e4) {
+            anyhow::bail!(
+                "--shaped-gbit {} must be a rate in (0, 10000] Gbit/s",
+                self.shaped_gbit
+            );
+        }
+        Ok(backburner_link::Shaper {
+            delay: std::time::Duration::from_micros(self.shaped_delay_us),
+            // at most 10^13 bit/s: exact in u64
+            rate_bps: (self.shaped_gbit * 1e9).round() as u64,
+        })
+    }
+
+    /// `{"one_way_delay_us", "gbit_s"}` for the benches' JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"one_way_delay_us": self.shaped_delay_us, "gbit_s": self.shaped_gbit})
+    }
+}

@@ -59,12 +59,8 @@ pub struct LayerSplitArgs {
     /// Threads of each worker process (the host uses --threads, default 1 here).
     #[arg(long, default_value_t = 1)]
     worker_threads: usize,
-    /// Emulated link for the shaped configurations: one-way delay in µs.
-    #[arg(long, default_value_t = 48)]
-    shaped_delay_us: u64,
-    /// Emulated link for the shaped configurations: rate in Gbit/s.
-    #[arg(long, default_value_t = 10.0)]
-    shaped_gbit: f64,
+    #[command(flatten)]
+    shaped: bench::ShapedLinkArgs,
     /// Skip the shaped-link configurations.
     #[arg(long)]
     no_shaped: bool,
@@ -329,10 +325,7 @@ pub fn run(a: LayerSplitArgs) -> Result<()> {
     let n = cfg.num_hidden_layers;
     let (one, chain) = worker_ranges(&a, n)?;
     let workers = start_workers(&loaded.dir, a.worker_threads, &[&one, &chain])?;
-    let shaper = Shaper {
-        delay: Duration::from_micros(a.shaped_delay_us),
-        rate_bps: (a.shaped_gbit * 1e9) as u64,
-    };
+    let shaper = a.shaped.shaper()?;
     let mut ctx = Ctx {
         margs: &margs,
         pool: &pool,

@@ -39,12 +39,8 @@ pub struct OffloadArgs {
     /// Threads of each worker process (the host uses --threads, default 1 here).
     #[arg(long, default_value_t = 1)]
     worker_threads: usize,
-    /// Emulated link: one-way delay in µs.
-    #[arg(long, default_value_t = 48)]
-    shaped_delay_us: u64,
-    /// Emulated link: rate in Gbit/s.
-    #[arg(long, default_value_t = 10.0)]
-    shaped_gbit: f64,
+    #[command(flatten)]
+    shaped: bench::ShapedLinkArgs,
     /// Prompt length (tokens) for the ingestion run, 4× the host's budget in it (0 = skip it).
     #[arg(long, default_value_t = 8192)]
     ingest_tokens: usize,
@@ -199,10 +195,7 @@ fn setup(
         o.kv_budget = Some(KvBudget::Positions(a.depth / 2 + opts.kv.page_size));
     }
     let mut s = Session::new(loaded.model.clone(), o)?;
-    let shaper = Shaper {
-        delay: Duration::from_micros(a.shaped_delay_us),
-        rate_bps: (a.shaped_gbit * 1e9) as u64,
-    };
+    let shaper = a.shaped.shaper()?;
     let attach: &[(&str, Option<Shaper>)] = match c {
         Config::Local => &[],
         Config::OneWorker => &[(&w.one, None)],
@@ -348,7 +341,7 @@ pub fn run(a: OffloadArgs) -> Result<()> {
         "worker_threads": a.worker_threads,
         "decode_tokens": a.decode_tokens,
         "reps": a.reps,
-        "shaped_link": {"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit},
+        "shaped_link": a.shaped.json(),
         "machine": bench::machine_description(),
         "decode": results,
         "ingest": ingest,

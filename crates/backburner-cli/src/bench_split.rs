@@ -32,12 +32,8 @@ pub struct SplitArgs {
     /// First worker layer (default: balanced by threads).
     #[arg(long)]
     split_layer: Option<usize>,
-    /// Emulated link for the shaped run: one-way delay in µs.
-    #[arg(long, default_value_t = 48)]
-    shaped_delay_us: u64,
-    /// Emulated link for the shaped run: rate in Gbit/s.
-    #[arg(long, default_value_t = 10.0)]
-    shaped_gbit: f64,
+    #[command(flatten)]
+    shaped: bench::ShapedLinkArgs,
     /// Skip the shaped-link run and the shaped ping.
     #[arg(long)]
     no_shaped: bool,
@@ -166,10 +162,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
             backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
         ))
     };
-    let shaper = Shaper {
-        delay: Duration::from_micros(a.shaped_delay_us),
-        rate_bps: (a.shaped_gbit * 1e9) as u64,
-    };
+    let shaper = a.shaped.shaper()?;
     let max = *a.depths.iter().max().context("--depths needs a value")?;
     if a.depths.contains(&0) || a.pings == 0 {
         bail!("--depths and --pings must be ≥ 1");
@@ -289,7 +282,7 @@ pub fn run(a: SplitArgs) -> Result<()> {
         "host_threads": host_threads,
         "worker_threads": a.worker_threads,
         "ubatch": margs.ubatch,
-        "shaped_link": (!a.no_shaped).then(|| serde_json::json!({"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit})),
+        "shaped_link": (!a.no_shaped).then(|| a.shaped.json()),
         "machine": bench::machine_description(),
         "results": results,
         "ping_loopback": pings.first(),

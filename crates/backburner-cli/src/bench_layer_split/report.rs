@@ -161,7 +161,7 @@ pub(super) fn report_json(
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
         "rounds": a.rounds,
-        "shaped_link": (!a.no_shaped).then(|| serde_json::json!({"one_way_delay_us": a.shaped_delay_us, "gbit_s": a.shaped_gbit})),
+        "shaped_link": (!a.no_shaped).then(|| a.shaped.json()),
         "machine": bench::machine_description(),
         "tokens": tokens,
         "results": results,
