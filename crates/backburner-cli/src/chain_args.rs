@@ -67,13 +67,12 @@ fn per_token_ms(us: u64, n: u64) -> f64 {
 }
 
 /// Where each layer range ran: `host 0..4, 127.0.0.1:50060 4..8`.
-fn placement(s: &Session, c: &LayerSplit) -> String {
+fn placement(c: &LayerSplit) -> String {
     let mut p = format!("host 0..{}", c.host_end());
     for st in c.stages() {
         let r = st.range();
         p += &format!(", {} {}..{}", st.addr(), r.start, r.end);
     }
-    let _ = s;
     p
 }
 
@@ -120,7 +119,7 @@ pub fn link_lines(s: &Session) -> Vec<String> {
     let st = c.stats();
     let mut out = vec![format!(
         "layer split: {} | {} layer{} on workers | sent {} | received {}",
-        placement(s, c),
+        placement(c),
         ls.worker_layers,
         if ls.worker_layers == 1 { "" } else { "s" },
         human_bytes(ls.bytes_sent),

@@ -84,10 +84,6 @@ pub fn run(a: PlanArgs) -> Result<()> {
 }
 
 /// GB (10^9) from 1 GB up, MB (10^6) below, so small states do not print as 0.
-fn size(b: u64) -> String {
-    human(b)
-}
-
 fn row(d: &DevicePlan) -> String {
     let layers = if d.layers.is_empty() {
         "-".to_string()
@@ -103,12 +99,12 @@ fn row(d: &DevicePlan) -> String {
         "{:<9} {:<12} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9} {:>9}",
         d.name,
         layers,
-        size(d.weight_bytes),
-        size(d.state_bytes),
+        human(d.weight_bytes),
+        human(d.state_bytes),
         d.kv_positions,
-        size(d.kv_bytes),
-        size(d.scratch_bytes),
-        size(d.total_bytes()),
+        human(d.kv_bytes),
+        human(d.scratch_bytes),
+        human(d.total_bytes()),
         if d.memory >= backburner_engine::plan::UNKNOWN_MEMORY {
             "?".to_string()
         } else {

@@ -17,9 +17,7 @@ use indicatif::ProgressBar;
 
 use backburner_engine::memory::{self, MemoryNeed};
 
-use crate::{
-    bar, compute_pool, link_args, need_tok, prompt, worker_cmd, LinkArgs, ModelArgs, IDS_HINT,
-};
+use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
 
 #[derive(Args)]
 #[command(allow_negative_numbers = true)]
@@ -362,9 +360,9 @@ fn report(
         out_line(&obj.to_string());
     } else {
         out_line("");
-        // before the stats line, which stays the last line
+        // before the stats line, which stays the last line; decimal units, as --max-memory and its errors
         let m = session.memory();
-        let h = worker_cmd::human_bytes;
+        let h = memory::human;
         eprintln!(
             "memory: weights {}, kv {}, state {}, scratch {} (peak RSS {})",
             h(m.weights),
