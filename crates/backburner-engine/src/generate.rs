@@ -3,14 +3,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use backburner_model::TextTokenizer;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::sampling::{Sampler, SamplingParams};
-use crate::session::{Logits, Session};
+use crate::sampling::SamplingParams;
+use crate::sequence::{Phase, Sequence};
+use crate::session::Session;
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]
@@ -117,14 +117,14 @@ pub struct TextStream<'a> {
     read: usize,
     text: String,
     emitted: usize,
-    stop: &'a [String],
+    stop: Vec<String>,
     /// Bytes of the longest stop string.
     longest_stop: usize,
 }
 
 impl<'a> TextStream<'a> {
     /// A stream decoding with `tok` that stops at the first of `stop` (empty strings are ignored).
-    pub fn new(tok: &'a TextTokenizer, stop: &'a [String]) -> Self {
+    pub fn new(tok: &'a TextTokenizer, stop: &[String]) -> Self {
         TextStream {
             tok,
             ids: Vec::new(),
@@ -132,7 +132,7 @@ impl<'a> TextStream<'a> {
             read: 0,
             text: String::new(),
             emitted: 0,
-            stop,
+            stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
             longest_stop: stop.iter().map(String::len).max().unwrap_or(0),
         }
     }
@@ -201,7 +201,7 @@ impl<'a> TextStream<'a> {
         }
         // hold back the longest suffix that is a prefix of a stop string
         let mut hold = 0;
-        for s in self.stop {
+        for s in &self.stop {
             for k in (1..s.len()).rev() {
                 if k > hold && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
                     hold = k;
@@ -234,17 +234,16 @@ impl<'a> TextStream<'a> {
     }
 }
 
-/// Generates a continuation of `prompt` in `session`: prefills the prompt (ubatched), then samples and decodes.
-/// `on_text` receives each complete piece of text as it is produced (nothing without a tokenizer); `on_token` each id;
-/// `on_prefill(done, total)` prefill progress.
+/// Generates a continuation of `prompt` in `session`: prefills the prompt (ubatched), then samples and decodes, one
+/// [`Sequence`] driven to its end. `on_text` receives each complete piece of text as it is produced (nothing without a
+/// tokenizer); `on_token` each id; `on_prefill(done, total)` prefill progress.
 ///
-/// Errors: [`crate::EngineError::InvalidInput`] for sampling values without a meaning
-/// ([`SamplingParams::validate`]), and those of [`Session::prefill`] (the prompt must fit the context); generation
-/// itself stops with
-/// [`StopReason::ContextFull`] when the context fills up, as llama.cpp does, and with [`StopReason::Interrupted`] when
-/// [`GenerateParams::cancel`] is set, and with [`StopReason::Error`] (the error in [`Generation::error`]) when a decode
-/// step fails (for example [`crate::EngineError::KvBudget`] once a worker holding KV pages is lost for good); what was
-/// generated until then is returned in every case.
+/// Errors: those of [`Sequence::new`] (sampling values, token ids, the prompt must fit the context) and of
+/// [`Session::prefill`]; generation itself stops with [`StopReason::ContextFull`] when the context fills up, as
+/// llama.cpp does, with [`StopReason::Interrupted`] when [`GenerateParams::cancel`] is set, and with
+/// [`StopReason::Error`] (the error in [`Generation::error`]) when a decode step fails (for example
+/// [`crate::EngineError::KvBudget`] once a worker holding KV pages is lost for good); what was generated until then
+/// is returned in every case.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -254,105 +253,30 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation> {
-    params.sampling.validate()?;
-    session.check_fits(prompt.len())?;
-    let room = session.context_length() - session.tokens().len() - prompt.len();
-    let mut sampler = Sampler::new(params.sampling.clone());
-    let t0 = Instant::now();
-    let mut logits = session.prefill(prompt, Logits::Last, &mut on_prefill)?;
-    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let mut stream = tokenizer.map(|tok| TextStream::new(tok, &params.stop));
-    let mut tokens = Vec::new();
-    let mut ttft_ms = 0.0;
-    let mut t_first = Instant::now();
-    let mut stop_reason = StopReason::MaxTokens;
-    let mut step_logits = Vec::new();
-    let mut error = None;
-    while tokens.len() < params.max_tokens {
-        if params
+    let mut seq = Sequence::new(session, prompt.to_vec(), params.clone(), tokenizer)?;
+    // the whole prompt in one call: split prefill pipelines its ubatches across the worker
+    seq.prefill_step(session, prompt.len(), &mut on_prefill)?;
+    let cancelled = || {
+        params
             .cancel
             .as_ref()
             .is_some_and(|c| c.load(Ordering::Relaxed))
-        {
-            stop_reason = StopReason::Interrupted;
-            break;
-        }
-        if tokens.len() >= room {
-            stop_reason = StopReason::ContextFull;
-            break;
-        }
-        if logits.iter().any(|v| !v.is_finite()) {
-            return Err(crate::error::EngineError::NonFinite);
-        }
-        if params.keep_logits {
-            step_logits.extend_from_slice(&logits);
-        }
-        let id = sampler.sample(&logits);
-        if tokens.is_empty() {
-            ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
-            t_first = Instant::now();
-        }
-        if params.eos_ids.contains(&id) {
-            stop_reason = StopReason::Eos;
-            break;
-        }
-        tokens.push(id);
-        on_token(id);
-        if let Some(s) = stream.as_mut() {
-            let (piece, hit) = s.push(id)?;
-            if !piece.is_empty() {
-                on_text(&piece);
-            }
-            if hit {
-                stop_reason = StopReason::StopString;
-                break;
-            }
-        }
-        if tokens.len() == params.max_tokens {
-            break;
-        }
-        logits = match session.decode(id) {
-            Ok(l) => l,
-            Err(e) => {
-                // the tokens so far stand; the caller reports the failure with them
-                stop_reason = StopReason::Error;
-                error = Some(e.to_string());
-                break;
-            }
+    };
+    loop {
+        let mut step = match seq.phase() {
+            Phase::Sample => seq.sample_step(cancelled())?,
+            Phase::Decode => match seq.decode_step(session) {
+                Some(end) => end,
+                None => continue,
+            },
+            Phase::Prefill | Phase::Done => break,
         };
-    }
-    if let Some(s) = stream.as_mut() {
-        if stop_reason != StopReason::StopString {
-            let rest = s.finish()?;
-            if !rest.is_empty() {
-                on_text(&rest);
-            }
+        if let Some(id) = step.token {
+            on_token(id);
+        }
+        if !step.text.is_empty() {
+            on_text(&std::mem::take(&mut step.text));
         }
     }
-    let decode_ms = if tokens.len() > 1 {
-        t_first.elapsed().as_secs_f64() * 1e3
-    } else {
-        0.0
-    };
-    let n_decoded = tokens.len().saturating_sub(1);
-    let timings = Timings {
-        ttft_ms,
-        prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3).max(1e-9),
-        decode_tok_s: if n_decoded > 0 {
-            n_decoded as f64 / (decode_ms / 1e3).max(1e-9)
-        } else {
-            0.0
-        },
-        prompt_tokens: prompt.len(),
-        prefill_ms,
-        decode_ms,
-    };
-    Ok(Generation {
-        text: stream.map(TextStream::into_text).unwrap_or_default(),
-        tokens,
-        stop_reason,
-        timings,
-        step_logits,
-        error,
-    })
+    Ok(seq.finish())
 }

@@ -12,6 +12,8 @@ pub mod offload;
 pub mod perplexity;
 pub mod plan;
 pub mod sampling;
+pub mod sequence;
+pub mod serve;
 pub mod session;
 mod session_memory;
 pub mod split;
@@ -24,6 +26,7 @@ pub use generate::{generate, GenerateParams, Generation, StopReason, TextStream,
 pub use memory::MemoryReport;
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{argmax, Sampler, SamplingParams};
+pub use sequence::{Phase, Sampled, Sequence};
 pub use session::{Logits, Session, SessionOptions};
 pub use split::{balanced_split, LinkStats, WorkerClient, WorkerSettings};
 pub use worker::{valid_split_layers, Worker, WorkerError, WorkerOptions};

@@ -284,6 +284,12 @@ impl Session {
         out
     }
 
+    /// Whether the whole state is on this host (no KV page on a worker or due to move there, no layer split, no
+    /// pending rebuild), so a decode step may run batched with other sessions ([`crate::serve::decode_batch`]).
+    pub fn batchable(&self) -> bool {
+        self.chain.is_none() && !self.offload_needed(1)
+    }
+
     /// Runs one token (decode) and returns its logits `[vocab]`.
     pub fn decode(&mut self, id: u32) -> Result<Vec<f32>> {
         self.prefill(&[id], Logits::Last, |_, _| {})

@@ -137,6 +137,11 @@ impl StateSnapshot {
     pub fn n_tokens(&self) -> usize {
         self.n_tokens
     }
+
+    /// Bytes held: the linear layers' conv and recurrent states (f32).
+    pub fn bytes(&self) -> usize {
+        self.linear.iter().map(|(_, s)| s.bytes()).sum()
+    }
 }
 
 impl ModelState {

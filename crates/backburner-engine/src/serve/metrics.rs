@@ -1,0 +1,72 @@
+//! Counters the scheduler keeps for the server's `/metrics`: lock-free atomics updated on the scheduler's thread and
+//! read from any thread, plus the slots' link statistics published after each request.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use crate::split::LinkStats;
+
+/// The scheduler's counters (totals since start unless marked a gauge).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Requests taken by a slot.
+    pub requests: AtomicU64,
+    /// Requests that finished normally (eos, max tokens, stop string, full context).
+    pub requests_ok: AtomicU64,
+    /// Requests that failed (invalid input, an engine error).
+    pub requests_failed: AtomicU64,
+    /// Requests cancelled (client gone, shutdown).
+    pub requests_cancelled: AtomicU64,
+    /// Requests refused because the queue was full.
+    pub requests_rejected: AtomicU64,
+    /// Gauge: requests waiting for a slot.
+    pub queue_depth: AtomicU64,
+    /// Gauge: requests in slots.
+    pub active: AtomicU64,
+    /// Prompt tokens of the requests (cached ones included).
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens computed (not taken from the cache).
+    pub prefill_tokens: AtomicU64,
+    /// Time spent in prefill steps (µs).
+    pub prefill_us: AtomicU64,
+    /// Tokens generated.
+    pub generated_tokens: AtomicU64,
+    /// Decode steps (one batched forward each).
+    pub decode_steps: AtomicU64,
+    /// Sequences decoded over all decode steps (÷ `decode_steps` = mean batch).
+    pub decode_rows: AtomicU64,
+    /// Time spent in decode steps (µs).
+    pub decode_us: AtomicU64,
+    /// Requests that reused a cached prefix.
+    pub cache_hits: AtomicU64,
+    /// Prompt tokens reused from the cache.
+    pub cached_tokens: AtomicU64,
+    /// Link statistics summed over the slots' sessions (published after each request).
+    pub link: Mutex<LinkStats>,
+    /// Gauge: workers attached to the slots that are usable now.
+    pub workers_available: AtomicU64,
+    /// Gauge: workers attached to the slots.
+    pub workers_attached: AtomicU64,
+}
+
+impl Metrics {
+    /// Adds `v` to counter `c`.
+    pub fn add(c: &AtomicU64, v: u64) {
+        c.fetch_add(v, Relaxed);
+    }
+
+    /// Reads counter `c`.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Relaxed)
+    }
+
+    /// Sets gauge `c`.
+    pub fn set(c: &AtomicU64, v: u64) {
+        c.store(v, Relaxed);
+    }
+
+    /// The slots' link statistics as last published.
+    pub fn link_stats(&self) -> LinkStats {
+        self.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}

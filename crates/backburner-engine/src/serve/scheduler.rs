@@ -1,0 +1,335 @@
+//! The scheduler thread: takes jobs when a slot is free, routes each to the slot holding its longest reusable
+//! prefix, and turns the crank — one prefill chunk, the sampling steps, one batched decode step — until every job
+//! is done; cancels between steps.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backburner_model::TextTokenizer;
+
+use super::metrics::Metrics;
+use super::{decode_batch, Event, Job, Shared, Slot};
+use crate::error::EngineError;
+use crate::generate::StopReason;
+use crate::sequence::{Phase, Sampled, Sequence};
+
+/// A job in a slot.
+struct Active<'t> {
+    slot: usize,
+    seq: Sequence<'t>,
+    job: Job,
+    /// Absolute position where the next prefill chunk must end at the latest (the stable prefix), if ahead.
+    cut: Option<usize>,
+    /// The client went away (its sink returned false) or the job's cancel flag is set.
+    gone: bool,
+}
+
+impl Active<'_> {
+    fn cancelled(&self) -> bool {
+        self.gone
+            || self
+                .job
+                .params
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    fn send(&mut self, e: Event) {
+        if !self.gone && !(self.job.events)(e) {
+            self.gone = true;
+        }
+    }
+}
+
+/// The scheduler's loop; returns when the channel is closed and nothing runs.
+pub(super) fn run(
+    mut slots: Vec<Slot>,
+    tokenizer: Option<Arc<TextTokenizer>>,
+    rx: Receiver<(Job, Instant)>,
+    shared: Arc<Shared>,
+) {
+    let tok = tokenizer.as_deref();
+    let m = shared.metrics.clone();
+    let mut active: Vec<Active<'_>> = Vec::new();
+    let mut turn: u64 = 0;
+    let mut closed = false;
+    publish_link(&slots, &m);
+    loop {
+        turn += 1;
+        // take jobs while a slot is free (block only when idle)
+        while !closed && active.len() < slots.len() {
+            let got = if active.is_empty() {
+                rx.recv_timeout(Duration::from_millis(200))
+            } else {
+                rx.try_recv().map_err(|e| match e {
+                    std::sync::mpsc::TryRecvError::Empty => RecvTimeoutError::Timeout,
+                    std::sync::mpsc::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                })
+            };
+            match got {
+                Ok((job, queued)) => {
+                    m.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    if shared.stopping.load(Ordering::Relaxed) {
+                        refuse(job, &m);
+                        continue;
+                    }
+                    if let Some(a) = admit(&mut slots, &active, job, queued, tok, turn, &m) {
+                        active.push(a);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => closed = true,
+            }
+        }
+        if active.is_empty() {
+            if closed {
+                return;
+            }
+            continue;
+        }
+        let past_deadline = shared
+            .deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|d| Instant::now() >= d);
+        if past_deadline {
+            for a in &mut active {
+                a.gone = true;
+            }
+        }
+        step(&mut slots, &mut active, turn, &m);
+        let before = active.len();
+        active.retain_mut(|a| a.seq.phase() != Phase::Done);
+        if active.len() != before {
+            publish_link(&slots, &m);
+        }
+        Metrics::set(&m.active, active.len() as u64);
+    }
+}
+
+/// A job refused at shutdown.
+fn refuse(mut job: Job, m: &Metrics) {
+    Metrics::add(&m.requests_cancelled, 1);
+    (job.events)(Event::Failed(EngineError::InvalidSetting(
+        "the server is shutting down".into(),
+    )));
+}
+
+/// Puts `job` in the free slot with the longest reusable prefix (least recently used on ties), prepares the cache
+/// and checks the request; `None` when it failed (the job got its `Failed` event).
+fn admit<'t>(
+    slots: &mut [Slot],
+    active: &[Active<'t>],
+    mut job: Job,
+    queued: Instant,
+    tok: Option<&'t TextTokenizer>,
+    turn: u64,
+    m: &Metrics,
+) -> Option<Active<'t>> {
+    let busy = |i: usize| active.iter().any(|a| a.slot == i);
+    let slot = (0..slots.len())
+        .filter(|&i| !busy(i))
+        .max_by_key(|&i| (slots[i].reusable(&job.prompt), std::cmp::Reverse(slots[i].last_used)))
+        .expect("a free slot");
+    Metrics::add(&m.requests, 1);
+    let s = &mut slots[slot];
+    s.last_used = turn;
+    // check before touching the slot's cache
+    if let Err(e) = check(s, &job) {
+        Metrics::add(&m.requests_failed, 1);
+        (job.events)(Event::Failed(e));
+        return None;
+    }
+    let reused = s.prepare(&job.prompt);
+    let rest = job.prompt[reused..].to_vec();
+    let seq = match Sequence::new(s.session(), rest, job.params.clone(), tok) {
+        Ok(q) => q,
+        Err(e) => {
+            Metrics::add(&m.requests_failed, 1);
+            (job.events)(Event::Failed(e));
+            return None;
+        }
+    };
+    Metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
+    if reused > 0 {
+        Metrics::add(&m.cache_hits, 1);
+        Metrics::add(&m.cached_tokens, reused as u64);
+    }
+    tracing::info!(
+        request = %job.id, slot, prompt_tokens = job.prompt.len(), cached_tokens = reused,
+        "request started"
+    );
+    let cut = job.stable_prefix.filter(|&p| p > reused);
+    let mut a = Active {
+        slot,
+        seq,
+        cut,
+        gone: false,
+        job,
+    };
+    let started = Event::Started {
+        slot,
+        prompt_tokens: a.job.prompt.len(),
+        cached_tokens: reused,
+        queue_ms: queued.elapsed().as_secs_f64() * 1e3,
+    };
+    a.send(started);
+    Some(a)
+}
+
+/// The checks of a request against a slot that do not depend on its cache: the whole prompt must fit the context
+/// with at least one token to generate.
+fn check(s: &Slot, job: &Job) -> crate::Result<()> {
+    let limit = s.session().context_length();
+    if job.prompt.len() >= limit {
+        return Err(EngineError::ContextOverflow {
+            have: 0,
+            add: job.prompt.len(),
+            limit,
+        });
+    }
+    job.params.sampling.validate()
+}
+
+/// One turn: cancellations, one prefill chunk, the sampling steps, one batched decode step.
+fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
+    for a in active.iter_mut() {
+        if a.cancelled() && a.seq.phase() != Phase::Done {
+            let end = a.seq.cancel();
+            finish(a, end, m);
+        }
+    }
+    prefill_one(slots, active, turn, m);
+    for a in active.iter_mut().filter(|a| a.seq.phase() == Phase::Sample) {
+        match a.seq.sample_step(false) {
+            Ok(s) if s.stop.is_some() => finish(a, s, m),
+            Ok(s) => {
+                Metrics::add(&m.generated_tokens, 1);
+                let Sampled { token, text, .. } = s;
+                a.send(Event::Token {
+                    id: token.expect("a token when not stopped"),
+                    text,
+                });
+            }
+            Err(e) => fail(a, e, m),
+        }
+    }
+    decode_all(slots, active, m);
+}
+
+/// Runs one prefill chunk of the oldest job still prefilling: one ubatch (ending at an absolute multiple of the
+/// ubatch or at the stable prefix), or all of the prompt up to the stable prefix when the session's split-prefill
+/// worker would take it and no other job is generating.
+fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Metrics) {
+    let others_generating = active.iter().any(|a| matches!(a.seq.phase(), Phase::Sample | Phase::Decode));
+    let Some(a) = active.iter_mut().find(|a| a.seq.phase() == Phase::Prefill) else {
+        return;
+    };
+    let slot = &mut slots[a.slot];
+    let session = slot.session_mut();
+    let pos = session.tokens().len();
+    let ubatch = session.options().ubatch;
+    let left = a.seq.prompt_left();
+    let whole = !others_generating && session.workers().first().is_some_and(|w| w.wants(left, ubatch));
+    let mut n = if whole { left } else { ubatch - pos % ubatch };
+    if let Some(c) = a.cut.filter(|&c| c > pos) {
+        n = n.min(c - pos);
+    }
+    let t0 = Instant::now();
+    let r = a.seq.prefill_step(session, n, |_, _| {});
+    Metrics::add(&m.prefill_us, t0.elapsed().as_micros() as u64);
+    match r {
+        Ok(()) => {
+            Metrics::add(&m.prefill_tokens, n.min(left) as u64);
+            slot.checkpoint();
+        }
+        Err(e) => fail(a, e, m),
+    }
+}
+
+/// One batched decode step of every job with a pending token.
+fn decode_all(slots: &mut [Slot], active: &mut [Active<'_>], m: &Metrics) {
+    let mut idx: Vec<usize> = (0..active.len())
+        .filter(|&i| active[i].seq.phase() == Phase::Decode)
+        .collect();
+    if idx.is_empty() {
+        return;
+    }
+    idx.sort_by_key(|&i| active[i].slot);
+    let ids: Vec<u32> = idx
+        .iter()
+        .map(|&i| active[i].seq.pending().expect("pending"))
+        .collect();
+    let want: Vec<usize> = idx.iter().map(|&i| active[i].slot).collect();
+    let mut sessions: Vec<&mut crate::Session> = slots
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| want.binary_search(i).is_ok())
+        .map(|(_, s)| s.session_mut())
+        .collect();
+    let t0 = Instant::now();
+    let results = decode_batch(&mut sessions, &ids);
+    Metrics::add(&m.decode_us, t0.elapsed().as_micros() as u64);
+    Metrics::add(&m.decode_steps, 1);
+    Metrics::add(&m.decode_rows, idx.len() as u64);
+    for (&i, r) in idx.iter().zip(results) {
+        let a = &mut active[i];
+        if let Some(end) = a.seq.accept_logits(r) {
+            finish(a, end, m);
+        }
+    }
+}
+
+/// Sends the end of a job.
+fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
+    let reason = end.stop.unwrap_or(StopReason::Error);
+    if end.token.is_some() {
+        Metrics::add(&m.generated_tokens, 1);
+    }
+    let counter = match reason {
+        StopReason::Interrupted => &m.requests_cancelled,
+        StopReason::Error => &m.requests_failed,
+        _ => &m.requests_ok,
+    };
+    Metrics::add(counter, 1);
+    let generation = Box::new(a.seq.snapshot());
+    tracing::info!(
+        request = %a.job.id, stop = reason.as_str(), tokens = generation.tokens.len(),
+        ttft_ms = generation.timings.ttft_ms, "request done"
+    );
+    let tail = end.token.map(|id| Event::Token { id, text: String::new() });
+    if let Some(t) = tail {
+        a.send(t);
+    }
+    a.send(Event::Done {
+        generation,
+        text: end.text,
+    });
+}
+
+/// A job whose prefill or sampling failed: its error, then it is done.
+fn fail(a: &mut Active<'_>, e: EngineError, m: &Metrics) {
+    Metrics::add(&m.requests_failed, 1);
+    tracing::warn!(request = %a.job.id, error = %e, "request failed");
+    a.seq.cancel();
+    a.send(Event::Failed(e));
+}
+
+/// Publishes the slots' link statistics and worker gauges.
+fn publish_link(slots: &[Slot], m: &Metrics) {
+    let mut sum = crate::split::LinkStats::default();
+    let (mut attached, mut available) = (0, 0);
+    for s in slots {
+        sum.add(&s.session().link_stats());
+        for w in s.session().workers().iter() {
+            attached += 1;
+            available += w.available() as u64;
+        }
+    }
+    *m.link.lock().unwrap_or_else(|p| p.into_inner()) = sum;
+    Metrics::set(&m.workers_attached, attached);
+    Metrics::set(&m.workers_available, available);
+}
