@@ -301,9 +301,10 @@ impl<'t> Sequence<'t> {
             })
     }
 
-    /// The result so far (complete once the phase is [`Phase::Done`]), without the kept logits.
-    pub fn snapshot(&self) -> Generation {
-        let mut g = self.result(Vec::new());
+    /// The result so far (complete once the phase is [`Phase::Done`]); the kept logits move into it.
+    pub fn take_generation(&mut self) -> Generation {
+        let logits = std::mem::take(&mut self.step_logits);
+        let mut g = self.result(logits);
         g.text = self
             .stream
             .as_ref()

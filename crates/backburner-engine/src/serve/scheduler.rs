@@ -22,13 +22,16 @@ struct Active<'t> {
     job: Job,
     /// Absolute position where the next prefill chunk must end at the latest (the stable prefix), if ahead.
     cut: Option<usize>,
-    /// The client went away (its sink returned false) or the job's cancel flag is set.
+    /// The client went away (its sink returned false): nothing more is sent.
     gone: bool,
+    /// The shutdown's grace period is over: cancel at the next step.
+    expired: bool,
 }
 
 impl Active<'_> {
     fn cancelled(&self) -> bool {
         self.gone
+            || self.expired
             || self
                 .job
                 .params
@@ -97,7 +100,7 @@ pub(super) fn run(
             .is_some_and(|d| Instant::now() >= d);
         if past_deadline {
             for a in &mut active {
-                a.gone = true;
+                a.expired = true;
             }
         }
         step(&mut slots, &mut active, turn, &m);
@@ -168,6 +171,7 @@ fn admit<'t>(
         seq,
         cut,
         gone: false,
+        expired: false,
         job,
     };
     let started = Event::Started {
@@ -295,7 +299,7 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
         _ => &m.requests_ok,
     };
     Metrics::add(counter, 1);
-    let generation = Box::new(a.seq.snapshot());
+    let generation = Box::new(a.seq.take_generation());
     tracing::info!(
         request = %a.job.id, stop = reason.as_str(), tokens = generation.tokens.len(),
         ttft_ms = generation.timings.ttft_ms, "request done"

@@ -1,0 +1,285 @@
+//! The serving engine (`backburner_engine::serve`): parallel slots give each sequence exactly the tokens and logits
+//! it gets alone; the prompt cache reuses prefixes with the same tokens; cancellation, a full queue, shutdown.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backburner_engine::serve::{CacheLimits, Engine, Event, Job, ServeOptions, SubmitError};
+use backburner_engine::{generate, GenerateParams, Generation, Session, SessionOptions, StopReason};
+use backburner_kernels::kv::KvDtype;
+use backburner_model::{KvOptions, Model};
+use common::*;
+
+fn opts() -> SessionOptions {
+    SessionOptions {
+        ubatch: 32,
+        kv: KvOptions {
+            page_size: 16,
+            dtype: KvDtype::F32,
+        },
+        ..SessionOptions::default()
+    }
+}
+
+fn engine(model: &Arc<Model>, slots: usize, queue: usize, cache: CacheLimits) -> Engine {
+    let sessions = (0..slots)
+        .map(|_| Session::new(model.clone(), opts()).unwrap())
+        .collect();
+    Engine::start(sessions, None, ServeOptions { queue, cache }).unwrap()
+}
+
+fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        keep_logits: true,
+        ..GenerateParams::default()
+    }
+}
+
+/// A prompt of `n` ids from a seed (deterministic, inside the vocabulary).
+fn prompt(seed: u32, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97 + 13) >> 7) % vocab as u32)
+        .collect()
+}
+
+/// What a job produced, as its events told.
+#[derive(Debug)]
+struct Outcome {
+    cached: usize,
+    tokens: Vec<u32>,
+    generation: Option<Generation>,
+    failed: Option<String>,
+}
+
+fn submit(e: &Engine, prompt: Vec<u32>, params: GenerateParams) -> Receiver<Event> {
+    try_submit(e, prompt, params).unwrap()
+}
+
+fn try_submit(
+    e: &Engine,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+) -> Result<Receiver<Event>, SubmitError> {
+    let (tx, rx) = channel();
+    e.submit(Job {
+        id: "t".into(),
+        prompt,
+        params,
+        stable_prefix: None,
+        events: Box::new(move |ev| tx.send(ev).is_ok()),
+    })?;
+    Ok(rx)
+}
+
+fn collect(rx: Receiver<Event>) -> Outcome {
+    let mut o = Outcome {
+        cached: 0,
+        tokens: Vec::new(),
+        generation: None,
+        failed: None,
+    };
+    while let Ok(ev) = rx.recv_timeout(Duration::from_secs(60)) {
+        match ev {
+            Event::Started { cached_tokens, .. } => o.cached = cached_tokens,
+            Event::Token { id, .. } => o.tokens.push(id),
+            Event::Done { generation, .. } => {
+                o.generation = Some(*generation);
+                break;
+            }
+            Event::Failed(e) => {
+                o.failed = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    o
+}
+
+/// The same prompt generated alone in a fresh session.
+fn alone(model: &Arc<Model>, prompt: &[u32], params: &GenerateParams) -> Generation {
+    let mut s = Session::new(model.clone(), opts()).unwrap();
+    generate(&mut s, prompt, params, None, |_, _| {}, |_| {}, |_| {}).unwrap()
+}
+
+#[test]
+fn four_slots_give_each_sequence_its_own_tokens_and_logits() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 4, 8, CacheLimits::default());
+    let prompts: Vec<Vec<u32>> = [(1, 5), (2, 40), (3, 77), (4, 130)]
+        .iter()
+        .map(|&(s, n)| prompt(s, n, vocab))
+        .collect();
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| submit(&e, p.clone(), greedy(24)))
+        .collect();
+    let got: Vec<Outcome> = rxs.into_iter().map(collect).collect();
+    for (p, o) in prompts.iter().zip(&got) {
+        let want = alone(&model, p, &greedy(24));
+        let g = o.generation.as_ref().expect("done");
+        assert_eq!(o.tokens, want.tokens, "tokens of the {}-token prompt", p.len());
+        assert_eq!(g.tokens, want.tokens);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&g.step_logits) == bits(&want.step_logits), "logits of the {}-token prompt", p.len());
+        assert_eq!(g.step_logits.len(), 24 * vocab);
+    }
+    let m = e.metrics();
+    assert_eq!(m.requests_ok.load(Ordering::Relaxed), 4);
+    // the decode steps ran batched: fewer steps than rows
+    let (steps, rows) = (m.decode_steps.load(Ordering::Relaxed), m.decode_rows.load(Ordering::Relaxed));
+    assert_eq!(rows, 4 * 23);
+    assert!(steps < rows, "{steps} decode steps for {rows} rows");
+}
+
+#[test]
+fn a_prompt_extending_the_history_reuses_it_and_gives_the_same_tokens() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 1, 4, CacheLimits::default());
+    let p1 = prompt(7, 90, vocab);
+    let first = collect(submit(&e, p1.clone(), greedy(8)));
+    assert_eq!(first.cached, 0);
+    // the next turn: the history (prompt + the tokens decoded) and new tokens
+    let g = first.generation.unwrap();
+    let mut p2 = p1.clone();
+    p2.extend_from_slice(&g.tokens[..g.tokens.len() - 1]);
+    let held = p2.len();
+    p2.extend(prompt(8, 20, vocab));
+    let second = collect(submit(&e, p2.clone(), greedy(8)));
+    assert_eq!(second.cached, held, "the whole history is reused");
+    assert_eq!(second.tokens, alone(&model, &p2, &greedy(8)).tokens);
+    let m = e.metrics();
+    assert_eq!(m.cache_hits.load(Ordering::Relaxed), 1);
+    assert_eq!(m.cached_tokens.load(Ordering::Relaxed), held as u64);
+}
+
+#[test]
+fn a_diverging_prompt_resumes_from_a_checkpoint_bit_for_bit() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 1, 4, CacheLimits::default());
+    let p1 = prompt(9, 150, vocab);
+    collect(submit(&e, p1.clone(), greedy(4)));
+    // shares 100 tokens, then differs: the checkpoint at 96 (a ubatch boundary) is the longest inside
+    let mut p2 = p1[..100].to_vec();
+    p2.extend(prompt(10, 30, vocab));
+    let o = collect(submit(&e, p2.clone(), greedy(12)));
+    assert_eq!(o.cached, 96);
+    let want = alone(&model, &p2, &greedy(12));
+    let g = o.generation.unwrap();
+    assert_eq!(g.tokens, want.tokens);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&g.step_logits) == bits(&want.step_logits), "logits differ");
+    assert_eq!(g.step_logits.len(), 12 * vocab);
+    // without checkpoints only exact extensions are reused: this one starts over
+    let e0 = engine(&model, 1, 4, CacheLimits { max_checkpoints: 0, max_bytes: 0 });
+    collect(submit(&e0, p1, greedy(4)));
+    let o0 = collect(submit(&e0, p2, greedy(12)));
+    assert_eq!(o0.cached, 0);
+    assert_eq!(o0.tokens, want.tokens);
+}
+
+#[test]
+fn a_request_goes_to_the_slot_holding_its_prefix() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 2, 4, CacheLimits::default());
+    let (a, b) = (prompt(11, 70, vocab), prompt(12, 70, vocab));
+    let oa = collect(submit(&e, a.clone(), greedy(2)));
+    let ob = collect(submit(&e, b.clone(), greedy(2)));
+    assert_eq!((oa.cached, ob.cached), (0, 0));
+    for p in [&b, &a] {
+        let mut next = p.clone();
+        next.extend(prompt(13, 5, vocab));
+        // the history of each slot ends with the first generated token undecoded: 70 + 1 decoded − 1
+        let o = collect(submit(&e, next, greedy(2)));
+        assert_eq!(o.cached, 70, "routed to the slot that holds it");
+    }
+}
+
+#[test]
+fn cancelling_frees_the_slot_and_a_full_queue_refuses() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 1, 1, CacheLimits::default());
+    let cancel = Arc::new(AtomicBool::new(false));
+    let long = GenerateParams {
+        max_tokens: 100_000,
+        cancel: Some(cancel.clone()),
+        ..GenerateParams::default()
+    };
+    let rx = submit(&e, prompt(14, 20, vocab), long);
+    // wait until it runs, so the next one waits in the queue and the one after finds it full
+    assert!(matches!(rx.recv().unwrap(), Event::Started { .. }));
+    let queued = submit(&e, prompt(15, 20, vocab), greedy(3));
+    assert!(matches!(
+        try_submit(&e, prompt(16, 20, vocab), greedy(3)),
+        Err(SubmitError::QueueFull(1))
+    ));
+    rx.recv().unwrap(); // a token
+    cancel.store(true, Ordering::Relaxed);
+    let o = collect(rx);
+    assert_eq!(o.generation.unwrap().stop_reason, StopReason::Interrupted);
+    let q = collect(queued);
+    assert_eq!(q.tokens.len(), 3);
+    let m = e.metrics();
+    assert_eq!(m.requests_cancelled.load(Ordering::Relaxed), 1);
+    assert_eq!(m.requests_rejected.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_client_gone_cancels_and_bad_requests_fail_with_typed_errors() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 1, 4, CacheLimits::default());
+    // a sink that goes away after the first token
+    let (tx, rx) = channel();
+    let mut n = 0;
+    e.submit(Job {
+        id: "gone".into(),
+        prompt: prompt(17, 10, vocab),
+        params: greedy(100_000),
+        stable_prefix: None,
+        events: Box::new(move |ev| {
+            n += 1;
+            let _ = tx.send(ev);
+            n < 2
+        }),
+    })
+    .unwrap();
+    drop(rx);
+    // the next request runs, so the slot was freed
+    let o = collect(submit(&e, prompt(18, 10, vocab), greedy(2)));
+    assert_eq!(o.tokens.len(), 2);
+    assert_eq!(e.metrics().requests_cancelled.load(Ordering::Relaxed), 1);
+    let bad_id = collect(submit(&e, vec![1, vocab as u32], greedy(2)));
+    assert!(bad_id.failed.unwrap().contains("out of range"), "token id");
+    let mut hot = greedy(2);
+    hot.sampling.temperature = -1.0;
+    assert!(collect(submit(&e, vec![1, 2], hot)).failed.unwrap().contains("temperature"));
+    let too_long = prompt(19, model.config().max_position_embeddings, vocab);
+    assert!(collect(submit(&e, too_long, greedy(2))).failed.unwrap().contains("context"));
+    assert!(collect(submit(&e, vec![], greedy(2))).failed.unwrap().contains("empty"));
+}
+
+#[test]
+fn shutdown_finishes_within_the_grace_period_and_refuses_new_jobs() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 1, 4, CacheLimits::default());
+    let rx = submit(&e, prompt(20, 10, vocab), greedy(100_000));
+    assert!(matches!(rx.recv().unwrap(), Event::Started { .. }));
+    e.shutdown(Duration::from_millis(50));
+    let o = collect(rx);
+    assert_eq!(o.generation.unwrap().stop_reason, StopReason::Interrupted);
+    assert!(matches!(
+        try_submit(&e, vec![1], greedy(1)),
+        Err(SubmitError::ShuttingDown)
+    ));
+}
