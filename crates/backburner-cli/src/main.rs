@@ -13,6 +13,7 @@ mod placement;
 mod plan_cmd;
 mod prompt;
 mod run_cmd;
+mod serve_cmd;
 mod worker_cmd;
 
 pub use link_args::LinkArgs;
@@ -50,6 +51,9 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Serve hosts over the link (a daemon): the tail layers of split prefill, and the KV pages of KV offload.
     Worker(worker_cmd::WorkerArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming, parallel slots,
+    /// prompt cache, tools), optionally with workers.
+    Serve(Box<serve_cmd::ServeArgs>),
     /// Compute a placement for memory budgets (mode, layer ranges, KV, largest context) without loading weights.
     Plan(Box<plan_cmd::PlanArgs>),
     /// Measure the host's and workers' per-layer prefill and decode speed and the link, for `plan --calibration`.
@@ -119,7 +123,14 @@ struct PplArgs {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let args = match serve_cmd::expand_config(std::env::args().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BACKBURNER_LOG")
@@ -134,6 +145,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Worker(a) => worker_cmd::run(a),
         Cmd::Plan(a) => plan_cmd::run(*a),
+        Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Calibrate(a) => calibrate_cmd::calibrate(*a),
     };
     if let Err(e) = r {

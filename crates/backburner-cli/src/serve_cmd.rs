@@ -1,0 +1,233 @@
+//! `backburner serve`: the OpenAI-compatible HTTP server (`backburner-server`) over parallel slots, with the run
+//! command's placement flags (workers for split prefill, KV offload, layer split), configurable by flags or a TOML
+//! file (`--config`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use backburner_engine::serve::{CacheLimits, Engine, ServeOptions};
+use backburner_engine::Session;
+use backburner_server::AppState;
+use clap::Args;
+
+use crate::{compute_pool, LinkArgs, ModelArgs};
+
+#[derive(Args)]
+#[command(args_override_self = true)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A TOML file of these options (keys are the long flag names, `port = 8080`, `worker = ["a:1", "b:2"]`);
+    /// flags on the command line win over the file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port; the one chosen is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences served at once, each in its own slot (own KV cache and recurrent state); their decode steps run
+    /// as one batch.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
+    /// Requests that may wait for a free slot; beyond it the server answers 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Require `Authorization: Bearer KEY` on /v1 requests.
+    #[arg(long, value_name = "KEY", conflicts_with = "api_key_file")]
+    pub api_key: Option<String>,
+    /// Read the API key from a file (first line).
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// The model's name in the API (default: the model directory's name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Recurrent-state checkpoints kept per slot for the prompt cache (0 = reuse only exact extensions of a slot's
+    /// history).
+    #[arg(long, default_value_t = 16)]
+    pub cache_checkpoints: usize,
+    /// Most bytes of checkpoints per slot (units as --max-memory).
+    #[arg(long, value_name = "BYTES", default_value = "512MiB", value_parser = backburner_engine::offload::parse_bytes)]
+    pub cache_bytes: u64,
+    /// Seconds running requests get to finish on Ctrl-C / SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 10.0)]
+    pub grace: f64,
+    #[command(flatten)]
+    pub link: LinkArgs,
+}
+
+/// Runs `backburner serve` until Ctrl-C or SIGTERM.
+pub(crate) fn run(a: ServeArgs) -> Result<()> {
+    if a.parallel == 0 || a.parallel > 256 {
+        bail!("--parallel must be in 1..=256");
+    }
+    if !a.grace.is_finite() || a.grace < 0.0 {
+        bail!("--grace must be a number of seconds ≥ 0");
+    }
+    let api_key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => {
+            let t = backburner_model::fsutil::read_text(f, 4096)
+                .with_context(|| format!("reading --api-key-file {}", f.display()))?;
+            Some(t.lines().next().unwrap_or("").trim().to_string())
+        }
+        (None, None) => None,
+    };
+    if api_key.as_deref() == Some("") {
+        bail!("the API key is empty");
+    }
+    let pool = compute_pool(a.model.threads)?;
+    let loaded = crate::load_host(&a.model, &pool, a.link.host_layers())?;
+    let model_id = a.alias.clone().unwrap_or_else(|| {
+        loaded
+            .dir
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let mut sessions = Vec::new();
+    for _ in 0..a.parallel {
+        sessions.push(slot_session(&a, &loaded, &pool)?);
+    }
+    let context_length = sessions[0].context_length();
+    let eos_ids = match &loaded.tokenizer {
+        Some(t) => t.eos_ids().to_vec(),
+        None => loaded.model.config().eos_token_ids.clone(),
+    };
+    let tokenizer = loaded.tokenizer.map(Arc::new);
+    let opts = ServeOptions {
+        queue: a.queue,
+        cache: CacheLimits {
+            max_checkpoints: a.cache_checkpoints,
+            max_bytes: usize::try_from(a.cache_bytes).unwrap_or(usize::MAX),
+        },
+    };
+    let engine = Arc::new(Engine::start(sessions, tokenizer.clone(), opts)?);
+    let state = Arc::new(AppState::new(
+        engine,
+        tokenizer,
+        model_id.clone(),
+        context_length,
+        eos_ids,
+        api_key,
+    ));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let grace = Duration::from_secs_f64(a.grace);
+    rt.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let local: SocketAddr = listener.local_addr()?;
+        eprintln!(
+            "serving {model_id} on http://{local} ({} slot{}, context {context_length} tokens)",
+            a.parallel,
+            if a.parallel == 1 { "" } else { "s" }
+        );
+        backburner_server::serve(listener, state, shutdown_signal(), grace)
+            .await
+            .context("serving")
+    })
+}
+
+/// One slot's session: its own workers' connections (split prefill / KV offload) or layer-split chain.
+fn slot_session(a: &ServeArgs, loaded: &crate::Loaded, pool: &backburner_engine::ComputePool) -> Result<Session> {
+    let workers = a.link.clients(loaded, pool.threads())?;
+    let chain = crate::chain_args::layer_split(&a.link, loaded, pool.threads())?;
+    let mut opts = a.model.session_options(pool);
+    opts.kv_budget = a.link.kv_budget;
+    opts.interleave = !a.link.no_interleave;
+    let mut s = match chain {
+        Some(c) => Session::with_layer_split(loaded.model.clone(), opts, c)?,
+        None => Session::new(loaded.model.clone(), opts)?,
+    };
+    for w in workers {
+        s.attach_worker(w);
+    }
+    Ok(s)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// The command line with `serve --config FILE`'s options inserted before the given ones (so the given ones win):
+/// each TOML key `k` becomes `--k` (underscores as dashes) with its value; `true` is the bare flag, `false` is
+/// left out, an array repeats the flag. Other command lines come back unchanged.
+///
+/// Errors: an unreadable file, TOML that does not parse, a nested table, a value that is not a string, number,
+/// boolean or array of those.
+pub(crate) fn expand_config(args: Vec<String>) -> Result<Vec<String>> {
+    if args.get(1).map(String::as_str) != Some("serve") {
+        return Ok(args);
+    }
+    let mut path = None;
+    for (i, x) in args.iter().enumerate() {
+        if let Some(p) = x.strip_prefix("--config=") {
+            path = Some(p.to_string());
+        } else if x == "--config" {
+            path = args.get(i + 1).cloned();
+        }
+    }
+    let Some(path) = path else {
+        return Ok(args);
+    };
+    let text = backburner_model::fsutil::read_text(std::path::Path::new(&path), 1 << 20)
+        .with_context(|| format!("reading --config {path}"))?;
+    let table: toml::Table = text
+        .parse()
+        .with_context(|| format!("--config {path} is not valid TOML"))?;
+    let mut out = vec![args[0].clone(), args[1].clone()];
+    for (k, v) in &table {
+        let flag = format!("--{}", k.replace('_', "-"));
+        let scalar = |v: &toml::Value| -> Result<String> {
+            Ok(match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                _ => bail!("--config {path}: `{k}` must be a string, a number, a boolean or an array of those"),
+            })
+        };
+        match v {
+            toml::Value::Boolean(true) => out.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::Array(items) => {
+                for it in items {
+                    out.push(flag.clone());
+                    out.push(scalar(it)?);
+                }
+            }
+            other => {
+                out.push(flag);
+                out.push(scalar(other)?);
+            }
+        }
+    }
+    out.extend(args[2..].iter().cloned());
+    Ok(out)
+}

@@ -1,0 +1,210 @@
+//! `POST /v1/chat/completions`: OpenAI-shaped messages (tools, tool calls, tool results) rendered through the
+//! model's chat template as transformers renders them, the answer split into `reasoning_content`, `content` and
+//! `tool_calls` (also while streaming).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use backburner_engine::serve::common_prefix;
+use backburner_engine::Generation;
+use backburner_model::chat::{
+    parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ToolCall,
+};
+use serde_json::{json, Map, Value};
+use tracing::Instrument;
+
+use crate::error::ApiError;
+use crate::request::{self, Body, GenSettings};
+use crate::stream::{self, Chunker};
+use crate::AppState;
+
+pub(crate) async fn handle(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let id = st.request_id("chatcmpl");
+    let span = tracing::info_span!("request", id = %id, endpoint = "chat");
+    run(st, headers, body, id)
+        .instrument(span)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A rendered and tokenized conversation.
+struct Prompt {
+    ids: Vec<u32>,
+    /// Tokens of the conversation before the generation prompt (the prompt cache keeps a checkpoint there).
+    stable: usize,
+    /// The prompt opened a `<think>` block: generation starts in reasoning.
+    in_reasoning: bool,
+}
+
+async fn run(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+    id: String,
+) -> Result<Response, ApiError> {
+    st.authorize(&headers)?;
+    let map = request::parse(&body)?;
+    let b = Body(&map);
+    st.check_model(b.str("model")?)?;
+    let gen = GenSettings::read(&b)?;
+    let messages = match b.array("messages")? {
+        Some(m) if !m.is_empty() => m.clone(),
+        _ => return Err(ApiError::invalid(Some("messages"), "`messages` must be a non-empty array")),
+    };
+    let tools = match b.get("tool_choice") {
+        Some(Value::String(s)) if s == "none" => None,
+        Some(Value::String(s)) if s == "auto" || s == "required" => b.array("tools")?.cloned(),
+        Some(Value::Object(_)) | None => b.array("tools")?.cloned(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("tool_choice"),
+                "`tool_choice` must be \"none\", \"auto\", \"required\" or an object naming a function",
+            ))
+        }
+    };
+    let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    let p = render(&st, messages, tools.clone(), kwargs).await?;
+    tracing::debug!(prompt_tokens = p.ids.len(), stable = p.stable, "rendered");
+    let mut r = stream::start(&st, &id, p.ids, Some(p.stable), &gen).await?;
+    let mut c = ChatChunks {
+        id,
+        created: st.created,
+        model: st.model_id.clone(),
+        include_usage: gen.include_usage,
+        parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref()),
+        tool_calls: false,
+    };
+    if gen.stream {
+        return Ok(stream::sse(r, c).into_response());
+    }
+    let g = stream::collect(&mut r).await?;
+    let out = parse_output(&g.text, p.in_reasoning, tools.as_deref());
+    let mut message = json!({"role": "assistant", "content": out.content});
+    if let Some(rc) = out.reasoning {
+        message["reasoning_content"] = Value::String(rc);
+    }
+    if !out.tool_calls.is_empty() {
+        message["tool_calls"] = out.tool_calls.iter().map(tool_call_json).collect();
+    }
+    c.tool_calls = !out.tool_calls.is_empty();
+    let reason = stream::finish_reason(g.stop_reason, c.tool_calls);
+    Ok(Json(json!({
+        "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": reason}],
+        "usage": stream::usage(&r, g.tokens.len()),
+    }))
+    .into_response())
+}
+
+/// Renders the conversation (with and without the generation prompt) and tokenizes it, on the blocking pool.
+async fn render(
+    st: &Arc<AppState>,
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    kwargs: Map<String, Value>,
+) -> Result<Prompt, ApiError> {
+    let tok = st.tokenizer()?;
+    tokio::task::spawn_blocking(move || {
+        let bad = |e: backburner_model::ModelError| ApiError::invalid(Some("messages"), e.to_string());
+        let mut req = ChatRequest {
+            messages: &messages,
+            tools: tools.as_deref(),
+            add_generation_prompt: true,
+            kwargs: &kwargs,
+        };
+        let text = tok.render_chat(&req).map_err(bad)?;
+        let ids = tok.encode(&text).map_err(bad)?;
+        req.add_generation_prompt = false;
+        // the history alone; a template that refuses it (e.g. it must end with a user turn) just gets no checkpoint
+        let stable = tok
+            .render_chat(&req)
+            .and_then(|h| tok.encode(&h))
+            .map_or(0, |h| common_prefix(&ids, &h));
+        Ok(Prompt {
+            in_reasoning: prompt_opens_reasoning(&text),
+            ids,
+            stable,
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+fn tool_call_json(t: &ToolCall) -> Value {
+    json!({"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}})
+}
+
+/// The stream of one chat completion.
+struct ChatChunks {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    parser: ChatOutputParser,
+    tool_calls: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        let mut c = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    fn deltas(&mut self, ds: Vec<ChatDelta>) -> Vec<Value> {
+        ds.into_iter()
+            .map(|d| {
+                let delta = match d {
+                    ChatDelta::Content(s) => json!({"content": s}),
+                    ChatDelta::Reasoning(s) => json!({"reasoning_content": s}),
+                    ChatDelta::ToolCall(t) => {
+                        self.tool_calls = true;
+                        let mut j = tool_call_json(&t);
+                        j["index"] = json!(t.index);
+                        json!({"tool_calls": [j]})
+                    }
+                };
+                self.chunk(delta, None)
+            })
+            .collect()
+    }
+}
+
+impl Chunker for ChatChunks {
+    fn begin(&mut self) -> Vec<Value> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    }
+
+    fn text(&mut self, text: &str) -> Vec<Value> {
+        let ds = self.parser.push(text);
+        self.deltas(ds)
+    }
+
+    fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value> {
+        let mut ds = self.parser.push(tail);
+        ds.extend(self.parser.finish());
+        let mut out = self.deltas(ds);
+        let reason = stream::finish_reason(g.stop_reason, self.tool_calls);
+        out.push(self.chunk(json!({}), Some(reason)));
+        if self.include_usage {
+            out.push(json!({
+                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage,
+            }));
+        }
+        out
+    }
+}

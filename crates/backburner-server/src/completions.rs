@@ -1,0 +1,136 @@
+//! `POST /v1/completions`: a prompt given as text or token ids, continued as plain text.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use backburner_engine::Generation;
+use serde_json::{json, Value};
+use tracing::Instrument;
+
+use crate::error::ApiError;
+use crate::request::{self, Body, GenSettings};
+use crate::stream::{self, Chunker};
+use crate::AppState;
+
+pub(crate) async fn handle(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let id = st.request_id("cmpl");
+    let span = tracing::info_span!("request", id = %id, endpoint = "completions");
+    run(st, headers, body, id)
+        .instrument(span)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn run(
+    st: Arc<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+    id: String,
+) -> Result<Response, ApiError> {
+    st.authorize(&headers)?;
+    let map = request::parse(&body)?;
+    let b = Body(&map);
+    st.check_model(b.str("model")?)?;
+    let gen = GenSettings::read(&b)?;
+    if b.bool("echo")? == Some(true) {
+        return Err(ApiError::invalid(Some("echo"), "`echo` is not supported"));
+    }
+    let prompt = prompt_ids(&st, b.get("prompt")).await?;
+    let mut r = stream::start(&st, &id, prompt, None, &gen).await?;
+    let meta = Meta {
+        id,
+        created: st.created,
+        model: st.model_id.clone(),
+        include_usage: gen.include_usage,
+    };
+    if gen.stream {
+        return Ok(stream::sse(r, meta).into_response());
+    }
+    let g = stream::collect(&mut r).await?;
+    let reason = stream::finish_reason(g.stop_reason, false);
+    Ok(Json(json!({
+        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+        "choices": [{"index": 0, "text": g.text, "logprobs": null, "finish_reason": reason}],
+        "usage": stream::usage(&r, g.tokens.len()),
+    }))
+    .into_response())
+}
+
+/// The prompt as ids: a string (tokenized), an array of ids, or a one-element array of either.
+async fn prompt_ids(st: &Arc<AppState>, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            Some("prompt"),
+            "`prompt` must be a string, an array of token ids, or a one-element array of either",
+        )
+    };
+    match v {
+        None => Err(ApiError::invalid(Some("prompt"), "`prompt` is required")),
+        Some(Value::String(s)) => {
+            let tok = st.tokenizer()?;
+            let s = s.clone();
+            tokio::task::spawn_blocking(move || tok.encode(&s))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))
+        }
+        Some(Value::Array(a)) if a.len() == 1 && !a[0].is_number() => {
+            Box::pin(prompt_ids(st, Some(&a[0]))).await
+        }
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_u64().and_then(|u| u32::try_from(u).ok()).ok_or_else(bad))
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// What every chunk repeats.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl Meta {
+    fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
+        let mut c = json!({
+            "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+}
+
+impl Chunker for Meta {
+    fn begin(&mut self) -> Vec<Value> {
+        Vec::new()
+    }
+
+    fn text(&mut self, text: &str) -> Vec<Value> {
+        vec![self.chunk(text, None)]
+    }
+
+    fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value> {
+        let mut out = vec![self.chunk(tail, Some(stream::finish_reason(g.stop_reason, false)))];
+        if self.include_usage {
+            out.push(json!({
+                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage,
+            }));
+        }
+        out
+    }
+}

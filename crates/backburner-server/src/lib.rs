@@ -1,0 +1,193 @@
+//! Backburner's OpenAI-compatible HTTP server: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as
+//! server-sent events or not), `GET /v1/models`, `GET /health`, `GET /metrics`, over a serving
+//! [`Engine`](backburner_engine::serve::Engine) whose scheduler thread does the compute: handlers only parse,
+//! render, tokenize (on the blocking pool), submit and forward.
+#![warn(missing_docs)]
+
+mod chat;
+mod completions;
+pub mod error;
+mod metrics;
+pub mod request;
+pub mod stream;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use backburner_engine::serve::Engine;
+use backburner_model::TextTokenizer;
+use serde_json::json;
+
+pub use error::ApiError;
+
+/// Largest request body accepted (bytes): long agent conversations with tool results fit.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// What the handlers share.
+pub struct AppState {
+    /// The serving engine.
+    pub engine: Arc<Engine>,
+    /// The tokenizer and chat template (`None`: only `/v1/completions` with token ids works).
+    pub tokenizer: Option<Arc<TextTokenizer>>,
+    /// The model's name in the API (`model` fields, `/v1/models`).
+    pub model_id: String,
+    /// Context length of each slot (tokens).
+    pub context_length: usize,
+    /// Ids that end generation.
+    pub eos_ids: Vec<u32>,
+    /// `Authorization: Bearer` key every `/v1` request must carry (`None`: open).
+    pub api_key: Option<String>,
+    /// Server start (Unix seconds), the models' `created`.
+    pub created: u64,
+    /// Request counter for ids.
+    next_id: AtomicU64,
+    /// Set while shutting down: `/health` answers 503.
+    pub stopping: AtomicBool,
+}
+
+impl AppState {
+    /// State over a started engine.
+    pub fn new(
+        engine: Arc<Engine>,
+        tokenizer: Option<Arc<TextTokenizer>>,
+        model_id: String,
+        context_length: usize,
+        eos_ids: Vec<u32>,
+        api_key: Option<String>,
+    ) -> Self {
+        AppState {
+            engine,
+            tokenizer,
+            model_id,
+            context_length,
+            eos_ids,
+            api_key,
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            next_id: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    /// A new request id with `prefix` (`chatcmpl`, `cmpl`).
+    pub fn request_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:08x}{n:06x}", self.created & 0xffff_ffff)
+    }
+
+    /// Checks the API key. Errors: 401.
+    pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(key) = &self.api_key else {
+            return Ok(());
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match given {
+            Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => Ok(()),
+            _ => Err(ApiError::unauthorized()),
+        }
+    }
+
+    /// Checks a request's `model` field (absent or empty is this model). Errors: 404.
+    pub fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+        match asked {
+            None | Some("") => Ok(()),
+            Some(m) if m == self.model_id => Ok(()),
+            Some(m) => Err(ApiError::unknown_model(m, &self.model_id)),
+        }
+    }
+
+    /// The tokenizer. Errors: 400 when the model directory has none.
+    pub fn tokenizer(&self) -> Result<Arc<TextTokenizer>, ApiError> {
+        self.tokenizer.clone().ok_or_else(|| {
+            ApiError::invalid(
+                None,
+                "this model has no tokenizer: send token ids to /v1/completions",
+            )
+        })
+    }
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The routes over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_page))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
+    Json(json!({"object": "list", "data": [{
+        "id": st.model_id, "object": "model", "created": st.created, "owned_by": "backburner",
+        "meta": {"context_length": st.context_length, "slots": st.engine.slots()},
+    }]}))
+    .into_response()
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.stopping.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting down"}))).into_response();
+    }
+    let m = st.engine.metrics();
+    Json(json!({
+        "status": "ok",
+        "slots": st.engine.slots(),
+        "slots_busy": backburner_engine::serve::Metrics::get(&m.active),
+        "queue_depth": backburner_engine::serve::Metrics::get(&m.queue_depth),
+    }))
+    .into_response()
+}
+
+async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics::render(st.engine.metrics(), st.engine.slots()),
+    )
+        .into_response()
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves; then stops accepting, lets the engine finish running
+/// requests for up to `grace` (cancelling the rest) and returns once every connection is closed.
+///
+/// Errors: the listener's I/O errors.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let st = state.clone();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(grace_s = grace.as_secs_f64(), "shutting down");
+        st.stopping.store(true, Ordering::Relaxed);
+        let engine = st.engine.clone();
+        // finishing the running requests ends their streams, so the connections can close
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown(grace)).await;
+    };
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(signal)
+        .await
+}

@@ -1,0 +1,179 @@
+//! Reading OpenAI request bodies field by field, so every malformed value is a 400 naming the field (serde's derive
+//! would answer 422 with a generic message), and the generation settings both endpoints share.
+
+use backburner_engine::SamplingParams;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// Most stop strings per request.
+pub const MAX_STOP: usize = 16;
+
+/// A request body: a JSON object.
+pub struct Body<'a>(pub &'a Map<String, Value>);
+
+/// Parses `bytes` as a JSON object. Errors: 400 for malformed JSON or a non-object.
+pub fn parse(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::invalid(None, "the request body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid(None, format!("malformed JSON in the request body: {e}"))),
+    }
+}
+
+fn wrong(name: &str, want: &str, got: &Value) -> ApiError {
+    let kind = match got {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    ApiError::invalid(Some(name), format!("`{name}` must be {want}, not {kind}"))
+}
+
+impl Body<'_> {
+    /// The field, `None` when absent or null.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    /// An optional number.
+    pub fn f64(&self, name: &str) -> Result<Option<f64>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_f64().ok_or_else(|| wrong(name, "a number", v)))
+            .transpose()
+    }
+
+    /// An optional integer (negative allowed).
+    pub fn i64(&self, name: &str) -> Result<Option<i64>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                v.as_i64()
+                    .or_else(|| v.as_u64().map(|u| i64::try_from(u).unwrap_or(i64::MAX)))
+                    .ok_or_else(|| wrong(name, "an integer", v))
+            })
+            .transpose()
+    }
+
+    /// An optional integer ≥ `min`, as usize.
+    pub fn count(&self, name: &str, min: i64) -> Result<Option<usize>, ApiError> {
+        match self.i64(name)? {
+            None => Ok(None),
+            Some(n) if n < min => Err(ApiError::invalid(
+                Some(name),
+                format!("`{name}` must be ≥ {min}, not {n}"),
+            )),
+            Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        }
+    }
+
+    /// An optional boolean.
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_bool().ok_or_else(|| wrong(name, "a boolean", v)))
+            .transpose()
+    }
+
+    /// An optional string.
+    pub fn str(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_str().ok_or_else(|| wrong(name, "a string", v)))
+            .transpose()
+    }
+
+    /// An optional object.
+    pub fn object(&self, name: &str) -> Result<Option<&Map<String, Value>>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_object().ok_or_else(|| wrong(name, "an object", v)))
+            .transpose()
+    }
+
+    /// An optional array.
+    pub fn array(&self, name: &str) -> Result<Option<&Vec<Value>>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_array().ok_or_else(|| wrong(name, "an array", v)))
+            .transpose()
+    }
+}
+
+/// The generation settings of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenSettings {
+    /// `max_completion_tokens`, else `max_tokens` (`None`: until the context is full).
+    pub max_tokens: Option<usize>,
+    /// Sampling values (checked by the engine; a bad one is a 400 naming it).
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+impl GenSettings {
+    /// Reads the settings shared by `/v1/chat/completions` and `/v1/completions`.
+    ///
+    /// Defaults as OpenAI's: temperature 1, top_p 1, no top-k or min-p, a random seed.
+    pub fn read(b: &Body) -> Result<Self, ApiError> {
+        let max_tokens = match b.count("max_completion_tokens", 1)? {
+            Some(n) => Some(n),
+            None => b.count("max_tokens", 1)?,
+        };
+        if let Some(n) = b.count("n", 1)? {
+            if n != 1 {
+                return Err(ApiError::invalid(Some("n"), "only `n` = 1 is supported"));
+            }
+        }
+        let f = |name: &str, default: f32| -> Result<f32, ApiError> {
+            Ok(b.f64(name)?.map_or(default, |v| v as f32))
+        };
+        let top_k = match b.i64("top_k")? {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    Some("top_k"),
+                    format!("top_k {k} must be ≥ 0 (0 or -1 = off)"),
+                ))
+            }
+        };
+        let seed = match b.i64("seed")? {
+            Some(s) => u64::from_le_bytes(s.to_le_bytes()),
+            None => rand::random(),
+        };
+        let sampling = SamplingParams {
+            temperature: f("temperature", 1.0)?,
+            top_k,
+            top_p: f("top_p", 1.0)?,
+            min_p: f("min_p", 0.0)?,
+            seed,
+        };
+        let stop = match b.get("stop") {
+            None => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) if a.len() <= MAX_STOP => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong("stop", "a string or an array of strings", v)))
+                .collect::<Result<_, _>>()?,
+            Some(Value::Array(_)) => {
+                return Err(ApiError::invalid(Some("stop"), format!("at most {MAX_STOP} stop strings")))
+            }
+            Some(v) => return Err(wrong("stop", "a string or an array of strings", v)),
+        };
+        let stream = b.bool("stream")?.unwrap_or(false);
+        let include_usage = match b.object("stream_options")? {
+            Some(o) => Body(o).bool("include_usage")?.unwrap_or(false),
+            None => false,
+        };
+        Ok(GenSettings {
+            max_tokens,
+            sampling,
+            stop,
+            stream,
+            include_usage,
+        })
+    }
+}
