@@ -17,7 +17,10 @@ pub mod state;
 pub mod synthetic;
 pub mod tokenizer;
 
-pub use chat::{ChatRequest, ChatTemplate};
+pub use chat::{
+    parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ChatTemplate,
+    ParsedOutput, ToolCall,
+};
 pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, ModelConfig, WeightLayout};
 pub use error::{ModelError, Result};

@@ -2,11 +2,16 @@
 //! transformers renders them ([`ChatTemplate`], [`ChatRequest`]), and parsing what the model generates back into
 //! OpenAI fields (reasoning, content, tool calls) for the Qwen3.5 format ([`ChatOutputParser`], [`parse_output`]).
 
+mod parse;
 mod pycompat;
 mod pyvalue;
 mod request;
 mod template;
+mod toolcall;
 
+pub use parse::{
+    parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ParsedOutput, ToolCall,
+};
 pub use pycompat::{is_py_space, py_split, py_splitlines, py_strip};
 pub use pyvalue::{float_repr, str_repr};
 pub use request::{normalize_messages, normalize_tools};
