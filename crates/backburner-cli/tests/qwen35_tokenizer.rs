@@ -1,11 +1,12 @@
 //! The bundled Qwen3.5 tokenizer through the Rust `tokenizers` crate gives the ids Python `tokenizers` gives
 //! (assets/qwen3.5/test_vectors.json), reproduces llama.cpp's Qwen3.5 tokenizer hash, and the chat template renders
-//! through minijinja exactly as transformers renders it (assets/qwen3.5/chat_vectors.json).
+//! through minijinja exactly as transformers renders it (assets/qwen3.5/chat_vectors.json, and the tool and reasoning
+//! conversations of assets/qwen3.5/chat_template_vectors.json, ids included).
 
 use std::io::Read;
 use std::path::PathBuf;
 
-use backburner_model::{ChatMessage, TextTokenizer};
+use backburner_model::{ChatMessage, ChatRequest, TextTokenizer};
 use sha2::{Digest, Sha256};
 
 fn assets() -> PathBuf {
@@ -98,5 +99,29 @@ fn qwen35_chat_template_renders_like_transformers() {
         assert_eq!(text, c["text"].as_str().unwrap());
         let ids: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
         assert_eq!(tok.encode(&text).unwrap(), ids);
+    }
+}
+
+#[test]
+fn qwen35_tool_and_reasoning_conversations_render_and_tokenize_like_transformers() {
+    let (_d, tok) = load();
+    let v = json("chat_template_vectors.json");
+    let empty = serde_json::Map::new();
+    for c in v["chat_cases"].as_array().unwrap() {
+        for key in ["messages", "openai_messages"] {
+            let Some(msgs) = c.get(key).and_then(|m| m.as_array()) else {
+                continue;
+            };
+            let req = ChatRequest {
+                messages: msgs,
+                tools: c["tools"].as_array().map(Vec::as_slice),
+                add_generation_prompt: c["add_generation_prompt"].as_bool().unwrap(),
+                kwargs: c["kwargs"].as_object().unwrap_or(&empty),
+            };
+            let text = tok.render_chat(&req).unwrap();
+            assert_eq!(text, c["text"].as_str().unwrap(), "{} ({key})", c["name"]);
+            let ids: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
+            assert_eq!(tok.encode(&text).unwrap(), ids, "{}", c["name"]);
+        }
     }
 }

@@ -89,6 +89,16 @@ pub enum ModelError {
     /// The chat template failed to parse or render.
     #[error("chat template error: {0}")]
     ChatTemplate(String),
+    /// A chat request is malformed (a message without a role, tool-call arguments that are not JSON, …) or the chat
+    /// template rejects the conversation (its `raise_exception`, reported with field `messages`). The caller's
+    /// fault: a server answers it with HTTP 400.
+    #[error("invalid chat request: {field}: {message}")]
+    InvalidChatRequest {
+        /// Where in the request, e.g. `messages[2].tool_calls[0].function.arguments`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 /// Result alias for this crate.

@@ -3,6 +3,7 @@
 //! `[n_tokens, hidden]`.
 #![warn(missing_docs)]
 
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -16,6 +17,10 @@ pub mod state;
 pub mod synthetic;
 pub mod tokenizer;
 
+pub use chat::{
+    parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ChatTemplate,
+    ParsedOutput, ToolCall,
+};
 pub use checkpoint::Checkpoint;
 pub use config::{LayerKind, ModelConfig, WeightLayout};
 pub use error::{ModelError, Result};

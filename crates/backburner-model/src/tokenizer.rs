@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::chat::{ChatRequest, ChatTemplate};
 use crate::config::parse_id_list;
 use crate::error::{ModelError, Result};
 
@@ -25,6 +26,8 @@ pub struct TextTokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     eos_ids: Vec<u32>,
+    /// The template compiled on first use (or why it does not compile).
+    compiled: std::sync::OnceLock<std::result::Result<ChatTemplate, String>>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -125,6 +128,7 @@ impl TextTokenizer {
             bos_token,
             eos_token,
             eos_ids,
+            compiled: std::sync::OnceLock::new(),
         }))
     }
 
@@ -167,7 +171,7 @@ impl TextTokenizer {
 
     /// Renders the chat template for `messages` (with `add_generation_prompt`), as transformers'
     /// `apply_chat_template(tokenize=False)` does. Errors: [`ModelError::ChatTemplate`] when there is no template or it
-    /// fails.
+    /// fails, [`ModelError::InvalidChatRequest`] when the template rejects the conversation.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
@@ -177,53 +181,55 @@ impl TextTokenizer {
     }
 
     /// As [`TextTokenizer::apply_chat_template`], also passing `enable_thinking` to the template when given (Qwen3.5
-    /// templates close an empty thinking block when it is false).
+    /// templates close an empty thinking block when it is false). A thin wrapper over [`TextTokenizer::render_chat`].
     pub fn apply_chat_template_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String> {
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let mut kwargs = serde_json::Map::new();
+        if let Some(t) = enable_thinking {
+            kwargs.insert("enable_thinking".into(), t.into());
+        }
+        self.render_chat(&ChatRequest {
+            messages: &messages,
+            tools: None,
+            add_generation_prompt,
+            kwargs: &kwargs,
+        })
+    }
+
+    /// The compiled chat template (compiled on first use). Errors: [`ModelError::ChatTemplate`] when the checkpoint
+    /// has none or it does not parse.
+    pub fn chat_template(&self) -> Result<&ChatTemplate> {
         let src = self.chat_template.as_deref().ok_or_else(|| {
             ModelError::ChatTemplate("this checkpoint has no chat template".into())
         })?;
-        let mut env = minijinja::Environment::new();
-        // A template is code from the checkpoint: bound its work so a runaway loop fails instead of hanging.
-        env.set_fuel(Some(50_000_000));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_function("strftime_now", |fmt: String| -> String {
-            // Deterministic output: templates use this for a "today" line; we do not pull a date library in for it.
-            fmt.replace("%Y", "2026")
-                .replace("%m", "01")
-                .replace("%d", "01")
-                .replace("%B", "January")
-                .replace("%b", "Jan")
-        });
-        env.add_template("chat", src)
-            .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
-        let tmpl = env.get_template("chat").expect("just added");
-        let base = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
-        };
-        let ctx = match enable_thinking {
-            Some(t) => minijinja::context! { enable_thinking => t, ..base },
-            None => base,
-        };
-        tmpl.render(ctx)
-            .map_err(|e| ModelError::ChatTemplate(format!("{e:#}")))
+        self.compiled
+            .get_or_init(|| ChatTemplate::new(src).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| ModelError::ChatTemplate(e.clone()))
+    }
+
+    /// Renders an OpenAI-shaped chat request into the prompt text, as transformers' `apply_chat_template` renders
+    /// it with `bos_token`/`eos_token` from tokenizer_config.json (see [`ChatTemplate::render`]).
+    ///
+    /// Errors: [`ModelError::InvalidChatRequest`] for a malformed request or one the template rejects (HTTP 400),
+    /// [`ModelError::ChatTemplate`] when there is no template or it fails otherwise.
+    pub fn render_chat(&self, req: &ChatRequest<'_>) -> Result<String> {
+        let template = self.chat_template()?;
+        let mut special = Vec::new();
+        if let Some(t) = &self.bos_token {
+            special.push(("bos_token", t.as_str()));
+        }
+        if let Some(t) = &self.eos_token {
+            special.push(("eos_token", t.as_str()));
+        }
+        template.render(req, &special)
     }
 }

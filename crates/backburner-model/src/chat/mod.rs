@@ -1,0 +1,49 @@
+//! The chat text layer: rendering OpenAI-shaped conversations through a checkpoint's Jinja chat template exactly as
+//! transformers renders them ([`ChatTemplate`], [`ChatRequest`]), and parsing what the model generates back into
+//! OpenAI fields (reasoning, content, tool calls) for the Qwen3.5 format ([`ChatOutputParser`], [`parse_output`]).
+
+mod parse;
+mod pycompat;
+mod pyvalue;
+mod request;
+mod template;
+mod toolcall;
+
+pub use parse::{
+    parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ParsedOutput, ToolCall,
+};
+pub use pycompat::{is_py_space, py_split, py_splitlines, py_strip};
+pub use pyvalue::{float_repr, str_repr};
+pub use request::{normalize_messages, normalize_tools};
+pub use template::ChatTemplate;
+
+use crate::error::Result;
+
+/// One chat completion request as the server received it, to render into a prompt.
+#[derive(Clone, Copy, Debug)]
+pub struct ChatRequest<'a> {
+    /// OpenAI-shaped messages as received: objects with `role`, `content` (a string, null, or an array of
+    /// `{"type": "text", "text": ...}` parts), and optionally `tool_calls` (with `function.arguments` as an object
+    /// or a JSON string), `tool_call_id`, `name` and `reasoning_content` (or `reasoning` / `thinking`).
+    pub messages: &'a [serde_json::Value],
+    /// The OpenAI `tools` array as received (`{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`); `None` when the request has none.
+    pub tools: Option<&'a [serde_json::Value]>,
+    /// End the prompt with the assistant's turn opening (what a completion request wants).
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs`: extra template variables, e.g. `enable_thinking: false`.
+    pub kwargs: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl ChatTemplate {
+    /// Renders `req` as transformers' `apply_chat_template(messages, tools=tools, add_generation_prompt=...,
+    /// tokenize=False, **special_tokens, **kwargs)` does, after normalizing the messages
+    /// ([`normalize_messages`]: null keys dropped, reasoning aliased, string tool-call arguments parsed).
+    ///
+    /// Errors: [`crate::ModelError::InvalidChatRequest`] for a malformed request or one the template rejects
+    /// (`raise_exception`), [`crate::ModelError::ChatTemplate`] when rendering fails otherwise.
+    pub fn render(&self, req: &ChatRequest<'_>, special_tokens: &[(&str, &str)]) -> Result<String> {
+        let ctx = request::build_context(req, special_tokens)?;
+        self.render_json(&ctx)
+    }
+}

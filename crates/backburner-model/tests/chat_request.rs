@@ -1,0 +1,165 @@
+//! OpenAI-shaped requests: what normalization accepts and changes, and the typed errors naming the field for what it
+//! rejects.
+
+use backburner_model::chat::{normalize_messages, normalize_tools};
+use backburner_model::{ChatRequest, ChatTemplate, ModelError};
+use serde_json::{json, Value};
+
+fn field_of(r: backburner_model::Result<Vec<Value>>) -> (String, String) {
+    match r {
+        Err(ModelError::InvalidChatRequest { field, message }) => (field, message),
+        other => panic!("expected InvalidChatRequest, got {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_messages_fail_naming_the_field() {
+    let cases = [
+        (json!([]), "messages"),
+        (json!(["hi"]), "messages[0]"),
+        (json!([{"content": "x"}]), "messages[0].role"),
+        (json!([{"role": 1, "content": "x"}]), "messages[0].role"),
+        (
+            json!([{"role": "user", "content": 5}]),
+            "messages[0].content",
+        ),
+        (
+            json!([{"role": "user", "content": {"text": "x"}}]),
+            "messages[0].content",
+        ),
+        (
+            json!([{"role": "user", "content": ["x"]}]),
+            "messages[0].content[0]",
+        ),
+        (
+            json!([{"role": "user", "content": [{"type": "text"}]}]),
+            "messages[0].content[0].text",
+        ),
+        (
+            json!([{"role": "user", "content": [{"type": "text", "text": 3}]}]),
+            "messages[0].content[0].text",
+        ),
+        (
+            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!([{"role": "tool", "content": "x", "tool_call_id": 7}]),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!([{"role": "assistant", "reasoning_content": ["x"]}]),
+            "messages[0].reasoning_content",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": {}}]),
+            "messages[0].tool_calls",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [1]}]),
+            "messages[0].tool_calls[0]",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [{"id": "a"}]}]),
+            "messages[0].tool_calls[0].function",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]),
+            "messages[0].tool_calls[0].function.name",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\": "}}]}]),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1, 2]"}}]}]),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+    ];
+    for (messages, want) in cases {
+        let (field, message) = field_of(normalize_messages(messages.as_array().unwrap()));
+        assert_eq!(field, want, "{messages}: {message}");
+        assert!(!message.is_empty());
+    }
+}
+
+#[test]
+fn malformed_tools_fail_naming_the_field() {
+    for (tools, want) in [
+        (json!(["f"]), "tools[0]"),
+        (
+            json!([{"type": "function", "function": "f"}]),
+            "tools[0].function",
+        ),
+        (
+            json!([{"type": "function", "function": {"description": "d"}}]),
+            "tools[0].function.name",
+        ),
+        (
+            json!([{"type": "function", "function": {"name": "f"}}, {"parameters": {}}]),
+            "tools[1].name",
+        ),
+    ] {
+        assert_eq!(
+            field_of(normalize_tools(tools.as_array().unwrap())).0,
+            want,
+            "{tools}"
+        );
+    }
+}
+
+#[test]
+fn normalization_drops_nulls_parses_arguments_and_aliases_reasoning() {
+    let msgs = json!([
+        {"role": "assistant", "content": null, "reasoning": "why", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"b\":1,\"a\":[true,null]}"}},
+            {"id": "d", "type": "function", "function": {"name": "g", "arguments": ""}},
+            {"id": "e", "type": "function", "function": {"name": "h", "arguments": {"z": 2}}},
+        ]}
+    ]);
+    let out = normalize_messages(msgs.as_array().unwrap()).unwrap();
+    let m = out[0].as_object().unwrap();
+    assert!(!m.contains_key("content"));
+    assert_eq!(m.keys().next().unwrap(), "thinking");
+    assert_eq!(m["reasoning_content"], "why");
+    let calls = m["tool_calls"].as_array().unwrap();
+    let args0 = &calls[0]["function"]["arguments"];
+    assert_eq!(args0, &json!({"b": 1, "a": [true, null]}));
+    let keys: Vec<&String> = args0.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["b", "a"], "key order kept");
+    assert_eq!(calls[1]["function"]["arguments"], json!({}));
+    assert_eq!(calls[2]["function"]["arguments"], json!({"z": 2}));
+}
+
+#[test]
+fn template_kwargs_cannot_replace_the_request_itself() {
+    let t = ChatTemplate::new("{{ messages|length }}").unwrap();
+    let msgs = [json!({"role": "user", "content": "x"})];
+    let kwargs = json!({"messages": []});
+    let req = ChatRequest {
+        messages: &msgs,
+        tools: None,
+        add_generation_prompt: true,
+        kwargs: kwargs.as_object().unwrap(),
+    };
+    match t.render(&req, &[]) {
+        Err(ModelError::InvalidChatRequest { field, .. }) => {
+            assert_eq!(field, "chat_template_kwargs.messages")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_template_that_does_not_parse_is_a_template_error() {
+    assert!(matches!(
+        ChatTemplate::new("{% if %}"),
+        Err(ModelError::ChatTemplate(_))
+    ));
+    let t = ChatTemplate::new("{{ 1 + }}");
+    assert!(matches!(t, Err(ModelError::ChatTemplate(_))));
+}
