@@ -257,6 +257,11 @@ impl ModelState {
         )
     }
 
+    /// The forward pass's activation buffers.
+    pub(crate) fn scratch_mut(&mut self) -> &mut Scratch {
+        &mut self.scratch
+    }
+
     /// Layers `a` and `b = a - 1` (both held, a caller bug otherwise), both sets of activation buffers and the
     /// remote slot, for two sub-ubatches run interleaved.
     pub(crate) fn two_layers(

@@ -16,12 +16,15 @@ use crate::linear::Linear;
 use crate::ops::Rope;
 use crate::state::ModelState;
 
+mod batch;
 mod forward;
 mod interleave;
 mod load;
-pub use forward::Scratch;
+mod mixer;
+mod scratch;
 pub use load::load_bytes;
 use load::load_layer;
+pub use scratch::Scratch;
 
 /// Chunk length of the chunked delta rule (HF uses 64).
 pub const GDN_CHUNK: usize = 64;
@@ -203,6 +206,13 @@ impl Model {
     ///
     /// Errors: [`ModelError::InvalidConfig`] if the embedding is not loaded or an id is ≥ vocab_size.
     pub fn embed(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let mut x = vec![0.0f32; ids.len() * self.config.hidden_size];
+        self.embed_into(ids, &mut x)?;
+        Ok(x)
+    }
+
+    /// As [`Model::embed`], into `x` (`[n_tokens, hidden]`; panics if it is not).
+    pub(crate) fn embed_into(&self, ids: &[u32], x: &mut [f32]) -> Result<()> {
         let emb = self
             .embed
             .as_ref()
@@ -210,11 +220,11 @@ impl Model {
         self.check_ids(ids)?;
         let _s = profile::scope(Op::Embed);
         let h = self.config.hidden_size;
-        let mut x = vec![0.0f32; ids.len() * h];
+        assert_eq!(x.len(), ids.len() * h, "embed: x is not [n_tokens, hidden]");
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
             emb.row_into(id as usize, row);
         }
-        Ok(x)
+        Ok(())
     }
 
     /// One ubatch through the whole model on a node that holds every layer and the ends: embeds `ids`, runs every

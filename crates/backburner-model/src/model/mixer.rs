@@ -1,0 +1,251 @@
+//! The per-sequence core of each token mixer: everything between its input projection and its output projection
+//! that reads or writes one sequence's state (GDN causal conv, delta rule and gated norm; attention q/k norms,
+//! RoPE at the sequence's position, KV append, attention over its pages and the output gate). The single-sequence
+//! pass ([`Model::forward_layer`]) and the batched decode step ([`Model::forward_decode_batch`]) both run the
+//! projections on their stacked rows and call these on each sequence's rows.
+
+use backburner_kernels::attention::Partial;
+use backburner_kernels::gdn::{self, GdnDims};
+use backburner_kernels::kv::PagedKvCache;
+use backburner_kernels::profile::{self, Op};
+use backburner_kernels::rowops;
+
+use super::scratch::{sized, take_cols_into, MixerBufs};
+use super::{AttnWeights, GdnWeights, Model, GDN_CHUNK};
+use crate::ops;
+use crate::remote::RemoteSlot;
+use crate::state::{LinearState, PageStore};
+
+/// Most bytes of the host's own page partials computed while the pages held elsewhere are attended (KV offload):
+/// all of them for decode, a bounded part of a long prefill ubatch's.
+const AHEAD_BYTES: usize = 64 << 20;
+
+/// An attention op waiting for the partial over the pages held elsewhere (KV offload): the host's own first pages'
+/// partials computed meanwhile, and what the op needs to finish.
+pub(crate) struct AwaitRemote {
+    ahead: Option<Vec<Option<Partial>>>,
+    pos0: usize,
+    scale: f32,
+}
+
+impl Model {
+    /// Gated DeltaNet core (HF `Qwen3_5GatedDeltaNet` between `in_proj` and `out_proj`) of one sequence's `t` tokens:
+    /// `proj` is their fused input projection `[t, conv_dim + Hv·Dv + 2·Hv]` (`[qkv | z | b | a]`, f32); the causal
+    /// conv and the delta rule advance `st`; the gated-normed output `[t, Hv·Dv]` is left in `m.o`.
+    pub(super) fn gdn_core(
+        &self,
+        w: &GdnWeights,
+        proj: &[f32],
+        t: usize,
+        st: &mut LinearState,
+        m: &mut MixerBufs,
+    ) {
+        self.gdn_conv_qkv(w, proj, t, st, m);
+        self.gdn_gates(w, proj, t, m);
+        let c = &self.config;
+        let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
+        let dims = GdnDims {
+            n_tokens: t,
+            n_k_heads: c.linear_num_key_heads,
+            n_v_heads: hv,
+            d_k: c.linear_key_head_dim,
+            d_v: dv,
+        };
+        let o = sized(&mut m.o, t * hv * dv);
+        let st = &mut st.recurrent;
+        if t == 1 {
+            let _p = profile::scope(Op::DeltaRecurrent);
+            gdn::delta_rule_recurrent(dims, &m.q, &m.k, &m.v, &m.g, &m.beta, st, o);
+        } else {
+            let _p = profile::scope(Op::DeltaChunked);
+            gdn::delta_rule_chunked(dims, GDN_CHUNK, &m.q, &m.k, &m.v, &m.g, &m.beta, st, o);
+        }
+        let _p = profile::scope(Op::Norm);
+        rowops::gated_rms_norm(&mut m.o, &m.z, &w.norm, c.rms_norm_eps as f32);
+    }
+
+    /// The GDN causal conv (advancing `st.conv`) and its output split into L2-normed q, k (`m.q`, `m.k`) and v
+    /// (`m.v`); z to `m.z`.
+    fn gdn_conv_qkv(
+        &self,
+        w: &GdnWeights,
+        proj: &[f32],
+        t: usize,
+        st: &mut LinearState,
+        m: &mut MixerBufs,
+    ) {
+        let c = &self.config;
+        let (hk, hv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.conv_dim();
+        let width = conv_dim + hv * dv + 2 * hv;
+        assert_eq!(proj.len(), t * width, "gdn: proj is not [t, width]");
+        {
+            let _p = profile::scope(Op::Copy);
+            take_cols_into(proj, width, 0, conv_dim, &mut m.a);
+            take_cols_into(proj, width, conv_dim, hv * dv, &mut m.z);
+        }
+        {
+            let _p = profile::scope(Op::GdnConv);
+            let out = sized(&mut m.b, t * conv_dim);
+            let kernel = c.linear_conv_kernel_dim;
+            gdn::causal_conv1d_silu(&m.a, t, conv_dim, kernel, &w.conv_weight, &mut st.conv, out);
+        }
+        {
+            let _p = profile::scope(Op::Copy);
+            take_cols_into(&m.b, conv_dim, 0, hk * dk, &mut m.q);
+            take_cols_into(&m.b, conv_dim, hk * dk, hk * dk, &mut m.k);
+            take_cols_into(&m.b, conv_dim, 2 * hk * dk, hv * dv, &mut m.v);
+        }
+        let _p = profile::scope(Op::Norm);
+        rowops::l2_norm_scaled(&mut m.q, dk, 1.0 / (dk as f32).sqrt());
+        rowops::l2_norm_scaled(&mut m.k, dk, 1.0);
+    }
+
+    /// GDN β = σ(b) and log-decay g = −exp(A)·softplus(a + dt_bias) (`[t, Hv]` each, in `m.beta`, `m.g`).
+    fn gdn_gates(&self, w: &GdnWeights, proj: &[f32], t: usize, m: &mut MixerBufs) {
+        let _p = profile::scope(Op::Activation);
+        let c = &self.config;
+        let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
+        let conv_dim = c.conv_dim();
+        let width = conv_dim + hv * dv + 2 * hv;
+        let (beta, g) = (sized(&mut m.beta, t * hv), sized(&mut m.g, t * hv));
+        for (row, (bt, gt)) in proj
+            .chunks_exact(width)
+            .zip(beta.chunks_exact_mut(hv).zip(g.chunks_exact_mut(hv)))
+        {
+            let ba = &row[conv_dim + hv * dv..];
+            for j in 0..hv {
+                bt[j] = ops::sigmoid(ba[j]);
+                gt[j] = w.neg_a[j] * ops::softplus(ba[hv + j] + w.dt_bias[j]);
+            }
+        }
+    }
+
+    /// Gated attention core (HF `Qwen3_5Attention` between `q/k/v_proj` and `o_proj`) of one sequence's `t` tokens
+    /// at positions `pos0..`: `proj` is their fused projection `[t, Hq·2D + 2·Hkv·D]` (`[per-head (q | gate) | k |
+    /// v]`, f32). Appends K and V to `cache` (which must hold exactly `pos0` rows; panics otherwise) and leaves the
+    /// gated output `[t, Hq·D]` in `m.o`. With pages held elsewhere it stops at their request (`Some`: finish with
+    /// [`Model::attention_core_finish`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention_core(
+        &self,
+        idx: usize,
+        w: &AttnWeights,
+        proj: &[f32],
+        t: usize,
+        pos0: usize,
+        cache: &mut PagedKvCache,
+        m: &mut MixerBufs,
+        remote: &mut RemoteSlot,
+    ) -> Option<AwaitRemote> {
+        self.attention_qkv(w, proj, t, pos0, m);
+        assert_eq!(
+            cache.len(),
+            pos0,
+            "KV cache length differs from the position"
+        );
+        {
+            let _p = profile::scope(Op::KvAppend);
+            cache.append(&m.k, &m.v, t);
+        }
+        let (hq, d) = (self.config.num_attention_heads, self.config.head_dim);
+        let scale = 1.0 / (d as f32).sqrt();
+        if cache.offloaded() > 0 {
+            // the oldest pages are elsewhere: their fold first, then ours (docs/KV_OFFLOAD.md), our first pages'
+            // partials computed while theirs are
+            let _p = profile::scope(Op::Attention);
+            let ahead = remote
+                .begin(idx, &m.a, t, hq, pos0, scale)
+                .then(|| cache.partials_ahead(&m.a, t, hq, pos0, scale, AHEAD_BYTES));
+            return Some(AwaitRemote { ahead, pos0, scale });
+        }
+        let part = {
+            let _p = profile::scope(Op::Attention);
+            PageStore::attend(cache, &m.a, t, hq, pos0, scale, None)
+        };
+        attention_gate(part, m);
+        None
+    }
+
+    /// Splits the fused projection into queries (`m.a`), gate (`m.b`), keys (`m.k`) and values (`m.v`), then the
+    /// q/k norms and RoPE at positions `pos0..`.
+    fn attention_qkv(
+        &self,
+        w: &AttnWeights,
+        proj: &[f32],
+        t: usize,
+        pos0: usize,
+        m: &mut MixerBufs,
+    ) {
+        let c = &self.config;
+        let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let width = hq * 2 * d + 2 * hkv * d;
+        assert_eq!(proj.len(), t * width, "attention: proj is not [t, width]");
+        {
+            let _p = profile::scope(Op::Copy);
+            let q = sized(&mut m.a, t * hq * d);
+            let gate = sized(&mut m.b, t * hq * d);
+            for ((row, qr), gr) in proj
+                .chunks_exact(width)
+                .zip(q.chunks_exact_mut(hq * d))
+                .zip(gate.chunks_exact_mut(hq * d))
+            {
+                for ((head, qh), gh) in row[..hq * 2 * d]
+                    .chunks_exact(2 * d)
+                    .zip(qr.chunks_exact_mut(d))
+                    .zip(gr.chunks_exact_mut(d))
+                {
+                    qh.copy_from_slice(&head[..d]);
+                    gh.copy_from_slice(&head[d..]);
+                }
+            }
+            take_cols_into(proj, width, hq * 2 * d, hkv * d, &mut m.k);
+            take_cols_into(proj, width, hq * 2 * d + hkv * d, hkv * d, &mut m.v);
+        }
+        {
+            let _p = profile::scope(Op::Norm);
+            let eps = c.rms_norm_eps as f32;
+            rowops::rms_norm_1p_inplace(&mut m.a, &w.q_norm, eps);
+            rowops::rms_norm_1p_inplace(&mut m.k, &w.k_norm, eps);
+        }
+        let _p = profile::scope(Op::Rope);
+        self.rope.apply(&mut m.a, t, hq, pos0);
+        self.rope.apply(&mut m.k, t, hkv, pos0);
+    }
+
+    /// The end of an attention core that waited for the pages held elsewhere: their partial, then the fold over
+    /// the pages here, gated into `m.o`. On a failure the output is zeros and the error is latched for the caller,
+    /// which discards this step.
+    pub(super) fn attention_core_finish(
+        &self,
+        idx: usize,
+        t: usize,
+        cache: &mut PagedKvCache,
+        m: &mut MixerBufs,
+        remote: &mut RemoteSlot,
+        a: AwaitRemote,
+    ) {
+        let (hq, d) = (self.config.num_attention_heads, self.config.head_dim);
+        let part = {
+            let _p = profile::scope(Op::Attention);
+            let AwaitRemote { ahead, pos0, scale } = a;
+            match ahead.and_then(|a| remote.finish(idx, t, hq, d).map(|p| (p, a))) {
+                Some((prefix, a)) => cache.attend_after_ahead(prefix, &a, &m.a, t, hq, pos0, scale),
+                None => Partial::empty(t, hq, d),
+            }
+        };
+        attention_gate(part, m);
+    }
+}
+
+/// The attention output gate: `m.o = o ⊙ σ(gate)` (the gate in `m.b`).
+fn attention_gate(part: Partial, m: &mut MixerBufs) {
+    m.o = part.o;
+    let _p = profile::scope(Op::Activation);
+    rowops::sigmoid_mul(&mut m.o, &m.b);
+}
