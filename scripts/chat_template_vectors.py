@@ -218,17 +218,18 @@ def main():
 
     ccases = []
     for name, msgs, tools in chat_convs:
-        has_calls = any(m.get("tool_calls") for m in msgs)
+        entry = {"name": name, "messages": msgs, "tools": tools}
+        if any(m.get("tool_calls") for m in msgs):
+            entry["openai_messages"] = openai_shape(msgs)
+        entry["renders"] = []
         for agp in (True, False):
             for kwargs in ({}, {"enable_thinking": True}, {"enable_thinking": False}):
                 if not agp and kwargs:
                     continue  # enable_thinking only changes the generation prompt
                 text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=agp, **kwargs)
-                entry = {"name": name, "messages": msgs, "tools": tools, "add_generation_prompt": agp, "kwargs": kwargs,
-                         "text": text, "ids": tok.encode(text, add_special_tokens=False)}
-                if has_calls:
-                    entry["openai_messages"] = openai_shape(msgs)
-                ccases.append(entry)
+                entry["renders"].append({"add_generation_prompt": agp, "kwargs": kwargs, "text": text,
+                                         "ids": tok.encode(text, add_special_tokens=False)})
+        ccases.append(entry)
 
     ecases = []
     for name, msgs, tools in error_convs:
@@ -245,8 +246,19 @@ def main():
         "chat_cases": ccases,
         "error_cases": ecases,
     }
-    (assets / "chat_template_vectors.json").write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n")
-    print(f"wrote {len(tcases)} template cases, {len(ccases)} chat cases, {len(ecases)} error cases")
+    # One line per case keeps the file small and its diffs readable.
+    lines = ["{"]
+    for i, (key, value) in enumerate(out.items()):
+        comma = "," if i + 1 < len(out) else ""
+        if isinstance(value, list):
+            items = ",\n".join("  " + json.dumps(v, ensure_ascii=False) for v in value)
+            lines.append(f"{json.dumps(key)}: [\n{items}\n]{comma}")
+        else:
+            lines.append(f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
+    lines.append("}")
+    (assets / "chat_template_vectors.json").write_text("\n".join(lines) + "\n")
+    n = sum(len(c["renders"]) for c in ccases)
+    print(f"wrote {len(tcases)} template cases, {len(ccases)} conversations ({n} renderings), {len(ecases)} error cases")
 
 
 if __name__ == "__main__":

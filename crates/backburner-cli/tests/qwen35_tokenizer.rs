@@ -112,16 +112,18 @@ fn qwen35_tool_and_reasoning_conversations_render_and_tokenize_like_transformers
             let Some(msgs) = c.get(key).and_then(|m| m.as_array()) else {
                 continue;
             };
-            let req = ChatRequest {
-                messages: msgs,
-                tools: c["tools"].as_array().map(Vec::as_slice),
-                add_generation_prompt: c["add_generation_prompt"].as_bool().unwrap(),
-                kwargs: c["kwargs"].as_object().unwrap_or(&empty),
-            };
-            let text = tok.render_chat(&req).unwrap();
-            assert_eq!(text, c["text"].as_str().unwrap(), "{} ({key})", c["name"]);
-            let ids: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
-            assert_eq!(tok.encode(&text).unwrap(), ids, "{}", c["name"]);
+            for r in c["renders"].as_array().unwrap() {
+                let req = ChatRequest {
+                    messages: msgs,
+                    tools: c["tools"].as_array().map(Vec::as_slice),
+                    add_generation_prompt: r["add_generation_prompt"].as_bool().unwrap(),
+                    kwargs: r["kwargs"].as_object().unwrap_or(&empty),
+                };
+                let text = tok.render_chat(&req).unwrap();
+                assert_eq!(text, r["text"].as_str().unwrap(), "{} ({key})", c["name"]);
+                let ids: Vec<u32> = serde_json::from_value(r["ids"].clone()).unwrap();
+                assert_eq!(tok.encode(&text).unwrap(), ids, "{}", c["name"]);
+            }
         }
     }
 }

@@ -23,13 +23,19 @@ fn qwen35() -> ChatTemplate {
 
 const SPECIAL: [(&str, &str); 2] = [("eos_token", "<|im_end|>"), ("pad_token", "<|endoftext|>")];
 
-fn render(t: &ChatTemplate, messages: &Value, case: &Value) -> backburner_model::Result<String> {
+/// Renders `messages` of conversation `conv` with the options of one of its recorded renderings.
+fn render(
+    t: &ChatTemplate,
+    messages: &Value,
+    conv: &Value,
+    r: &Value,
+) -> backburner_model::Result<String> {
     let empty = serde_json::Map::new();
     let req = ChatRequest {
         messages: messages.as_array().unwrap(),
-        tools: case["tools"].as_array().map(Vec::as_slice),
-        add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap_or(true),
-        kwargs: case["kwargs"].as_object().unwrap_or(&empty),
+        tools: conv["tools"].as_array().map(Vec::as_slice),
+        add_generation_prompt: r["add_generation_prompt"].as_bool().unwrap_or(true),
+        kwargs: r["kwargs"].as_object().unwrap_or(&empty),
     };
     t.render(&req, &SPECIAL)
 }
@@ -57,16 +63,21 @@ fn filters_methods_and_tests_behave_as_jinja2_under_transformers() {
 fn qwen35_conversations_render_like_transformers() {
     let v = vectors();
     let t = qwen35();
-    let cases = v["chat_cases"].as_array().unwrap();
-    assert!(cases.len() >= 40);
-    for c in cases {
-        let name = format!(
-            "{} agp={} kwargs={}",
-            c["name"], c["add_generation_prompt"], c["kwargs"]
-        );
-        let want = c["text"].as_str().unwrap();
-        assert_eq!(render(&t, &c["messages"], c).unwrap(), want, "{name}");
+    let convs = v["chat_cases"].as_array().unwrap();
+    assert!(convs.len() >= 12);
+    let mut n = 0;
+    for c in convs {
+        for r in c["renders"].as_array().unwrap() {
+            let name = format!(
+                "{} agp={} kwargs={}",
+                c["name"], r["add_generation_prompt"], r["kwargs"]
+            );
+            let want = r["text"].as_str().unwrap();
+            assert_eq!(render(&t, &c["messages"], c, r).unwrap(), want, "{name}");
+            n += 1;
+        }
     }
+    assert!(n >= 40, "{n}");
 }
 
 #[test]
@@ -76,13 +87,12 @@ fn openai_shaped_tool_calls_render_as_their_object_form() {
     let t = qwen35();
     let mut n = 0;
     for c in v["chat_cases"].as_array().unwrap() {
-        if let Some(m) = c.get("openai_messages") {
-            assert_eq!(
-                render(&t, m, c).unwrap(),
-                c["text"].as_str().unwrap(),
-                "{}",
-                c["name"]
-            );
+        let Some(m) = c.get("openai_messages") else {
+            continue;
+        };
+        for r in c["renders"].as_array().unwrap() {
+            let want = r["text"].as_str().unwrap();
+            assert_eq!(render(&t, m, c, r).unwrap(), want, "{}", c["name"]);
             n += 1;
         }
     }
@@ -94,7 +104,7 @@ fn conversations_the_template_rejects_are_invalid_requests_with_its_message() {
     let v = vectors();
     let t = qwen35();
     for c in v["error_cases"].as_array().unwrap() {
-        match render(&t, &c["messages"], c) {
+        match render(&t, &c["messages"], c, &Value::Null) {
             Err(ModelError::InvalidChatRequest { field, message }) => {
                 assert_eq!(field, "messages");
                 assert_eq!(message, c["error"].as_str().unwrap(), "{}", c["name"]);

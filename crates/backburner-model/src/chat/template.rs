@@ -179,3 +179,41 @@ fn days_before_year(year: i64) -> i64 {
     let leaps = |y: i64| y.div_euclid(4) - y.div_euclid(100) + y.div_euclid(400);
     365 * (year - 1970) + leaps(y) - leaps(1969)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_matches_python_in_utc() {
+        // datetime.fromtimestamp(s, timezone.utc).strftime(FMT) in CPython.
+        const FMT: &str = "%Y-%m-%d %H:%M:%S %A %a %B %b %j %y %I %p %e %%";
+        for (secs, want) in [
+            (
+                0,
+                "1970-01-01 00:00:00 Thursday Thu January Jan 001 70 12 AM  1 %",
+            ),
+            (
+                1_709_210_096,
+                "2024-02-29 12:34:56 Thursday Thu February Feb 060 24 12 PM 29 %",
+            ),
+            (
+                4_102_444_799,
+                "2099-12-31 23:59:59 Thursday Thu December Dec 365 99 11 PM 31 %",
+            ),
+            (
+                951_782_400,
+                "2000-02-29 00:00:00 Tuesday Tue February Feb 060 00 12 AM 29 %",
+            ),
+        ] {
+            assert_eq!(strftime(FMT, secs), want, "{secs}");
+        }
+    }
+
+    #[test]
+    fn a_compiled_template_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<ChatTemplate>();
+        shared::<crate::TextTokenizer>();
+    }
+}
