@@ -138,7 +138,11 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
 }
 
 /// One slot's session: its own workers' connections (split prefill / KV offload) or layer-split chain.
-fn slot_session(a: &ServeArgs, loaded: &crate::Loaded, pool: &backburner_engine::ComputePool) -> Result<Session> {
+fn slot_session(
+    a: &ServeArgs,
+    loaded: &crate::Loaded,
+    pool: &backburner_engine::ComputePool,
+) -> Result<Session> {
     let workers = a.link.clients(loaded, pool.threads())?;
     let chain = crate::chain_args::layer_split(&a.link, loaded, pool.threads())?;
     let mut opts = a.model.session_options(pool);

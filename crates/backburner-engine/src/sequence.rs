@@ -258,7 +258,11 @@ impl<'t> Sequence<'t> {
     /// `None`), or the error, which ends the sequence with [`StopReason::Error`] keeping the tokens so far (returns
     /// the end step, with the text held back until then).
     pub fn accept_logits(&mut self, r: Result<Vec<f32>>) -> Option<Sampled> {
-        assert_eq!(self.phase, Phase::Decode, "accept_logits without a pending token");
+        assert_eq!(
+            self.phase,
+            Phase::Decode,
+            "accept_logits without a pending token"
+        );
         self.pending = None;
         match r {
             Ok(l) => {
@@ -293,12 +297,11 @@ impl<'t> Sequence<'t> {
                 ..Default::default()
             };
         }
-        self.end(StopReason::Interrupted, None)
-            .unwrap_or(Sampled {
-                token: None,
-                text: String::new(),
-                stop: Some(StopReason::Interrupted),
-            })
+        self.end(StopReason::Interrupted, None).unwrap_or(Sampled {
+            token: None,
+            text: String::new(),
+            stop: Some(StopReason::Interrupted),
+        })
     }
 
     /// The result so far (complete once the phase is [`Phase::Done`]); the kept logits move into it.
@@ -317,10 +320,7 @@ impl<'t> Sequence<'t> {
     pub fn finish(mut self) -> Generation {
         let logits = std::mem::take(&mut self.step_logits);
         let mut g = self.result(logits);
-        g.text = self
-            .stream
-            .map(TextStream::into_text)
-            .unwrap_or_default();
+        g.text = self.stream.map(TextStream::into_text).unwrap_or_default();
         g
     }
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backburner_engine::serve::{CacheLimits, Engine, Event, Job, ServeOptions, SubmitError};
-use backburner_engine::{generate, GenerateParams, Generation, Session, SessionOptions, StopReason};
+use backburner_engine::{
+    generate, GenerateParams, Generation, Session, SessionOptions, StopReason,
+};
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{KvOptions, Model};
 use common::*;
@@ -71,6 +73,7 @@ fn try_submit(
         prompt,
         params,
         stable_prefix: None,
+        cache_prompt: true,
         events: Box::new(move |ev| tx.send(ev).is_ok()),
     })?;
     Ok(rx)
@@ -123,16 +126,28 @@ fn four_slots_give_each_sequence_its_own_tokens_and_logits() {
     for (p, o) in prompts.iter().zip(&got) {
         let want = alone(&model, p, &greedy(24));
         let g = o.generation.as_ref().expect("done");
-        assert_eq!(o.tokens, want.tokens, "tokens of the {}-token prompt", p.len());
+        assert_eq!(
+            o.tokens,
+            want.tokens,
+            "tokens of the {}-token prompt",
+            p.len()
+        );
         assert_eq!(g.tokens, want.tokens);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(bits(&g.step_logits) == bits(&want.step_logits), "logits of the {}-token prompt", p.len());
+        assert!(
+            bits(&g.step_logits) == bits(&want.step_logits),
+            "logits of the {}-token prompt",
+            p.len()
+        );
         assert_eq!(g.step_logits.len(), 24 * vocab);
     }
     let m = e.metrics();
     assert_eq!(m.requests_ok.load(Ordering::Relaxed), 4);
     // the decode steps ran batched: fewer steps than rows
-    let (steps, rows) = (m.decode_steps.load(Ordering::Relaxed), m.decode_rows.load(Ordering::Relaxed));
+    let (steps, rows) = (
+        m.decode_steps.load(Ordering::Relaxed),
+        m.decode_rows.load(Ordering::Relaxed),
+    );
     assert_eq!(rows, 4 * 23);
     assert!(steps < rows, "{steps} decode steps for {rows} rows");
 }
@@ -175,10 +190,21 @@ fn a_diverging_prompt_resumes_from_a_checkpoint_bit_for_bit() {
     let g = o.generation.unwrap();
     assert_eq!(g.tokens, want.tokens);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert!(bits(&g.step_logits) == bits(&want.step_logits), "logits differ");
+    assert!(
+        bits(&g.step_logits) == bits(&want.step_logits),
+        "logits differ"
+    );
     assert_eq!(g.step_logits.len(), 12 * vocab);
     // without checkpoints only exact extensions are reused: this one starts over
-    let e0 = engine(&model, 1, 4, CacheLimits { max_checkpoints: 0, max_bytes: 0 });
+    let e0 = engine(
+        &model,
+        1,
+        4,
+        CacheLimits {
+            max_checkpoints: 0,
+            max_bytes: 0,
+        },
+    );
     collect(submit(&e0, p1, greedy(4)));
     let o0 = collect(submit(&e0, p2, greedy(12)));
     assert_eq!(o0.cached, 0);
@@ -246,6 +272,7 @@ fn a_client_gone_cancels_and_bad_requests_fail_with_typed_errors() {
         prompt: prompt(17, 10, vocab),
         params: greedy(100_000),
         stable_prefix: None,
+        cache_prompt: true,
         events: Box::new(move |ev| {
             n += 1;
             let _ = tx.send(ev);
@@ -262,10 +289,19 @@ fn a_client_gone_cancels_and_bad_requests_fail_with_typed_errors() {
     assert!(bad_id.failed.unwrap().contains("out of range"), "token id");
     let mut hot = greedy(2);
     hot.sampling.temperature = -1.0;
-    assert!(collect(submit(&e, vec![1, 2], hot)).failed.unwrap().contains("temperature"));
+    assert!(collect(submit(&e, vec![1, 2], hot))
+        .failed
+        .unwrap()
+        .contains("temperature"));
     let too_long = prompt(19, model.config().max_position_embeddings, vocab);
-    assert!(collect(submit(&e, too_long, greedy(2))).failed.unwrap().contains("context"));
-    assert!(collect(submit(&e, vec![], greedy(2))).failed.unwrap().contains("empty"));
+    assert!(collect(submit(&e, too_long, greedy(2)))
+        .failed
+        .unwrap()
+        .contains("context"));
+    assert!(collect(submit(&e, vec![], greedy(2)))
+        .failed
+        .unwrap()
+        .contains("empty"));
 }
 
 #[test]

@@ -57,20 +57,26 @@ async fn run(
     let gen = GenSettings::read(&b)?;
     let messages = match b.array("messages")? {
         Some(m) if !m.is_empty() => m.clone(),
-        _ => return Err(ApiError::invalid(Some("messages"), "`messages` must be a non-empty array")),
+        _ => {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                "`messages` must be a non-empty array",
+            ))
+        }
     };
     let tools = match b.get("tool_choice") {
         Some(Value::String(s)) if s == "none" => None,
         Some(Value::String(s)) if s == "auto" || s == "required" => b.array("tools")?.cloned(),
         Some(Value::Object(_)) | None => b.array("tools")?.cloned(),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                Some("tool_choice"),
-                "`tool_choice` must be \"none\", \"auto\", \"required\" or an object naming a function",
-            ))
-        }
+        Some(_) => return Err(ApiError::invalid(
+            Some("tool_choice"),
+            "`tool_choice` must be \"none\", \"auto\", \"required\" or an object naming a function",
+        )),
     };
-    let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    let kwargs = b
+        .object("chat_template_kwargs")?
+        .cloned()
+        .unwrap_or_default();
     let p = render(&st, messages, tools.clone(), kwargs).await?;
     tracing::debug!(prompt_tokens = p.ids.len(), stable = p.stable, "rendered");
     let mut r = stream::start(&st, &id, p.ids, Some(p.stable), &gen).await?;
@@ -113,7 +119,12 @@ async fn render(
 ) -> Result<Prompt, ApiError> {
     let tok = st.tokenizer()?;
     tokio::task::spawn_blocking(move || {
-        let bad = |e: backburner_model::ModelError| ApiError::invalid(Some("messages"), e.to_string());
+        let bad = |e: backburner_model::ModelError| match e {
+            backburner_model::ModelError::InvalidChatRequest { ref field, .. } => {
+                ApiError::invalid(Some(field.as_str()), e.to_string())
+            }
+            other => ApiError::internal(other.to_string()),
+        };
         let mut req = ChatRequest {
             messages: &messages,
             tools: tools.as_deref(),

@@ -87,7 +87,11 @@ async fn prompt_ids(st: &Arc<AppState>, v: Option<&Value>) -> Result<Vec<u32>, A
         }
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| x.as_u64().and_then(|u| u32::try_from(u).ok()).ok_or_else(bad))
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|u| u32::try_from(u).ok())
+                    .ok_or_else(bad)
+            })
             .collect(),
         Some(_) => Err(bad()),
     }

@@ -55,7 +55,9 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
-            message: format!("the model `{asked}` does not exist here; this server serves `{served}`"),
+            message: format!(
+                "the model `{asked}` does not exist here; this server serves `{served}`"
+            ),
             param: Some("model".into()),
             code: Some("model_not_found"),
         }
@@ -119,7 +121,8 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match &e {
             EngineError::ContextOverflow { .. } => {
-                ApiError::invalid(Some("messages"), e.to_string()).with_code("context_length_exceeded")
+                ApiError::invalid(Some("messages"), e.to_string())
+                    .with_code("context_length_exceeded")
             }
             EngineError::InvalidInput(m) => {
                 let param = ["temperature", "top_p", "min_p", "top_k", "token id"]

@@ -20,7 +20,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use backburner_engine::serve::Engine;
+use backburner_engine::serve::Backend;
 use backburner_model::TextTokenizer;
 use serde_json::json;
 
@@ -31,8 +31,8 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// What the handlers share.
 pub struct AppState {
-    /// The serving engine.
-    pub engine: Arc<Engine>,
+    /// The serving engine ([`backburner_engine::serve::Engine`], or a scripted one in tests).
+    pub engine: Arc<dyn Backend>,
     /// The tokenizer and chat template (`None`: only `/v1/completions` with token ids works).
     pub tokenizer: Option<Arc<TextTokenizer>>,
     /// The model's name in the API (`model` fields, `/v1/models`).
@@ -54,7 +54,7 @@ pub struct AppState {
 impl AppState {
     /// State over a started engine.
     pub fn new(
-        engine: Arc<Engine>,
+        engine: Arc<dyn Backend>,
         tokenizer: Option<Arc<TextTokenizer>>,
         model_id: String,
         context_length: usize,
@@ -148,7 +148,11 @@ async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
     if st.stopping.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "shutting down"}))).into_response();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting down"})),
+        )
+            .into_response();
     }
     let m = st.engine.metrics();
     Json(json!({

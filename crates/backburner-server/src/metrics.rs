@@ -17,40 +17,184 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str
 pub fn render(m: &Metrics, slots: usize) -> String {
     let g = |c: &std::sync::atomic::AtomicU64| Metrics::get(c) as f64;
     let mut o = String::new();
-    family(&mut o, "requests_total", "counter", "Requests by outcome (rejected: the queue was full).", &[
-        ("{outcome=\"ok\"}", g(&m.requests_ok)),
-        ("{outcome=\"failed\"}", g(&m.requests_failed)),
-        ("{outcome=\"cancelled\"}", g(&m.requests_cancelled)),
-        ("{outcome=\"rejected\"}", g(&m.requests_rejected)),
-    ]);
-    family(&mut o, "requests_running", "gauge", "Requests in slots.", &[("", g(&m.active))]);
-    family(&mut o, "slots", "gauge", "Parallel slots.", &[("", slots as f64)]);
-    family(&mut o, "queue_depth", "gauge", "Requests waiting for a slot.", &[("", g(&m.queue_depth))]);
-    family(&mut o, "prompt_tokens_total", "counter", "Prompt tokens of the requests, cached ones included.", &[("", g(&m.prompt_tokens))]);
-    family(&mut o, "prefill_tokens_total", "counter", "Prompt tokens computed (not from the cache).", &[("", g(&m.prefill_tokens))]);
-    family(&mut o, "generated_tokens_total", "counter", "Tokens generated.", &[("", g(&m.generated_tokens))]);
+    family(
+        &mut o,
+        "requests_total",
+        "counter",
+        "Requests by outcome (rejected: the queue was full).",
+        &[
+            ("{outcome=\"ok\"}", g(&m.requests_ok)),
+            ("{outcome=\"failed\"}", g(&m.requests_failed)),
+            ("{outcome=\"cancelled\"}", g(&m.requests_cancelled)),
+            ("{outcome=\"rejected\"}", g(&m.requests_rejected)),
+        ],
+    );
+    family(
+        &mut o,
+        "requests_running",
+        "gauge",
+        "Requests in slots.",
+        &[("", g(&m.active))],
+    );
+    family(
+        &mut o,
+        "slots",
+        "gauge",
+        "Parallel slots.",
+        &[("", slots as f64)],
+    );
+    family(
+        &mut o,
+        "queue_depth",
+        "gauge",
+        "Requests waiting for a slot.",
+        &[("", g(&m.queue_depth))],
+    );
+    family(
+        &mut o,
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens of the requests, cached ones included.",
+        &[("", g(&m.prompt_tokens))],
+    );
+    family(
+        &mut o,
+        "prefill_tokens_total",
+        "counter",
+        "Prompt tokens computed (not from the cache).",
+        &[("", g(&m.prefill_tokens))],
+    );
+    family(
+        &mut o,
+        "generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &[("", g(&m.generated_tokens))],
+    );
     let (pre_s, dec_s) = (g(&m.prefill_us) / 1e6, g(&m.decode_us) / 1e6);
-    family(&mut o, "prefill_seconds_total", "counter", "Time in prefill steps.", &[("", pre_s)]);
-    family(&mut o, "decode_seconds_total", "counter", "Time in decode steps.", &[("", dec_s)]);
+    family(
+        &mut o,
+        "prefill_seconds_total",
+        "counter",
+        "Time in prefill steps.",
+        &[("", pre_s)],
+    );
+    family(
+        &mut o,
+        "decode_seconds_total",
+        "counter",
+        "Time in decode steps.",
+        &[("", dec_s)],
+    );
     let rate = |n: f64, s: f64| if s > 0.0 { n / s } else { 0.0 };
-    family(&mut o, "prefill_tokens_per_second", "gauge", "Prefill throughput since start.", &[("", rate(g(&m.prefill_tokens), pre_s))]);
-    family(&mut o, "decode_tokens_per_second", "gauge", "Aggregate decode throughput since start (all slots).", &[("", rate(g(&m.decode_rows), dec_s))]);
-    family(&mut o, "decode_steps_total", "counter", "Batched decode steps.", &[("", g(&m.decode_steps))]);
-    family(&mut o, "decode_rows_total", "counter", "Sequences decoded over all decode steps.", &[("", g(&m.decode_rows))]);
-    family(&mut o, "cache_hits_total", "counter", "Requests that reused a cached prefix.", &[("", g(&m.cache_hits))]);
-    family(&mut o, "cache_reused_tokens_total", "counter", "Prompt tokens reused from the cache.", &[("", g(&m.cached_tokens))]);
+    family(
+        &mut o,
+        "prefill_tokens_per_second",
+        "gauge",
+        "Prefill throughput since start.",
+        &[("", rate(g(&m.prefill_tokens), pre_s))],
+    );
+    family(
+        &mut o,
+        "decode_tokens_per_second",
+        "gauge",
+        "Aggregate decode throughput since start (all slots).",
+        &[("", rate(g(&m.decode_rows), dec_s))],
+    );
+    family(
+        &mut o,
+        "decode_steps_total",
+        "counter",
+        "Batched decode steps.",
+        &[("", g(&m.decode_steps))],
+    );
+    family(
+        &mut o,
+        "decode_rows_total",
+        "counter",
+        "Sequences decoded over all decode steps.",
+        &[("", g(&m.decode_rows))],
+    );
+    family(
+        &mut o,
+        "cache_hits_total",
+        "counter",
+        "Requests that reused a cached prefix.",
+        &[("", g(&m.cache_hits))],
+    );
+    family(
+        &mut o,
+        "cache_reused_tokens_total",
+        "counter",
+        "Prompt tokens reused from the cache.",
+        &[("", g(&m.cached_tokens))],
+    );
     let l = m.link_stats();
-    family(&mut o, "workers_attached", "gauge", "Workers attached to the slots.", &[("", g(&m.workers_attached))]);
-    family(&mut o, "workers_connected", "gauge", "Attached workers usable now.", &[("", g(&m.workers_available))]);
-    family(&mut o, "split_prefill_calls_total", "counter", "Prefills run split with a worker.", &[("", l.split_calls as f64)]);
-    family(&mut o, "worker_tokens_total", "counter", "Tokens whose tail layers ran on a worker.", &[("", l.worker_tokens as f64)]);
-    family(&mut o, "fallbacks_total", "counter", "Split calls that failed on the worker and ran locally.", &[("", l.fallbacks as f64)]);
-    family(&mut o, "offload_failures_total", "counter", "KV offload requests that failed on a worker.", &[("", l.offload_failures as f64)]);
-    family(&mut o, "kv_pages_on_workers", "gauge", "KV pages held by workers.", &[("", l.pages_on_workers as f64)]);
-    family(&mut o, "link_bytes_total", "counter", "Bytes over the links to workers.", &[
-        ("{direction=\"sent\"}", l.bytes_sent as f64),
-        ("{direction=\"received\"}", l.bytes_received as f64),
-    ]);
-    family(&mut o, "worker_compute_seconds_total", "counter", "Worker compute time reported by the workers.", &[("", l.worker_compute_us as f64 / 1e6)]);
+    family(
+        &mut o,
+        "workers_attached",
+        "gauge",
+        "Workers attached to the slots.",
+        &[("", g(&m.workers_attached))],
+    );
+    family(
+        &mut o,
+        "workers_connected",
+        "gauge",
+        "Attached workers usable now.",
+        &[("", g(&m.workers_available))],
+    );
+    family(
+        &mut o,
+        "split_prefill_calls_total",
+        "counter",
+        "Prefills run split with a worker.",
+        &[("", l.split_calls as f64)],
+    );
+    family(
+        &mut o,
+        "worker_tokens_total",
+        "counter",
+        "Tokens whose tail layers ran on a worker.",
+        &[("", l.worker_tokens as f64)],
+    );
+    family(
+        &mut o,
+        "fallbacks_total",
+        "counter",
+        "Split calls that failed on the worker and ran locally.",
+        &[("", l.fallbacks as f64)],
+    );
+    family(
+        &mut o,
+        "offload_failures_total",
+        "counter",
+        "KV offload requests that failed on a worker.",
+        &[("", l.offload_failures as f64)],
+    );
+    family(
+        &mut o,
+        "kv_pages_on_workers",
+        "gauge",
+        "KV pages held by workers.",
+        &[("", l.pages_on_workers as f64)],
+    );
+    family(
+        &mut o,
+        "link_bytes_total",
+        "counter",
+        "Bytes over the links to workers.",
+        &[
+            ("{direction=\"sent\"}", l.bytes_sent as f64),
+            ("{direction=\"received\"}", l.bytes_received as f64),
+        ],
+    );
+    family(
+        &mut o,
+        "worker_compute_seconds_total",
+        "counter",
+        "Worker compute time reported by the workers.",
+        &[("", l.worker_compute_us as f64 / 1e6)],
+    );
     o
 }

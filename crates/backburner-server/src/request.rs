@@ -16,8 +16,14 @@ pub struct Body<'a>(pub &'a Map<String, Value>);
 pub fn parse(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::invalid(None, "the request body must be a JSON object")),
-        Err(e) => Err(ApiError::invalid(None, format!("malformed JSON in the request body: {e}"))),
+        Ok(_) => Err(ApiError::invalid(
+            None,
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::invalid(
+            None,
+            format!("malformed JSON in the request body: {e}"),
+        )),
     }
 }
 
@@ -111,6 +117,8 @@ pub struct GenSettings {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `cache_prompt` (llama-server's field; default true): reuse the slot's cached prefix.
+    pub cache_prompt: bool,
 }
 
 impl GenSettings {
@@ -156,10 +164,17 @@ impl GenSettings {
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(a)) if a.len() <= MAX_STOP => a
                 .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| wrong("stop", "a string or an array of strings", v)))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| wrong("stop", "a string or an array of strings", v))
+                })
                 .collect::<Result<_, _>>()?,
             Some(Value::Array(_)) => {
-                return Err(ApiError::invalid(Some("stop"), format!("at most {MAX_STOP} stop strings")))
+                return Err(ApiError::invalid(
+                    Some("stop"),
+                    format!("at most {MAX_STOP} stop strings"),
+                ))
             }
             Some(v) => return Err(wrong("stop", "a string or an array of strings", v)),
         };
@@ -168,7 +183,9 @@ impl GenSettings {
             Some(o) => Body(o).bool("include_usage")?.unwrap_or(false),
             None => false,
         };
+        let cache_prompt = b.bool("cache_prompt")?.unwrap_or(true);
         Ok(GenSettings {
+            cache_prompt,
             max_tokens,
             sampling,
             stop,

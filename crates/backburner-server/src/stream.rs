@@ -79,6 +79,7 @@ pub async fn start(
         prompt,
         params,
         stable_prefix,
+        cache_prompt: gen.cache_prompt,
         events: Box::new(move |ev| tx.send(ev).is_ok()),
     })?;
     let guard = CancelGuard(cancel);
@@ -90,7 +91,9 @@ pub async fn start(
             cached_tokens,
         }),
         Some(Event::Failed(e)) => Err(e.into()),
-        _ => Err(ApiError::internal("the engine stopped before taking the request")),
+        _ => Err(ApiError::internal(
+            "the engine stopped before taking the request",
+        )),
     }
 }
 
@@ -154,7 +157,11 @@ pub fn sse(
         async move {
             let send = |v: Value| {
                 let tx = tx.clone();
-                async move { tx.send(Ok(SseEvent::default().data(v.to_string()))).await.is_ok() }
+                async move {
+                    tx.send(Ok(SseEvent::default().data(v.to_string())))
+                        .await
+                        .is_ok()
+                }
             };
             for c in chunker.begin() {
                 if !send(c).await {

@@ -19,7 +19,11 @@ use crate::session::Session;
 ///
 /// Panics if the slices' lengths differ.
 pub fn decode_batch(sessions: &mut [&mut Session], ids: &[u32]) -> Vec<Result<Vec<f32>>> {
-    assert_eq!(sessions.len(), ids.len(), "decode_batch: one id per session");
+    assert_eq!(
+        sessions.len(),
+        ids.len(),
+        "decode_batch: one id per session"
+    );
     let mut out: Vec<Option<Result<Vec<f32>>>> = (0..ids.len()).map(|_| None).collect();
     let mut batch: Vec<usize> = Vec::new();
     let mut model: Option<Arc<Model>> = None;
@@ -66,14 +70,7 @@ fn forward_batch(
         .filter(|(i, _)| batch.binary_search(i).is_ok())
         .map(|(_, s)| &mut s.state)
         .collect();
-    // TODO(batch): Model::forward_decode_batch
-    let logits = pool.install(|| {
-        let mut v = Vec::new();
-        for (s, &id) in states.iter_mut().zip(&bids) {
-            v.extend(model.forward_tokens(&[id], s, Some(0..1)));
-        }
-        v
-    });
+    let logits = pool.install(|| model.forward_decode_batch(&bids, &mut states));
     for (&i, &id) in batch.iter().zip(&bids) {
         sessions[i].tokens.push(id);
     }

@@ -57,7 +57,8 @@ impl Checkpoints {
         }
         self.list.retain(|c| c.n_tokens() < n);
         self.list.push(snap);
-        while self.list.len() > self.limits.max_checkpoints || self.bytes() > self.limits.max_bytes {
+        while self.list.len() > self.limits.max_checkpoints || self.bytes() > self.limits.max_bytes
+        {
             self.list.remove(0);
         }
     }

@@ -93,6 +93,9 @@ pub struct Job {
     /// Length of the prompt's stable prefix (the conversation before the generation prompt): a checkpoint is kept
     /// there, so the next turn, which re-renders the history differently after it, resumes from it.
     pub stable_prefix: Option<usize>,
+    /// Reuse the slot's cache (llama-server's `cache_prompt`, default true); `false` starts from an empty slot
+    /// (a cold prefill, e.g. to measure one).
+    pub cache_prompt: bool,
     /// Where events go.
     pub events: EventSink,
 }
@@ -115,6 +118,37 @@ pub enum SubmitError {
     /// The engine is shutting down or stopped.
     #[error("the server is shutting down")]
     ShuttingDown,
+}
+
+/// What a server needs of a serving engine: [`Engine`], or a scripted stand-in in tests (to check how the server
+/// presents given outputs: reasoning, tool calls, errors).
+pub trait Backend: Send + Sync {
+    /// Queues a job ([`Engine::submit`]).
+    fn submit(&self, job: Job) -> std::result::Result<(), SubmitError>;
+    /// The counters.
+    fn metrics(&self) -> &Metrics;
+    /// Parallel slots.
+    fn slots(&self) -> usize;
+    /// Stops ([`Engine::shutdown`]).
+    fn shutdown(&self, grace: Duration);
+}
+
+impl Backend for Engine {
+    fn submit(&self, job: Job) -> std::result::Result<(), SubmitError> {
+        Engine::submit(self, job)
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    fn slots(&self) -> usize {
+        self.n_slots
+    }
+
+    fn shutdown(&self, grace: Duration) {
+        Engine::shutdown(self, grace)
+    }
 }
 
 /// Shared between the handle and the scheduler thread.
@@ -146,10 +180,17 @@ impl Engine {
         opts: ServeOptions,
     ) -> Result<Engine> {
         let Some(first) = sessions.first() else {
-            return Err(EngineError::InvalidSetting("the server needs at least one slot".into()));
+            return Err(EngineError::InvalidSetting(
+                "the server needs at least one slot".into(),
+            ));
         };
-        if sessions.iter().any(|s| !Arc::ptr_eq(s.model(), first.model())) {
-            return Err(EngineError::InvalidSetting("every slot must run on the same model".into()));
+        if sessions
+            .iter()
+            .any(|s| !Arc::ptr_eq(s.model(), first.model()))
+        {
+            return Err(EngineError::InvalidSetting(
+                "every slot must run on the same model".into(),
+            ));
         }
         let n_slots = sessions.len();
         let shared = Arc::new(Shared {

@@ -135,7 +135,14 @@ fn admit<'t>(
     let busy = |i: usize| active.iter().any(|a| a.slot == i);
     let slot = (0..slots.len())
         .filter(|&i| !busy(i))
-        .max_by_key(|&i| (slots[i].reusable(&job.prompt), std::cmp::Reverse(slots[i].last_used)))
+        .max_by_key(|&i| {
+            let reuse = if job.cache_prompt {
+                slots[i].reusable(&job.prompt)
+            } else {
+                0
+            };
+            (reuse, std::cmp::Reverse(slots[i].last_used))
+        })
         .expect("a free slot");
     Metrics::add(&m.requests, 1);
     let s = &mut slots[slot];
@@ -146,7 +153,12 @@ fn admit<'t>(
         (job.events)(Event::Failed(e));
         return None;
     }
-    let reused = s.prepare(&job.prompt);
+    let reused = if job.cache_prompt {
+        s.prepare(&job.prompt)
+    } else {
+        s.clear();
+        0
+    };
     let rest = job.prompt[reused..].to_vec();
     let seq = match Sequence::new(s.session(), rest, job.params.clone(), tok) {
         Ok(q) => q,
@@ -228,7 +240,9 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
 /// ubatch or at the stable prefix), or all of the prompt up to the stable prefix when the session's split-prefill
 /// worker would take it and no other job is generating.
 fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Metrics) {
-    let others_generating = active.iter().any(|a| matches!(a.seq.phase(), Phase::Sample | Phase::Decode));
+    let others_generating = active
+        .iter()
+        .any(|a| matches!(a.seq.phase(), Phase::Sample | Phase::Decode));
     let Some(a) = active.iter_mut().find(|a| a.seq.phase() == Phase::Prefill) else {
         return;
     };
@@ -237,7 +251,11 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
     let pos = session.tokens().len();
     let ubatch = session.options().ubatch;
     let left = a.seq.prompt_left();
-    let whole = !others_generating && session.workers().first().is_some_and(|w| w.wants(left, ubatch));
+    let whole = !others_generating
+        && session
+            .workers()
+            .first()
+            .is_some_and(|w| w.wants(left, ubatch));
     let mut n = if whole { left } else { ubatch - pos % ubatch };
     if let Some(c) = a.cut.filter(|&c| c > pos) {
         n = n.min(c - pos);
@@ -304,7 +322,10 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
         request = %a.job.id, stop = reason.as_str(), tokens = generation.tokens.len(),
         ttft_ms = generation.timings.ttft_ms, "request done"
     );
-    let tail = end.token.map(|id| Event::Token { id, text: String::new() });
+    let tail = end.token.map(|id| Event::Token {
+        id,
+        text: String::new(),
+    });
     if let Some(t) = tail {
         a.send(t);
     }

@@ -78,6 +78,12 @@ impl Slot {
         }
     }
 
+    /// Forgets the history and the checkpoints.
+    pub fn clear(&mut self) {
+        self.session.clear();
+        self.checkpoints.clear();
+    }
+
     /// Keeps a checkpoint of the session's state now (at the end of its history).
     pub fn checkpoint(&mut self) {
         if self.session.batchable() {
