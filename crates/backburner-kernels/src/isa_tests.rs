@@ -93,7 +93,7 @@ fn matmul_gives_the_same_bits_on_every_instruction_set_and_as_the_plain_loop() {
     for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
         let (n, k) = (40, 300);
         let w = PackedMatrix::from_f32(n, k, &uniform(&mut r, n * k), dtype);
-        for m in [1, 3, 5, 30] {
+        for m in [1, 3, 5, 7, 8, 30] {
             let x = uniform(&mut r, m * k);
             let mut want = vec![0.0; m * n];
             matmul_reference(&x, m, &w, &mut want);

@@ -30,7 +30,7 @@ fn matmul_equals_the_fma_chain_loop_bit_for_bit_for_every_shape_class() {
     for dtype in DTYPES {
         for &(n, k) in &[(1, 3), (16, 16), (17, 256), (100, 257), (300, 600)] {
             let w = PackedMatrix::from_f32(n, k, &uniform(&mut r, n * k), dtype);
-            for m in [1, 2, 3, 4, 5, 12, 13, 25, 64] {
+            for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 25, 64] {
                 let x = uniform(&mut r, m * k);
                 let mut want = vec![0.0; m * n];
                 matmul_reference(&x, m, &w, &mut want);

@@ -12,6 +12,12 @@ use crate::simd::{dispatch, Isa, Kernel};
 const KC: usize = 256;
 /// Panels widened per block (`KC × 16 × 16 × 4` bytes = 256 KiB, which stays in L2).
 const GROUP_PANELS: usize = 16;
+/// Up to this many rows (decode, and a batch of decode steps) a product streams the weights once from memory with the
+/// whole `k` chain in registers, in row blocks that fit the registers (4 rows on a wide ISA, 2 otherwise): the
+/// first block reads a pass's panels from memory, the next ones from the cache. More rows go through the blocked
+/// prefill path. Measured on the bench model's decode batch (`batch_decode_timing`): the blocked path at 3–8 rows
+/// was slower than two passes of the direct one.
+const DIRECT_ROWS: usize = 8;
 /// Below this many multiply-adds a product runs on the calling thread alone.
 const SERIAL_WORK: usize = 1 << 16;
 
@@ -34,7 +40,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
         return;
     }
     let wide = dispatch(IsWide);
-    let direct = m <= if wide { 4 } else { 2 };
+    let direct = m <= DIRECT_ROWS;
     let mr = match (direct, wide) {
         (true, _) => m,
         (false, true) => 12,
@@ -202,23 +208,31 @@ impl Task<'_> {
     /// One pass of [`Task::direct_rows`] over panels `p..p + NP`.
     #[inline(always)]
     fn direct_pass<I: Isa, S: Src, const NP: usize>(&self, isa: I, src: S, p: usize) {
-        let t = Tile {
-            a: self.a.as_ptr(),
-            a_stride: self.mr,
-            row0: 0,
-            panel: p,
-            kc: self.w.k(),
-            first: true,
-        };
-        // SAFETY: `a` holds [k][mr] with mr = m; panels p..p+NP lie in the storage (the callers keep p + NP within
-        // the task's range, a whole number of groups inside the padded storage); rows 0..m of `out` exist.
-        unsafe {
-            match self.m {
-                1 => self.tile::<I, S, 1, NP>(isa, src, t),
-                2 => self.tile::<I, S, 2, NP>(isa, src, t),
-                3 => self.tile::<I, S, 3, NP>(isa, src, t),
-                _ => self.tile::<I, S, 4, NP>(isa, src, t),
+        let block = if I::WIDE { 4 } else { 2 };
+        let mut r0 = 0;
+        while r0 < self.m {
+            let rows = (self.m - r0).min(block);
+            let t = Tile {
+                // SAFETY: r0 < m = mr, inside each input's row of `a`.
+                a: unsafe { self.a.as_ptr().add(r0) },
+                a_stride: self.mr,
+                row0: r0,
+                panel: p,
+                kc: self.w.k(),
+                first: true,
+            };
+            // SAFETY: `a` holds [k][mr] with mr = m and rows r0..r0 + rows < m; panels p..p+NP lie in the storage
+            // (the callers keep p + NP within the task's range, a whole number of groups inside the padded
+            // storage); rows r0..r0 + rows of `out` exist.
+            unsafe {
+                match rows {
+                    1 => self.tile::<I, S, 1, NP>(isa, src, t),
+                    2 => self.tile::<I, S, 2, NP>(isa, src, t),
+                    3 => self.tile::<I, S, 3, NP>(isa, src, t),
+                    _ => self.tile::<I, S, 4, NP>(isa, src, t),
+                }
             }
+            r0 += rows;
         }
     }
 
