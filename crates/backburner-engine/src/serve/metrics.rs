@@ -47,6 +47,10 @@ pub struct Metrics {
     pub workers_available: AtomicU64,
     /// Gauge: workers attached to the slots.
     pub workers_attached: AtomicU64,
+    /// Gauge: the largest round trip of the idle health pings to the slots' workers (µs; 0 before any).
+    pub link_rtt_us: AtomicU64,
+    /// Idle health pings that failed.
+    pub ping_failures: AtomicU64,
 }
 
 impl Metrics {

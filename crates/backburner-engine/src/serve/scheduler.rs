@@ -60,6 +60,7 @@ pub(super) fn run(
     let mut turn: u64 = 0;
     let mut closed = false;
     publish_link(&slots, &m);
+    let mut last_ping = Instant::now();
     loop {
         turn += 1;
         // take jobs while a slot is free (block only when idle)
@@ -91,6 +92,10 @@ pub(super) fn run(
             if closed {
                 return;
             }
+            if last_ping.elapsed() >= PING_EVERY {
+                ping_workers(&mut slots, &m);
+                last_ping = Instant::now();
+            }
             continue;
         }
         let past_deadline = shared
@@ -111,6 +116,33 @@ pub(super) fn run(
         }
         Metrics::set(&m.active, active.len() as u64);
     }
+}
+
+/// How often the workers get a health ping while no job runs.
+const PING_EVERY: Duration = Duration::from_secs(10);
+
+/// Pings every slot's split-prefill / KV-offload workers (idle only, so no compute waits on it): the largest round
+/// trip goes to `link_rtt_us`, failures mark the worker unavailable (its backoff) and count in `ping_failures`.
+fn ping_workers(slots: &mut [Slot], m: &Metrics) {
+    let mut worst = None;
+    for s in slots.iter_mut() {
+        let session = s.session_mut();
+        let (cfg, o) = (session.model().config().clone(), session.options().clone());
+        for w in session.workers().iter_mut() {
+            match w.probe(&cfg, o.kv.dtype, o.kv.page_size, o.ubatch) {
+                Some(Ok(d)) => worst = worst.max(Some(d.as_micros() as u64)),
+                Some(Err(e)) => {
+                    tracing::warn!(worker = %w.settings().addr, error = %e, "worker health ping failed");
+                    Metrics::add(&m.ping_failures, 1);
+                }
+                None => {}
+            }
+        }
+    }
+    if let Some(us) = worst {
+        Metrics::set(&m.link_rtt_us, us);
+    }
+    publish_link(slots, m);
 }
 
 /// A job refused at shutdown.

@@ -186,10 +186,35 @@ impl WorkerClient {
     /// Drops the connection after a failure and schedules a retry (backoff doubles up to 60 s); the mirror is
     /// unknown from then on.
     pub fn fail(&mut self, err: &LinkError) {
-        self.link.fail(err);
+        self.lost(err);
         self.link.stats.fallbacks += 1;
+    }
+
+    /// The connection failed outside a call (nothing to fall back from): backoff, and the mirror starts over.
+    fn lost(&mut self, err: &LinkError) {
+        self.link.fail(err);
         self.mirror_kv = 0;
         self.mirror_linear_at = None;
+    }
+
+    /// A health check while idle: the round trip of an empty `Ping` (connecting first if needed), or the error,
+    /// after which the worker counts as unavailable until its backoff ends (no fallback is counted: nothing ran).
+    /// Skipped (`None`) while the backoff after an earlier failure runs.
+    pub fn probe(
+        &mut self,
+        cfg: &ModelConfig,
+        kv: KvDtype,
+        page: usize,
+        ubatch: usize,
+    ) -> Option<Result<Duration, LinkError>> {
+        if !self.available() {
+            return None;
+        }
+        let r = self.ping(cfg, kv, page, ubatch, &[]);
+        if let Err(e) = &r {
+            self.lost(e);
+        }
+        Some(r)
     }
 
     pub(crate) fn succeeded(&mut self) {
