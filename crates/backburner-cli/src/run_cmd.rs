@@ -137,10 +137,8 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     let workers = a.link.clients(&loaded, pool.threads())?;
     let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
     let tok = &loaded.tokenizer;
-    let vocab = loaded.model.config().vocab_size;
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        bail!("prompt token id {bad} is out of range: the model's vocab_size is {vocab}");
-    }
+    backburner_engine::sequence::check_token_ids(&prompt, loaded.model.config().vocab_size)
+        .context("--prompt-tokens")?;
     let eos_ids = if a.ignore_eos {
         Vec::new()
     } else {

@@ -14,6 +14,17 @@ use crate::generate::{GenerateParams, Generation, StopReason, TextStream, Timing
 use crate::sampling::Sampler;
 use crate::session::{Logits, Session};
 
+/// Checks that every id of `ids` is inside a vocabulary of `vocab` ids, as requests (the server's and `run`'s)
+/// are checked before anything runs. Errors: [`EngineError::InvalidInput`] naming the first id out of range.
+pub fn check_token_ids(ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(EngineError::InvalidInput(format!(
+            "token id {bad} is out of range for the model's vocabulary of {vocab}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Where a sequence is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
@@ -81,12 +92,7 @@ impl<'t> Sequence<'t> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let vocab = session.model().config().vocab_size;
-        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidInput(format!(
-                "token id {bad} is out of range for the model's vocabulary of {vocab}"
-            )));
-        }
+        check_token_ids(&prompt, session.model().config().vocab_size)?;
         session.check_fits(prompt.len())?;
         let room = session.context_length() - session.tokens().len() - prompt.len();
         let stream = tokenizer.map(|tok| TextStream::new(tok, &params.stop));
