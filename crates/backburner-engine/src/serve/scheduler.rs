@@ -269,8 +269,9 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
 }
 
 /// Runs one prefill chunk of the oldest job still prefilling: one ubatch (ending at an absolute multiple of the
-/// ubatch or at the stable prefix), or all of the prompt up to the stable prefix when the session's split-prefill
-/// worker would take it and no other job is generating.
+/// ubatch or at the stable prefix), or all of the prompt up to the stable prefix when the session pipelines
+/// ubatches across workers (split prefill that the worker would take, a layer split) and no other job is
+/// generating.
 fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Metrics) {
     let others_generating = active
         .iter()
@@ -283,11 +284,13 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
     let pos = session.tokens().len();
     let ubatch = session.options().ubatch;
     let left = a.seq.prompt_left();
-    let whole = !others_generating
-        && session
+    // split prefill and a layer split pipeline the ubatches of one call across the workers
+    let pipelined = session.layer_split().is_some()
+        || session
             .workers()
             .first()
             .is_some_and(|w| w.wants(left, ubatch));
+    let whole = !others_generating && pipelined;
     let mut n = if whole { left } else { ubatch - pos % ubatch };
     if let Some(c) = a.cut.filter(|&c| c > pos) {
         n = n.min(c - pos);
