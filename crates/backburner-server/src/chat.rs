@@ -79,7 +79,7 @@ async fn run(
         .unwrap_or_default();
     let p = render(&st, messages, tools.clone(), kwargs).await?;
     tracing::debug!(prompt_tokens = p.ids.len(), stable = p.stable, "rendered");
-    let mut r = stream::start(&st, &id, p.ids, Some(p.stable), &gen).await?;
+    let mut r = stream::start(&st, &id, p.ids, "messages", Some(p.stable), &gen).await?;
     let mut c = ChatChunks {
         id,
         created: st.created,
