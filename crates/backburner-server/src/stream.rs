@@ -123,12 +123,13 @@ pub async fn collect(r: &mut Running) -> Result<Generation, ApiError> {
     Err(ApiError::internal("the engine stopped during the request"))
 }
 
-/// OpenAI's `finish_reason` for a stop reason.
+/// OpenAI's `finish_reason` for a stop reason: `tool_calls` when the answer has complete tool calls, unless the
+/// engine failed (`error`, which the client must see even after a complete call).
 pub fn finish_reason(stop: StopReason, tool_calls: bool) -> &'static str {
     match stop {
+        StopReason::Error => "error",
         _ if tool_calls => "tool_calls",
         StopReason::MaxTokens | StopReason::ContextFull => "length",
-        StopReason::Error => "error",
         StopReason::Eos | StopReason::StopString | StopReason::Interrupted => "stop",
     }
 }
