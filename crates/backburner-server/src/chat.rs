@@ -12,7 +12,7 @@ use axum::Json;
 use backburner_engine::serve::common_prefix;
 use backburner_engine::Generation;
 use backburner_model::chat::{
-    parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ToolCall,
+    prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ParsedOutput, ToolCall,
 };
 use serde_json::{json, Map, Value};
 use tracing::Instrument;
@@ -79,20 +79,25 @@ async fn run(
         .unwrap_or_default();
     let p = render(&st, messages, tools.clone(), kwargs).await?;
     tracing::debug!(prompt_tokens = p.ids.len(), stable = p.stable, "rendered");
-    let mut r = stream::start(&st, &id, p.ids, Some(p.stable), &gen).await?;
+    let mut r = stream::start(&st, &id, p.ids, "messages", Some(p.stable), &gen).await?;
+    // tool call ids unique across requests (`call_<request>_<index>`), as clients that keep a conversation's
+    // calls by id need
+    let call_ids = format!("call_{}_", id.trim_start_matches("chatcmpl-"));
     let mut c = ChatChunks {
         id,
         created: st.created,
         model: st.model_id.clone(),
         include_usage: gen.include_usage,
-        parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref()),
+        parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref()).with_id_prefix(call_ids),
         tool_calls: false,
     };
     if gen.stream {
         return Ok(stream::sse(r, c).into_response());
     }
     let g = stream::collect(&mut r).await?;
-    let out = parse_output(&g.text, p.in_reasoning, tools.as_deref());
+    let mut deltas = c.parser.push(&g.text);
+    deltas.extend(c.parser.finish());
+    let out = ParsedOutput::from_deltas(deltas);
     let mut message = json!({"role": "assistant", "content": out.content});
     if let Some(rc) = out.reasoning {
         message["reasoning_content"] = Value::String(rc);

@@ -44,7 +44,7 @@ async fn run(
         return Err(ApiError::invalid(Some("echo"), "`echo` is not supported"));
     }
     let prompt = prompt_ids(&st, b.get("prompt")).await?;
-    let mut r = stream::start(&st, &id, prompt, None, &gen).await?;
+    let mut r = stream::start(&st, &id, prompt, "prompt", None, &gen).await?;
     let meta = Meta {
         id,
         created: st.created,

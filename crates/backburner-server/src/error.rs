@@ -39,6 +39,15 @@ impl ApiError {
         self
     }
 
+    /// The same error about a field of the object `parent` (`param` `x` becomes `parent.x`).
+    pub fn nested(mut self, parent: &str) -> Self {
+        self.param = Some(match self.param.take() {
+            Some(p) => format!("{parent}.{p}"),
+            None => parent.to_string(),
+        });
+        self
+    }
+
     /// 401: missing or wrong API key.
     pub fn unauthorized() -> Self {
         ApiError {

@@ -131,8 +131,34 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Unknown paths: 404 in OpenAI's error shape (clients parse it), not an empty body.
+async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        message: format!("no such endpoint: {}", uri.path()),
+        param: None,
+        code: Some("not_found"),
+    }
+    .into_response()
+}
+
+/// A known path with another method: 405 in OpenAI's error shape.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        kind: "invalid_request_error",
+        message: format!("{} does not take {method}", uri.path()),
+        param: None,
+        code: Some("method_not_allowed"),
+    }
+    .into_response()
 }
 
 async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {

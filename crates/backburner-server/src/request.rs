@@ -180,7 +180,10 @@ impl GenSettings {
         };
         let stream = b.bool("stream")?.unwrap_or(false);
         let include_usage = match b.object("stream_options")? {
-            Some(o) => Body(o).bool("include_usage")?.unwrap_or(false),
+            Some(o) => Body(o)
+                .bool("include_usage")
+                .map_err(|e| e.nested("stream_options"))?
+                .unwrap_or(false),
             None => false,
         };
         let cache_prompt = b.bool("cache_prompt")?.unwrap_or(true);

@@ -41,7 +41,8 @@ pub struct Running {
     pub cached_tokens: usize,
 }
 
-/// Submits `prompt` (ids `[n]`) with `gen`'s settings and waits until a slot takes it.
+/// Submits `prompt` (ids `[n]`) with `gen`'s settings and waits until a slot takes it. `prompt_field` is the
+/// request field the prompt came from (`messages`, `prompt`): errors about the prompt name it.
 ///
 /// Errors: 400 for a prompt that does not fit the context or values the engine refuses; 503 when the queue is full
 /// or the server is shutting down; 500 otherwise.
@@ -49,12 +50,13 @@ pub async fn start(
     st: &AppState,
     id: &str,
     prompt: Vec<u32>,
+    prompt_field: &str,
     stable_prefix: Option<usize>,
     gen: &GenSettings,
 ) -> Result<Running, ApiError> {
     if prompt.len() >= st.context_length {
         return Err(ApiError::invalid(
-            Some("messages"),
+            Some(prompt_field),
             format!(
                 "the prompt has {} tokens; this server's context is {} tokens, and at least one must be left to generate",
                 prompt.len(),
@@ -90,7 +92,13 @@ pub async fn start(
             prompt_tokens,
             cached_tokens,
         }),
-        Some(Event::Failed(e)) => Err(e.into()),
+        Some(Event::Failed(e)) => {
+            let mut e = ApiError::from(e);
+            if matches!(e.param.as_deref(), Some("messages" | "prompt")) {
+                e.param = Some(prompt_field.to_string());
+            }
+            Err(e)
+        }
         _ => Err(ApiError::internal(
             "the engine stopped before taking the request",
         )),
@@ -115,12 +123,13 @@ pub async fn collect(r: &mut Running) -> Result<Generation, ApiError> {
     Err(ApiError::internal("the engine stopped during the request"))
 }
 
-/// OpenAI's `finish_reason` for a stop reason.
+/// OpenAI's `finish_reason` for a stop reason: `tool_calls` when the answer has complete tool calls, unless the
+/// engine failed (`error`, which the client must see even after a complete call).
 pub fn finish_reason(stop: StopReason, tool_calls: bool) -> &'static str {
     match stop {
+        StopReason::Error => "error",
         _ if tool_calls => "tool_calls",
         StopReason::MaxTokens | StopReason::ContextFull => "length",
-        StopReason::Error => "error",
         StopReason::Eos | StopReason::StopString | StopReason::Interrupted => "stop",
     }
 }
