@@ -82,6 +82,7 @@ pub(super) fn run(
                     }
                     if let Some(a) = admit(&mut slots, &active, job, queued, tok, turn, &m) {
                         active.push(a);
+                        Metrics::set(&m.active, active.len() as u64);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => break,
