@@ -16,13 +16,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{Session, WorkerClient, WorkerSettings};
+use backburner_engine::{ComputePool, Session, WorkerClient, WorkerSettings};
 use backburner_link::Shaper;
+use backburner_model::TextTokenizer;
 use clap::Args;
-use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::bench_session_http::{chat_stream, BenchServer, Reply};
+use crate::bench_session_report::{progress, table, Totals, TurnRow};
 use crate::{bench, compute_pool, LinkArgs, ModelArgs};
 
 /// The shipped transcript (see `assets/agent-session/README.md`).
@@ -139,27 +140,11 @@ impl Transcript {
     }
 }
 
-/// One turn's measurements.
-#[derive(Serialize)]
-struct TurnRow {
-    turn: usize,
-    /// Messages the turn adds.
-    messages: usize,
-    prompt_tokens: usize,
-    cold: Option<Reply>,
-    worker: Option<Reply>,
-    warm: Option<Reply>,
-    /// Whether the warm answer's text equals the cold one's (greedy; null unless both ran).
-    warm_matches_cold: Option<bool>,
-    /// Whether the worker answer's text equals the cold one's (null unless both ran).
-    worker_matches_cold: Option<bool>,
-}
-
 /// The session of the server's one slot, with a worker client (and the shaped link) when `worker` is given.
 fn slot_session(
     a: &SessionArgs,
     loaded: &crate::Loaded,
-    pool: &backburner_engine::ComputePool,
+    pool: &ComputePool,
     worker: Option<(&str, Option<Shaper>)>,
 ) -> Result<Session> {
     let mut s = Session::new(loaded.model.clone(), a.model.session_options(pool))?;
@@ -186,8 +171,8 @@ fn slot_session(
     Ok(s)
 }
 
-/// Runs the benchmark.
-pub fn run(a: SessionArgs) -> Result<()> {
+/// The transcript cut to `--turns`, and the sorted cold turns. Errors: bad flags, an unreadable transcript.
+fn plan(a: &SessionArgs) -> Result<(Transcript, Vec<usize>)> {
     if a.answer_tokens == 0 || a.worker_threads == 0 {
         bail!("--answer-tokens and --worker-threads must be ≥ 1");
     }
@@ -205,110 +190,43 @@ pub fn run(a: SessionArgs) -> Result<()> {
     if let Some(&k) = cold_turns.iter().find(|&&k| k >= n) {
         bail!("--cold-turns {k}: the transcript has turns 0..{}", n - 1);
     }
-    let shaper = a.shaped.then(|| a.shaped_link.shaper()).transpose()?;
-    let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
-    let mut loaded = crate::load(&a.model, &pool)?;
-    let tokenizer = Arc::new(loaded.tokenizer.take().context(
-        "bench session needs a tokenizer with a chat template, and this checkpoint has no tokenizer.json",
-    )?);
-    let model_id = loaded
-        .dir
-        .file_name()
-        .map_or("model".into(), |n| n.to_string_lossy().into_owned());
-    let cfg = loaded.model.config().clone();
-    eprintln!(
-        "bench session: model {} ({} layers, hidden {}), server {} thread(s), worker {} thread(s) ({}), ubatch {}, {} turns, cold turns {:?}, machine: {}",
-        loaded.dir.display(),
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        pool.threads(),
-        a.worker_threads,
-        if a.shaped { "shaped link" } else { "loopback" },
-        a.model.ubatch,
-        n,
-        cold_turns,
-        bench::machine_description()
-    );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let replay = Replay {
-        tx: &tx,
-        client: reqwest::Client::new(),
-        answer_tokens: a.answer_tokens,
-    };
-    let mut rows: Vec<TurnRow> = (0..n)
-        .map(|k| TurnRow {
-            turn: k,
-            messages: tx.turns[k].len(),
-            prompt_tokens: 0,
-            cold: None,
-            worker: None,
-            warm: None,
-            warm_matches_cold: None,
-            worker_matches_cold: None,
-        })
-        .collect();
+    Ok((tx, cold_turns))
+}
+
+/// Runs the benchmark.
+pub fn run(a: SessionArgs) -> Result<()> {
+    let (tx, cold_turns) = plan(&a)?;
+    let b = Bench::new(&a, &tx, cold_turns)?;
+    let mut rows = TurnRow::for_turns(&tx.turns);
     let has = |m: Mode| a.modes.contains(&m);
     if has(Mode::Cold) || has(Mode::Warm) {
-        let s = slot_session(&a, &loaded, &pool, None)?;
-        let srv = rt.block_on(BenchServer::start(vec![s], tokenizer.clone(), &model_id))?;
-        if has(Mode::Cold) {
-            rt.block_on(replay.cold(&srv, &cold_turns, "cold", &mut rows, |r| &mut r.cold))?;
-        }
-        if has(Mode::Warm) {
-            rt.block_on(replay.warm(&srv, &mut rows))?;
-        }
-        rt.block_on(srv.stop())?;
+        b.alone(has(Mode::Cold), has(Mode::Warm), &mut rows)?;
     }
-    let mut worker_link = None;
-    if has(Mode::Worker) {
-        let (_w, addr) = crate::bench_split::spawn_worker(&loaded.dir, a.worker_threads, &[])?;
-        let s = slot_session(&a, &loaded, &pool, Some((&addr, shaper)))?;
-        let srv = rt.block_on(BenchServer::start(vec![s], tokenizer.clone(), &model_id))?;
-        let run = replay.cold(&srv, &cold_turns, "worker", &mut rows, |r| &mut r.worker);
-        rt.block_on(run)?;
-        let st = srv.engine.metrics().link_stats();
-        rt.block_on(srv.stop())?;
-        if st.fallbacks > 0 || st.worker_tokens == 0 {
-            bail!(
-                "the worker did not take the prefill (tokens through it: {}, fallbacks: {})",
-                st.worker_tokens,
-                st.fallbacks
-            );
-        }
-        worker_link = Some(json!({
-            "worker_tokens": st.worker_tokens,
-            "bytes_sent": st.bytes_sent,
-            "bytes_received": st.bytes_received,
-        }));
-    }
-    rows.retain(|r| r.cold.is_some() || r.worker.is_some() || r.warm.is_some());
+    let worker_stats = if has(Mode::Worker) {
+        Some(b.with_worker(&mut rows)?)
+    } else {
+        None
+    };
+    rows.retain(TurnRow::measured);
     for r in &mut rows {
-        let same = |x: &Option<Reply>| match (&r.cold, x) {
-            (Some(c), Some(o)) => Some(c.text == o.text),
-            _ => None,
-        };
-        r.warm_matches_cold = same(&r.warm);
-        r.worker_matches_cold = same(&r.worker);
+        r.compare();
     }
-    let totals = Totals::of(&rows, &cold_turns);
+    let totals = Totals::of(&rows, &b.cold_turns);
     println!("{}", table(&rows, &totals));
     if let Some(path) = &a.json {
+        let cfg = b.loaded.model.config();
         let report = json!({
             "bench": "session",
-            "model": loaded.dir.display().to_string(),
-            "config": {"num_hidden_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size, "params": bench::param_count(&cfg)},
-            "server_threads": pool.threads(),
+            "model": b.loaded.dir.display().to_string(),
+            "config": {"num_hidden_layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size, "params": bench::param_count(cfg)},
+            "server_threads": b.pool.threads(),
             "worker_threads": a.worker_threads,
             "ubatch": a.model.ubatch,
             "answer_tokens": a.answer_tokens,
             "modes": a.modes.iter().map(|m| format!("{m:?}").to_lowercase()).collect::<Vec<_>>(),
-            "cold_turns": cold_turns,
+            "cold_turns": b.cold_turns,
             "worker_link": if a.shaped { json!({"shaped": a.shaped_link.json()}) } else { json!("loopback") },
-            "worker_stats": worker_link,
+            "worker_stats": worker_stats,
             "machine": bench::machine_description(),
             "turns": rows,
             "totals": totals,
@@ -317,6 +235,121 @@ pub fn run(a: SessionArgs) -> Result<()> {
             .with_context(|| format!("writing --json {}", path.display()))?;
     }
     Ok(())
+}
+
+/// What the modes share: the model, the server's threads, the async runtime and the replay.
+struct Bench<'a> {
+    a: &'a SessionArgs,
+    loaded: crate::Loaded,
+    pool: ComputePool,
+    tokenizer: Arc<TextTokenizer>,
+    model_id: String,
+    rt: tokio::runtime::Runtime,
+    replay: Replay<'a>,
+    cold_turns: Vec<usize>,
+}
+
+impl<'a> Bench<'a> {
+    /// Loads the model (and its tokenizer) and starts the runtime. Errors: no tokenizer, and those of loading.
+    fn new(a: &'a SessionArgs, tx: &'a Transcript, cold_turns: Vec<usize>) -> Result<Self> {
+        let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
+        let mut loaded = crate::load(&a.model, &pool)?;
+        let tokenizer = Arc::new(loaded.tokenizer.take().context(
+            "bench session needs a tokenizer with a chat template, and this checkpoint has no tokenizer.json",
+        )?);
+        let model_id = loaded
+            .dir
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned());
+        let cfg = loaded.model.config();
+        eprintln!(
+            "bench session: model {} ({} layers, hidden {}), server {} thread(s), worker {} thread(s) ({}), ubatch {}, {} turns, cold turns {:?}, machine: {}",
+            loaded.dir.display(),
+            cfg.num_hidden_layers,
+            cfg.hidden_size,
+            pool.threads(),
+            a.worker_threads,
+            if a.shaped { "shaped link" } else { "loopback" },
+            a.model.ubatch,
+            tx.turns.len(),
+            cold_turns,
+            bench::machine_description()
+        );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let replay = Replay {
+            tx,
+            client: reqwest::Client::new(),
+            answer_tokens: a.answer_tokens,
+        };
+        Ok(Bench {
+            a,
+            loaded,
+            pool,
+            tokenizer,
+            model_id,
+            rt,
+            replay,
+            cold_turns,
+        })
+    }
+
+    /// Starts a server whose one slot is `session`.
+    fn server(&self, session: Session) -> Result<BenchServer> {
+        let t = self.tokenizer.clone();
+        self.rt
+            .block_on(BenchServer::start(vec![session], t, &self.model_id))
+    }
+
+    /// The cold turns (`cold`) and every turn warm (`warm`) on one server without a worker.
+    fn alone(&self, cold: bool, warm: bool, rows: &mut [TurnRow]) -> Result<()> {
+        let srv = self.server(slot_session(self.a, &self.loaded, &self.pool, None)?)?;
+        let turns = &self.cold_turns;
+        if cold {
+            let run = self.replay.cold(&srv, turns, "cold", rows, |r| &mut r.cold);
+            self.rt.block_on(run)?;
+        }
+        if warm {
+            self.rt.block_on(self.replay.warm(&srv, rows))?;
+        }
+        self.rt.block_on(srv.stop())
+    }
+
+    /// The cold turns with a worker process taking the tail layers of each prefill; returns the link's
+    /// statistics (the warm-up request included). Errors: a worker that took no tokens or failed.
+    fn with_worker(&self, rows: &mut [TurnRow]) -> Result<Value> {
+        let shaper = self
+            .a
+            .shaped
+            .then(|| self.a.shaped_link.shaper())
+            .transpose()?;
+        let (_w, addr) =
+            crate::bench_split::spawn_worker(&self.loaded.dir, self.a.worker_threads, &[])?;
+        let s = slot_session(self.a, &self.loaded, &self.pool, Some((&addr, shaper)))?;
+        let srv = self.server(s)?;
+        let turns = &self.cold_turns;
+        let run = self
+            .replay
+            .cold(&srv, turns, "worker", rows, |r| &mut r.worker);
+        self.rt.block_on(run)?;
+        let st = srv.engine.metrics().link_stats();
+        self.rt.block_on(srv.stop())?;
+        if st.fallbacks > 0 || st.worker_tokens == 0 {
+            bail!(
+                "the worker did not take the prefill (tokens through it: {}, fallbacks: {})",
+                st.worker_tokens,
+                st.fallbacks
+            );
+        }
+        Ok(json!({
+            "worker_tokens": st.worker_tokens,
+            "bytes_sent": st.bytes_sent,
+            "bytes_received": st.bytes_received,
+        }))
+    }
 }
 
 /// What every request of a replay shares.
@@ -383,108 +416,4 @@ impl Replay<'_> {
         }
         Ok(())
     }
-}
-
-/// A progress line on stderr.
-fn progress(mode: &str, k: usize, r: &Reply) {
-    eprintln!(
-        "{mode:>6} turn {k:>2}: {:>6} prompt tokens ({:>6} cached): first answer {:>8.3} s, done {:>8.3} s",
-        r.prompt_tokens, r.cached_tokens, r.first_answer_s, r.total_s
-    );
-}
-
-/// Sums over the turns.
-#[derive(Serialize)]
-struct Totals {
-    /// Turns measured cold.
-    cold_turns: usize,
-    /// Seconds to the first answer summed over the cold turns: alone, with the worker, and warm on the same turns.
-    cold_s: Option<f64>,
-    worker_s: Option<f64>,
-    warm_same_turns_s: Option<f64>,
-    /// Warm, over every turn: the whole session's waiting.
-    warm_all_turns_s: Option<f64>,
-    /// Prompt tokens reused from the cache over the warm turns, and prompt tokens in all.
-    warm_cached_tokens: usize,
-    warm_prompt_tokens: usize,
-    /// cold_s / worker_s.
-    worker_speedup: Option<f64>,
-    /// cold_s / warm_same_turns_s.
-    warm_speedup: Option<f64>,
-}
-
-impl Totals {
-    fn of(rows: &[TurnRow], cold_turns: &[usize]) -> Totals {
-        // Σ over the cold turns of one mode's first-answer time; None unless that mode measured every one of them.
-        let sum = |mode: fn(&TurnRow) -> &Option<Reply>| -> Option<f64> {
-            if cold_turns.is_empty() {
-                return None;
-            }
-            cold_turns
-                .iter()
-                .map(|&k| {
-                    let row = rows.iter().find(|r| r.turn == k)?;
-                    mode(row).as_ref().map(|x| x.first_answer_s)
-                })
-                .sum()
-        };
-        let cold = sum(|r| &r.cold);
-        let worker = sum(|r| &r.worker);
-        let warm_same = sum(|r| &r.warm);
-        let warm: Vec<&Reply> = rows.iter().filter_map(|r| r.warm.as_ref()).collect();
-        let ratio = |x: Option<f64>, y: Option<f64>| Some(x? / y?);
-        Totals {
-            cold_turns: cold_turns.len(),
-            cold_s: cold,
-            worker_s: worker,
-            warm_same_turns_s: warm_same,
-            warm_all_turns_s: (!warm.is_empty())
-                .then(|| warm.iter().map(|r| r.first_answer_s).sum()),
-            warm_cached_tokens: warm.iter().map(|r| r.cached_tokens).sum(),
-            warm_prompt_tokens: warm.iter().map(|r| r.prompt_tokens).sum(),
-            worker_speedup: ratio(cold, worker),
-            warm_speedup: ratio(cold, warm_same),
-        }
-    }
-}
-
-/// The per-turn table and the totals, as text.
-fn table(rows: &[TurnRow], t: &Totals) -> String {
-    let s = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.3}"));
-    let first = |r: &Option<Reply>| s(r.as_ref().map(|x| x.first_answer_s));
-    let mut out = format!(
-        "{:>4} {:>4} {:>8} | {:>12} {:>14} | {:>10} {:>8}\n",
-        "turn", "msgs", "prompt", "cold alone s", "cold worker s", "warm s", "cached"
-    );
-    for r in rows {
-        out += &format!(
-            "{:>4} {:>4} {:>8} | {:>12} {:>14} | {:>10} {:>8}\n",
-            r.turn,
-            r.messages,
-            r.prompt_tokens,
-            first(&r.cold),
-            first(&r.worker),
-            first(&r.warm),
-            r.warm
-                .as_ref()
-                .map_or("-".into(), |w| w.cached_tokens.to_string()),
-        );
-    }
-    let x = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"));
-    out += &format!(
-        "total over the {} cold turn(s): cold alone {} s, cold with worker {} s ({}), warm {} s ({})\n",
-        t.cold_turns,
-        s(t.cold_s),
-        s(t.worker_s),
-        x(t.worker_speedup),
-        s(t.warm_same_turns_s),
-        x(t.warm_speedup),
-    );
-    out += &format!(
-        "warm, whole session: {} s to first answers, {} of {} prompt tokens from the cache",
-        s(t.warm_all_turns_s),
-        t.warm_cached_tokens,
-        t.warm_prompt_tokens
-    );
-    out
 }
