@@ -34,6 +34,11 @@ enum BenchKind {
     /// Prefill and decode with the whole model on the host vs a layer split with one worker process vs a chain of
     /// two (loopback and a shaped link), alternating rounds, medians, with the decode time split per side.
     LayerSplit(crate::bench_layer_split::LayerSplitArgs),
+    /// Time to the first answer of each turn of a coding-agent session replayed over HTTP against an in-process
+    /// server: cold alone, cold with a worker (split prefill), and warm (prompt cache).
+    Session(crate::bench_session::SessionArgs),
+    /// Aggregate decode tok/s of 1, 2, 4, 8 sequences decoded as one batch, vs one at a time.
+    Slots(crate::bench_slots::SlotsArgs),
 }
 
 #[derive(Args)]
@@ -389,6 +394,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::SplitPrefill(a) => crate::bench_split::run(a),
         BenchKind::DecodeOffload(a) => crate::bench_offload::run(a),
         BenchKind::LayerSplit(a) => crate::bench_layer_split::run(a),
+        BenchKind::Session(a) => crate::bench_session::run(a),
+        BenchKind::Slots(a) => crate::bench_slots::run(a),
     }
 }
 
