@@ -182,7 +182,9 @@ async fn shutdown_signal() {
 
 /// The command line with `serve --config FILE`'s options inserted before the given ones (so the given ones win):
 /// each TOML key `k` becomes `--k` (underscores as dashes) with its value; `true` is the bare flag, `false` is
-/// left out, an array repeats the flag. Other command lines come back unchanged.
+/// left out, an array repeats the flag. A key is left out when the command line gives its flag (a list such as
+/// `--worker` replaces the file's, not adds to it) or a flag that conflicts with it (`--api-key-file` over the
+/// file's `api_key`). Other command lines come back unchanged.
 ///
 /// Errors: an unreadable file, TOML that does not parse, a nested table, a value that is not a string, number,
 /// boolean or array of those.
@@ -206,9 +208,15 @@ pub(crate) fn expand_config(args: Vec<String>) -> Result<Vec<String>> {
     let table: toml::Table = text
         .parse()
         .with_context(|| format!("--config {path} is not valid TOML"))?;
+    let given = given_flags(&args[2..]);
+    let cmd = <ServeArgs as Args>::augment_args(clap::Command::new("serve"));
     let mut out = vec![args[0].clone(), args[1].clone()];
     for (k, v) in &table {
-        let flag = format!("--{}", k.replace('_', "-"));
+        let name = k.replace('_', "-");
+        if overridden(&cmd, &given, &name) {
+            continue;
+        }
+        let flag = format!("--{name}");
         let scalar = |v: &toml::Value| -> Result<String> {
             Ok(match v {
                 toml::Value::String(s) => s.clone(),
@@ -234,4 +242,105 @@ pub(crate) fn expand_config(args: Vec<String>) -> Result<Vec<String>> {
     }
     out.extend(args[2..].iter().cloned());
     Ok(out)
+}
+
+/// The long flags on a command line (`--name` or `--name=value`; none after a bare `--`), without the dashes.
+fn given_flags(args: &[String]) -> Vec<String> {
+    args.iter()
+        .take_while(|a| *a != "--")
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap_or(a).to_string())
+        .collect()
+}
+
+/// Whether the config file's flag `--name` yields to the command line: the command line gives it, or a flag that
+/// conflicts with it (either way round).
+fn overridden(cmd: &clap::Command, given: &[String], name: &str) -> bool {
+    if given.iter().any(|g| g == name) {
+        return true;
+    }
+    let find = |n: &str| cmd.get_arguments().find(|a| a.get_long() == Some(n));
+    let Some(arg) = find(name) else {
+        return false; // not a flag of `serve`: clap says so
+    };
+    given.iter().filter_map(|g| find(g)).any(|g| {
+        cmd.get_arg_conflicts_with(arg)
+            .iter()
+            .chain(cmd.get_arg_conflicts_with(g).iter())
+            .any(|c| c.get_id() == arg.get_id() || c.get_id() == g.get_id())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(file: &str, line: &[&str]) -> Vec<String> {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("c.toml");
+        std::fs::write(&f, file).unwrap();
+        let mut args = vec!["bb".to_string(), "serve".into(), "--config".into()];
+        args.push(f.to_str().unwrap().into());
+        args.extend(line.iter().map(|s| s.to_string()));
+        let out = expand_config(args).unwrap();
+        // leave out the program, the subcommand and `--config FILE`
+        out[2..]
+            .iter()
+            .filter(|a| *a != "--config" && !a.ends_with("c.toml"))
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn the_file_gives_flags_before_the_command_line() {
+        assert_eq!(
+            expand(
+                "port = 0\nalias = \"m\"\nno_interleave = true\nworker = [\"a:1\", \"b:2\"]\n",
+                &["--parallel", "2"]
+            ),
+            [
+                "--alias",
+                "m",
+                "--no-interleave",
+                "--port",
+                "0",
+                "--worker",
+                "a:1",
+                "--worker",
+                "b:2",
+                "--parallel",
+                "2"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_flag_on_the_command_line_replaces_the_files_and_its_conflicting_ones() {
+        // the same flag: a list is replaced, not extended
+        assert_eq!(
+            expand(
+                "worker = [\"a:1\", \"b:2\"]\nport = 1\n",
+                &["--worker", "c:3", "--port=2"]
+            ),
+            ["--worker", "c:3", "--port=2"]
+        );
+        // conflicting flags, both ways round
+        assert_eq!(
+            expand("api_key = \"k\"\n", &["--api-key-file", "f"]),
+            ["--api-key-file", "f"]
+        );
+        assert_eq!(
+            expand("api_key_file = \"f\"\n", &["--api-key", "k"]),
+            ["--api-key", "k"]
+        );
+        assert_eq!(
+            expand(
+                "split_layer = 4\nkv_budget = \"1MiB\"\n",
+                &["--layer-split", "4"]
+            ),
+            ["--layer-split", "4"]
+        );
+        // an unknown key still reaches clap, which names it
+        assert_eq!(expand("bogus = 1\n", &[]), ["--bogus", "1"]);
+    }
 }

@@ -141,7 +141,7 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         &mut o,
         "workers_connected",
         "gauge",
-        "Attached workers usable now.",
+        "Attached workers whose last exchange succeeded (or not tried yet); a failed one counts again once a retry succeeds.",
         &[("", g(&m.workers_available))],
     );
     family(

@@ -109,6 +109,12 @@ impl Connection {
         self.retry_at.is_none_or(|t| Instant::now() >= t)
     }
 
+    /// Whether the last exchange with the worker failed (it is backing off, or was not tried again since); `false`
+    /// before the first one. Unlike [`Connection::available`] this does not change with time alone.
+    pub fn failing(&self) -> bool {
+        self.retry_at.is_some()
+    }
+
     /// The deadline budget of a message of `bytes` bytes whose reply also waits for `compute` on the worker.
     pub(crate) fn allowance(&self, bytes: usize, compute: Duration) -> Duration {
         let transfer = (bytes as f64 / self.settings.min_rate.max(1) as f64).min(1e9);

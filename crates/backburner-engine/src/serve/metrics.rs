@@ -1,5 +1,5 @@
 //! Counters the scheduler keeps for the server's `/metrics`: lock-free atomics updated on the scheduler's thread and
-//! read from any thread, plus the slots' link statistics published after each request.
+//! read from any thread, plus the slots' link statistics published after every step that may use a worker.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -41,9 +41,9 @@ pub struct Metrics {
     pub cache_hits: AtomicU64,
     /// Prompt tokens reused from the cache.
     pub cached_tokens: AtomicU64,
-    /// Link statistics summed over the slots' sessions (published after each request).
+    /// Link statistics summed over the slots' sessions (published after every prefill chunk and decode step).
     pub link: Mutex<LinkStats>,
-    /// Gauge: workers attached to the slots that are usable now.
+    /// Gauge: workers attached to the slots whose last exchange did not fail (or that were not tried yet).
     pub workers_available: AtomicU64,
     /// Gauge: workers attached to the slots.
     pub workers_attached: AtomicU64,

@@ -110,11 +110,7 @@ pub(super) fn run(
             }
         }
         step(&mut slots, &mut active, turn, &m);
-        let before = active.len();
         active.retain_mut(|a| a.seq.phase() != Phase::Done);
-        if active.len() != before {
-            publish_link(&slots, &m);
-        }
         Metrics::set(&m.active, active.len() as u64);
     }
 }
@@ -299,12 +295,14 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
     let t0 = Instant::now();
     let r = a.seq.prefill_step(session, n, |_, _| {});
     Metrics::add(&m.prefill_us, t0.elapsed().as_micros() as u64);
-    match r {
-        Ok(()) => {
-            Metrics::add(&m.prefill_tokens, n.min(left) as u64);
-            slot.checkpoint();
-        }
-        Err(e) => fail(a, e, m),
+    let r = r.map(|()| {
+        Metrics::add(&m.prefill_tokens, n.min(left) as u64);
+        slot.checkpoint();
+    });
+    // before the job's next event: a client that reads /metrics after its answer sees this step's link use
+    publish_link(slots, m);
+    if let Err(e) = r {
+        fail(a, e, m);
     }
 }
 
@@ -333,6 +331,9 @@ fn decode_all(slots: &mut [Slot], active: &mut [Active<'_>], m: &Metrics) {
     Metrics::add(&m.decode_us, t0.elapsed().as_micros() as u64);
     Metrics::add(&m.decode_steps, 1);
     Metrics::add(&m.decode_rows, idx.len() as u64);
+    drop(sessions);
+    // before the jobs' events (KV offload may have used the workers)
+    publish_link(slots, m);
     for (&i, r) in idx.iter().zip(results) {
         let a = &mut active[i];
         if let Some(end) = a.seq.accept_logits(r) {
@@ -379,18 +380,21 @@ fn fail(a: &mut Active<'_>, e: EngineError, m: &Metrics) {
     a.send(Event::Failed(e));
 }
 
-/// Publishes the slots' link statistics and worker gauges.
+/// Publishes the slots' link statistics and worker gauges; called after every step that may use a worker (a
+/// prefill chunk, a decode step) and before that step's events go out, so that what a client reads on `/metrics`
+/// after its answer includes its request.
 fn publish_link(slots: &[Slot], m: &Metrics) {
     let mut sum = crate::split::LinkStats::default();
-    let (mut attached, mut available) = (0, 0);
+    let (mut attached, mut healthy) = (0, 0);
     for s in slots {
         sum.add(&s.session().link_stats());
         for w in s.session().workers().iter() {
             attached += 1;
-            available += w.available() as u64;
+            // not `available()`: that turns true again when a backoff runs out, with nobody having tried the worker
+            healthy += !w.failing() as u64;
         }
     }
     *m.link.lock().unwrap_or_else(|p| p.into_inner()) = sum;
     Metrics::set(&m.workers_attached, attached);
-    Metrics::set(&m.workers_available, available);
+    Metrics::set(&m.workers_available, healthy);
 }

@@ -83,6 +83,11 @@ impl WorkerClient {
         self.link.available()
     }
 
+    /// Whether the last exchange with the worker failed ([`crate::connection::Connection::failing`]).
+    pub fn failing(&self) -> bool {
+        self.link.failing()
+    }
+
     /// Whether a batch of `n_tokens` should try the worker now.
     pub fn wants(&self, n_tokens: usize, ubatch: usize) -> bool {
         n_tokens >= self.link.settings.split_min_tokens.max(1)
