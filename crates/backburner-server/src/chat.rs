@@ -15,7 +15,6 @@ use backburner_model::chat::{
     prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ParsedOutput, ToolCall,
 };
 use serde_json::{json, Map, Value};
-use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::request::{self, Body, GenSettings};
@@ -27,12 +26,7 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let id = st.request_id("chatcmpl");
-    let span = tracing::info_span!("request", id = %id, endpoint = "chat");
-    run(st, headers, body, id)
-        .instrument(span)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    crate::handle_with(st, "chatcmpl", "chat", |st, id| run(st, headers, body, id)).await
 }
 
 /// A rendered and tokenized conversation.

@@ -9,7 +9,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use backburner_engine::Generation;
 use serde_json::{json, Value};
-use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::request::{self, Body, GenSettings};
@@ -21,12 +20,10 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let id = st.request_id("cmpl");
-    let span = tracing::info_span!("request", id = %id, endpoint = "completions");
-    run(st, headers, body, id)
-        .instrument(span)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    crate::handle_with(st, "cmpl", "completions", |st, id| {
+        run(st, headers, body, id)
+    })
+    .await
 }
 
 async fn run(

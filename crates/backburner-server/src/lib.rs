@@ -118,6 +118,27 @@ impl AppState {
     }
 }
 
+/// Runs an endpoint's body in a tracing span with a new request id (`prefix-…`), turning its error into the
+/// OpenAI error response.
+pub(crate) async fn handle_with<F, Fut>(
+    st: Arc<AppState>,
+    prefix: &str,
+    endpoint: &'static str,
+    run: F,
+) -> Response
+where
+    F: FnOnce(Arc<AppState>, String) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    use tracing::Instrument;
+    let id = st.request_id(prefix);
+    let span = tracing::info_span!("request", id = %id, endpoint);
+    run(st, id)
+        .instrument(span)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
 /// Compares without an early exit on the first differing byte.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -28,14 +28,7 @@ pub fn parse(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 fn wrong(name: &str, want: &str, got: &Value) -> ApiError {
-    let kind = match got {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    };
+    let kind = backburner_model::chat::json_kind(got);
     ApiError::invalid(Some(name), format!("`{name}` must be {want}, not {kind}"))
 }
 

@@ -14,7 +14,7 @@ pub use parse::{
 };
 pub use pycompat::{is_py_space, py_split, py_splitlines, py_strip};
 pub use pyvalue::{float_repr, str_repr};
-pub use request::{normalize_messages, normalize_tools};
+pub use request::{json_kind, normalize_messages, normalize_tools};
 pub use template::ChatTemplate;
 
 use crate::error::Result;

@@ -21,7 +21,9 @@ fn bad(field: impl Into<String>, message: impl Into<String>) -> ModelError {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+/// How a JSON value's type reads in an error message: "null", "a boolean", "a number", "a string", "an array",
+/// "an object".
+pub fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -90,7 +92,7 @@ pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>> {
 
 fn normalize_message(m: &Value, at: &str) -> Result<Value> {
     let Value::Object(obj) = m else {
-        return Err(bad(at, format!("expected an object, got {}", kind(m))));
+        return Err(bad(at, format!("expected an object, got {}", json_kind(m))));
     };
     let mut out: Map<String, Value> = obj
         .iter()
@@ -102,7 +104,7 @@ fn normalize_message(m: &Value, at: &str) -> Result<Value> {
         Some(v) => {
             return Err(bad(
                 format!("{at}.role"),
-                format!("expected a string, got {}", kind(v)),
+                format!("expected a string, got {}", json_kind(v)),
             ))
         }
         None => return Err(bad(format!("{at}.role"), "is required")),
@@ -114,7 +116,7 @@ fn normalize_message(m: &Value, at: &str) -> Result<Value> {
         if let Some(v) = out.get(key).filter(|v| !v.is_string()) {
             return Err(bad(
                 format!("{at}.{key}"),
-                format!("expected a string, got {}", kind(v)),
+                format!("expected a string, got {}", json_kind(v)),
             ));
         }
     }
@@ -134,7 +136,7 @@ fn check_content(content: &Value, at: &str) -> Result<()> {
                 at,
                 format!(
                     "expected a string, null or an array of content parts, got {}",
-                    kind(v)
+                    json_kind(v)
                 ),
             ));
         }
@@ -144,7 +146,7 @@ fn check_content(content: &Value, at: &str) -> Result<()> {
         let Value::Object(p) = part else {
             return Err(bad(
                 at,
-                format!("expected a content part object, got {}", kind(part)),
+                format!("expected a content part object, got {}", json_kind(part)),
             ));
         };
         match p.get("type").and_then(Value::as_str) {
@@ -161,7 +163,7 @@ fn check_content(content: &Value, at: &str) -> Result<()> {
         if let Some(v) = p.get("text").filter(|v| !v.is_string()) {
             return Err(bad(
                 format!("{at}.text"),
-                format!("expected a string, got {}", kind(v)),
+                format!("expected a string, got {}", json_kind(v)),
             ));
         }
     }
@@ -180,7 +182,7 @@ fn alias_reasoning(out: &mut Map<String, Value>, at: &str) -> Result<()> {
     if !reasoning.is_string() {
         return Err(bad(
             format!("{at}.{key}"),
-            format!("expected a string, got {}", kind(&reasoning)),
+            format!("expected a string, got {}", json_kind(&reasoning)),
         ));
     }
     // `{"thinking": r, **message, "reasoning_content": r}`: a `thinking` of the message's own wins.
@@ -195,19 +197,25 @@ fn alias_reasoning(out: &mut Map<String, Value>, at: &str) -> Result<()> {
 
 fn normalize_tool_calls(calls: &mut Value, at: &str) -> Result<()> {
     let Value::Array(list) = calls else {
-        return Err(bad(at, format!("expected an array, got {}", kind(calls))));
+        return Err(bad(
+            at,
+            format!("expected an array, got {}", json_kind(calls)),
+        ));
     };
     for (j, call) in list.iter_mut().enumerate() {
         let at = format!("{at}[{j}]");
         let Value::Object(call) = call else {
-            return Err(bad(at, format!("expected an object, got {}", kind(call))));
+            return Err(bad(
+                at,
+                format!("expected an object, got {}", json_kind(call)),
+            ));
         };
         let f = match call.get_mut("function") {
             Some(Value::Object(f)) => f,
             Some(v) => {
                 return Err(bad(
                     format!("{at}.function"),
-                    format!("expected an object, got {}", kind(v)),
+                    format!("expected an object, got {}", json_kind(v)),
                 ))
             }
             None => return Err(bad(format!("{at}.function"), "is required")),
@@ -220,7 +228,7 @@ fn normalize_tool_calls(calls: &mut Value, at: &str) -> Result<()> {
             Some(v) => {
                 return Err(bad(
                     format!("{at}.function.name"),
-                    format!("expected a string, got {}", kind(v)),
+                    format!("expected a string, got {}", json_kind(v)),
                 ))
             }
             None => return Err(bad(format!("{at}.function.name"), "is required")),
@@ -243,13 +251,13 @@ fn parse_arguments(args: &Value, at: &str) -> Result<Value> {
             Ok(v @ Value::Object(_)) => Ok(v),
             Ok(v) => Err(bad(
                 at,
-                format!("must encode a JSON object, got {}", kind(&v)),
+                format!("must encode a JSON object, got {}", json_kind(&v)),
             )),
             Err(e) => Err(bad(at, format!("is not valid JSON ({e})"))),
         },
         v => Err(bad(
             at,
-            format!("expected an object or a JSON string, got {}", kind(v)),
+            format!("expected an object or a JSON string, got {}", json_kind(v)),
         )),
     }
 }
@@ -261,21 +269,29 @@ pub fn normalize_tools(tools: &[Value]) -> Result<Vec<Value>> {
     for (i, tool) in tools.iter().enumerate() {
         let at = format!("tools[{i}]");
         let Value::Object(t) = tool else {
-            return Err(bad(at, format!("expected an object, got {}", kind(tool))));
+            return Err(bad(
+                at,
+                format!("expected an object, got {}", json_kind(tool)),
+            ));
         };
         let (holder, path) = match t.get("function") {
             Some(Value::Object(f)) => (f, format!("{at}.function.name")),
             Some(v) => {
                 return Err(bad(
                     format!("{at}.function"),
-                    format!("expected an object, got {}", kind(v)),
+                    format!("expected an object, got {}", json_kind(v)),
                 ))
             }
             None => (t, format!("{at}.name")),
         };
         match holder.get("name") {
             Some(Value::String(_)) => {}
-            Some(v) => return Err(bad(path, format!("expected a string, got {}", kind(v)))),
+            Some(v) => {
+                return Err(bad(
+                    path,
+                    format!("expected a string, got {}", json_kind(v)),
+                ))
+            }
             None => return Err(bad(path, "is required")),
         }
     }
