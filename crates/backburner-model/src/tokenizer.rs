@@ -164,6 +164,18 @@ impl TextTokenizer {
             .map_err(|e| ModelError::Tokenizer(e.to_string()))
     }
 
+    /// The longest token of the vocabulary, in characters of its token string (for byte-level BPE, as Qwen's, one
+    /// character per byte): text of `n` bytes is at least `n / max_token_bytes()` tokens.
+    pub fn max_token_bytes(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .keys()
+            .map(|t| t.chars().count().max(t.len()))
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
     /// The string of one token id (`None` if out of range).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)

@@ -50,7 +50,7 @@ async fn run(
     st.check_model(b.str("model")?)?;
     let gen = GenSettings::read(&b)?;
     let messages = match b.array("messages")? {
-        Some(m) if !m.is_empty() => m.clone(),
+        Some(m) if !m.is_empty() => m.iter().map(developer_as_system).collect(),
         _ => {
             return Err(ApiError::invalid(
                 Some("messages"),
@@ -79,7 +79,7 @@ async fn run(
     let call_ids = format!("call_{}_", id.trim_start_matches("chatcmpl-"));
     let mut c = ChatChunks {
         id,
-        created: st.created,
+        created: AppState::now(),
         model: st.model_id.clone(),
         include_usage: gen.include_usage,
         parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref()).with_id_prefix(call_ids),
@@ -117,6 +117,7 @@ async fn render(
     kwargs: Map<String, Value>,
 ) -> Result<Prompt, ApiError> {
     let tok = st.tokenizer()?;
+    let st = st.clone();
     tokio::task::spawn_blocking(move || {
         let bad = |e: backburner_model::ModelError| match e {
             backburner_model::ModelError::InvalidChatRequest { ref field, .. } => {
@@ -131,6 +132,7 @@ async fn render(
             kwargs: &kwargs,
         };
         let text = tok.render_chat(&req).map_err(bad)?;
+        st.check_text_len(&text, "messages")?;
         let ids = tok.encode(&text).map_err(bad)?;
         req.add_generation_prompt = false;
         // the history alone; a template that refuses it (e.g. it must end with a user turn) just gets no checkpoint
@@ -146,6 +148,15 @@ async fn render(
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))?
+}
+
+/// Newer OpenAI clients send the system prompt as `role: "developer"`; chat templates know it as `system`.
+fn developer_as_system(m: &Value) -> Value {
+    let mut m = m.clone();
+    if m.get("role").and_then(Value::as_str) == Some("developer") {
+        m["role"] = Value::String("system".into());
+    }
+    m
 }
 
 fn tool_call_json(t: &ToolCall) -> Value {

@@ -44,7 +44,7 @@ async fn run(
     let mut r = stream::start(&st, &id, prompt, "prompt", None, &gen).await?;
     let meta = Meta {
         id,
-        created: st.created,
+        created: AppState::now(),
         model: st.model_id.clone(),
         include_usage: gen.include_usage,
     };
@@ -73,6 +73,7 @@ async fn prompt_ids(st: &Arc<AppState>, v: Option<&Value>) -> Result<Vec<u32>, A
         None => Err(ApiError::invalid(Some("prompt"), "`prompt` is required")),
         Some(Value::String(s)) => {
             let tok = st.tokenizer()?;
+            st.check_text_len(s, "prompt")?;
             let s = s.clone();
             tokio::task::spawn_blocking(move || tok.encode(&s))
                 .await

@@ -27,7 +27,7 @@ use serde_json::json;
 pub use error::ApiError;
 
 /// Largest request body accepted (bytes): long agent conversations with tool results fit.
-pub const MAX_BODY_BYTES: usize = 64 << 20;
+pub const MAX_BODY_BYTES: usize = 16 << 20;
 
 /// What the handlers share.
 pub struct AppState {
@@ -45,6 +45,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Server start (Unix seconds), the models' `created`.
     pub created: u64,
+    /// Most bytes of text one token stands for (the longest token of the vocabulary): a prompt longer than the
+    /// context times this cannot fit, and is refused before it is tokenized.
+    pub max_token_bytes: usize,
     /// Request counter for ids.
     next_id: AtomicU64,
     /// Set while shutting down: `/health` answers 503.
@@ -61,7 +64,11 @@ impl AppState {
         eos_ids: Vec<u32>,
         api_key: Option<String>,
     ) -> Self {
+        let max_token_bytes = tokenizer
+            .as_ref()
+            .map_or(usize::MAX, |t| t.max_token_bytes());
         AppState {
+            max_token_bytes,
             engine,
             tokenizer,
             model_id,
@@ -74,6 +81,30 @@ impl AppState {
             next_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
         }
+    }
+
+    /// Now, in Unix seconds (a response's `created`).
+    pub fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+
+    /// Refuses (400 `context_length_exceeded` about `param`) a text that cannot fit the context whatever its
+    /// tokenization, before tokenizing it.
+    pub fn check_text_len(&self, text: &str, param: &str) -> Result<(), ApiError> {
+        if text.len() / self.max_token_bytes.max(1) >= self.context_length {
+            return Err(ApiError::invalid(
+                Some(param),
+                format!(
+                    "the prompt has {} bytes, more than this server's context of {} tokens can hold",
+                    text.len(),
+                    self.context_length
+                ),
+            )
+            .with_code("context_length_exceeded"));
+        }
+        Ok(())
     }
 
     /// A new request id with `prefix` (`chatcmpl`, `cmpl`).
@@ -90,8 +121,9 @@ impl AppState {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim());
         match given {
             Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => Ok(()),
             _ => Err(ApiError::unauthorized()),

@@ -21,9 +21,10 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         &mut o,
         "requests_total",
         "counter",
-        "Requests by outcome (rejected: the queue was full).",
+        "Requests by outcome (invalid: refused by the engine's checks; rejected: the queue was full).",
         &[
             ("{outcome=\"ok\"}", g(&m.requests_ok)),
+            ("{outcome=\"invalid\"}", g(&m.requests_invalid)),
             ("{outcome=\"failed\"}", g(&m.requests_failed)),
             ("{outcome=\"cancelled\"}", g(&m.requests_cancelled)),
             ("{outcome=\"rejected\"}", g(&m.requests_rejected)),

@@ -178,7 +178,14 @@ pub fn sse(
                 }
             }
             let mut n = 0;
-            while let Some(ev) = r.rx.recv().await {
+            loop {
+                // a client gone while the prompt is ingested (no event for a while) is noticed here: the
+                // response stream dropped its receiver, and dropping `r` cancels the job at the next step
+                let ev = tokio::select! {
+                    ev = r.rx.recv() => ev,
+                    _ = tx.closed() => return,
+                };
+                let Some(ev) = ev else { break };
                 let end = matches!(ev, Event::Done { .. } | Event::Failed(_));
                 let chunks = match ev {
                     Event::Token { text, .. } => {

@@ -609,3 +609,68 @@ async fn models_health_and_metrics() {
     );
     s.stop().await;
 }
+
+/// A server whose slots prefill one token per scheduler turn (ubatch 1), so a long prompt's ingest lasts seconds.
+async fn slow_ingest(slots: usize) -> Server {
+    let ctx = 1 << 20;
+    let sessions = (0..slots)
+        .map(|_| {
+            let o = backburner_engine::SessionOptions {
+                ubatch: 1,
+                context_length: Some(ctx),
+                ..backburner_engine::SessionOptions::default()
+            };
+            backburner_engine::Session::new(model(), o).expect("session")
+        })
+        .collect();
+    let opts = backburner_engine::serve::ServeOptions {
+        queue: 4,
+        cache: backburner_engine::serve::CacheLimits::default(),
+    };
+    let e = Arc::new(
+        backburner_engine::serve::Engine::start(sessions, Some(tokenizer()), opts).expect("engine"),
+    );
+    let st = backburner_server::AppState::new(
+        e,
+        Some(tokenizer()),
+        MODEL_ID.into(),
+        ctx,
+        Vec::new(),
+        None,
+    );
+    Server::start(st, Duration::from_secs(5)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_prompt_is_not_held_behind_a_long_ingest_and_a_client_gone_mid_ingest_frees_its_slot(
+) {
+    let s = slow_ingest(2).await;
+    let long_ids: Vec<u32> = (0..30_000u32).map(|i| 1 + i % 400).collect();
+    let long = json!({"prompt": long_ids, "max_tokens": 4, "temperature": 0, "stream": true});
+    let resp = s.post_response("/v1/completions", &long).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    // a short request in the other slot is answered while the long prompt is still being ingested
+    let short = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}),
+        )
+        .await
+        .ok();
+    assert_eq!(short["usage"]["completion_tokens"], 2);
+    let page = s.get_text("/metrics").await.1;
+    let ingested = metric_value(&page, "backburner_prefill_tokens_total");
+    assert!(
+        ingested < 30_000.0,
+        "the short one waited for the whole long ingest ({ingested} tokens)"
+    );
+    // the long prompt's client goes away before any token: the job is cancelled mid-ingest
+    drop(resp);
+    wait_health(&s, "the slot to be freed", |h| h["slots_busy"] == 0).await;
+    let page = s.get_text("/metrics").await.1;
+    assert_eq!(
+        metric_value(&page, "backburner_requests_total{outcome=\"cancelled\"}"),
+        1.0
+    );
+    assert!(metric_value(&page, "backburner_prefill_tokens_total") < 30_003.0);
+}

@@ -13,8 +13,10 @@ pub struct Metrics {
     pub requests: AtomicU64,
     /// Requests that finished normally (eos, max tokens, stop string, full context).
     pub requests_ok: AtomicU64,
-    /// Requests that failed (invalid input, an engine error).
+    /// Requests that failed in the engine (a prefill or decode error).
     pub requests_failed: AtomicU64,
+    /// Requests refused by the engine's checks (invalid sampling values or token ids, a prompt over the context).
+    pub requests_invalid: AtomicU64,
     /// Requests cancelled (client gone, shutdown).
     pub requests_cancelled: AtomicU64,
     /// Requests refused because the queue was full.

@@ -178,7 +178,7 @@ fn admit<'t>(
     s.last_used = turn;
     // check before touching the slot's cache
     if let Err(e) = check(s, &job) {
-        Metrics::add(&m.requests_failed, 1);
+        Metrics::add(&m.requests_invalid, 1);
         (job.events)(Event::Failed(e));
         return None;
     }
@@ -192,7 +192,7 @@ fn admit<'t>(
     let seq = match Sequence::new(s.session(), rest, job.params.clone(), tok) {
         Ok(q) => q,
         Err(e) => {
-            Metrics::add(&m.requests_failed, 1);
+            Metrics::add(&m.requests_invalid, 1);
             (job.events)(Event::Failed(e));
             return None;
         }
@@ -265,15 +265,18 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
     decode_all(slots, active, m);
 }
 
-/// Runs one prefill chunk of the oldest job still prefilling: one ubatch (ending at an absolute multiple of the
+/// Runs one prefill chunk of the job with the least prompt left (shortest first): one ubatch (ending at an absolute multiple of the
 /// ubatch or at the stable prefix), or all of the prompt up to the stable prefix when the session pipelines
-/// ubatches across workers (split prefill that the worker would take, a layer split) and no other job is
-/// generating.
+/// ubatches across workers (split prefill that the worker would take, a layer split) and no other job is in a
+/// slot.
 fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Metrics) {
-    let others_generating = active
-        .iter()
-        .any(|a| matches!(a.seq.phase(), Phase::Sample | Phase::Decode));
-    let Some(a) = active.iter_mut().find(|a| a.seq.phase() == Phase::Prefill) else {
+    let others = active.len() > 1;
+    // the job with the least prompt left goes first: a short prompt is not held behind a long one's ingest
+    let Some(a) = active
+        .iter_mut()
+        .filter(|a| a.seq.phase() == Phase::Prefill)
+        .min_by_key(|a| a.seq.prompt_left())
+    else {
         return;
     };
     let slot = &mut slots[a.slot];
@@ -287,7 +290,7 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
             .workers()
             .first()
             .is_some_and(|w| w.wants(left, ubatch));
-    let whole = !others_generating && pipelined;
+    let whole = !others && pipelined;
     let mut n = if whole { left } else { ubatch - pos % ubatch };
     if let Some(c) = a.cut.filter(|&c| c > pos) {
         n = n.min(c - pos);
