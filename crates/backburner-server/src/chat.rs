@@ -17,7 +17,7 @@ use backburner_model::chat::{
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::request::{self, Body, GenSettings};
+use crate::request::{Body, GenSettings};
 use crate::stream::{self, Chunker};
 use crate::AppState;
 
@@ -26,7 +26,7 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    crate::handle_with(st, "chatcmpl", "chat", |st, id| run(st, headers, body, id)).await
+    crate::handle_with(st, headers, body, ("chatcmpl", "chat"), run).await
 }
 
 /// A rendered and tokenized conversation.
@@ -38,16 +38,8 @@ struct Prompt {
     in_reasoning: bool,
 }
 
-async fn run(
-    st: Arc<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-    id: String,
-) -> Result<Response, ApiError> {
-    st.authorize(&headers)?;
-    let map = request::parse(&body)?;
+async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<Response, ApiError> {
     let b = Body(&map);
-    st.check_model(b.str("model")?)?;
     let gen = GenSettings::read(&b)?;
     let messages = match b.array("messages")? {
         Some(m) if !m.is_empty() => m.iter().map(developer_as_system).collect(),

@@ -8,10 +8,10 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use backburner_engine::Generation;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::request::{self, Body, GenSettings};
+use crate::request::{Body, GenSettings};
 use crate::stream::{self, Chunker};
 use crate::AppState;
 
@@ -20,22 +20,11 @@ pub(crate) async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    crate::handle_with(st, "cmpl", "completions", |st, id| {
-        run(st, headers, body, id)
-    })
-    .await
+    crate::handle_with(st, headers, body, ("cmpl", "completions"), run).await
 }
 
-async fn run(
-    st: Arc<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-    id: String,
-) -> Result<Response, ApiError> {
-    st.authorize(&headers)?;
-    let map = request::parse(&body)?;
+async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<Response, ApiError> {
     let b = Body(&map);
-    st.check_model(b.str("model")?)?;
     let gen = GenSettings::read(&b)?;
     if b.bool("echo")? == Some(true) {
         return Err(ApiError::invalid(Some("echo"), "`echo` is not supported"));

@@ -150,25 +150,31 @@ impl AppState {
     }
 }
 
-/// Runs an endpoint's body in a tracing span with a new request id (`prefix-…`), turning its error into the
-/// OpenAI error response.
+/// Runs an endpoint in a tracing span with a new request id (`prefix-…`): checks the API key, parses the body as a
+/// JSON object, checks its `model`, and hands the object to `run`; any error becomes the OpenAI error response.
 pub(crate) async fn handle_with<F, Fut>(
     st: Arc<AppState>,
-    prefix: &str,
-    endpoint: &'static str,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+    (prefix, endpoint): (&str, &'static str),
     run: F,
 ) -> Response
 where
-    F: FnOnce(Arc<AppState>, String) -> Fut,
+    F: FnOnce(Arc<AppState>, serde_json::Map<String, serde_json::Value>, String) -> Fut,
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
     use tracing::Instrument;
     let id = st.request_id(prefix);
     let span = tracing::info_span!("request", id = %id, endpoint);
-    run(st, id)
-        .instrument(span)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    async move {
+        st.authorize(&headers)?;
+        let map = request::parse(&body)?;
+        st.check_model(request::Body(&map).str("model")?)?;
+        run(st, map, id).await
+    }
+    .instrument(span)
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Compares without an early exit on the first differing byte.
