@@ -165,6 +165,20 @@ impl WeightLayout {
     }
 }
 
+/// Order of the Gated DeltaNet value heads in the checkpoint's `in_proj_qkv` (its V rows), `in_proj_z`, `in_proj_a`,
+/// `in_proj_b`, `A_log`, `dt_bias`, conv1d (its V channels) and `out_proj` (its columns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VHeadOrder {
+    /// Hugging Face order: v heads grouped by the k head they share, `[k0v0, k0v1, …, k0v(r-1), k1v0, …]`; v head
+    /// `j` uses k head `j / r` (r = Hv / Hk).
+    #[default]
+    Grouped,
+    /// llama.cpp GGUF order (its converter's `_reorder_v_heads`): tiled, `[k0v0, k1v0, …, k(Hk-1)v0, k0v1, …]`;
+    /// v head `j` uses k head `j % Hk`.
+    Tiled,
+}
+
 /// The validated text-model configuration. All sizes are element counts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -210,6 +224,9 @@ pub struct ModelConfig {
     pub rope: RopeParameters,
     /// `eos_token_id` from config.json, if any (generation_config.json wins).
     pub eos_token_ids: Vec<u32>,
+    /// Order of the Gated DeltaNet v heads in the stored weights: [`VHeadOrder::Grouped`] for safetensors
+    /// checkpoints, [`VHeadOrder::Tiled`] for GGUF files written by llama.cpp's converter.
+    pub linear_v_head_order: VHeadOrder,
 }
 
 impl ModelConfig {
@@ -472,6 +489,7 @@ impl ModelConfig {
             full_attention_interval: raw.full_attention_interval,
             rope,
             eos_token_ids,
+            linear_v_head_order: VHeadOrder::Grouped,
         })
     }
 

@@ -70,6 +70,33 @@ pub enum ModelError {
         /// What is wrong with it.
         message: String,
     },
+    /// A GGUF file is truncated or malformed (its header, metadata, tensor table or split metadata).
+    #[error("corrupt GGUF file {path}: {message}")]
+    CorruptGguf {
+        /// The file (the part of a split set at fault).
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A GGUF path does not name one model: a directory with no `.gguf` file or several, or one part of a split set
+    /// whose name does not lead to the others.
+    #[error("cannot open a GGUF model at {path}: {message}")]
+    GgufPath {
+        /// The path given.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// A GGUF file's `general.architecture` is not one this engine runs.
+    #[error("GGUF architecture {found:?} {}; supported: {}", if *not_yet { "(a mixture-of-experts hybrid) is not yet supported" } else { "is not supported" }, supported.join(", "))]
+    UnsupportedArchitecture {
+        /// `general.architecture` as found (empty when the key is absent).
+        found: String,
+        /// The architectures this build loads.
+        supported: Vec<&'static str>,
+        /// Whether it is a family member a later release will run (`qwen35moe`, `qwen3next`).
+        not_yet: bool,
+    },
     /// The directory has no weights at all.
     #[error("no model.safetensors or model.safetensors.index.json in {0}")]
     NoWeights(PathBuf),

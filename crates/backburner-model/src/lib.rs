@@ -9,6 +9,7 @@ pub mod config;
 pub mod error;
 pub mod fingerprint;
 pub mod fsutil;
+pub mod gguf;
 pub mod linear;
 pub mod model;
 pub mod ops;
@@ -22,9 +23,10 @@ pub use chat::{
     ParsedOutput, ToolCall,
 };
 pub use checkpoint::Checkpoint;
-pub use config::{LayerKind, ModelConfig, WeightLayout};
+pub use config::{LayerKind, ModelConfig, VHeadOrder, WeightLayout};
 pub use error::{ModelError, Result};
 pub use fingerprint::fingerprint;
+pub use gguf::{config_from_gguf, GgufFile};
 pub use linear::Linear;
 pub use model::{load_bytes, LoadOptions, Model, GDN_CHUNK};
 pub use remote::{RemoteError, RemotePages};

@@ -132,6 +132,36 @@ impl TextTokenizer {
         }))
     }
 
+    /// Loads the tokenizer of a GGUF file (see [`crate::gguf::tokenizer_json_from_gguf`]) with its chat template
+    /// (`tokenizer.chat_template`) and end-of-generation ids ([`crate::gguf::eos_token_ids`]; a GGUF file has no
+    /// generation config). `bos_token` / `eos_token` for the template are the texts of
+    /// `tokenizer.ggml.bos_token_id` / `eos_token_id`, as llama.cpp passes them.
+    ///
+    /// Errors: [`ModelError::Tokenizer`] when the file has no usable tokenizer (`tokenizer.ggml.model` = `none`,
+    /// another model or pre-tokenizer, malformed lists), [`ModelError::VocabMismatch`] when it has ids the model
+    /// cannot embed.
+    pub fn from_gguf(f: &crate::gguf::GgufFile, model_vocab: usize) -> Result<Self> {
+        let json = crate::gguf::tokenizer_json_from_gguf(f)?;
+        let inner: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", f.paths()[0].display())))?;
+        let n = inner.get_vocab_size(true);
+        if n > model_vocab {
+            return Err(ModelError::VocabMismatch {
+                tokenizer: n,
+                model: model_vocab,
+            });
+        }
+        Ok(TextTokenizer {
+            inner,
+            chat_template: crate::gguf::chat_template(f),
+            bos_token: crate::gguf::special_token_text(f, "tokenizer.ggml.bos_token_id"),
+            eos_token: crate::gguf::special_token_text(f, "tokenizer.ggml.eos_token_id"),
+            eos_ids: crate::gguf::eos_token_ids(f)?,
+            compiled: std::sync::OnceLock::new(),
+        })
+    }
+
     /// Ids the tokenizer can produce (including added tokens).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
