@@ -37,15 +37,20 @@ pub(crate) fn resolve(path: &Path) -> Result<Vec<PathBuf>> {
     if meta.is_dir() {
         return resolve_dir(path);
     }
+    Ok(resolve_file(path))
+}
+
+/// The parts of the model a file names: the whole split set for a split part, else the file.
+fn resolve_file(path: &Path) -> Vec<PathBuf> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     match split_name(name) {
         Some((prefix, _, n)) => {
             let dir = path.parent().unwrap_or(Path::new(""));
-            Ok((1..=n)
+            (1..=n)
                 .map(|k| dir.join(split_part_name(prefix, k, n)))
-                .collect())
+                .collect()
         }
-        None => Ok(vec![path.to_path_buf()]),
+        None => vec![path.to_path_buf()],
     }
 }
 
@@ -59,7 +64,9 @@ fn resolve_dir(dir: &Path) -> Result<Vec<PathBuf>> {
         let Some(name) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        if !name.ends_with(".gguf") || name.starts_with("mmproj") {
+        // Subdirectories are not looked into (a `.gguf`-named directory, or a symlink to `.`, is skipped).
+        let is_dir = std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir());
+        if !name.ends_with(".gguf") || name.starts_with("mmproj") || is_dir {
             continue;
         }
         // A split set counts once, under the name of its first part.
@@ -77,7 +84,7 @@ fn resolve_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     models.sort();
     match models.len() {
         0 => Err(path_err(dir, "the directory holds no .gguf file".into())),
-        1 => resolve(&dir.join(&models[0])),
+        1 => Ok(resolve_file(&dir.join(&models[0]))),
         _ => Err(path_err(
             dir,
             format!(

@@ -122,6 +122,10 @@ fn gguf_directory_must_hold_exactly_one_model() {
     // A vision projector next to the model is not a second model.
     write_tmp(&single, d.path(), "mmproj-model-f16.gguf");
     std::fs::write(d.path().join("README.md"), "x").unwrap();
+    // Neither is a directory named like a model, nor a symlink loop.
+    std::fs::create_dir(d.path().join("sub.gguf")).unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(d.path(), d.path().join("loop.gguf")).unwrap();
     let f = GgufFile::open(d.path()).unwrap();
     assert_eq!(f.paths(), [d.path().join("model-Q4_K_M.gguf")]);
     // Two models: the caller must choose.
