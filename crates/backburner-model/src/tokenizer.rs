@@ -145,7 +145,9 @@ impl TextTokenizer {
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", f.paths()[0].display())))?;
-        let n = inner.get_vocab_size(true);
+        // Unused ids are left out of the vocabulary, so count by the largest id, not the number of tokens.
+        let largest = inner.get_vocab(true).into_values().max();
+        let n = largest.map_or(0, |m| m as usize + 1);
         if n > model_vocab {
             return Err(ModelError::VocabMismatch {
                 tokenizer: n,

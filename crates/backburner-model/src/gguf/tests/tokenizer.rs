@@ -352,6 +352,25 @@ fn gguf_files_without_a_usable_tokenizer_are_refused_clearly() {
             model: 100
         })
     ));
+    // Counted by the largest id: a normal token after unused ones.
+    let mut types = vec![5i32; 512];
+    types[..445].fill(1);
+    types[445..448].fill(3);
+    types[500] = 1;
+    let mut w = converter_vocab(&tok, &tcfg, "qwen35", 512);
+    w.remove("tokenizer.ggml.token_type").kv(
+        "tokenizer.ggml.token_type",
+        MetaValue::Array(super::MetaArray::I32(types)),
+    );
+    let (_d, f) = open_written(&w);
+    assert!(matches!(
+        TextTokenizer::from_gguf(&f, 500),
+        Err(ModelError::VocabMismatch {
+            tokenizer: 501,
+            model: 500
+        })
+    ));
+    assert_eq!(TextTokenizer::from_gguf(&f, 501).unwrap().vocab_size(), 449);
     let mut w = base.clone();
     w.remove("tokenizer.chat_template");
     let (_d, f) = open_written(&w);
