@@ -33,17 +33,33 @@ pub(crate) trait Fmt {
         h: usize,
         pre: Self::Pre<I>,
     ) -> (I::W, I::W);
+    /// The unit's f16 `d` and `dmin` (zeros for formats without mins) widened once per unit.
+    ///
+    /// # Safety
+    /// `u` must point at a whole panel unit of this format.
+    #[inline(always)]
+    unsafe fn unit_scales<I: QIsa>(isa: I, u: *const u8) -> (I::F, I::F) {
+        let lay = Self::LAY;
+        // SAFETY: the unit's d and dmin fields.
+        unsafe {
+            let dmin = if lay.dmin != 0 {
+                isa.load_f16(u.add(lay.dmin))
+            } else {
+                isa.f_zero()
+            };
+            (isa.load_f16(u.add(lay.d)), dmin)
+        }
+    }
     /// One dot-product step with this format's codes.
     fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A;
-    /// `acc + f·dx` for one row: `lo`, `hi` are the exact sums over the block's first and second 16 inputs of
-    /// `code·xq`, `ab` the activation block.
+    /// `acc + f·dx` for one row of the block `at`: `lo`, `hi` are the exact sums over the block's first and second
+    /// 16 inputs of `code·xq`, `ab` the activation block.
     ///
     /// # Safety
     /// As [`Fmt::pre`].
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        b: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
@@ -74,6 +90,17 @@ unsafe fn nibbles<I: QIsa>(isa: I, p: *const u8) -> (I::W, I::W) {
     let v = unsafe { isa.load_w(p) };
     let mask = isa.splat_w(0x0F);
     (isa.and_w(v, mask), isa.and_w(isa.shr16(v, 4), mask))
+}
+
+/// Where a 32-block lives: its panel unit, its index in the unit and the unit's [`Fmt::unit_scales`].
+#[derive(Clone, Copy)]
+pub(crate) struct At<I: QIsa> {
+    /// The panel unit.
+    pub u: *const u8,
+    /// The block's index in the unit.
+    pub b: usize,
+    /// The unit's widened `d`, `dmin`.
+    pub ud: (I::F, I::F),
 }
 
 /// The plain term `ds·float(S)` with `S = lo + hi − off·Σxq`, accumulated: `acc + that·dx`.
@@ -139,16 +166,14 @@ impl Fmt for Q80 {
     #[inline(always)]
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        _: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        // SAFETY: the unit's d field.
-        let ds = unsafe { isa.load_f16(u.add(Self::LAY.d)) };
-        plain(isa, ds, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
+        let ud = at.ud;
+        plain(isa, ud.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
     }
 }
 
@@ -172,16 +197,14 @@ impl Fmt for Q40 {
     #[inline(always)]
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        _: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        // SAFETY: the unit's d field.
-        let ds = unsafe { isa.load_f16(u.add(Self::LAY.d)) };
-        plain(isa, ds, lo, hi, 8, ab, acc)
+        let ud = at.ud;
+        plain(isa, ud.0, lo, hi, 8, ab, acc)
     }
 }
 
@@ -190,17 +213,17 @@ impl Fmt for Q40 {
 /// # Safety
 /// `u` points at a whole unit of `lay`, `b < 8`.
 #[inline(always)]
-unsafe fn k_scales<I: QIsa>(isa: I, lay: Lay, u: *const u8, b: usize) -> (I::F, I::F) {
-    // SAFETY: fields of the unit.
+unsafe fn k_scales<I: QIsa>(
+    isa: I,
+    lay: Lay,
+    u: *const u8,
+    b: usize,
+    ud: (I::F, I::F),
+) -> (I::F, I::F) {
+    // SAFETY: block b's scales and mins.
     unsafe {
-        let ds = isa.mul(
-            isa.load_f16(u.add(lay.d)),
-            isa.load_u8f(u.add(lay.sc + 16 * b)),
-        );
-        let dm = isa.mul(
-            isa.load_f16(u.add(lay.dmin)),
-            isa.load_u8f(u.add(lay.m + 16 * b)),
-        );
+        let ds = isa.mul(ud.0, isa.load_u8f(u.add(lay.sc + 16 * b)));
+        let dm = isa.mul(ud.1, isa.load_u8f(u.add(lay.m + 16 * b)));
         (ds, dm)
     }
 }
@@ -225,15 +248,15 @@ impl Fmt for Q4K {
     #[inline(always)]
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        b: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
+        let At { u, b, ud } = at;
         // SAFETY: forwarded.
-        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b) };
+        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b, ud) };
         with_min(isa, ds, dm, lo, hi, ab, acc)
     }
 }
@@ -267,15 +290,15 @@ impl Fmt for Q5K {
     #[inline(always)]
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        b: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
+        let At { u, b, ud } = at;
         // SAFETY: forwarded.
-        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b) };
+        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b, ud) };
         with_min(isa, ds, dm, lo, hi, ab, acc)
     }
 }
@@ -316,17 +339,17 @@ impl Fmt for Q6K {
     #[inline(always)]
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        b: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
+        let At { u, b, ud } = at;
         let lay = Self::LAY;
-        // SAFETY: the unit's d and block b's two rows of scales.
+        // SAFETY: block b's two rows of scales.
         let (dsa, dsb) = unsafe {
-            let d = isa.load_f16(u.add(lay.d));
+            let d = ud.0;
             (
                 isa.mul(d, isa.load_i8f(u.add(lay.sc + 32 * b))),
                 isa.mul(d, isa.load_i8f(u.add(lay.sc + 32 * b + 16))),
@@ -373,21 +396,16 @@ impl Fmt for Iq4Xs {
     #[inline(always)]
     unsafe fn finish<I: QIsa>(
         isa: I,
-        u: *const u8,
-        b: usize,
+        at: At<I>,
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
+        let At { u, b, ud } = at;
         let lay = Self::LAY;
-        // SAFETY: the unit's d and block b's scales.
-        let ds = unsafe {
-            isa.mul(
-                isa.load_f16(u.add(lay.d)),
-                isa.load_i8f(u.add(lay.sc + 16 * b)),
-            )
-        };
+        // SAFETY: block b's scales.
+        let ds = unsafe { isa.mul(ud.0, isa.load_i8f(u.add(lay.sc + 16 * b))) };
         plain(isa, ds, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
     }
 }

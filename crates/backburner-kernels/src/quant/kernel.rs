@@ -1,7 +1,7 @@
 //! [`qmatmul`]: threads × panel ranges × cache blocks × register tiles of the generic kernel.
 
 use super::acts::{ActBlock, QuantizedActs, ACT_BLOCK};
-use super::fmt::{Fmt, Iq4Xs, Q40, Q4K, Q5K, Q6K, Q80};
+use super::fmt::{At, Fmt, Iq4Xs, Q40, Q4K, Q5K, Q6K, Q80};
 use super::format::QuantFormat;
 use super::isa::{qdispatch, QIsa, QKernel, LANES};
 use super::pack::{QuantMatrix, PANEL_GROUP};
@@ -164,11 +164,13 @@ impl Task<'_> {
         for u in 0..k / lay.unit {
             // SAFETY: unit u of panel p lies in the storage (panel_bytes = units · lay.bytes).
             let up = unsafe { base.add(u * lay.bytes) };
+            // SAFETY: as above.
+            let ud = unsafe { F::unit_scales(isa, up) };
             for b in 0..bpu {
                 let bi = u * bpu + b;
                 debug_assert!(bi < nb);
                 // SAFETY: block bi's 32 inputs lie in each row; the unit is whole.
-                unsafe { block::<I, F, R>(isa, up, b, &xq, &xb, bi, &mut acc) };
+                unsafe { block::<I, F, R>(isa, At { u: up, b, ud }, &xq, &xb, bi, &mut acc) };
             }
         }
         let n = self.w.n();
@@ -193,8 +195,7 @@ impl Task<'_> {
 #[inline(always)]
 unsafe fn block<I: QIsa, F: Fmt, const R: usize>(
     isa: I,
-    u: *const u8,
-    b: usize,
+    at: At<I>,
     xq: &[*const u8; R],
     xb: &[&[ActBlock]; R],
     bi: usize,
@@ -202,12 +203,12 @@ unsafe fn block<I: QIsa, F: Fmt, const R: usize>(
 ) {
     let every = isa.widen_every(F::cmax::<I>());
     // SAFETY: forwarded from the caller.
-    let pre = unsafe { F::pre(isa, u, b) };
+    let pre = unsafe { F::pre(isa, at.u, at.b) };
     let (mut al, mut ah) = ([isa.a_zero(); R], [isa.a_zero(); R]);
     let (mut sl, mut sh) = ([isa.i_zero(); R], [isa.i_zero(); R]);
     for h in 0..4 {
         // SAFETY: forwarded from the caller.
-        let (lo, hi) = unsafe { F::codes(isa, u, b, h, pre) };
+        let (lo, hi) = unsafe { F::codes(isa, at.u, at.b, h, pre) };
         for r in 0..R {
             // SAFETY: inputs 32·bi + 4h.. and 32·bi + 16 + 4h.. (4 bytes each) lie in row r.
             let (xl, xh) = unsafe {
@@ -231,6 +232,6 @@ unsafe fn block<I: QIsa, F: Fmt, const R: usize>(
     }
     for r in 0..R {
         // SAFETY: forwarded from the caller.
-        acc[r] = unsafe { F::finish(isa, u, b, sl[r], sh[r], xb[r][bi], acc[r]) };
+        acc[r] = unsafe { F::finish(isa, at, sl[r], sh[r], xb[r][bi], acc[r]) };
     }
 }
