@@ -6,6 +6,8 @@
 //!   the LSE merge of partials and the fixed left fold over pages.
 //! * [`kv`]: the paged KV cache of one full-attention layer (f16 or f32 storage).
 //! * [`matmul`]: dense products against weight matrices packed once in their dtype (f32, bf16, f16).
+//! * [`quant`]: GGUF quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) repacked into panels, and their
+//!   products with 8-bit quantized activations by integer dot products (AVX-512 VNNI, AVX2, plain Rust).
 //! * [`rowops`]: RMSNorms, l2 norm, activations and residual adds, vectorized and threaded.
 //! * [`parallel`]: static task splitting on the caller's thread pool; [`profile`]: opt-in time accounting by
 //!   operator class.
@@ -27,6 +29,7 @@ pub mod kv;
 pub mod matmul;
 pub mod parallel;
 pub mod profile;
+pub mod quant;
 pub mod reference;
 pub mod rowops;
 

@@ -236,7 +236,7 @@ pub(crate) static ISA_CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::Atom
 
 #[inline(always)]
 #[allow(dead_code)]
-fn allowed(level: u8) -> bool {
+pub(crate) fn allowed(level: u8) -> bool {
     #[cfg(test)]
     {
         ISA_CAP.load(std::sync::atomic::Ordering::SeqCst) >= level

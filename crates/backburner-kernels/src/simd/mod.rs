@@ -19,7 +19,7 @@ mod isa;
 
 #[cfg(test)]
 pub(crate) use isa::ISA_CAP;
-pub(crate) use isa::{dispatch, dot, dots, Isa, Kernel};
+pub(crate) use isa::{allowed, dispatch, dot, dots, Isa, Kernel};
 
 /// Number of interleaved partial sums of every reduction (one AVX-512 register of f32).
 pub(crate) const LANES: usize = 16;

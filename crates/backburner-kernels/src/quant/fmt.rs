@@ -1,0 +1,411 @@
+//! Per-format decoding of a panel unit's 32-blocks into code vectors and scale vectors ([`Fmt`]), for the generic
+//! kernel, and the per-block float step of the canonical arithmetic.
+
+use super::acts::ActBlock;
+use super::format::{QuantFormat, IQ4_VALUES};
+use super::isa::QIsa;
+use super::unit::Lay;
+
+/// A format as the kernel sees it: how a 32-block's codes and scales are read from a panel unit and how the
+/// block's integer sums become its float term (see the [module docs](super) for the arithmetic).
+pub(crate) trait Fmt {
+    /// The format.
+    const FORMAT: QuantFormat;
+    /// Its panel layout.
+    const LAY: Lay = Lay::of(Self::FORMAT);
+    /// Per 32-block state read once per panel and block (high-bit planes).
+    type Pre<I: QIsa>: Copy;
+    /// Largest code magnitude the dot products see on `I` (bounds the AVX2 i16 accumulation).
+    fn cmax<I: QIsa>() -> u32;
+    /// Reads the per-block state of block `b` of the unit at `u`.
+    ///
+    /// # Safety
+    /// `u` must point at a whole panel unit of this format and `b < LAY.unit / 32`.
+    unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> Self::Pre<I>;
+    /// Code vectors of groups `h` and `h + 4` (inputs `4h..4h + 4` and `16 + 4h..16 + 4h + 4` of the block).
+    ///
+    /// # Safety
+    /// As [`Fmt::pre`], with `h < 4`.
+    unsafe fn codes<I: QIsa>(
+        isa: I,
+        u: *const u8,
+        b: usize,
+        h: usize,
+        pre: Self::Pre<I>,
+    ) -> (I::W, I::W);
+    /// The unit's f16 `d` and `dmin` (zeros for formats without mins) widened once per unit.
+    ///
+    /// # Safety
+    /// `u` must point at a whole panel unit of this format.
+    #[inline(always)]
+    unsafe fn unit_scales<I: QIsa>(isa: I, u: *const u8) -> (I::F, I::F) {
+        let lay = Self::LAY;
+        // SAFETY: the unit's d and dmin fields.
+        unsafe {
+            let dmin = if lay.dmin != 0 {
+                isa.load_f16(u.add(lay.dmin))
+            } else {
+                isa.f_zero()
+            };
+            (isa.load_f16(u.add(lay.d)), dmin)
+        }
+    }
+    /// One dot-product step with this format's codes.
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A;
+    /// `acc + f·dx` for one row of the block `at`: `lo`, `hi` are the exact sums over the block's first and second
+    /// 16 inputs of `code·xq`, `ab` the activation block.
+    ///
+    /// # Safety
+    /// As [`Fmt::pre`].
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F;
+}
+
+/// `v` with the bits at position `from` (in each byte) moved to position 4 (word shifts; callers mask the result
+/// to the moved bits, which stay inside their byte).
+#[inline(always)]
+fn to_bit4<I: QIsa>(isa: I, v: I::W, from: u32) -> I::W {
+    if from < 4 {
+        isa.shl16(v, 4 - from)
+    } else if from > 4 {
+        isa.shr16(v, from - 4)
+    } else {
+        v
+    }
+}
+
+/// Low and high nibbles of the 64 bytes at `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 64 bytes.
+#[inline(always)]
+unsafe fn nibbles<I: QIsa>(isa: I, p: *const u8) -> (I::W, I::W) {
+    // SAFETY: forwarded from the caller.
+    let v = unsafe { isa.load_w(p) };
+    let mask = isa.splat_w(0x0F);
+    (isa.and_w(v, mask), isa.and_w(isa.shr16(v, 4), mask))
+}
+
+/// Where a 32-block lives: its panel unit, its index in the unit and the unit's [`Fmt::unit_scales`].
+#[derive(Clone, Copy)]
+pub(crate) struct At<I: QIsa> {
+    /// The panel unit.
+    pub u: *const u8,
+    /// The block's index in the unit.
+    pub b: usize,
+    /// The unit's widened `d`, `dmin`.
+    pub ud: (I::F, I::F),
+}
+
+/// The plain term `ds·float(S)` with `S = lo + hi − off·Σxq`, accumulated: `acc + that·dx`.
+#[inline(always)]
+fn plain<I: QIsa>(isa: I, ds: I::F, lo: I::I, hi: I::I, off: i32, ab: ActBlock, acc: I::F) -> I::F {
+    let s = isa.sub_splat_i(isa.add_i(lo, hi), off * ab.sum);
+    let f = isa.mul(ds, isa.cvt(s));
+    isa.fma(f, isa.splat_f(ab.d), acc)
+}
+
+/// The term with a min, `fma(ds, float(S), −dm·float(Σxq))` with `S = lo + hi`, accumulated: `acc + that·dx`.
+#[inline(always)]
+fn with_min<I: QIsa>(
+    isa: I,
+    ds: I::F,
+    dm: I::F,
+    lo: I::I,
+    hi: I::I,
+    ab: ActBlock,
+    acc: I::F,
+) -> I::F {
+    let t = isa.mul(dm, isa.splat_f(ab.sumf));
+    let f = isa.fms(ds, isa.cvt(isa.add_i(lo, hi)), t);
+    isa.fma(f, isa.splat_f(ab.d), acc)
+}
+
+/// Q8_0: codes `q + 128` as bytes.
+pub(crate) struct Q80;
+/// Q4_0: nibbles `q` (value `q − 8`).
+pub(crate) struct Q40;
+/// Q4_K: nibbles with 6-bit scales and mins.
+pub(crate) struct Q4K;
+/// Q5_K: nibbles plus a fifth-bit plane.
+pub(crate) struct Q5K;
+/// Q6_K: nibbles plus two bit-pair planes, i8 scales per 16.
+pub(crate) struct Q6K;
+/// IQ4_XS: nibble indices into the codebook.
+pub(crate) struct Iq4Xs;
+
+impl Fmt for Q80 {
+    const FORMAT: QuantFormat = QuantFormat::Q8_0;
+    type Pre<I: QIsa> = ();
+    fn cmax<I: QIsa>() -> u32 {
+        128
+    }
+    #[inline(always)]
+    unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn codes<I: QIsa>(isa: I, u: *const u8, _: usize, h: usize, _: ()) -> (I::W, I::W) {
+        // SAFETY: the unit holds 8 code vectors.
+        let (lo, hi) = unsafe { (isa.load_w(u.add(64 * h)), isa.load_w(u.add(64 * (h + 4)))) };
+        if I::SIGNED {
+            let s = isa.splat_w(0x80);
+            (isa.xor_w(lo, s), isa.xor_w(hi, s))
+        } else {
+            (lo, hi)
+        }
+    }
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        isa.dot_s(a, w, x4)
+    }
+    #[inline(always)]
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        let ud = at.ud;
+        plain(isa, ud.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
+    }
+}
+
+impl Fmt for Q40 {
+    const FORMAT: QuantFormat = QuantFormat::Q4_0;
+    type Pre<I: QIsa> = ();
+    fn cmax<I: QIsa>() -> u32 {
+        15
+    }
+    #[inline(always)]
+    unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn codes<I: QIsa>(isa: I, u: *const u8, _: usize, h: usize, _: ()) -> (I::W, I::W) {
+        // SAFETY: the unit holds 4 nibble vectors.
+        unsafe { nibbles(isa, u.add(64 * h)) }
+    }
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        isa.dot_u(a, w, x4)
+    }
+    #[inline(always)]
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        let ud = at.ud;
+        plain(isa, ud.0, lo, hi, 8, ab, acc)
+    }
+}
+
+/// Q4_K / Q5_K's scale and min of block `b`: `(d·sc, dmin·m)`.
+///
+/// # Safety
+/// `u` points at a whole unit of `lay`, `b < 8`.
+#[inline(always)]
+unsafe fn k_scales<I: QIsa>(
+    isa: I,
+    lay: Lay,
+    u: *const u8,
+    b: usize,
+    ud: (I::F, I::F),
+) -> (I::F, I::F) {
+    // SAFETY: block b's scales and mins.
+    unsafe {
+        let ds = isa.mul(ud.0, isa.load_u8f(u.add(lay.sc + 16 * b)));
+        let dm = isa.mul(ud.1, isa.load_u8f(u.add(lay.m + 16 * b)));
+        (ds, dm)
+    }
+}
+
+impl Fmt for Q4K {
+    const FORMAT: QuantFormat = QuantFormat::Q4K;
+    type Pre<I: QIsa> = ();
+    fn cmax<I: QIsa>() -> u32 {
+        15
+    }
+    #[inline(always)]
+    unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
+        // SAFETY: block b's 4 nibble vectors.
+        unsafe { nibbles(isa, u.add(256 * b + 64 * h)) }
+    }
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        isa.dot_u(a, w, x4)
+    }
+    #[inline(always)]
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        let At { u, b, ud } = at;
+        // SAFETY: forwarded.
+        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b, ud) };
+        with_min(isa, ds, dm, lo, hi, ab, acc)
+    }
+}
+
+impl Fmt for Q5K {
+    const FORMAT: QuantFormat = QuantFormat::Q5K;
+    type Pre<I: QIsa> = I::W;
+    fn cmax<I: QIsa>() -> u32 {
+        31
+    }
+    #[inline(always)]
+    unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> I::W {
+        // SAFETY: block b's fifth-bit plane.
+        unsafe { isa.load_w(u.add(Self::LAY.hb + 64 * b)) }
+    }
+    #[inline(always)]
+    unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, hb: I::W) -> (I::W, I::W) {
+        // SAFETY: block b's 4 nibble vectors.
+        let (lo, hi) = unsafe { nibbles(isa, u.add(256 * b + 64 * h)) };
+        let bit = isa.splat_w(0x10);
+        let h = h as u32;
+        (
+            isa.or_w(lo, isa.and_w(to_bit4(isa, hb, h), bit)),
+            isa.or_w(hi, isa.and_w(to_bit4(isa, hb, h + 4), bit)),
+        )
+    }
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        isa.dot_u(a, w, x4)
+    }
+    #[inline(always)]
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        let At { u, b, ud } = at;
+        // SAFETY: forwarded.
+        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b, ud) };
+        with_min(isa, ds, dm, lo, hi, ab, acc)
+    }
+}
+
+impl Fmt for Q6K {
+    const FORMAT: QuantFormat = QuantFormat::Q6K;
+    type Pre<I: QIsa> = (I::W, I::W);
+    fn cmax<I: QIsa>() -> u32 {
+        63
+    }
+    #[inline(always)]
+    unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> (I::W, I::W) {
+        let p = Self::LAY.hb + 128 * b;
+        // SAFETY: block b's two bit-pair planes.
+        unsafe { (isa.load_w(u.add(p)), isa.load_w(u.add(p + 64))) }
+    }
+    #[inline(always)]
+    unsafe fn codes<I: QIsa>(
+        isa: I,
+        u: *const u8,
+        b: usize,
+        h: usize,
+        hb: (I::W, I::W),
+    ) -> (I::W, I::W) {
+        // SAFETY: block b's 4 nibble vectors.
+        let (lo, hi) = unsafe { nibbles(isa, u.add(256 * b + 64 * h)) };
+        let bits = isa.splat_w(0x30);
+        let from = 2 * h as u32;
+        (
+            isa.or_w(lo, isa.and_w(to_bit4(isa, hb.0, from), bits)),
+            isa.or_w(hi, isa.and_w(to_bit4(isa, hb.1, from), bits)),
+        )
+    }
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        isa.dot_u(a, w, x4)
+    }
+    #[inline(always)]
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        let At { u, b, ud } = at;
+        let lay = Self::LAY;
+        // SAFETY: block b's two rows of scales.
+        let (dsa, dsb) = unsafe {
+            let d = ud.0;
+            (
+                isa.mul(d, isa.load_i8f(u.add(lay.sc + 32 * b))),
+                isa.mul(d, isa.load_i8f(u.add(lay.sc + 32 * b + 16))),
+            )
+        };
+        let sa = isa.cvt(isa.sub_splat_i(lo, 32 * ab.half));
+        let sb = isa.cvt(isa.sub_splat_i(hi, 32 * (ab.sum - ab.half)));
+        let f = isa.fma(dsa, sa, isa.mul(dsb, sb));
+        isa.fma(f, isa.splat_f(ab.d), acc)
+    }
+}
+
+/// The IQ4_XS codebook as the dot products take it: signed values, or values + 128.
+#[inline(always)]
+fn iq4_table<I: QIsa>() -> [u8; 16] {
+    IQ4_VALUES.map(|v| {
+        if I::SIGNED {
+            v as u8
+        } else {
+            (i16::from(v) + 128) as u8
+        }
+    })
+}
+
+impl Fmt for Iq4Xs {
+    const FORMAT: QuantFormat = QuantFormat::Iq4Xs;
+    type Pre<I: QIsa> = ();
+    fn cmax<I: QIsa>() -> u32 {
+        128
+    }
+    #[inline(always)]
+    unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}
+    #[inline(always)]
+    unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
+        // SAFETY: block b's 4 nibble vectors.
+        let (lo, hi) = unsafe { nibbles(isa, u.add(256 * b + 64 * h)) };
+        let t = iq4_table::<I>();
+        (isa.lut16(t, lo), isa.lut16(t, hi))
+    }
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        isa.dot_s(a, w, x4)
+    }
+    #[inline(always)]
+    unsafe fn finish<I: QIsa>(
+        isa: I,
+        at: At<I>,
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        let At { u, b, ud } = at;
+        let lay = Self::LAY;
+        // SAFETY: block b's scales.
+        let ds = unsafe { isa.mul(ud.0, isa.load_i8f(u.add(lay.sc + 16 * b))) };
+        plain(isa, ds, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
+    }
+}

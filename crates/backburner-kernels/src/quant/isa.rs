@@ -1,0 +1,306 @@
+//! The integer-dot vector abstraction of the quantized kernels ([`QIsa`]), its plain-Rust implementation and the
+//! dispatch to the best one the CPU has (AVX-512 VNNI, AVX2 — in `x86.rs` — or plain Rust).
+//!
+//! A [`QIsa::W`] is 64 bytes of codes read as 16 lanes of 4 bytes (lane `l` = output row `l` of a panel, its 4
+//! bytes = 4 consecutive inputs); [`QIsa::dot_u`] adds, per lane, the dot product of those 4 unsigned codes with 4
+//! signed activation bytes. Every integer operation is exact (the implementations differ only in how they reach
+//! the exact sum, see [`QIsa::widen_every`]) and the float operations are IEEE 754 multiplications and fused
+//! multiply-adds, so all implementations give the same bits.
+
+/// Lanes of every vector (outputs of one panel).
+pub(crate) const LANES: usize = 16;
+
+/// An integer-dot instruction set.
+pub(crate) trait QIsa: Copy {
+    /// 64 code bytes (16 lanes × 4).
+    type W: Copy;
+    /// A dot-product accumulator (16 lanes; i16 pairs on AVX2, i32 elsewhere).
+    type A: Copy;
+    /// 16 i32 lanes.
+    type I: Copy;
+    /// 16 f32 lanes.
+    type F: Copy;
+    /// Whether the codes of the offset-128 formats (Q8_0, IQ4_XS) go to [`QIsa::dot_s`] as signed values (`true`:
+    /// the sum is `Σ v·x`) or as unsigned `v + 128` (`false`: the sum is `Σ (v + 128)·x`, corrected by the caller).
+    const SIGNED: bool;
+    /// Rows of a register tile (the decode path takes `m` rows in tiles of at most this many).
+    const ROWS: usize;
+
+    /// 64 bytes at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 64 bytes (no alignment needed).
+    unsafe fn load_w(self, p: *const u8) -> Self::W;
+    /// Every byte `b`.
+    fn splat_w(self, b: u8) -> Self::W;
+    /// Bitwise and.
+    fn and_w(self, a: Self::W, b: Self::W) -> Self::W;
+    /// Bitwise or.
+    fn or_w(self, a: Self::W, b: Self::W) -> Self::W;
+    /// Bitwise xor.
+    fn xor_w(self, a: Self::W, b: Self::W) -> Self::W;
+    /// Each 16-bit lane shifted left by `n < 16` (callers mask the bits that cross a byte).
+    fn shl16(self, a: Self::W, n: u32) -> Self::W;
+    /// Each 16-bit lane shifted right (logical) by `n < 16`.
+    fn shr16(self, a: Self::W, n: u32) -> Self::W;
+    /// Each byte `i` (in `0..16`) replaced by `table[i]`.
+    fn lut16(self, table: [u8; 16], idx: Self::W) -> Self::W;
+
+    /// An accumulator of zeros.
+    fn a_zero(self) -> Self::A;
+    /// `a + Σ_t w[4l + t]·x_t` per lane `l`, with unsigned codes `w ≤ 63` and `x_t` the signed bytes of `x4`
+    /// (little-endian, each in `-127..=127`).
+    fn dot_u(self, a: Self::A, w: Self::W, x4: i32) -> Self::A;
+    /// As [`QIsa::dot_u`] for offset-128 codes, given as [`QIsa::SIGNED`] says.
+    fn dot_s(self, a: Self::A, w: Self::W, x4: i32) -> Self::A;
+    /// How many `dot_*` calls with codes of magnitude `≤ cmax` an accumulator takes before [`QIsa::widen`] (at
+    /// least 1): the AVX2 accumulator holds i16 pair sums that must not overflow.
+    fn widen_every(self, cmax: u32) -> usize;
+    /// `s` plus the accumulator's lanes as i32.
+    fn widen(self, a: Self::A, s: Self::I) -> Self::I;
+
+    /// 16 zeros.
+    fn i_zero(self) -> Self::I;
+    /// Lane-wise `a + b`.
+    fn add_i(self, a: Self::I, b: Self::I) -> Self::I;
+    /// Lane-wise `a − v`.
+    fn sub_splat_i(self, a: Self::I, v: i32) -> Self::I;
+    /// The lanes as f32 (round to nearest even; exact below `2^24`).
+    fn cvt(self, a: Self::I) -> Self::F;
+
+    /// 16 IEEE binary16 values at `p`, widened exactly.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 32 bytes.
+    unsafe fn load_f16(self, p: *const u8) -> Self::F;
+    /// 16 unsigned bytes at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 bytes.
+    unsafe fn load_u8f(self, p: *const u8) -> Self::F;
+    /// 16 signed bytes at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 16 bytes.
+    unsafe fn load_i8f(self, p: *const u8) -> Self::F;
+    /// 16 zeros.
+    fn f_zero(self) -> Self::F;
+    /// Every lane `x`.
+    fn splat_f(self, x: f32) -> Self::F;
+    /// Lane-wise `a·b` (one rounding).
+    fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    /// Lane-wise `a·b + c` with one rounding.
+    fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// Lane-wise `a·b − c` with one rounding (`fma(a, b, −c)`).
+    fn fms(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// The lanes, lane 0 first.
+    fn lanes(self, a: Self::F) -> [f32; LANES];
+}
+
+/// Plain Rust lanes (any CPU), with the unsigned semantics of VNNI (`SIGNED = false`), so that the offset
+/// corrections the AVX-512 path relies on are exercised on every machine.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scalar;
+
+impl QIsa for Scalar {
+    type W = [u8; 64];
+    type A = [i32; LANES];
+    type I = [i32; LANES];
+    type F = [f32; LANES];
+    const SIGNED: bool = false;
+    const ROWS: usize = 2;
+
+    #[inline(always)]
+    unsafe fn load_w(self, p: *const u8) -> Self::W {
+        // SAFETY: the caller guarantees 64 readable bytes.
+        unsafe { p.cast::<[u8; 64]>().read_unaligned() }
+    }
+    #[inline(always)]
+    fn splat_w(self, b: u8) -> Self::W {
+        [b; 64]
+    }
+    #[inline(always)]
+    fn and_w(self, a: Self::W, b: Self::W) -> Self::W {
+        std::array::from_fn(|i| a[i] & b[i])
+    }
+    #[inline(always)]
+    fn or_w(self, a: Self::W, b: Self::W) -> Self::W {
+        std::array::from_fn(|i| a[i] | b[i])
+    }
+    #[inline(always)]
+    fn xor_w(self, a: Self::W, b: Self::W) -> Self::W {
+        std::array::from_fn(|i| a[i] ^ b[i])
+    }
+    #[inline(always)]
+    fn shl16(self, a: Self::W, n: u32) -> Self::W {
+        map16(a, |v| v << n)
+    }
+    #[inline(always)]
+    fn shr16(self, a: Self::W, n: u32) -> Self::W {
+        map16(a, |v| v >> n)
+    }
+    #[inline(always)]
+    fn lut16(self, table: [u8; 16], idx: Self::W) -> Self::W {
+        std::array::from_fn(|i| table[usize::from(idx[i] & 0xF)])
+    }
+    #[inline(always)]
+    fn a_zero(self) -> Self::A {
+        [0; LANES]
+    }
+    #[inline(always)]
+    fn dot_u(self, mut a: Self::A, w: Self::W, x4: i32) -> Self::A {
+        let x = x4.to_le_bytes().map(|b| i32::from(b as i8));
+        for (l, acc) in a.iter_mut().enumerate() {
+            for (t, xt) in x.iter().enumerate() {
+                *acc += i32::from(w[4 * l + t]) * xt;
+            }
+        }
+        a
+    }
+    #[inline(always)]
+    fn dot_s(self, a: Self::A, w: Self::W, x4: i32) -> Self::A {
+        self.dot_u(a, w, x4)
+    }
+    #[inline(always)]
+    fn widen_every(self, _cmax: u32) -> usize {
+        8
+    }
+    #[inline(always)]
+    fn widen(self, a: Self::A, s: Self::I) -> Self::I {
+        self.add_i(a, s)
+    }
+    #[inline(always)]
+    fn i_zero(self) -> Self::I {
+        [0; LANES]
+    }
+    #[inline(always)]
+    fn add_i(self, a: Self::I, b: Self::I) -> Self::I {
+        std::array::from_fn(|l| a[l] + b[l])
+    }
+    #[inline(always)]
+    fn sub_splat_i(self, a: Self::I, v: i32) -> Self::I {
+        a.map(|x| x - v)
+    }
+    #[inline(always)]
+    fn cvt(self, a: Self::I) -> Self::F {
+        a.map(|x| x as f32)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const u8) -> Self::F {
+        // SAFETY: the caller guarantees 32 readable bytes.
+        let b = unsafe { p.cast::<[u8; 32]>().read_unaligned() };
+        std::array::from_fn(|l| {
+            half::f16::from_bits(u16::from_le_bytes([b[2 * l], b[2 * l + 1]])).to_f32()
+        })
+    }
+    #[inline(always)]
+    unsafe fn load_u8f(self, p: *const u8) -> Self::F {
+        // SAFETY: the caller guarantees 16 readable bytes.
+        unsafe { p.cast::<[u8; 16]>().read_unaligned() }.map(f32::from)
+    }
+    #[inline(always)]
+    unsafe fn load_i8f(self, p: *const u8) -> Self::F {
+        // SAFETY: the caller guarantees 16 readable bytes.
+        unsafe { p.cast::<[u8; 16]>().read_unaligned() }.map(|b| f32::from(b as i8))
+    }
+    #[inline(always)]
+    fn f_zero(self) -> Self::F {
+        [0.0; LANES]
+    }
+    #[inline(always)]
+    fn splat_f(self, x: f32) -> Self::F {
+        [x; LANES]
+    }
+    #[inline(always)]
+    fn mul(self, a: Self::F, b: Self::F) -> Self::F {
+        std::array::from_fn(|l| a[l] * b[l])
+    }
+    #[inline(always)]
+    fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+        std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
+    }
+    #[inline(always)]
+    fn fms(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F {
+        std::array::from_fn(|l| a[l].mul_add(b[l], -c[l]))
+    }
+    #[inline(always)]
+    fn lanes(self, a: Self::F) -> [f32; LANES] {
+        a
+    }
+}
+
+/// Applies `f` to each little-endian 16-bit lane of `a`.
+#[inline(always)]
+fn map16(a: [u8; 64], f: impl Fn(u16) -> u16) -> [u8; 64] {
+    let mut out = [0u8; 64];
+    for i in 0..32 {
+        let v = f(u16::from_le_bytes([a[2 * i], a[2 * i + 1]])).to_le_bytes();
+        out[2 * i] = v[0];
+        out[2 * i + 1] = v[1];
+    }
+    out
+}
+
+/// A unit of kernel work compiled once per [`QIsa`] by [`qdispatch`] (implement `run` with `#[inline(always)]`).
+pub(crate) trait QKernel {
+    /// The result.
+    type Out;
+    /// Does the work with `isa`.
+    fn run<I: QIsa>(self, isa: I) -> Self::Out;
+}
+
+/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with FMA and F16C), 0 =
+/// plain Rust; capped by the crate's test-only dispatch cap.
+pub(crate) fn qisa_level() -> u8 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::allowed(2)
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+        {
+            return 2;
+        }
+        if crate::simd::allowed(1)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            return 1;
+        }
+    }
+    0
+}
+
+/// Runs `k` with the best integer-dot instruction set of the CPU ([`qisa_level`]); every choice gives the same
+/// bits.
+#[inline]
+pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match qisa_level() {
+            // SAFETY: level 2 means the CPU supports AVX-512F, BW and VNNI (checked by `qisa_level`).
+            2 => return unsafe { with_avx512(k) },
+            // SAFETY: level 1 means the CPU supports AVX2, FMA and F16C.
+            1 => return unsafe { with_avx2(k) },
+            _ => {}
+        }
+    }
+    k.run(Scalar)
+}
+
+/// # Safety
+/// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn with_avx512<K: QKernel>(k: K) -> K::Out {
+    k.run(super::x86::Avx512Vnni(()))
+}
+
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn with_avx2<K: QKernel>(k: K) -> K::Out {
+    k.run(super::x86::Avx2(()))
+}

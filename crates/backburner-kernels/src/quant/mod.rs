@@ -1,0 +1,84 @@
+//! Quantized weights (GGUF / ggml block formats Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) and their products with
+//! activations quantized to 8 bits, computed with integer dot products as llama.cpp does, in our panel layout.
+//!
+//! # Formats
+//! [`QuantFormat`] names a format (with its ggml type id and block size) and [`dequantize`] turns GGUF block
+//! bytes into f32 with ggml's formulas (`ggml-quants.c` `dequantize_row_*`): the oracle of the tests.
+//!
+//! # Layout
+//! A [`QuantMatrix`] holds `W: [n, k]` in panels of 16 rows (outputs), like [`crate::matmul::PackedMatrix`]; the
+//! panel count is padded to a multiple of 4 with zero rows. A panel is a sequence of *units*, one per GGUF block of
+//! its rows (32 inputs for Q8_0 / Q4_0, 256 for the others). Inside a unit, each 32-block of inputs holds its codes
+//! in 64-byte vectors: vector lane `l` (4 bytes) = row `l`'s codes of 4 consecutive inputs (a *group*; 8 groups per
+//! 32-block), so one `vpdpbusd` against 4 broadcast activation bytes advances 16 outputs by 4 inputs. Codes are
+//! unsigned bytes:
+//!
+//! | format | codes (value)                  | unit bytes (per 16 rows) | vs GGUF |
+//! |--------|--------------------------------|--------------------------|---------|
+//! | Q8_0   | 8 vectors of `q + 128` (q)      | 512 + 16 f16 d = 544      | 1.000 |
+//! | Q4_0   | 4 nibble vectors (`q − 8`)      | 256 + 32 = 288            | 1.000 |
+//! | Q4_K   | 8 × 4 nibble vectors (q)        | 2048 + d, dmin + 8×16 scales, 8×16 mins = 2368 | 1.028 |
+//! | Q5_K   | nibbles + 8 fifth-bit planes    | 2880                      | 1.023 |
+//! | Q6_K   | nibbles + 16 bit-pair planes (`q − 32`) | 2048 + 1024 + 16×16 i8 scales + d = 3360 | 1.000 |
+//! | IQ4_XS | nibble indices (`IQ4_VALUES[i]`) | 2048 + d + 8×16 i8 `ls − 32` = 2208 | 1.015 |
+//!
+//! A nibble vector `h` (`0..4`) of a 32-block holds group `h` in its low nibbles and group `h + 4` in its high
+//! nibbles. Q5_K's plane for a 32-block has the fifth bit of group `g` in bit `g` of the byte at the code's position;
+//! Q6_K's two planes (groups 0–3, 4–7) have the high bit pair of group `g` in bits `2(g mod 4)..`. Scales stay in
+//! the stored precision (f16 `d`, `dmin`; 6-bit sub-scales unpacked to bytes at pack time), so resident memory is
+//! about the GGUF bytes.
+//!
+//! # Arithmetic
+//! [`QuantizedActs`] holds `x` as `xq·dx` per block of 32 (see its docs). For output `(i, j)`, every 32-block of
+//! inputs contributes a float term computed from the exact integer `S = Σ q·xq` over its 32 products (true weight
+//! values `q`; the kernels sum unsigned codes and subtract `offset·Σxq` exactly):
+//!
+//! * Q8_0, Q4_0: `f = d·float(S)`; IQ4_XS: `f = ds·float(S)` with `ds = d·(ls − 32)`;
+//! * Q4_K, Q5_K: `f = fma(ds, float(S), −(dm·float(Σxq)))` with `ds = d·sc`, `dm = dmin·m` (each one f32 product);
+//! * Q6_K: `f = fma(ds_a, float(S_a), ds_b·float(S_b))` over the block's two halves of 16, `ds = d·sc`;
+//!
+//! and `acc = fma(f, dx, acc)`, from `+0.0`, blocks in `k` order. All integers are exact (`|S| < 2^24`, so
+//! `float(S)` is exact) and every float operation is an IEEE 754 product or fused multiply-add, so the result is the
+//! same bits on every instruction set (AVX-512 VNNI, AVX2, plain Rust), thread count, batch size and row position:
+//! a token's projections in decode equal its projections inside a prefill batch. [`qmatmul_reference`] is the
+//! plain loop. Against the exact product with the unquantized `x`, the error is at most `Σ_blocks Σ|w|·dx/2` from
+//! the activation rounding, plus float rounding.
+//!
+//! # Kernels
+//! One generic kernel ([`QIsa`](isa) over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX): per
+//! register tile of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers
+//! (nibble masks, bit planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes
+//! per group (`vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the
+//! block's float term. Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode):
+//! each thread streams its panels once, all rows in one tile pass; many rows (prefill): panels in cache blocks of
+//! ~256 KiB, every row tile against the block while it is in L2.
+
+mod acts;
+mod fmt;
+mod format;
+mod isa;
+mod kernel;
+mod pack;
+mod reference;
+mod unit;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+pub use acts::{QuantizedActs, ACT_BLOCK};
+pub use format::{dequantize, k_pack_scale_min, k_scale_min, QuantError, QuantFormat, IQ4_VALUES};
+pub use kernel::qmatmul;
+pub use pack::QuantMatrix;
+pub use reference::qmatmul_reference;
+
+/// The integer-dot instruction set [`qmatmul`] uses on this CPU: `"avx512-vnni"`, `"avx2"` or `"scalar"` (for
+/// benches and logs).
+pub fn kernel_isa() -> &'static str {
+    match isa::qisa_level() {
+        2 => "avx512-vnni",
+        1 => "avx2",
+        _ => "scalar",
+    }
+}

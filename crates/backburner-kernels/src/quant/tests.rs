@@ -1,0 +1,105 @@
+//! Internal checks: the integer view of a block ([`Unit`]) against the ggml formulas and its round trips through
+//! GGUF bytes and the panel layout; the products on every instruction set this CPU has.
+
+use std::sync::atomic::Ordering;
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::unit::{Lay, Unit};
+use super::*;
+use crate::simd::ISA_CAP;
+
+/// One random GGUF block with finite f16 scales.
+fn random_block(r: &mut StdRng, fmt: QuantFormat) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..fmt.block_bytes()).map(|_| r.random()).collect();
+    let fields: &[usize] = match fmt {
+        QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
+        QuantFormat::Q6K => &[208],
+        _ => &[0],
+    };
+    for &at in fields {
+        let v = f16::from_f32(r.random_range(-0.1f32..0.1));
+        b[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+    }
+    b
+}
+
+/// The weight of element `e` from the integer view, with `dequantize`'s operation order.
+fn value(fmt: QuantFormat, u: &Unit, e: usize) -> f32 {
+    let d = f16::from_bits(u.d).to_f32();
+    let c = i32::from(u.code[e]);
+    match fmt {
+        QuantFormat::Q8_0 => (c - 128) as f32 * d,
+        QuantFormat::Q4_0 => (c - 8) as f32 * d,
+        QuantFormat::Q4K | QuantFormat::Q5K => {
+            let dmin = f16::from_bits(u.dmin).to_f32();
+            d * f32::from(u.sc[e / 32]) * c as f32 - dmin * f32::from(u.m[e / 32])
+        }
+        QuantFormat::Q6K => d * f32::from(u.sc[e / 16] as i8) * (c - 32) as f32,
+        QuantFormat::Iq4Xs => d * f32::from(u.sc[e / 32] as i8) * f32::from(IQ4_VALUES[c as usize]),
+    }
+}
+
+#[test]
+fn the_integer_view_of_a_block_gives_dequantize_values_and_round_trips() {
+    let mut r = StdRng::seed_from_u64(7);
+    for fmt in QuantFormat::ALL {
+        let lay = Lay::of(fmt);
+        for _ in 0..50 {
+            let blocks: Vec<Vec<u8>> = (0..16).map(|_| random_block(&mut r, fmt)).collect();
+            let mut panel_unit = vec![0u8; lay.bytes];
+            for (l, b) in blocks.iter().enumerate() {
+                let u = Unit::from_gguf(fmt, b);
+                let mut want = vec![0.0f32; lay.unit];
+                dequantize(fmt, b, &mut want).unwrap();
+                for (e, w) in want.iter().enumerate() {
+                    assert_eq!(
+                        value(fmt, &u, e).to_bits(),
+                        w.to_bits(),
+                        "{fmt} element {e}"
+                    );
+                }
+                let mut back = vec![0u8; fmt.block_bytes()];
+                u.to_gguf(fmt, &mut back);
+                assert_eq!(&back, b, "{fmt} GGUF round trip");
+                u.store(fmt, &mut panel_unit, l);
+            }
+            for (l, b) in blocks.iter().enumerate() {
+                assert_eq!(
+                    Unit::load(fmt, &panel_unit, l),
+                    Unit::from_gguf(fmt, b),
+                    "{fmt} lane {l}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn products_give_the_same_bits_on_every_instruction_set() {
+    let mut r = StdRng::seed_from_u64(8);
+    let (n, k) = (40, 512);
+    for fmt in QuantFormat::ALL {
+        let rows: Vec<u8> = (0..n * k / fmt.block_elems())
+            .flat_map(|_| random_block(&mut r, fmt))
+            .collect();
+        let w = QuantMatrix::pack(fmt, k, &[(&rows, n)]).unwrap();
+        for m in [1, 3, 9] {
+            let xf: Vec<f32> = (0..m * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
+            let mut x = QuantizedActs::new();
+            x.quantize(&xf, m, k);
+            let mut want = vec![0.0f32; m * n];
+            qmatmul_reference(&x, &w, &mut want, n);
+            for cap in (0..=2u8).rev() {
+                ISA_CAP.store(cap, Ordering::SeqCst);
+                let mut y = vec![0.0f32; m * n];
+                qmatmul(&x, &w, &mut y, n);
+                let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                ISA_CAP.store(2, Ordering::SeqCst);
+                assert!(same, "{fmt} m={m} cap={cap} ({})", kernel_isa());
+            }
+        }
+    }
+}

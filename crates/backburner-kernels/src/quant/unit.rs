@@ -1,0 +1,323 @@
+//! One row's block of a format decoded to integer codes and scale fields ([`Unit`]), to and from GGUF bytes and to
+//! and from a lane of the panel layout ([`Lay`]); see the [module docs](super) for the layout.
+
+use super::format::{k_pack_scale_min, k_scale_min, QuantFormat};
+
+/// Byte offsets of the fields of one panel unit (16 rows × one GGUF block); 0 where a format has no such field
+/// (codes always start at 0).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lay {
+    /// Elements of a row per unit (the GGUF block: 32 or 256).
+    pub unit: usize,
+    /// Bytes of the unit for the 16 rows of a panel.
+    pub bytes: usize,
+    /// High-bit planes (Q5_K: one 64-byte plane per 32-block; Q6_K: two).
+    pub hb: usize,
+    /// 16 × f16 `d`.
+    pub d: usize,
+    /// 16 × f16 `dmin`.
+    pub dmin: usize,
+    /// Sub-block scales, `[sub-block][row]` bytes.
+    pub sc: usize,
+    /// Sub-block mins, `[sub-block][row]` bytes.
+    pub m: usize,
+}
+
+impl Lay {
+    /// The panel layout of `fmt`.
+    pub const fn of(fmt: QuantFormat) -> Lay {
+        let z = Lay {
+            unit: 256,
+            bytes: 0,
+            hb: 0,
+            d: 0,
+            dmin: 0,
+            sc: 0,
+            m: 0,
+        };
+        match fmt {
+            QuantFormat::Q8_0 => Lay {
+                unit: 32,
+                bytes: 544,
+                d: 512,
+                ..z
+            },
+            QuantFormat::Q4_0 => Lay {
+                unit: 32,
+                bytes: 288,
+                d: 256,
+                ..z
+            },
+            QuantFormat::Q4K => Lay {
+                bytes: 2368,
+                d: 2048,
+                dmin: 2080,
+                sc: 2112,
+                m: 2240,
+                ..z
+            },
+            QuantFormat::Q5K => Lay {
+                bytes: 2880,
+                hb: 2048,
+                d: 2560,
+                dmin: 2592,
+                sc: 2624,
+                m: 2752,
+                ..z
+            },
+            QuantFormat::Q6K => Lay {
+                bytes: 3360,
+                hb: 2048,
+                sc: 3072,
+                d: 3328,
+                ..z
+            },
+            QuantFormat::Iq4Xs => Lay {
+                bytes: 2208,
+                d: 2048,
+                sc: 2080,
+                ..z
+            },
+        }
+    }
+}
+
+/// One row's GGUF block as integers. `code` holds the panel codes (unsigned): Q8_0 `q + 128`, Q4_0 / Q4_K `0..16`,
+/// Q5_K `0..32`, Q6_K `0..64`, IQ4_XS the codebook index `0..16`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Unit {
+    /// Codes of the block's elements, in element order (only the first 32 for Q8_0 / Q4_0).
+    pub code: [u8; 256],
+    /// f16 bits of `d`.
+    pub d: u16,
+    /// f16 bits of `dmin` (Q4_K, Q5_K).
+    pub dmin: u16,
+    /// Q4_K / Q5_K: 8 six-bit scales; Q6_K: 16 i8 scales; IQ4_XS: 8 × `ls − 32` as i8.
+    pub sc: [u8; 16],
+    /// Q4_K / Q5_K: 8 six-bit mins.
+    pub m: [u8; 8],
+}
+
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Byte and nibble (0 low, 1 high) of element `e` of a Q4_K / Q5_K block's 128 nibble bytes.
+fn k_nibble(e: usize) -> (usize, usize) {
+    let (j, r) = (e / 64, e % 64);
+    (32 * j + r % 32, r / 32)
+}
+
+/// Byte of `ql`, nibble, byte of `qh` and bit-pair index of element `e` of a Q6_K block.
+fn q6_pos(e: usize) -> (usize, usize, usize, usize) {
+    let (n, r) = (e / 128, e % 128);
+    let (quarter, l) = (r / 32, r % 32);
+    (
+        64 * n + 32 * (quarter % 2) + l,
+        quarter / 2,
+        32 * n + l,
+        quarter,
+    )
+}
+
+/// Byte and nibble of element `e` of a 32-element nibble block (Q4_0, each 32 of IQ4_XS).
+fn block_nibble(e: usize) -> (usize, usize) {
+    (e % 16, e / 16)
+}
+
+impl Unit {
+    fn zero() -> Unit {
+        Unit {
+            code: [0; 256],
+            d: 0,
+            dmin: 0,
+            sc: [0; 16],
+            m: [0; 8],
+        }
+    }
+
+    /// Decodes one GGUF block (`b.len() == fmt.block_bytes()`).
+    pub fn from_gguf(fmt: QuantFormat, b: &[u8]) -> Unit {
+        let mut u = Unit::zero();
+        let nib = |byte: u8, which: usize| (byte >> (4 * which)) & 0xF;
+        match fmt {
+            QuantFormat::Q8_0 => {
+                u.d = le16(b, 0);
+                for e in 0..32 {
+                    u.code[e] = b[2 + e] ^ 0x80;
+                }
+            }
+            QuantFormat::Q4_0 => {
+                u.d = le16(b, 0);
+                for e in 0..32 {
+                    let (i, w) = block_nibble(e);
+                    u.code[e] = nib(b[2 + i], w);
+                }
+            }
+            QuantFormat::Q4K | QuantFormat::Q5K => {
+                (u.d, u.dmin) = (le16(b, 0), le16(b, 2));
+                for j in 0..8 {
+                    (u.sc[j], u.m[j]) = k_scale_min(&b[4..16], j);
+                }
+                let five = fmt == QuantFormat::Q5K;
+                let qs = if five { &b[48..176] } else { &b[16..144] };
+                for e in 0..256 {
+                    let (i, w) = k_nibble(e);
+                    let high = if five {
+                        (b[16 + e % 32] >> (e / 32)) & 1
+                    } else {
+                        0
+                    };
+                    u.code[e] = nib(qs[i], w) | (high << 4);
+                }
+            }
+            QuantFormat::Q6K => {
+                u.d = le16(b, 208);
+                u.sc.copy_from_slice(&b[192..208]);
+                for e in 0..256 {
+                    let (l, w, h, pair) = q6_pos(e);
+                    u.code[e] = nib(b[l], w) | (((b[128 + h] >> (2 * pair)) & 3) << 4);
+                }
+            }
+            QuantFormat::Iq4Xs => {
+                u.d = le16(b, 0);
+                let scales_h = le16(b, 2);
+                for ib in 0..8 {
+                    let lo = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+                    let ls = lo | ((((scales_h >> (2 * ib)) & 3) as u8) << 4);
+                    u.sc[ib] = (ls as i8 - 32) as u8;
+                }
+                for e in 0..256 {
+                    let (i, w) = block_nibble(e % 32);
+                    u.code[e] = nib(b[8 + 16 * (e / 32) + i], w);
+                }
+            }
+        }
+        u
+    }
+
+    /// Encodes the block as GGUF bytes into `b` (`fmt.block_bytes()` bytes, all written): the inverse of
+    /// [`Unit::from_gguf`].
+    pub fn to_gguf(self, fmt: QuantFormat, b: &mut [u8]) {
+        b.fill(0);
+        let put16 =
+            |b: &mut [u8], at: usize, v: u16| b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        match fmt {
+            QuantFormat::Q8_0 => {
+                put16(b, 0, self.d);
+                for e in 0..32 {
+                    b[2 + e] = self.code[e] ^ 0x80;
+                }
+            }
+            QuantFormat::Q4_0 => {
+                put16(b, 0, self.d);
+                for e in 0..32 {
+                    let (i, w) = block_nibble(e);
+                    b[2 + i] |= (self.code[e] & 0xF) << (4 * w);
+                }
+            }
+            QuantFormat::Q4K | QuantFormat::Q5K => {
+                put16(b, 0, self.d);
+                put16(b, 2, self.dmin);
+                let sc: [u8; 8] = self.sc[..8].try_into().expect("8 scales");
+                b[4..16].copy_from_slice(&k_pack_scale_min(&sc, &self.m));
+                let five = fmt == QuantFormat::Q5K;
+                let qs0 = if five { 48 } else { 16 };
+                for e in 0..256 {
+                    let (i, w) = k_nibble(e);
+                    b[qs0 + i] |= (self.code[e] & 0xF) << (4 * w);
+                    if five {
+                        b[16 + e % 32] |= ((self.code[e] >> 4) & 1) << (e / 32);
+                    }
+                }
+            }
+            QuantFormat::Q6K => {
+                put16(b, 208, self.d);
+                b[192..208].copy_from_slice(&self.sc);
+                for e in 0..256 {
+                    let (l, w, h, pair) = q6_pos(e);
+                    b[l] |= (self.code[e] & 0xF) << (4 * w);
+                    b[128 + h] |= ((self.code[e] >> 4) & 3) << (2 * pair);
+                }
+            }
+            QuantFormat::Iq4Xs => {
+                put16(b, 0, self.d);
+                let mut scales_h = 0u16;
+                for ib in 0..8 {
+                    let ls = (self.sc[ib] as i8 + 32) as u8;
+                    b[4 + ib / 2] |= (ls & 0xF) << (4 * (ib % 2));
+                    scales_h |= u16::from(ls >> 4) << (2 * ib);
+                }
+                put16(b, 2, scales_h);
+                for e in 0..256 {
+                    let (i, w) = block_nibble(e % 32);
+                    b[8 + 16 * (e / 32) + i] |= (self.code[e] & 0xF) << (4 * w);
+                }
+            }
+        }
+    }
+
+    /// Writes the block into lane `l` (`< 16`) of a zeroed panel unit `p` (`Lay::of(fmt).bytes` bytes).
+    pub fn store(&self, fmt: QuantFormat, p: &mut [u8], l: usize) {
+        let lay = Lay::of(fmt);
+        for e in 0..lay.unit {
+            let c = self.code[e];
+            let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
+            match fmt {
+                QuantFormat::Q8_0 => p[64 * g + 4 * l + t] = c,
+                _ => p[256 * b + 64 * (g % 4) + 4 * l + t] |= (c & 0xF) << (4 * (g / 4)),
+            }
+            if fmt == QuantFormat::Q5K {
+                p[lay.hb + 64 * b + 4 * l + t] |= ((c >> 4) & 1) << g;
+            } else if fmt == QuantFormat::Q6K {
+                p[lay.hb + 128 * b + 64 * (g / 4) + 4 * l + t] |= ((c >> 4) & 3) << (2 * (g % 4));
+            }
+        }
+        p[lay.d + 2 * l..lay.d + 2 * l + 2].copy_from_slice(&self.d.to_le_bytes());
+        match fmt {
+            QuantFormat::Q4K | QuantFormat::Q5K => {
+                p[lay.dmin + 2 * l..lay.dmin + 2 * l + 2].copy_from_slice(&self.dmin.to_le_bytes());
+                for b in 0..8 {
+                    p[lay.sc + 16 * b + l] = self.sc[b];
+                    p[lay.m + 16 * b + l] = self.m[b];
+                }
+            }
+            QuantFormat::Q6K => (0..16).for_each(|s| p[lay.sc + 16 * s + l] = self.sc[s]),
+            QuantFormat::Iq4Xs => (0..8).for_each(|b| p[lay.sc + 16 * b + l] = self.sc[b]),
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 => {}
+        }
+    }
+
+    /// Reads lane `l` of panel unit `p`: the inverse of [`Unit::store`].
+    pub fn load(fmt: QuantFormat, p: &[u8], l: usize) -> Unit {
+        let lay = Lay::of(fmt);
+        let mut u = Unit::zero();
+        for e in 0..lay.unit {
+            let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
+            let mut c = match fmt {
+                QuantFormat::Q8_0 => p[64 * g + 4 * l + t],
+                _ => (p[256 * b + 64 * (g % 4) + 4 * l + t] >> (4 * (g / 4))) & 0xF,
+            };
+            if fmt == QuantFormat::Q5K {
+                c |= ((p[lay.hb + 64 * b + 4 * l + t] >> g) & 1) << 4;
+            } else if fmt == QuantFormat::Q6K {
+                c |= ((p[lay.hb + 128 * b + 64 * (g / 4) + 4 * l + t] >> (2 * (g % 4))) & 3) << 4;
+            }
+            u.code[e] = c;
+        }
+        u.d = le16(p, lay.d + 2 * l);
+        match fmt {
+            QuantFormat::Q4K | QuantFormat::Q5K => {
+                u.dmin = le16(p, lay.dmin + 2 * l);
+                for b in 0..8 {
+                    u.sc[b] = p[lay.sc + 16 * b + l];
+                    u.m[b] = p[lay.m + 16 * b + l];
+                }
+            }
+            QuantFormat::Q6K => (0..16).for_each(|s| u.sc[s] = p[lay.sc + 16 * s + l]),
+            QuantFormat::Iq4Xs => (0..8).for_each(|b| u.sc[b] = p[lay.sc + 16 * b + l]),
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 => {}
+        }
+        u
+    }
+}
