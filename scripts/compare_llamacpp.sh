@@ -11,7 +11,11 @@
 #   long   prefill 8192 and 16384 tokens, 1 and 2 threads (llama.cpp: f32 GGUF)
 #   split  16384 tokens, host 1 thread + worker 1 thread: `backburner bench split-prefill` beside llama.cpp's RPC
 #          split (one ggml-rpc-server holding layers 4..7) and its 2-server pipeline
-# Env: REPS (default 4 short, 3 long, 2 split), BB (default target/release/backburner), OUT (default a temp dir).
+#   gguf   the same GGUF file in both engines, for each of FORMATS (default "q8_0 q4_k_m iq4_xs"; the files are
+#          models/bench-<format>.gguf, made with llama-quantize from bench-f32.gguf): prefill 2048 tokens and
+#          decode 16 tokens at depth 2048, 1 and 2 threads, plus our decode's share of the read bandwidth
+# Env: REPS (default 4 short, 3 long, 2 split, 3 gguf), BB (default target/release/backburner), OUT (default a temp
+# dir).
 # Prints one line per run and the medians per column at the end of each section.
 set -uo pipefail
 LCPP=${LCPP:?set LCPP to the llama.cpp work folder}
@@ -22,7 +26,7 @@ F32=$LCPP/models/bench-f32.gguf
 BF16=$LCPP/models/bench-bf16.gguf
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-SECTIONS=${*:-short long split}
+SECTIONS=${*:-short long split gguf}
 COMMON=(-ub 512 -ctk f16 -ctv f16 -fa on -r 1 -o json)
 
 py_ts() { python3 -c "import sys,json;print(' '.join(str(round(r['avg_ts'],2)) for r in json.load(sys.stdin)))"; }
@@ -90,5 +94,20 @@ if [[ " $SECTIONS " == *" split "* ]]; then
     done
     echo "split: columns = bb local 1 thread, bb split 1+1, llama rpc split 1+1, llama rpc pipeline 1+1"
     medians "$f"
+fi
+if [[ " $SECTIONS " == *" gguf "* ]]; then
+    for fmt in ${FORMATS:-q8_0 q4_k_m iq4_xs}; do
+        file=$LCPP/models/bench-$fmt.gguf
+        f=$OUT/gguf-$fmt.txt; : > "$f"
+        for rep in $(seq 1 "${REPS:-3}"); do for t in 1 2; do
+            bb=$($BB bench local --model "$file" --depths 2048 --thread-counts $t --decode-tokens 16 2>/dev/null |
+                python3 -c "import sys,json;o=json.load(sys.stdin);r=o['results'][0];d=r['depths'][0];bw=r.get('read_bandwidth_gb_s') or 0;print(round(d['prefill_tok_s'],2),round(d['decode_tok_s'],2),round(100*o['weight_bytes']*d['decode_tok_s']/1e9/bw if bw else 0,1))")
+            lp=$($LB -m "$file" -t $t -p 2048 -n 0 "${COMMON[@]}" 2>/dev/null | py_ts)
+            ld=$($LB -m "$file" -t $t -p 0 -n 16 -d 2048 "${COMMON[@]}" 2>/dev/null | py_ts)
+            echo "rep $rep t=$t | bb prefill decode bw% $bb | llama prefill $lp decode $ld" | tee -a "$f"
+        done; done
+        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode % of read bandwidth, llama prefill, llama decode"
+        medians "$f"
+    done
 fi
 echo "raw lines in $OUT"

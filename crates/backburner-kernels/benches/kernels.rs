@@ -69,6 +69,7 @@ fn gdn_inputs(n_tokens: usize) -> GdnInputs {
         n_v_heads: 32,
         d_k: 128,
         d_v: 128,
+        tiled_v_heads: false,
     };
     let mut r = StdRng::seed_from_u64(2);
     let nq = n_tokens * d.n_k_heads * d.d_k;

@@ -61,6 +61,7 @@ fn delta_rules_give_the_same_bits_on_every_instruction_set() {
         n_v_heads: 4,
         d_k: 24,
         d_v: 20,
+        tiled_v_heads: false,
     };
     let q = uniform(&mut r, 70 * 2 * 24);
     let k = uniform(&mut r, 70 * 2 * 24);

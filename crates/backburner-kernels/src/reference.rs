@@ -97,13 +97,12 @@ pub fn delta_rule_reference(
     assert_eq!(beta.len(), t_n * hv);
     assert_eq!(state.len(), hv * dk * dv);
     assert_eq!(out.len(), t_n * hv * dv);
-    let r = hv / hk;
     for j in 0..hv {
         let mut s: Vec<f64> = state[j * dk * dv..(j + 1) * dk * dv]
             .iter()
             .map(|&x| x as f64)
             .collect();
-        let kh = j / r;
+        let kh = d.k_head(j);
         for t in 0..t_n {
             let qt = &q[(t * hk + kh) * dk..][..dk];
             let kt = &k[(t * hk + kh) * dk..][..dk];

@@ -13,21 +13,18 @@ use crate::simd::{dispatch, Isa, Kernel};
 /// Below this many elements an op runs on the calling thread.
 const PAR_MIN: usize = 1 << 15;
 
-/// RMSNorm with a zero-centred weight (HF `Qwen3_5RMSNorm`): `out = x·rsqrt(mean(x²) + eps)·(1 + w)` per row of
-/// `w.len()` elements. x, out: `[n_rows, dim]` f32.
+/// RMSNorm (HF `Qwen3_5RMSNorm`): `out = x·rsqrt(mean(x²) + eps)·g` per row of `g.len()` elements, with the
+/// effective gain `g = 1 + w` of the zero-centred checkpoint weight `w` (the loader computes it in f32, as
+/// transformers does; llama.cpp's GGUF files store it so). x, out: `[n_rows, dim]` f32.
 ///
 /// Panics if the lengths are not multiples of `w.len()` or differ.
-pub fn rms_norm_1p(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let dim = w.len();
     assert!(
         dim > 0 && x.len().is_multiple_of(dim),
-        "rms_norm_1p: x is not [n, {dim}]"
+        "rms_norm: x is not [n, {dim}]"
     );
-    assert_eq!(
-        x.len(),
-        out.len(),
-        "rms_norm_1p: x and out differ in length"
-    );
+    assert_eq!(x.len(), out.len(), "rms_norm: x and out differ in length");
     let rows = rows_per_task(x.len() / dim, dim, PAR_MIN);
     for_each_chunk_mut(out, rows * dim, |i, o| {
         let src = &x[i * rows * dim..i * rows * dim + o.len()];
@@ -40,12 +37,12 @@ pub fn rms_norm_1p(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     });
 }
 
-/// [`rms_norm_1p`] in place.
-pub fn rms_norm_1p_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+/// [`rms_norm`] in place.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let dim = w.len();
     assert!(
         dim > 0 && x.len().is_multiple_of(dim),
-        "rms_norm_1p: x is not [n, {dim}]"
+        "rms_norm: x is not [n, {dim}]"
     );
     let rows = rows_per_task(x.len() / dim, dim, PAR_MIN);
     for_each_chunk_mut(x, rows * dim, |_, c| {
@@ -195,7 +192,7 @@ impl Kernel for RmsNorm<'_> {
         for (row, o) in self.x.chunks_exact(dim).zip(self.out.chunks_exact_mut(dim)) {
             let r = inv_rms(row, self.eps);
             for ((y, v), w) in o.iter_mut().zip(row).zip(self.w) {
-                *y = (v * r) * (1.0 + w);
+                *y = (v * r) * w;
             }
         }
     }
@@ -215,7 +212,7 @@ impl Kernel for RmsNormInPlace<'_> {
         for row in self.x.chunks_exact_mut(dim) {
             let r = inv_rms(row, self.eps);
             for (v, w) in row.iter_mut().zip(self.w) {
-                *v = (*v * r) * (1.0 + w);
+                *v = (*v * r) * w;
             }
         }
     }
@@ -313,17 +310,17 @@ mod tests {
     fn rms_norm_matches_the_formula_in_f64() {
         let (n, dim) = (300, 70);
         let x = rows(n, dim);
-        let w: Vec<f32> = (0..dim).map(|i| i as f32 * 0.01 - 0.3).collect();
+        let w: Vec<f32> = (0..dim).map(|i| i as f32 * 0.01 + 0.7).collect();
         let mut out = vec![0.0; x.len()];
-        rms_norm_1p(&x, &w, 1e-6, &mut out);
+        rms_norm(&x, &w, 1e-6, &mut out);
         let mut inplace = x.clone();
-        rms_norm_1p_inplace(&mut inplace, &w, 1e-6);
+        rms_norm_inplace(&mut inplace, &w, 1e-6);
         assert_eq!(out, inplace);
         for (row, o) in x.chunks(dim).zip(out.chunks(dim)) {
             let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / dim as f64;
             let r = 1.0 / (ms + 1e-6).sqrt();
             for ((v, w), y) in row.iter().zip(&w).zip(o) {
-                let want = *v as f64 * r * (1.0 + *w as f64);
+                let want = *v as f64 * r * *w as f64;
                 assert!(
                     (*y as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
                     "{y} vs {want}"

@@ -105,6 +105,7 @@ fn dims(n_tokens: usize, n_k_heads: usize, n_v_heads: usize, d_k: usize, d_v: us
         n_v_heads,
         d_k,
         d_v,
+        tiled_v_heads: false,
     }
 }
 
@@ -142,6 +143,53 @@ fn delta_rule_chunked_matches_recurrent() {
         }
     }
     eprintln!("delta_rule_chunked vs recurrent: worst relative error {worst:e}");
+}
+
+/// Moves the v-head axis of `x` (`[outer, n_v_heads, inner]`) from grouped to tiled order: tiled head `i·hk + g` is
+/// grouped head `g·r + i` (r = hv / hk), as llama.cpp's converter reorders them.
+fn tile_heads(x: &[f32], hk: usize, hv: usize, inner: usize) -> Vec<f32> {
+    let r = hv / hk;
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(hv * inner) {
+        for t in 0..hv {
+            let (i, g) = (t / hk, t % hk);
+            out.extend_from_slice(&row[(g * r + i) * inner..][..inner]);
+        }
+    }
+    out
+}
+
+#[test]
+fn tiled_v_heads_compute_the_grouped_result_permuted() {
+    let (hk, hv, dk, dv) = (2, 6, 16, 8);
+    for n in [1, 70] {
+        let d = dims(n, hk, hv, dk, dv);
+        let x = Inputs::random(d, 31 + n as u64, -1.0);
+        let s0 = start_state(d, 5);
+        let tiled = Inputs {
+            d: GdnDims {
+                tiled_v_heads: true,
+                ..d
+            },
+            q: x.q.clone(),
+            k: x.k.clone(),
+            v: tile_heads(&x.v, hk, hv, dv),
+            g: tile_heads(&x.g, hk, hv, 1),
+            beta: tile_heads(&x.beta, hk, hv, 1),
+        };
+        let s0_tiled = tile_heads(&s0, hk, hv, dk * dv);
+        let kernels: [(&str, Kernel); 3] = [
+            ("recurrent", &recurrent),
+            ("chunked", &chunked(16)),
+            ("reference", &reference),
+        ];
+        for (what, kernel) in kernels {
+            let (o, s) = x.run(kernel, &s0);
+            let (o_t, s_t) = tiled.run(kernel, &s0_tiled);
+            assert_eq!(o_t, tile_heads(&o, hk, hv, dv), "{what} n {n}: output");
+            assert_eq!(s_t, tile_heads(&s, hk, hv, dk * dv), "{what} n {n}: state");
+        }
+    }
 }
 
 #[test]

@@ -230,11 +230,15 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Reads and validates `dir/config.json`.
+    /// Reads and validates `dir/config.json`, or, when `dir` is a GGUF model (a `.gguf` file or a directory of one
+    /// without config.json, [`crate::checkpoint::is_gguf`]), its metadata ([`crate::gguf::config_from_gguf`]).
     ///
     /// Errors: [`ModelError::Io`], [`ModelError::Json`], [`ModelError::UnsupportedModelType`],
-    /// [`ModelError::NotYetSupported`], [`ModelError::InvalidConfig`].
+    /// [`ModelError::NotYetSupported`], [`ModelError::InvalidConfig`]; those of [`crate::gguf::GgufFile::open`].
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        if crate::checkpoint::is_gguf(dir) {
+            return crate::gguf::config_from_gguf(&crate::gguf::GgufFile::open(dir)?);
+        }
         let path = dir.join("config.json");
         let text = crate::fsutil::read_text(&path, crate::fsutil::MAX_SMALL_FILE)?;
         Self::from_json_str(&text).map_err(|e| match e {

@@ -1,62 +1,148 @@
-//! The linear-layer type: a projection's weight matrix kept in its checkpoint dtype (f32, bf16 or f16), packed
-//! once for the product kernels ([`backburner_kernels::matmul`]). No f32 copy of bf16/f16 weights is made: the
-//! memory held is the checkpoint's bytes (plus at most 3 zero panels of padding).
+//! The linear-layer type: a projection's weight matrix kept in its stored format, packed once for the product
+//! kernels. Dense weights (f32, bf16, f16) go to [`backburner_kernels::matmul`]; GGUF block formats (Q8_0, Q4_0,
+//! Q4_K, Q5_K, Q6_K, IQ4_XS) to [`backburner_kernels::quant`], which multiplies with the activations quantized per
+//! row in blocks of 32 (as llama.cpp does). No f32 copy of the weights is made: the memory held is about the file's
+//! bytes.
+//!
+//! A fused projection (several tensors read by the same input, concatenated by rows) whose parts differ in format
+//! is held as consecutive segments, each computing its own range of output columns.
+
+use std::cell::RefCell;
+use std::ops::Range;
 
 use backburner_kernels::matmul::{matmul, PackedMatrix, RowMajor, WeightDtype};
 use backburner_kernels::profile::{self, Op};
+use backburner_kernels::quant::{qmatmul, QuantFormat, QuantMatrix, QuantizedActs};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, WeightPart};
 use crate::error::{ModelError, Result};
+
+/// What a linear layer's weights are stored as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearFormat {
+    /// Dense f32, bf16 or f16.
+    Dense(WeightDtype),
+    /// One GGUF block format.
+    Quant(QuantFormat),
+    /// Parts in different formats.
+    Mixed,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Segment {
+    Dense(PackedMatrix),
+    Quant(QuantMatrix),
+}
+
+impl Segment {
+    fn n(&self) -> usize {
+        match self {
+            Segment::Dense(w) => w.n(),
+            Segment::Quant(w) => w.n(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Segment::Dense(w) => w.bytes(),
+            Segment::Quant(w) => w.bytes(),
+        }
+    }
+}
 
 /// `y = x · Wᵀ` with `W: [out_features, in_features]` (no bias: Qwen3.5 projections have none).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Linear {
-    w: PackedMatrix,
+    /// Segments in output-column order, with their first column.
+    segs: Vec<(usize, Segment)>,
+    k: usize,
+}
+
+thread_local! {
+    /// The quantized activations of the last product on this thread (reused buffer).
+    static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::new());
 }
 
 impl Linear {
-    /// Wraps a packed matrix.
+    /// Wraps a packed dense matrix.
     pub fn new(w: PackedMatrix) -> Self {
-        Linear { w }
+        let k = w.k();
+        Linear {
+            segs: vec![(0, Segment::Dense(w))],
+            k,
+        }
     }
 
     /// Loads the row-wise concatenation of the named `[rows_i, in_features]` tensors as one layer (fused
-    /// projections that read the same input), keeping their dtype (f32 if the parts' dtypes differ), then lets the
-    /// OS drop the mapped file pages it read from resident memory.
+    /// projections that read the same input), keeping their stored format: dense parts of one dtype pack together
+    /// (f32 if the dense dtypes differ), consecutive parts of one block format pack together. Then lets the OS drop
+    /// the mapped file pages it read from resident memory.
     ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`];
-    /// [`ModelError::InvalidConfig`] if the sizes overflow.
+    /// [`ModelError::InvalidConfig`] if the sizes overflow or a block format's row length does not fit.
     pub fn load(ck: &Checkpoint, in_features: usize, parts: &[(String, usize)]) -> Result<Self> {
-        let raw: Vec<RowMajor> = parts
+        let raw: Vec<WeightPart> = parts
             .iter()
             .map(|(name, rows)| ck.weight_part(name, *rows, in_features))
             .collect::<Result<_>>()?;
-        let w = PackedMatrix::pack(in_features, &raw, WeightDtype::common(&raw))
-            .map_err(|e| ModelError::InvalidConfig(format!("packing {}: {e}", parts[0].0)))?;
+        let what = &parts[0].0;
+        let segs = group_parts(&raw)
+            .into_iter()
+            .map(|g| pack_group(&raw[g], in_features, what))
+            .collect::<Result<Vec<Segment>>>()?;
         for (name, _) in parts {
             ck.release(name);
         }
-        Ok(Linear { w })
+        let mut at = 0;
+        let segs = segs
+            .into_iter()
+            .map(|s| {
+                let first = at;
+                at += s.n();
+                (first, s)
+            })
+            .collect();
+        Ok(Linear {
+            segs,
+            k: in_features,
+        })
     }
 
     /// Outputs per row (`W`'s rows).
     pub fn out_features(&self) -> usize {
-        self.w.n()
+        self.segs.iter().map(|(_, s)| s.n()).sum()
     }
 
     /// Inputs per row (`W`'s columns).
     pub fn in_features(&self) -> usize {
-        self.w.k()
+        self.k
     }
 
-    /// The stored dtype.
+    /// The stored dense dtype (f32 for block formats, whose products run in f32 after the integer dot products).
     pub fn dtype(&self) -> WeightDtype {
-        self.w.dtype()
+        match self.format() {
+            LinearFormat::Dense(d) => d,
+            _ => WeightDtype::F32,
+        }
+    }
+
+    /// The stored format.
+    pub fn format(&self) -> LinearFormat {
+        let f = |s: &Segment| match s {
+            Segment::Dense(w) => LinearFormat::Dense(w.dtype()),
+            Segment::Quant(w) => LinearFormat::Quant(w.format()),
+        };
+        let first = f(&self.segs[0].1);
+        if self.segs.iter().all(|(_, s)| f(s) == first) {
+            first
+        } else {
+            LinearFormat::Mixed
+        }
     }
 
     /// Bytes of weights held.
     pub fn bytes(&self) -> usize {
-        self.w.bytes()
+        self.segs.iter().map(|(_, s)| s.bytes()).sum()
     }
 
     /// `x [n_rows, in] → [n_rows, out]` f32, charged to [`Op::Matmul`] in the profile.
@@ -80,16 +166,147 @@ impl Linear {
 
     fn forward_into_as(&self, op: Op, x: &[f32], n_rows: usize, y: &mut Vec<f32>) {
         let _s = profile::scope(op);
-        y.resize(n_rows * self.w.n(), 0.0);
-        matmul(x, n_rows, &self.w, y);
-        let macs = (n_rows * self.w.n() * self.w.k()) as u64;
-        profile::add_work(op, 2 * macs, self.w.bytes() as u64);
+        let n = self.out_features();
+        assert_eq!(
+            x.len(),
+            n_rows * self.k,
+            "Linear: x is not [{n_rows}, {}]",
+            self.k
+        );
+        y.resize(n_rows * n, 0.0);
+        if let [(_, Segment::Dense(w))] = self.segs.as_slice() {
+            matmul(x, n_rows, w, y);
+        } else {
+            self.forward_segments(x, n_rows, y);
+        }
+        let macs = (n_rows * n * self.k) as u64;
+        profile::add_work(op, 2 * macs, self.bytes() as u64);
     }
 
-    /// Row `r` of `W` as f32 (the embedding lookup when the table is tied to the head).
+    fn forward_segments(&self, x: &[f32], n_rows: usize, y: &mut [f32]) {
+        let n = self.out_features();
+        ACTS.with_borrow_mut(|acts| {
+            if self
+                .segs
+                .iter()
+                .any(|(_, s)| matches!(s, Segment::Quant(_)))
+            {
+                acts.quantize(x, n_rows, self.k);
+            }
+            for (first, seg) in &self.segs {
+                match seg {
+                    Segment::Quant(w) => qmatmul(acts, w, &mut y[*first..], n),
+                    Segment::Dense(w) => {
+                        let mut part = vec![0.0f32; n_rows * w.n()];
+                        matmul(x, n_rows, w, &mut part);
+                        for (dst, src) in y.chunks_mut(n).zip(part.chunks(w.n())) {
+                            dst[*first..*first + w.n()].copy_from_slice(src);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Row `r` of `W` as f32 (the embedding lookup when the table is tied to the head); for a block format, the
+    /// row dequantized.
     ///
     /// Panics if `r >= out_features` or `out.len() != in_features`.
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
-        self.w.row_into(r, out);
+        let (first, seg) = self
+            .segs
+            .iter()
+            .rev()
+            .find(|(first, _)| *first <= r)
+            .expect("Linear::row_into: row out of range");
+        match seg {
+            Segment::Dense(w) => w.row_into(r - first, out),
+            Segment::Quant(w) => w.row_into(r - first, out),
+        }
     }
+}
+
+/// Ranges of consecutive parts that pack into one segment: all dense parts together when every part is dense
+/// (the fused dense matrix of before), else runs of one format.
+fn group_parts(raw: &[WeightPart]) -> Vec<Range<usize>> {
+    let key = |p: &WeightPart| match p {
+        WeightPart::Dense(_) => None,
+        WeightPart::Quant { format, .. } => Some(*format),
+    };
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for (i, p) in raw.iter().enumerate() {
+        match out.last_mut() {
+            Some(g) if key(&raw[g.start]) == key(p) => g.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+fn pack_group(parts: &[WeightPart], k: usize, what: &str) -> Result<Segment> {
+    match parts[0] {
+        WeightPart::Dense(_) => {
+            let dense: Vec<RowMajor> = parts
+                .iter()
+                .map(|p| match p {
+                    WeightPart::Dense(d) => *d,
+                    WeightPart::Quant { .. } => {
+                        unreachable!("group_parts groups dense parts alone")
+                    }
+                })
+                .collect();
+            let w = PackedMatrix::pack(k, &dense, WeightDtype::common(&dense))
+                .map_err(|e| ModelError::InvalidConfig(format!("packing {what}: {e}")))?;
+            Ok(Segment::Dense(w))
+        }
+        WeightPart::Quant { format, .. } => {
+            let q: Vec<(&[u8], usize)> = parts
+                .iter()
+                .map(|p| match p {
+                    WeightPart::Quant { bytes, rows, .. } => (*bytes, *rows),
+                    WeightPart::Dense(_) => unreachable!("group_parts groups one format"),
+                })
+                .collect();
+            let w = QuantMatrix::pack(format, k, &q)
+                .map_err(|e| ModelError::InvalidConfig(format!("packing {what}: {e}")))?;
+            Ok(Segment::Quant(w))
+        }
+    }
+}
+
+/// Bytes [`Linear::load`] allocates for parts of these formats and row counts (`[rows_i, k]` each), grouped as
+/// the load groups them; `None` on overflow or a row length a block format cannot hold.
+pub(crate) fn packed_bytes(
+    parts: &[(Option<QuantFormat>, WeightDtype, usize)],
+    k: usize,
+) -> Option<usize> {
+    let mut total = 0usize;
+    let mut i = 0;
+    while i < parts.len() {
+        let key = parts[i].0;
+        let mut j = i;
+        let mut rows = 0usize;
+        let mut common: Option<WeightDtype> = None;
+        let mut mixed = false;
+        while j < parts.len() && parts[j].0 == key {
+            rows = rows.checked_add(parts[j].2)?;
+            mixed |= common.is_some_and(|c| c != parts[j].1);
+            common = Some(parts[j].1);
+            j += 1;
+        }
+        let bytes = match key {
+            Some(q) => QuantMatrix::packed_bytes(q, rows, k)?,
+            None => {
+                let d = if mixed {
+                    WeightDtype::F32
+                } else {
+                    common.unwrap_or(WeightDtype::F32)
+                };
+                PackedMatrix::packed_bytes(rows, k, d)?
+            }
+        };
+        total = total.checked_add(bytes)?;
+        i = j;
+    }
+    Some(total)
 }

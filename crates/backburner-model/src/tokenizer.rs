@@ -70,6 +70,14 @@ impl TextTokenizer {
     /// Errors: [`ModelError::Tokenizer`] for an unloadable tokenizer.json, [`ModelError::Json`] for invalid side files,
     /// [`ModelError::VocabMismatch`] when the tokenizer has ids the model cannot embed.
     pub fn from_dir(dir: &Path, model_vocab: usize, config_eos: &[u32]) -> Result<Option<Self>> {
+        if crate::checkpoint::is_gguf(dir) {
+            return Self::beside_gguf(dir, model_vocab, config_eos);
+        }
+        Self::from_side_files(dir, model_vocab, config_eos)
+    }
+
+    /// `tokenizer.json` and its side files in `dir` (see [`TextTokenizer::from_dir`]).
+    fn from_side_files(dir: &Path, model_vocab: usize, config_eos: &[u32]) -> Result<Option<Self>> {
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.exists() {
             return Ok(None);
@@ -130,6 +138,31 @@ impl TextTokenizer {
             eos_ids,
             compiled: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// The tokenizer of a GGUF model: a `tokenizer.json` beside the file wins (with its directory's side files, as
+    /// [`TextTokenizer::from_dir`]); else the file's own ([`TextTokenizer::from_gguf`]); `Ok(None)` when the file
+    /// carries none (`tokenizer.ggml.model` absent or `"none"`).
+    fn beside_gguf(path: &Path, model_vocab: usize, config_eos: &[u32]) -> Result<Option<Self>> {
+        let dir = if path.is_file() {
+            path.parent().unwrap_or(Path::new("."))
+        } else {
+            path
+        };
+        let f = crate::gguf::GgufFile::open(path)?;
+        if dir.join("tokenizer.json").is_file() {
+            let mut tok = Self::from_side_files(dir, model_vocab, config_eos)?;
+            if let Some(t) = tok.as_mut() {
+                if t.chat_template.is_none() {
+                    t.chat_template = crate::gguf::chat_template(&f);
+                }
+            }
+            return Ok(tok);
+        }
+        match f.metadata().get_str("tokenizer.ggml.model") {
+            None | Some("none") => Ok(None),
+            Some(_) => Self::from_gguf(&f, model_vocab).map(Some),
+        }
     }
 
     /// Loads the tokenizer of a GGUF file (see [`crate::gguf::tokenizer_json_from_gguf`]) with its chat template

@@ -146,7 +146,8 @@ impl ModelCosts {
         ))
     }
 
-    /// Reads `dir/config.json` and, when the directory holds weights (`model.safetensors` or a sharded index), sums
+    /// Reads `dir/config.json` (or a GGUF's metadata) and, when the path holds weights (`model.safetensors`, a sharded
+    /// index or a GGUF file), sums
     /// the stored tensors ([`ModelCosts::from_checkpoint`]); otherwise computes the weights from the config's shapes
     /// and its `dtype`/`torch_dtype` (`bfloat16` when absent; [`ModelCosts::from_config`]).
     ///
@@ -155,7 +156,8 @@ impl ModelCosts {
     pub fn from_dir(dir: &Path, kv: KvDtype) -> Result<(ModelConfig, Self), PlanError> {
         let cfg = ModelConfig::from_dir(dir)?;
         let has_weights = dir.join("model.safetensors").exists()
-            || dir.join("model.safetensors.index.json").exists();
+            || dir.join("model.safetensors.index.json").exists()
+            || backburner_model::checkpoint::is_gguf(dir);
         let costs = if has_weights {
             let ck = Checkpoint::open(dir)?;
             Self::from_checkpoint(&cfg, &ck, kv)?

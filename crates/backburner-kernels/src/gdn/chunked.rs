@@ -53,7 +53,6 @@ pub fn delta_rule_chunked(
 ) {
     assert!(chunk > 0, "delta_rule_chunked: chunk must be positive");
     d.check_delta_args("delta_rule_chunked", q, k, v, g, beta, state, out);
-    let r = d.ratio();
     if d.n_tokens == 0 {
         return;
     }
@@ -66,7 +65,7 @@ pub fn delta_rule_chunked(
                 d,
                 chunk,
                 j,
-                hk: j / r,
+                hk: d.k_head(j),
                 x: &inputs,
                 s,
             })

@@ -30,7 +30,11 @@ pub use recurrent::delta_rule_recurrent;
 /// * `n_v_heads`: v heads (`linear_num_value_heads`, Hv), a positive multiple of `n_k_heads`;
 /// * `d_k`: q/k head dim (Dk); `d_v`: v head dim (Dv).
 ///
-/// v head `j` reads q/k head `j / (n_v_heads / n_k_heads)` (repeat_interleave).
+/// * `tiled_v_heads`: the order of the v heads. `false` (Hugging Face checkpoints): grouped by q/k head, v head `j`
+///   reads q/k head `j / (n_v_heads / n_k_heads)` (repeat_interleave). `true` (llama.cpp's GGUF files, whose
+///   converter reorders the v heads so that ggml can broadcast): tiled, v head `j` reads q/k head `j % n_k_heads`.
+///   The two orders are one permutation of the v heads (and of every per-v-head weight), so they compute the
+///   same function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnDims {
     /// Tokens in this call.
@@ -43,6 +47,8 @@ pub struct GdnDims {
     pub d_k: usize,
     /// Value head dimension.
     pub d_v: usize,
+    /// Tiled (GGUF) rather than grouped (Hugging Face) v-head order.
+    pub tiled_v_heads: bool,
 }
 
 impl GdnDims {
@@ -63,6 +69,16 @@ impl GdnDims {
             "GdnDims: head dims must be positive, got {self:?}"
         );
         self.n_v_heads / self.n_k_heads
+    }
+
+    /// The q/k head that v head `j` reads (see [`GdnDims`]). Panics as [`GdnDims::ratio`].
+    pub fn k_head(&self, j: usize) -> usize {
+        if self.tiled_v_heads {
+            self.ratio();
+            j % self.n_k_heads
+        } else {
+            j / self.ratio()
+        }
     }
 
     /// Asserts the lengths of every delta-rule argument against these dims (see [`delta_rule_recurrent`]).

@@ -41,7 +41,6 @@ pub fn delta_rule_recurrent(
     out: &mut [f32],
 ) {
     d.check_delta_args("delta_rule_recurrent", q, k, v, g, beta, state, out);
-    let r = d.ratio();
     let (t_n, dk, dv) = (d.n_tokens, d.d_k, d.d_v);
     if t_n == 0 {
         return;
@@ -53,7 +52,7 @@ pub fn delta_rule_recurrent(
             dispatch(HeadJob {
                 d,
                 j,
-                hk: j / r,
+                hk: d.k_head(j),
                 q,
                 k,
                 v,

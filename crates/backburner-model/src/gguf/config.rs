@@ -146,7 +146,9 @@ impl Keys<'_> {
 }
 
 /// Checks `general.architecture` and returns it.
-fn architecture(f: &GgufFile) -> Result<&str> {
+///
+/// Errors: [`ModelError::UnsupportedArchitecture`] for any value but one of [`SUPPORTED_ARCHITECTURES`].
+pub fn check_architecture(f: &GgufFile) -> Result<&str> {
     let arch = f.architecture().unwrap_or("");
     if SUPPORTED_ARCHITECTURES.contains(&arch) {
         return Ok(arch);
@@ -223,7 +225,7 @@ fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)>
 /// Errors: [`ModelError::UnsupportedArchitecture`]; [`ModelError::InvalidConfig`] for a missing or mistyped key, or
 /// values that fail the checks of [`ModelConfig::from_json_str`]; [`ModelError::Tokenizer`] for bad eos ids.
 pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
-    let arch = architecture(f)?;
+    let arch = check_architecture(f)?;
     let k = Keys {
         md: f.metadata(),
         arch,

@@ -25,7 +25,7 @@ use memmap2::Mmap;
 
 use crate::error::{ModelError, Result};
 
-pub use config::{config_from_gguf, SUPPORTED_ARCHITECTURES};
+pub use config::{check_architecture, config_from_gguf, SUPPORTED_ARCHITECTURES};
 pub use metadata::{MetaArray, MetaValue, Metadata, StrArray};
 pub use parse::DEFAULT_ALIGNMENT;
 pub(crate) use tokenizer::special_token_text;

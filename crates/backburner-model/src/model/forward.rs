@@ -85,11 +85,11 @@ impl Model {
         self.layer_rest(layer, x, t, &mut s.rows);
     }
 
-    /// The layer's input norm: `r.h = rms_norm_1p(x)` on the rows of `x` (`[rows, H]`).
+    /// The layer's input norm: `r.h = rms_norm(x)` on the rows of `x` (`[rows, H]`).
     pub(super) fn input_norm(&self, layer: &Layer, x: &[f32], r: &mut RowBufs) {
         let _p = profile::scope(Op::Norm);
         let eps = self.config.rms_norm_eps as f32;
-        rowops::rms_norm_1p(x, &layer.input_norm, eps, sized(&mut r.h, x.len()));
+        rowops::rms_norm(x, &layer.input_norm, eps, sized(&mut r.h, x.len()));
     }
 
     /// Residual add of the mixer's output (`r.out`), then the MLP block, on `t` rows of `x` (`[t, H]`).
@@ -98,7 +98,7 @@ impl Model {
         residual_add(x, &r.out);
         {
             let _p = profile::scope(Op::Norm);
-            rowops::rms_norm_1p(x, &layer.post_norm, eps, sized(&mut r.h, x.len()));
+            rowops::rms_norm(x, &layer.post_norm, eps, sized(&mut r.h, x.len()));
         }
         layer.gate_up.forward_into(&r.h, t, &mut r.gu);
         {

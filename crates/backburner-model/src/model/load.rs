@@ -2,7 +2,7 @@
 //! each layer reads.
 
 use super::{AttnWeights, GdnWeights, Layer, LoadOptions, Mixer};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{dense_dtype, unsupported, Checkpoint, StoredDtype, VectorKind};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
@@ -47,15 +47,17 @@ fn layer_linears(c: &ModelConfig, i: usize) -> [Fused; 4] {
     }
 }
 
-/// The vectors of layer `i` read as f32 (name, shape), in load order: the two layer norms, then the Gated DeltaNet's
-/// conv kernel, `dt_bias`, `A_log` and gated norm, or the attention's q and k norms.
-fn layer_vectors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+/// The vectors of layer `i` read as f32 (name, shape, meaning), in load order: the two layer norms' gains, then the
+/// Gated DeltaNet's conv kernel, `dt_bias`, `A` and gated norm, or the attention's q and k norm gains.
+fn layer_vectors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>, VectorKind)> {
     let p = format!("{}layers.{i}.", c.layout.prefix());
-    let v = |name: &str, shape: &[usize]| (format!("{p}{name}"), shape.to_vec());
+    let v = |name: &str, shape: &[usize]| (format!("{p}{name}"), shape.to_vec(), VectorKind::Plain);
+    let g =
+        |name: &str, shape: &[usize]| (format!("{p}{name}"), shape.to_vec(), VectorKind::NormGain);
     let h = c.hidden_size;
     let mut out = vec![
-        v("input_layernorm.weight", &[h]),
-        v("post_attention_layernorm.weight", &[h]),
+        g("input_layernorm.weight", &[h]),
+        g("post_attention_layernorm.weight", &[h]),
     ];
     match c.layer_types[i] {
         LayerKind::LinearAttention => {
@@ -66,15 +68,19 @@ fn layer_vectors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>)> {
                     &[c.conv_dim(), 1, c.linear_conv_kernel_dim],
                 ),
                 v("linear_attn.dt_bias", &[hv]),
-                v("linear_attn.A_log", &[hv]),
+                (
+                    format!("{p}linear_attn.A_log"),
+                    vec![hv],
+                    VectorKind::NegExp,
+                ),
                 v("linear_attn.norm.weight", &[dv]),
             ]);
         }
         LayerKind::FullAttention => {
             let d = c.head_dim;
             out.extend([
-                v("self_attn.q_norm.weight", &[d]),
-                v("self_attn.k_norm.weight", &[d]),
+                g("self_attn.q_norm.weight", &[d]),
+                g("self_attn.k_norm.weight", &[d]),
             ]);
         }
     }
@@ -86,7 +92,7 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
         layer_linears(c, i).map(|(parts, k)| Linear::load(ck, k, &parts));
     let mut vecs = layer_vectors(c, i)
         .into_iter()
-        .map(|(name, shape)| ck.read_f32(&name, &shape))
+        .map(|(name, shape, kind)| ck.read_vector(&name, &shape, kind))
         .collect::<Result<Vec<_>>>()?
         .into_iter();
     let mut next = || {
@@ -97,12 +103,12 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
     let (in_proj, out_proj) = (mix_in?, mix_out?);
     let mixer = match c.layer_types[i] {
         LayerKind::LinearAttention => {
-            let (conv_weight, dt_bias, a_log, norm) = (next(), next(), next(), next());
+            let (conv_weight, dt_bias, neg_a, norm) = (next(), next(), next(), next());
             Mixer::Linear(GdnWeights {
                 in_proj,
                 conv_weight,
                 dt_bias,
-                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                neg_a,
                 norm,
                 out_proj,
             })
@@ -133,6 +139,7 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
 /// Errors: [`ModelError::InvalidConfig`] for a layer range outside the model or a size that overflows `u64`;
 /// [`ModelError::MissingTensor`] and [`ModelError::UnsupportedDtype`] for a tensor the load would need.
 pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
+    use backburner_kernels::matmul::WeightDtype;
     if opts.layers.end > c.num_hidden_layers || opts.layers.start > opts.layers.end {
         return Err(ModelError::InvalidConfig(format!(
             "layer range {:?} is outside 0..{}",
@@ -143,32 +150,18 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
     let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(overflow);
     // a fused projection: the parts' rows packed in their common dtype
     let linear = |parts: &[(String, usize)], k: usize| -> Result<u64> {
-        use backburner_kernels::matmul::{PackedMatrix, WeightDtype};
-        let mut common: Option<WeightDtype> = None;
-        let mut mixed = false;
-        let mut n = 0usize;
-        for (name, rows) in parts {
-            let d = match ckpt.dtype(name)? {
-                safetensors::Dtype::F32 => WeightDtype::F32,
-                safetensors::Dtype::BF16 => WeightDtype::Bf16,
-                safetensors::Dtype::F16 => WeightDtype::F16,
-                other => {
-                    return Err(ModelError::UnsupportedDtype {
-                        name: name.clone(),
-                        dtype: format!("{other:?}"),
-                    })
+        let formats = parts
+            .iter()
+            .map(|(name, rows)| {
+                let d = ckpt.dtype(name)?;
+                match (&d, dense_dtype(&d)) {
+                    (_, Some(dense)) => Ok((None, dense, *rows)),
+                    (StoredDtype::Quant(q), None) => Ok((Some(*q), WeightDtype::F32, *rows)),
+                    _ => Err(unsupported(name, &d)),
                 }
-            };
-            mixed |= common.is_some_and(|c| c != d);
-            common = Some(d);
-            n = n.checked_add(*rows).ok_or_else(overflow)?;
-        }
-        let dtype = if mixed {
-            WeightDtype::F32
-        } else {
-            common.unwrap_or(WeightDtype::F32)
-        };
-        PackedMatrix::packed_bytes(n, k, dtype)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        crate::linear::packed_bytes(&formats, k)
             .map(|b| b as u64)
             .ok_or_else(overflow)
     };
@@ -191,7 +184,7 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
         for (parts, k) in layer_linears(c, i) {
             total = add(total, linear(&parts, k)?)?;
         }
-        for (_, shape) in layer_vectors(c, i) {
+        for (_, shape, _) in layer_vectors(c, i) {
             let elems = shape
                 .iter()
                 .try_fold(1usize, |a, &d| a.checked_mul(d))

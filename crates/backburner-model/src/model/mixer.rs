@@ -50,6 +50,7 @@ impl Model {
             n_v_heads: hv,
             d_k: c.linear_key_head_dim,
             d_v: dv,
+            tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
         };
         let o = sized(&mut m.o, t * hv * dv);
         let st = &mut st.recurrent;
@@ -210,8 +211,8 @@ impl Model {
         {
             let _p = profile::scope(Op::Norm);
             let eps = c.rms_norm_eps as f32;
-            rowops::rms_norm_1p_inplace(&mut m.a, &w.q_norm, eps);
-            rowops::rms_norm_1p_inplace(&mut m.k, &w.k_norm, eps);
+            rowops::rms_norm_inplace(&mut m.a, &w.q_norm, eps);
+            rowops::rms_norm_inplace(&mut m.k, &w.k_norm, eps);
         }
         let _p = profile::scope(Op::Rope);
         self.rope.apply(&mut m.a, t, hq, pos0);

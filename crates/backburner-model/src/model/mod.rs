@@ -139,7 +139,11 @@ impl Model {
         let v = config.vocab_size;
         let (embed, final_norm, lm_head) = if opts.ends {
             let emb = Linear::load(ckpt, h, &[(format!("{p}embed_tokens.weight"), v)])?;
-            let norm = ckpt.read_f32(&format!("{p}norm.weight"), &[h])?;
+            let norm = ckpt.read_vector(
+                &format!("{p}norm.weight"),
+                &[h],
+                crate::checkpoint::VectorKind::NormGain,
+            )?;
             // transformers ties the head to the embedding whenever tie_word_embeddings is set, even if the file
             // also stores an lm_head.
             let head = if config.tie_word_embeddings {
@@ -263,11 +267,7 @@ impl Model {
         })?;
         let _s = profile::scope(Op::Head);
         let mut h = x.to_vec();
-        backburner_kernels::rowops::rms_norm_1p_inplace(
-            &mut h,
-            norm,
-            self.config.rms_norm_eps as f32,
-        );
+        backburner_kernels::rowops::rms_norm_inplace(&mut h, norm, self.config.rms_norm_eps as f32);
         let head = self
             .lm_head
             .as_ref()

@@ -1,7 +1,7 @@
 //! Memory-mapped safetensors checkpoints: single-file or sharded (`model.safetensors.index.json`).
 //!
-//! Tensors are looked up by their on-disk names; stored F32, BF16 or F16 data is converted to f32 on read
-//! (compute is f32 on CPU).
+//! Tensors are looked up by their on-disk names (Hugging Face's); stored F32, BF16 or F16 data is converted to f32 on
+//! read (compute is f32 on CPU).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -22,14 +22,14 @@ struct Shard {
     data_start: usize,
 }
 
-/// An opened checkpoint: every shard mapped and its header validated.
-pub struct Checkpoint {
+/// An opened safetensors checkpoint: every shard mapped and its header validated.
+pub struct SafetensorsCheckpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
     tensors: HashMap<String, (usize, TensorInfo)>,
 }
 
-impl Checkpoint {
+impl SafetensorsCheckpoint {
     /// Opens `dir/model.safetensors.index.json` (sharded) or else `dir/model.safetensors`, memory-maps every shard and
     /// validates every header (offsets within the file, file length equal to the header's data length).
     ///
@@ -106,7 +106,7 @@ impl Checkpoint {
                 data_start: 8 + n,
             });
         }
-        Ok(Checkpoint {
+        Ok(SafetensorsCheckpoint {
             dir: dir.to_path_buf(),
             shards,
             tensors,

@@ -1,0 +1,278 @@
+//! A GGUF file seen through Hugging Face tensor names: the names llama.cpp gives the `qwen35` architecture's tensors
+//! (its `src/models/qwen35.cpp` and `gguf-py` tensor map), and the shapes in Hugging Face's convention.
+//!
+//! What llama.cpp's converter (`conversion/qwen.py`) changed and how the model follows it:
+//! - RMSNorm weights (`attn_norm`, `post_attention_norm`, `attn_q_norm`, `attn_k_norm`, `output_norm`) hold
+//!   `1 + w`, and `ssm_a` holds `A = −exp(A_log)`: both are what the model computes with, read as stored;
+//! - `ssm_conv1d` is `[conv_dim, kernel]` (Hugging Face `[conv_dim, 1, kernel]`, the same bytes);
+//! - the linear-attention v heads are tiled rather than grouped by k head, in every per-v-head tensor: the model
+//!   follows the stored order ([`crate::config::VHeadOrder::Tiled`]).
+
+use std::path::{Path, PathBuf};
+
+use backburner_kernels::matmul::RowMajor;
+use backburner_kernels::quant::QuantFormat;
+
+use super::{dense_dtype, unsupported, StoredDtype, WeightPart};
+use crate::error::{ModelError, Result};
+use crate::gguf::{GgmlType, GgufFile, TensorInfo};
+
+/// Hugging Face name suffix (after `model.layers.N.`) → GGUF name suffix (after `blk.N.`).
+const LAYER_NAMES: &[(&str, &str)] = &[
+    ("input_layernorm.weight", "attn_norm.weight"),
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
+    ("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
+    ("linear_attn.in_proj_z.weight", "attn_gate.weight"),
+    ("linear_attn.in_proj_b.weight", "ssm_beta.weight"),
+    ("linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
+    ("linear_attn.conv1d.weight", "ssm_conv1d.weight"),
+    ("linear_attn.dt_bias", "ssm_dt.bias"),
+    ("linear_attn.A_log", "ssm_a"),
+    ("linear_attn.norm.weight", "ssm_norm.weight"),
+    ("linear_attn.out_proj.weight", "ssm_out.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+/// Hugging Face name → GGUF name of the tensors outside the layers.
+const END_NAMES: &[(&str, &str)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// The GGUF name of a Hugging Face tensor name, if the architecture has it.
+fn gguf_name(hf: &str) -> Option<String> {
+    if let Some((_, g)) = END_NAMES.iter().find(|(h, _)| *h == hf) {
+        return Some((*g).to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (idx, tail) = rest.split_once('.')?;
+    let i: usize = idx.parse().ok()?;
+    let (_, g) = LAYER_NAMES.iter().find(|(h, _)| *h == tail)?;
+    Some(format!("blk.{i}.{g}"))
+}
+
+/// The Hugging Face name of a GGUF tensor name, if the model reads it (MTP and vision tensors map to none).
+fn hf_name(gguf: &str) -> Option<String> {
+    if let Some((h, _)) = END_NAMES.iter().find(|(_, g)| *g == gguf) {
+        return Some((*h).to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (idx, tail) = rest.split_once('.')?;
+    let i: usize = idx.parse().ok()?;
+    let (h, _) = LAYER_NAMES.iter().find(|(_, g)| *g == tail)?;
+    Some(format!("model.layers.{i}.{h}"))
+}
+
+/// An opened GGUF model with its name map.
+pub(crate) struct GgufCheckpoint {
+    path: PathBuf,
+    file: GgufFile,
+    /// Hugging Face names of the tensors present, sorted.
+    names: Vec<String>,
+}
+
+impl GgufCheckpoint {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        crate::gguf::check_architecture(&file)?;
+        let mut names: Vec<String> = file
+            .tensor_names()
+            .into_iter()
+            .filter_map(hf_name)
+            .collect();
+        names.sort();
+        Ok(GgufCheckpoint {
+            path: path.to_path_buf(),
+            file,
+            names,
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn info(&self, name: &str) -> Result<(String, &TensorInfo)> {
+        let missing = || ModelError::MissingTensor {
+            name: name.to_string(),
+            dir: self.path.clone(),
+        };
+        let g = gguf_name(name).ok_or_else(missing)?;
+        let info = self.file.tensor(&g).ok_or_else(missing)?;
+        Ok((g, info))
+    }
+
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.info(name).is_ok()
+    }
+
+    pub(crate) fn names(&self) -> Vec<&str> {
+        self.names.iter().map(String::as_str).collect()
+    }
+
+    /// Hugging Face's shape: the GGUF dims reversed, with the conv kernel's middle 1 restored.
+    pub(crate) fn shape(&self, name: &str) -> Result<Vec<usize>> {
+        let (_, info) = self.info(name)?;
+        let mut shape = info
+            .dims
+            .iter()
+            .rev()
+            .map(|&d| {
+                usize::try_from(d)
+                    .map_err(|_| ModelError::InvalidConfig(format!("{name}: dim {d} overflows")))
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        if name.ends_with("linear_attn.conv1d.weight") && shape.len() == 2 {
+            shape.insert(1, 1);
+        }
+        Ok(shape)
+    }
+
+    pub(crate) fn dtype(&self, name: &str) -> Result<StoredDtype> {
+        let (_, info) = self.info(name)?;
+        Ok(stored_dtype(info.ggml_type))
+    }
+
+    pub(crate) fn raw(&self, name: &str) -> Result<&[u8]> {
+        let (g, _) = self.info(name)?;
+        self.file.data(&g)
+    }
+
+    pub(crate) fn stored_bytes(&self, name: &str) -> Result<usize> {
+        let (_, info) = self.info(name)?;
+        usize::try_from(info.n_bytes)
+            .map_err(|_| ModelError::InvalidConfig(format!("{name}: size overflows")))
+    }
+
+    pub(crate) fn shard_path(&self, name: &str) -> Result<&Path> {
+        let (_, info) = self.info(name)?;
+        Ok(&self.file.paths()[info.part])
+    }
+
+    pub(crate) fn read_chunks(&self, name: &str, chunk: usize, f: impl FnMut(&[u8])) -> Result<()> {
+        let (g, _) = self.info(name)?;
+        self.file.read_chunks(&g, chunk, f)
+    }
+
+    fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
+        let found = self.shape(name)?;
+        if found != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    /// The tensor's values as f32 (any supported dtype, quantized ones dequantized), shape checked.
+    pub(crate) fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        self.check_shape(name, expected)?;
+        let d = self.dtype(name)?;
+        let bytes = self.raw(name)?;
+        let n: usize = expected.iter().product();
+        let out = match &d {
+            StoredDtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            StoredDtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            StoredDtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            StoredDtype::Quant(q) => {
+                let mut out = vec![0.0f32; n];
+                backburner_kernels::quant::dequantize(*q, bytes, &mut out)
+                    .map_err(|e| ModelError::InvalidConfig(format!("{name}: {e}")))?;
+                out
+            }
+            StoredDtype::Other(_) => return Err(unsupported(name, &d)),
+        };
+        self.release(name);
+        Ok(out)
+    }
+
+    pub(crate) fn weight_part(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<WeightPart<'_>> {
+        self.check_shape(name, &[rows, cols])?;
+        let d = self.dtype(name)?;
+        let bytes = self.raw(name)?;
+        if let Some(dtype) = dense_dtype(&d) {
+            return Ok(WeightPart::Dense(RowMajor { dtype, bytes, rows }));
+        }
+        match d {
+            StoredDtype::Quant(format) => Ok(WeightPart::Quant {
+                format,
+                bytes,
+                rows,
+            }),
+            other => Err(unsupported(name, &other)),
+        }
+    }
+
+    pub(crate) fn release(&self, name: &str) {
+        if let Some(g) = gguf_name(name) {
+            self.file.release(&g);
+        }
+    }
+
+    pub(crate) fn total_bytes(&self) -> usize {
+        usize::try_from(self.file.total_tensor_bytes()).unwrap_or(usize::MAX)
+    }
+}
+
+/// Our name for a ggml tensor type.
+pub(crate) fn stored_dtype(t: GgmlType) -> StoredDtype {
+    match t {
+        GgmlType::F32 => StoredDtype::F32,
+        GgmlType::F16 => StoredDtype::F16,
+        GgmlType::BF16 => StoredDtype::BF16,
+        other => match QuantFormat::from_ggml_type(other.id()) {
+            Some(q) => StoredDtype::Quant(q),
+            None => StoredDtype::Other(other.name()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_maps_both_ways() {
+        for (h, g) in LAYER_NAMES {
+            let hf = format!("model.layers.17.{h}");
+            let gg = format!("blk.17.{g}");
+            assert_eq!(gguf_name(&hf).as_deref(), Some(gg.as_str()));
+            assert_eq!(hf_name(&gg).as_deref(), Some(hf.as_str()));
+        }
+        for (h, g) in END_NAMES {
+            assert_eq!(gguf_name(h).as_deref(), Some(*g));
+            assert_eq!(hf_name(g).as_deref(), Some(*h));
+        }
+        assert_eq!(hf_name("blk.3.nextn.eh_proj.weight"), None);
+        assert_eq!(hf_name("blk.x.attn_norm.weight"), None);
+        assert_eq!(gguf_name("model.visual.blocks.0.weight"), None);
+    }
+}
