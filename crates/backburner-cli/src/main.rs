@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{perplexity, ComputePool, SessionOptions};
+use backburner_engine::{ComputePool, SessionOptions};
 use backburner_kernels::kv::KvDtype;
 use backburner_model::{Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, TextTokenizer};
 use clap::{Args, Parser, Subcommand};
@@ -121,6 +121,10 @@ struct PplArgs {
     /// from an empty state (default: the whole text).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Score as llama.cpp's llama-perplexity does, so the two figures compare: only whole --ctx windows, and in each
+    /// only the tokens of its second half
+    #[arg(long, requires = "ctx")]
+    second_half: bool,
     /// Print JSON {"ppl","nll","n_tokens",...}.
     #[arg(long)]
     json: bool,
@@ -334,10 +338,11 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
         }
     }
     let pb = bar(ids.len() as u64, "scoring");
-    let r = perplexity(
+    let r = backburner_engine::perplexity_windows(
         loaded.model.clone(),
         &ids,
         ctx,
+        a.second_half,
         a.model.session_options(&pool),
         |d, _| pb.set_position(d as u64),
     )?;

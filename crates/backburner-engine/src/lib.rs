@@ -24,7 +24,7 @@ pub use compute::ComputePool;
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateParams, Generation, StopReason, TextStream, Timings};
 pub use memory::MemoryReport;
-pub use perplexity::{perplexity, Perplexity};
+pub use perplexity::{perplexity, perplexity_windows, Perplexity};
 pub use sampling::{argmax, Sampler, SamplingParams};
 pub use sequence::{Phase, Sampled, Sequence};
 pub use session::{Logits, Session, SessionOptions};

@@ -40,6 +40,22 @@ pub fn perplexity(
     ids: &[u32],
     ctx: usize,
     opts: SessionOptions,
+    progress: impl FnMut(usize, usize),
+) -> Result<Perplexity> {
+    perplexity_windows(model, ids, ctx, false, opts, progress)
+}
+
+/// As [`perplexity`]; with `second_half`, in llama.cpp's convention (`llama-perplexity`): only whole windows, and in
+/// each only the tokens of its second half are scored (token `i` for `i > ctx / 2`), each predicted from at least
+/// half a window of context. Its figures are then comparable with llama-perplexity's `-c ctx` on the same tokens.
+///
+/// Errors: as [`perplexity`]; [`EngineError::InvalidSetting`] when `second_half` leaves no whole window.
+pub fn perplexity_windows(
+    model: Arc<Model>,
+    ids: &[u32],
+    ctx: usize,
+    second_half: bool,
+    opts: SessionOptions,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Perplexity> {
     if ctx < 2 {
@@ -58,8 +74,16 @@ pub fn perplexity(
     // Each window is prefilled ubatch by ubatch and scored as it goes, so memory holds one ubatch of logits
     // ([ubatch, vocab] f32), never the window's.
     let ubatch = session.options().ubatch;
+    if second_half && ids.len() < ctx {
+        return Err(EngineError::InvalidSetting(format!(
+            "the text is {} tokens, shorter than one window of {ctx}",
+            ids.len()
+        )));
+    }
+    // token i of a window is scored when i >= first
+    let first = if second_half { ctx / 2 + 1 } else { 1 };
     for window in ids.chunks(ctx) {
-        if window.len() < 2 {
+        if window.len() < 2 || (second_half && window.len() < ctx) {
             continue;
         }
         session.clear();
@@ -69,16 +93,20 @@ pub fn perplexity(
             if logits.iter().any(|v| !v.is_finite()) {
                 return Err(EngineError::NonFinite);
             }
-            // the row before this chunk's first token predicts it
+            let at = ci * ubatch; // window index of chunk[0]
+                                  // the row before this chunk's first token predicts it
             if let Some(row) = prev_last.take() {
-                nll_sum += nll_of(&row, chunk[0]);
-                n_scored += 1;
+                if at >= first {
+                    nll_sum += nll_of(&row, chunk[0]);
+                    n_scored += 1;
+                }
             }
             for i in 1..chunk.len() {
-                nll_sum += nll_of(&logits[(i - 1) * vocab..i * vocab], chunk[i]);
-                n_scored += 1;
+                if at + i >= first {
+                    nll_sum += nll_of(&logits[(i - 1) * vocab..i * vocab], chunk[i]);
+                    n_scored += 1;
+                }
             }
-            let _ = ci;
             prev_last = Some(logits[(chunk.len() - 1) * vocab..].to_vec());
         }
         done += window.len();

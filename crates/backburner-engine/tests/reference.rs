@@ -38,8 +38,12 @@ fn rows_diff(a: &[f32], b: &[f32], vocab: usize, rows: std::ops::Range<usize>) -
 }
 
 fn check_prefill_and_greedy(name: &str) {
+    check_model_against_reference(name, load_model(name));
+}
+
+/// `model` against the references of fixture `name` (also its GGUF conversion, fixtures/gguf).
+fn check_model_against_reference(name: &str, model: std::sync::Arc<backburner_model::Model>) {
     let r = Reference::load(name);
-    let model = load_model(name);
     let vocab = model.config().vocab_size;
     let prompt = r.ids("prompt_ids");
     let t = prompt.len();
@@ -104,6 +108,19 @@ fn bf16_checkpoint_matches_transformers_logits_and_greedy_tokens() {
 #[test]
 fn sharded_f16_hub_checkpoint_matches_transformers_logits_and_greedy_tokens() {
     check_prefill_and_greedy("tiny-hub");
+}
+
+#[test]
+fn gguf_conversions_match_transformers_logits_and_greedy_tokens() {
+    // llama.cpp's converter's files (fixtures/gguf, byte-identical to its output): tiled v heads, folded norm gains,
+    // A = −exp(A_log) as torch computed it; the same tolerances as the checkpoints they came from.
+    for name in ["tiny-f32", "tiny-bf16"] {
+        let path = fixture("gguf").join(format!("{name}.gguf"));
+        check_model_against_reference(
+            name,
+            std::sync::Arc::new(backburner_model::Model::load(&path).unwrap()),
+        );
+    }
 }
 
 #[test]
