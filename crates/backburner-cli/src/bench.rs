@@ -143,7 +143,7 @@ fn run_local(a: LocalArgs) -> Result<()> {
     drop(load_pool);
     let peak_rss_after_load = bench_report::peak_rss();
     let weight_bytes = loaded.model.weight_bytes();
-    let file_bytes = safetensors_bytes(&loaded.dir);
+    let file_bytes = model_file_bytes(&loaded.dir);
     let cfg = loaded.model.config().clone();
     let prompt = pseudo_random_prompt(max_depth, cfg.vocab_size, 0x1234_5678_9abc_def0);
     let machine = machine_description();
@@ -303,13 +303,19 @@ fn run_threads(
 }
 
 /// Total size of the `*.safetensors` files in `dir` (bytes).
-fn safetensors_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
+/// Bytes of the model's weight files: a GGUF file or split set, or the `.safetensors` files of a directory (0 if
+/// unreadable: the figure is informational).
+fn model_file_bytes(path: &std::path::Path) -> u64 {
+    let len = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    if backburner_model::checkpoint::is_gguf(path) {
+        return backburner_model::gguf::GgufFile::open(path)
+            .map_or(0, |f| f.paths().iter().map(|p| len(p)).sum());
+    }
+    std::fs::read_dir(path)
         .map(|rd| {
             rd.flatten()
                 .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
+                .map(|e| len(&e.path()))
                 .sum()
         })
         .unwrap_or(0)
