@@ -153,8 +153,7 @@ mod candle_cmp {
     fn amx_advertised() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            // SAFETY: CPUID leaf 7 exists on every x86-64 CPU this crate runs on.
-            let info = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
+            let info = std::arch::x86_64::__cpuid_count(7, 0);
             info.edx & (1 << 24) != 0
         }
         #[cfg(not(target_arch = "x86_64"))]

@@ -95,6 +95,10 @@ pub(crate) trait QIsa: Copy {
     fn fms(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// The lanes, lane 0 first.
     fn lanes(self, a: Self::F) -> [f32; LANES];
+    /// Lanes from an array, lane 0 first.
+    fn load_f(self, v: [f32; LANES]) -> Self::F;
+    /// A hint to bring the cache line at `p` into L1 (any address: never dereferenced, never faults).
+    fn prefetch(self, p: *const u8);
 }
 
 /// Plain Rust lanes (any CPU), with the unsigned semantics of VNNI (`SIGNED = false`), so that the offset
@@ -227,6 +231,12 @@ impl QIsa for Scalar {
     fn lanes(self, a: Self::F) -> [f32; LANES] {
         a
     }
+    #[inline(always)]
+    fn load_f(self, v: [f32; LANES]) -> Self::F {
+        v
+    }
+    #[inline(always)]
+    fn prefetch(self, _: *const u8) {}
 }
 
 /// Applies `f` to each little-endian 16-bit lane of `a`.

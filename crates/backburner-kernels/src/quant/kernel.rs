@@ -12,6 +12,12 @@ const SERIAL_WORK: usize = 1 << 18;
 /// Packed weight bytes per cache block of the many-row path: the block's panels are read from memory once and then
 /// from L2 for every row tile (256 KiB leaves room in a 512 KiB–1 MiB L2 for the activation rows).
 const CACHE_BLOCK_BYTES: usize = 256 << 10;
+/// Packed weight bytes of one panel per `k` range of the many-row path (a tile's weights and its activation rows
+/// then fit L1).
+const KC_BYTES: usize = 12 << 10;
+/// How far ahead of the block being read the kernels prefetch a panel's bytes (the decode path streams each panel
+/// once from memory, as one sequential stream per thread).
+const PREFETCH_BYTES: usize = 6 << 10;
 
 /// `y[i·ldy + j] = Σ_kk W[j][kk]·x[i][kk]` for `i < m`, `j < n`, with `x` quantized: `x: [m, k]` as
 /// [`QuantizedActs`], `w: [n, k]`, `y` row-major with row stride `ldy ≥ n` (columns `n..ldy` are not touched).
@@ -120,71 +126,109 @@ impl QKernel for Task<'_> {
 
 impl Task<'_> {
     /// Cache blocks of `chunk` panels; in each, all row tiles of at most `I::ROWS` rows × each panel. With few rows
-    /// (decode) there is one row tile and each panel is streamed from memory once; with many, a block's panels
-    /// come from L2 after the first tile.
+    /// (decode: one row tile) each panel is streamed from memory once over the whole `k`. With many, a block's
+    /// panels come from L2 after the first row tile, and `k` is cut into ranges of about [`KC_BYTES`] per panel so
+    /// that a tile's weights and activation rows stay in L1; the accumulators go through `y` between ranges (f32
+    /// stores and loads are exact, so the chain of each output is unchanged).
     #[inline(always)]
     fn run_fmt<I: QIsa, F: Fmt>(&self, isa: I) {
         let m = self.x.rows();
+        let units = self.w.k() / F::LAY.unit;
+        let kc = if m <= I::ROWS {
+            units
+        } else {
+            (KC_BYTES / F::LAY.bytes).max(1)
+        };
         let mut p0 = self.panels.start;
         while p0 < self.panels.end {
             let p1 = (p0 + self.chunk).min(self.panels.end);
-            let mut r0 = 0;
-            while r0 < m {
-                let rows = (m - r0).min(I::ROWS).min(4);
-                for p in p0..p1 {
-                    // SAFETY: p < n_panels, rows r0..r0 + rows < m.
-                    unsafe {
-                        match rows {
-                            1 => self.tile::<I, F, 1>(isa, p, r0),
-                            2 => self.tile::<I, F, 2>(isa, p, r0),
-                            3 => self.tile::<I, F, 3>(isa, p, r0),
-                            _ => self.tile::<I, F, 4>(isa, p, r0),
+            let mut u0 = 0;
+            while u0 < units {
+                let us = u0..(u0 + kc).min(units);
+                let mut r0 = 0;
+                while r0 < m {
+                    let rows = (m - r0).min(I::ROWS).min(4);
+                    for p in p0..p1 {
+                        let t = Tile {
+                            p,
+                            row0: r0,
+                            units: us.clone(),
+                        };
+                        // SAFETY: p < n_panels, rows r0..r0 + rows < m, units < k / unit.
+                        unsafe {
+                            match rows {
+                                1 => self.tile::<I, F, 1>(isa, t),
+                                2 => self.tile::<I, F, 2>(isa, t),
+                                3 => self.tile::<I, F, 3>(isa, t),
+                                _ => self.tile::<I, F, 4>(isa, t),
+                            }
                         }
                     }
+                    r0 += rows;
                 }
-                r0 += rows;
+                u0 = us.end;
             }
             p0 = p1;
         }
     }
 
-    /// Rows `row0..row0 + R` × panel `p`, over all of `k`, written to the output (columns `< n`).
+    /// Rows `t.row0..t.row0 + R` × panel `t.p` over units `t.units`: accumulators from zero (first range) or from
+    /// the output, written back to the output (columns `< n`).
     ///
     /// # Safety
-    /// `p < n_panels`, `row0 + R ≤ m`, and no other task writes panel `p`'s columns.
+    /// `t.p < n_panels`, `t.row0 + R ≤ m`, `t.units.end ≤ k / unit`, and no other task writes panel `t.p`'s columns.
     #[inline(always)]
-    unsafe fn tile<I: QIsa, F: Fmt, const R: usize>(&self, isa: I, p: usize, row0: usize) {
+    unsafe fn tile<I: QIsa, F: Fmt, const R: usize>(&self, isa: I, t: Tile) {
         let lay = F::LAY;
-        let (k, nb) = (self.w.k(), self.w.k() / ACT_BLOCK);
         let bpu = lay.unit / ACT_BLOCK;
-        let base = self.w.as_bytes()[p * self.w.panel_bytes()..].as_ptr();
-        let xq: [*const u8; R] = std::array::from_fn(|r| self.x.row_q(row0 + r).as_ptr().cast());
-        let xb: [&[ActBlock]; R] = std::array::from_fn(|r| self.x.row_blocks(row0 + r));
+        let base = self.w.as_bytes()[t.p * self.w.panel_bytes()..].as_ptr();
+        let xq: [*const u8; R] = std::array::from_fn(|r| self.x.row_q(t.row0 + r).as_ptr().cast());
+        let xb: [&[ActBlock]; R] = std::array::from_fn(|r| self.x.row_blocks(t.row0 + r));
+        let cols = (self.w.n() - t.p * LANES).min(LANES);
+        // SAFETY: row row0 + r < m and columns p·16 .. p·16 + cols < n lie in y (checked by `qmatmul`); they are
+        // this task's.
+        let out = |r: usize| unsafe { self.out.0.add((t.row0 + r) * self.ldy + t.p * LANES) };
         let mut acc = [isa.f_zero(); R];
-        for u in 0..k / lay.unit {
+        if t.units.start > 0 {
+            for (r, a) in acc.iter_mut().enumerate() {
+                let mut v = [0.0f32; LANES];
+                // SAFETY: see `out`.
+                unsafe { std::ptr::copy_nonoverlapping(out(r), v.as_mut_ptr(), cols) };
+                *a = isa.load_f(v);
+            }
+        }
+        let block_bytes = lay.bytes / bpu;
+        for u in t.units {
             // SAFETY: unit u of panel p lies in the storage (panel_bytes = units · lay.bytes).
             let up = unsafe { base.add(u * lay.bytes) };
             // SAFETY: as above.
             let ud = unsafe { F::unit_scales(isa, up) };
             for b in 0..bpu {
-                let bi = u * bpu + b;
-                debug_assert!(bi < nb);
-                // SAFETY: block bi's 32 inputs lie in each row; the unit is whole.
-                unsafe { block::<I, F, R>(isa, At { u: up, b, ud }, &xq, &xb, bi, &mut acc) };
+                // A hint only: the address may lie past the storage (wrapping arithmetic, never dereferenced).
+                let ahead = up.wrapping_add(PREFETCH_BYTES + b * block_bytes);
+                for line in (0..block_bytes).step_by(64) {
+                    isa.prefetch(ahead.wrapping_add(line));
+                }
+                // SAFETY: block u·bpu + b's 32 inputs lie in each row; the unit is whole.
+                unsafe {
+                    block::<I, F, R>(isa, At { u: up, b, ud }, &xq, &xb, u * bpu + b, &mut acc)
+                };
             }
         }
-        let n = self.w.n();
-        let cols = (n - p * LANES).min(LANES);
         for (r, a) in acc.iter().enumerate() {
             let v = isa.lanes(*a);
-            // SAFETY: row row0 + r < m and columns p·16 .. p·16 + cols < n lie in y (checked by `qmatmul`); they are
-            // this task's.
-            unsafe {
-                let dst = self.out.0.add((row0 + r) * self.ldy + p * LANES);
-                std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols);
-            }
+            // SAFETY: see `out`.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out(r), cols) };
         }
     }
+}
+
+/// Where a tile works: panel `p`, rows from `row0`, units (GGUF blocks along `k`) `units`.
+#[derive(Clone)]
+struct Tile {
+    p: usize,
+    row0: usize,
+    units: std::ops::Range<usize>,
 }
 
 /// One 32-block of `R` rows against one panel unit: the exact integer sums over each half of the block (widened

@@ -132,6 +132,15 @@ impl QIsa for Avx512Vnni {
         // SAFETY: an __m512 is 16 f32 in lane order.
         unsafe { std::mem::transmute::<__m512, [f32; LANES]>(a) }
     }
+    #[inline(always)]
+    fn load_f(self, v: [f32; LANES]) -> Self::F {
+        unsafe { _mm512_loadu_ps(v.as_ptr()) }
+    }
+    #[inline(always)]
+    fn prefetch(self, p: *const u8) {
+        // prefetcht0 never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
 }
 
 /// AVX2 lanes (two 256-bit registers each: rows 0..8, rows 8..16).
@@ -333,5 +342,19 @@ impl QIsa for Avx2 {
     fn lanes(self, a: Self::F) -> [f32; LANES] {
         // SAFETY: two __m256 are 16 f32 in lane order.
         unsafe { std::mem::transmute::<[__m256; 2], [f32; LANES]>(a) }
+    }
+    #[inline(always)]
+    fn load_f(self, v: [f32; LANES]) -> Self::F {
+        unsafe {
+            [
+                _mm256_loadu_ps(v.as_ptr()),
+                _mm256_loadu_ps(v.as_ptr().add(8)),
+            ]
+        }
+    }
+    #[inline(always)]
+    fn prefetch(self, p: *const u8) {
+        // prefetcht0 never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
 }
