@@ -42,7 +42,7 @@ enum BenchKind {
 }
 
 #[derive(Args)]
-#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 struct LocalArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -143,7 +143,7 @@ fn run_local(a: LocalArgs) -> Result<()> {
     drop(load_pool);
     let peak_rss_after_load = bench_report::peak_rss();
     let weight_bytes = loaded.model.weight_bytes();
-    let file_bytes = model_file_bytes(&loaded.dir);
+    let file_bytes = checkpoint_file_bytes(&loaded.dir);
     let cfg = loaded.model.config().clone();
     let prompt = pseudo_random_prompt(max_depth, cfg.vocab_size, 0x1234_5678_9abc_def0);
     let machine = machine_description();
@@ -302,22 +302,12 @@ fn run_threads(
     })
 }
 
-/// Total size of the `*.safetensors` files in `dir` (bytes).
-/// Bytes of the model's weight files: a GGUF file or split set, or the `.safetensors` files of a directory (0 if
-/// unreadable: the figure is informational).
-fn model_file_bytes(path: &std::path::Path) -> u64 {
-    let len = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
-    if backburner_model::checkpoint::is_gguf(path) {
-        return backburner_model::gguf::GgufFile::open(path)
-            .map_or(0, |f| f.paths().iter().map(|p| len(p)).sum());
-    }
-    std::fs::read_dir(path)
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                .map(|e| len(&e.path()))
-                .sum()
-        })
+/// Total size of the files holding the checkpoint's tensors at `path` (safetensors shards or GGUF parts; not other
+/// `*.safetensors` files beside them), 0 when they cannot be listed.
+fn checkpoint_file_bytes(path: &std::path::Path) -> u64 {
+    backburner_model::Checkpoint::open(path)
+        .and_then(|c| c.files())
+        .map(|f| f.iter().map(|(_, len)| len).sum())
         .unwrap_or(0)
 }
 

@@ -31,7 +31,7 @@ use crate::{bench, chain_args, compute_pool, ModelArgs};
 
 /// Options.
 #[derive(Args)]
-#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 #[command(mut_arg("threads", |a| a.help("Host compute threads (default 1 here)")))]
 pub struct LayerSplitArgs {
     #[command(flatten)]

@@ -22,7 +22,7 @@ use crate::{bench, compute_pool, Loaded, ModelArgs};
 
 /// Options.
 #[derive(Args)]
-#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 #[command(mut_arg("threads", |a| a.help("Host compute threads (default 1 here)")))]
 pub struct OffloadArgs {
     #[command(flatten)]

@@ -31,7 +31,7 @@ const TRANSCRIPT: &str = include_str!("../../../assets/agent-session/transcript.
 
 /// Options.
 #[derive(Args)]
-#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors, tokenizer.json with a chat template). Default: the bundled model (the real Qwen3.5 tokenizer and template, random weights)")))]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors, tokenizer.json with a chat template) or GGUF file (with its tokenizer and chat template). Default: the bundled model (the real Qwen3.5 tokenizer and template, random weights)")))]
 #[command(mut_arg("threads", |a| a.help("Compute threads of the server (default 1 here, as the worker's)")))]
 pub struct SessionArgs {
     #[command(flatten)]

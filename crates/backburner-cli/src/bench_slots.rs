@@ -22,7 +22,7 @@ use crate::{bench, compute_pool, ModelArgs};
 
 /// Options.
 #[derive(Args)]
-#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 pub struct SlotsArgs {
     #[command(flatten)]
     model: ModelArgs,

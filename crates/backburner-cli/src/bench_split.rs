@@ -19,7 +19,7 @@ use crate::{bench, compute_pool, LinkArgs, ModelArgs};
 
 /// Options.
 #[derive(Args)]
-#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors). Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 pub struct SplitArgs {
     #[command(flatten)]
     model: ModelArgs,

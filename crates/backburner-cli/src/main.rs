@@ -67,7 +67,8 @@ enum Cmd {
 /// Options shared by every command that loads a model.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// Checkpoint directory (config.json, *.safetensors, tokenizer.json). Default: the bundled model.
+    /// Checkpoint directory (config.json, *.safetensors, tokenizer.json), or a GGUF file (a directory holding one, or
+    /// any part of a split set). Default: the bundled model.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Compute threads (default: all cores).
@@ -243,7 +244,14 @@ pub fn load_tokenizer(dir: &Path) -> Result<(ModelConfig, Option<TextTokenizer>)
     let config = ModelConfig::from_dir(dir)?;
     // Parsing a tokenizer takes far more memory than its file (measured: a peak of ~20× for the Qwen3.5
     // tokenizer's 10 MB, most of it kept): under an OS limit, say so instead of an allocator abort.
-    if let Ok(meta) = std::fs::metadata(dir.join("tokenizer.json")) {
+    // A tokenizer.json beside a GGUF file wins over the file's own and is checked the same way (the file's own
+    // tokenizer, built from its metadata, is not checked).
+    let tok_dir = if dir.is_file() {
+        dir.parent().unwrap_or(Path::new("."))
+    } else {
+        dir
+    };
+    if let Ok(meta) = std::fs::metadata(tok_dir.join("tokenizer.json")) {
         use backburner_engine::memory::{check_fits, os_limits, MemoryNeed};
         let need = MemoryNeed::new(
             format!(

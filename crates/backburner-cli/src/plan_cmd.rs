@@ -16,7 +16,8 @@ use crate::run_cmd::out_line;
 /// `backburner plan`.
 #[derive(Args)]
 pub struct PlanArgs {
-    /// Model directory: config.json, with or without weights (without, sizes come from the config's shapes and dtype).
+    /// Model: a directory with config.json, with or without weights (without, sizes come from the config's shapes and
+    /// dtype), or a GGUF file (or a directory holding one).
     #[arg(long)]
     model: PathBuf,
     /// Memory the host may use: bytes with a unit, `24GiB` (2^30) or `24GB` (10^9).
@@ -123,6 +124,7 @@ fn print_plan(p: &Plan) {
     for w in &p.workers {
         out_line(&row(w));
     }
+    out_line(&format!("weights: {}", p.weights.describe()));
     out_line(&format!(
         "context: {} tokens, {} fit this placement",
         p.ctx, p.max_ctx

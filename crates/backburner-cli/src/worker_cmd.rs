@@ -21,7 +21,8 @@ pub struct WorkerArgs {
     /// Allow listening on a non-loopback address (requires a secret).
     #[arg(long)]
     allow_remote: bool,
-    /// Checkpoint directory (the same model as the host's). Default: the bundled model.
+    /// Checkpoint directory or GGUF file (the same model as the host's: the handshake compares fingerprints of the
+    /// layers' names, types, shapes and bytes). Default: the bundled model.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Layer range to serve, `a..b`: the tail `L..n` for split prefill, any range for a layer split (default: what

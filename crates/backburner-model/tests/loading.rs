@@ -444,7 +444,19 @@ fn a_tensor_stored_in_two_shards_is_an_error() {
 #[test]
 fn load_bytes_from_the_headers_equals_the_weights_held_after_loading() {
     use backburner_model::{load_bytes, Checkpoint, LoadOptions};
-    for name in ["tiny-f32", "tiny-bf16", "tiny-hub"] {
+    // GGUF files too: quantized projections are held as packed blocks, so the count from the headers must follow
+    // each format's block size and panel padding
+    for name in [
+        "tiny-f32",
+        "tiny-bf16",
+        "tiny-hub",
+        "gguf/tiny-f16-split-00001-of-00002.gguf",
+        "gguf/tiny-q-q8_0.gguf",
+        "gguf/tiny-q-q4_0.gguf",
+        "gguf/tiny-q-q4_k.gguf",
+        "gguf/tiny-q-q6_k.gguf",
+        "gguf/tiny-q-iq4_xs.gguf",
+    ] {
         let dir = fixture(name);
         let cfg = ModelConfig::from_dir(&dir).unwrap();
         let ck = Checkpoint::open(&dir).unwrap();
@@ -476,6 +488,46 @@ fn load_bytes_from_the_headers_equals_the_weights_held_after_loading() {
             Err(ModelError::InvalidConfig(_))
         ));
     }
+}
+
+#[test]
+fn a_restacked_gguf_repeats_the_blocks_it_names() {
+    // restack_layers builds the test models that need a split point from a one-cycle quantized fixture
+    use backburner_model::gguf::writer::restack_layers;
+    use backburner_model::{Checkpoint, GgufFile};
+    let src_path = fixture("gguf/tiny-q-q4_k.gguf");
+    let src = GgufFile::open(&src_path).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("stacked.gguf");
+    restack_layers(&src, &[0, 1, 2, 3, 0, 1, 2, 3])
+        .unwrap()
+        .write(&out)
+        .unwrap();
+    let cfg = ModelConfig::from_dir(&out).unwrap();
+    let (lin, full) = (LayerKind::LinearAttention, LayerKind::FullAttention);
+    assert_eq!(cfg.layer_types, [lin, lin, lin, full, lin, lin, lin, full]);
+    let (a, b) = (
+        Checkpoint::open(&src_path).unwrap(),
+        Checkpoint::open(&out).unwrap(),
+    );
+    for name in a.names() {
+        let (da, ba) = a.raw(name).unwrap();
+        let (db, bb) = b.raw(name).unwrap();
+        assert!(da == db && ba == bb, "{name}");
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let (i, tail) = rest.split_once('.').unwrap();
+            let moved = format!("model.layers.{}.{tail}", i.parse::<usize>().unwrap() + 4);
+            assert!(b.raw(&moved).unwrap().1 == ba, "{moved}");
+        }
+    }
+    let ends = a
+        .names()
+        .iter()
+        .filter(|n| !n.starts_with("model.layers."))
+        .count();
+    assert_eq!(ends, 2, "embedding and final norm (tied head)");
+    assert_eq!(b.names().len(), 2 * a.names().len() - ends, "the ends once");
+    assert!(restack_layers(&src, &[4]).is_err());
 }
 
 #[test]

@@ -23,6 +23,106 @@ pub enum WeightSource {
     },
 }
 
+/// One stored type among a checkpoint's weights: its name, how many of the tensors the load reads have it and their
+/// stored bytes (in the file).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StoredType {
+    /// `F32`, `BF16`, `F16`, `Q4_K`, … ([`backburner_model::checkpoint::StoredDtype::name`]).
+    pub dtype: String,
+    /// Tensors of this type.
+    pub tensors: usize,
+    /// Their stored bytes.
+    pub stored_bytes: u64,
+}
+
+/// What the weight sizes were read from: the container and the stored types.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WeightsFormat {
+    /// `"safetensors"`, `"gguf"`, or `"config"` (no weights: sizes from config.json's shapes and dtype).
+    pub container: String,
+    /// The stored types of the tensors the load reads (the text model's layers and ends: not a hub checkpoint's
+    /// vision tower or MTP head), most bytes first; empty for `"config"`.
+    pub types: Vec<StoredType>,
+}
+
+impl WeightsFormat {
+    /// For the user: `GGUF: Q4_K (12 tensors), F32 (23 tensors)`, `safetensors: BF16 (...)`, or `config.json shapes at
+    /// 2 bytes per weight (no weights read)`.
+    pub fn describe(&self, source: &WeightSource) -> String {
+        if let WeightSource::Config { bytes_per_param } = source {
+            return format!(
+                "config.json shapes at {bytes_per_param} bytes per weight (no weights read)"
+            );
+        }
+        let name = match self.container.as_str() {
+            "gguf" => "GGUF",
+            other => other,
+        };
+        let types: Vec<String> = self
+            .types
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} ({} tensor{})",
+                    t.dtype,
+                    t.tensors,
+                    if t.tensors == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        format!("{name}: {}", types.join(", "))
+    }
+
+    /// The stored types of the tensors a full load of `cfg` reads from `ck`.
+    ///
+    /// Errors: [`backburner_model::ModelError::MissingTensor`] never (only present names are read).
+    fn of_checkpoint(cfg: &ModelConfig, ck: &Checkpoint) -> Result<Self, PlanError> {
+        let pre = cfg.layout.prefix();
+        let ends = [
+            format!("{pre}embed_tokens.weight"),
+            format!("{pre}norm.weight"),
+            "lm_head.weight".to_string(),
+        ];
+        let read = |name: &str| -> bool {
+            if let Some(rest) = name
+                .strip_prefix(pre)
+                .and_then(|r| r.strip_prefix("layers."))
+            {
+                return rest
+                    .split_once('.')
+                    .and_then(|(i, _)| i.parse::<usize>().ok())
+                    .is_some_and(|i| i < cfg.num_hidden_layers);
+            }
+            (name != "lm_head.weight" || !cfg.tie_word_embeddings) && ends.iter().any(|e| e == name)
+        };
+        let mut types: Vec<StoredType> = Vec::new();
+        for name in ck.names().into_iter().filter(|n| read(n)) {
+            let dtype = ck.dtype(name)?.name();
+            let bytes = ck.stored_bytes(name)? as u64;
+            match types.iter_mut().find(|t| t.dtype == dtype) {
+                Some(t) => {
+                    t.tensors += 1;
+                    t.stored_bytes = t.stored_bytes.saturating_add(bytes);
+                }
+                None => types.push(StoredType {
+                    dtype,
+                    tensors: 1,
+                    stored_bytes: bytes,
+                }),
+            }
+        }
+        types.sort_by(|a, b| {
+            b.stored_bytes
+                .cmp(&a.stored_bytes)
+                .then(a.dtype.cmp(&b.dtype))
+        });
+        Ok(WeightsFormat {
+            container: if ck.is_gguf() { "gguf" } else { "safetensors" }.into(),
+            types,
+        })
+    }
+}
+
 /// Bytes of the parts a node holds only when it holds the ends (the host).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct EndsBytes {
@@ -78,6 +178,8 @@ pub struct ModelCosts {
     pub kv_dtype: KvDtype,
     /// Where the weight sizes came from.
     pub source: WeightSource,
+    /// The weights' container and stored types.
+    pub format: WeightsFormat,
 }
 
 /// Multiplies element counts into bytes, saturating (a saturated size never fits anywhere).
@@ -104,13 +206,17 @@ impl ModelCosts {
             ends,
             kv,
             WeightSource::Config { bytes_per_param },
+            WeightsFormat {
+                container: "config".into(),
+                types: Vec::new(),
+            },
         )
     }
 
     /// Costs from a checkpoint: each layer's and the ends' bytes are what loading them allocates
     /// ([`backburner_model::load_bytes`], from the tensor headers: projections packed in their dtype with their
-    /// panel padding, vectors as f32), so a plan and the check `run` makes before loading agree to the byte. An
-    /// untied head is counted as large as the embedding (both `[vocab, hidden]`).
+    /// panel padding, vectors as f32), so a plan and the check `run` makes before loading agree to the byte; the
+    /// embedding and an untied head each as stored.
     ///
     /// Errors: [`PlanError::Model`] for a tensor the load would need that is missing or of an unsupported dtype.
     pub fn from_checkpoint(
@@ -126,12 +232,24 @@ impl ModelCosts {
             .collect::<Result<Vec<u64>, _>>()?;
         let all_ends = bytes(0..0, true)?;
         let final_norm = mul(&[cfg.hidden_size, 4]);
-        let matrices = all_ends.saturating_sub(final_norm);
-        let (embedding, head) = if cfg.tie_word_embeddings {
-            (matrices, 0)
-        } else {
-            (matrices / 2, matrices - matrices / 2)
+        // the embedding alone: the ends of the same model with its head tied (a GGUF file may store the head in
+        // another type than the embedding, e.g. Q6_K beside Q4_K)
+        let tied = ModelConfig {
+            tie_word_embeddings: true,
+            ..cfg.clone()
         };
+        let embedding = backburner_model::load_bytes(
+            ck,
+            &tied,
+            &backburner_model::LoadOptions {
+                layers: 0..0,
+                ends: true,
+            },
+        )?
+        .saturating_sub(final_norm);
+        let head = all_ends
+            .saturating_sub(final_norm)
+            .saturating_sub(embedding);
         let ends = EndsBytes {
             embedding,
             final_norm,
@@ -143,6 +261,7 @@ impl ModelCosts {
             ends,
             kv,
             WeightSource::Checkpoint,
+            WeightsFormat::of_checkpoint(cfg, ck)?,
         ))
     }
 
@@ -177,6 +296,7 @@ impl ModelCosts {
         ends: EndsBytes,
         kv: KvDtype,
         source: WeightSource,
+        format: WeightsFormat,
     ) -> Self {
         let (hq, d) = (cfg.num_attention_heads, cfg.head_dim);
         ModelCosts {
@@ -195,6 +315,7 @@ impl ModelCosts {
             max_position_embeddings: cfg.max_position_embeddings,
             kv_dtype: kv,
             source,
+            format,
         }
     }
 

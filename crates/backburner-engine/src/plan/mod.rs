@@ -33,7 +33,10 @@ use serde::Serialize;
 
 pub use calib::{Calibration, DecodeBreakdown, DeviceTimes, LinkTimes, Rates};
 pub use explain::summary;
-pub use memory::{config_dtype_bytes, EndsBytes, ModelCosts, WeightSource, SCRATCH_FACTOR};
+pub use memory::{
+    config_dtype_bytes, EndsBytes, ModelCosts, StoredType, WeightSource, WeightsFormat,
+    SCRATCH_FACTOR,
+};
 
 /// Smallest batch (tokens) that split prefill sends through the worker (the session's default `split_min_tokens`).
 pub const SPLIT_MIN_TOKENS: usize = 512;
@@ -151,6 +154,48 @@ pub struct LinkCost {
     pub decode_bytes_per_token: u64,
 }
 
+/// The weights a plan placed: what they are stored as and what each part costs once loaded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlanWeights {
+    /// The container (`gguf`, `safetensors`, or `config` when only config.json was read) and the stored types.
+    pub format: WeightsFormat,
+    /// Where the sizes came from: `"checkpoint"` (the tensor headers, as the load allocates) or the config's shapes.
+    pub source: WeightSource,
+    /// Bytes of each decoder layer.
+    pub layer_bytes: Vec<u64>,
+    /// Bytes of the embedding, final norm and head.
+    pub ends: EndsBytes,
+    /// Every layer and the ends.
+    pub total_bytes: u64,
+}
+
+impl PlanWeights {
+    /// The weights of `costs`.
+    pub fn of(costs: &ModelCosts) -> Self {
+        PlanWeights {
+            format: costs.format.clone(),
+            source: costs.source.clone(),
+            layer_bytes: costs.layer_weight_bytes.clone(),
+            ends: costs.ends,
+            total_bytes: costs.total_weight_bytes(),
+        }
+    }
+
+    /// One line for the user: `1.2 MB as loaded, from GGUF: Q4_K (32 tensors), F32 (23 tensors)`, or `53.8 GB from
+    /// config.json shapes at 2 bytes per weight (no weights read)`.
+    pub fn describe(&self) -> String {
+        let how = match self.source {
+            WeightSource::Checkpoint => " as loaded,",
+            WeightSource::Config { .. } => "",
+        };
+        format!(
+            "{}{how} from {}",
+            crate::memory::human(self.total_bytes),
+            self.format.describe(&self.source)
+        )
+    }
+}
+
 /// A placement: which mode, what each device holds, the context it was sized for, the link traffic and (with a
 /// calibration) the expected speed.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -171,6 +216,8 @@ pub struct Plan {
     pub expected: Option<Rates>,
     /// Why this mode, and anything the user should know.
     pub notes: Vec<String>,
+    /// The weights placed: their format and per-layer bytes.
+    pub weights: PlanWeights,
 }
 
 /// Why no plan came out.

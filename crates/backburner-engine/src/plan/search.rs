@@ -132,6 +132,7 @@ fn new_plan(
         link: Default::default(),
         expected: None,
         notes: Vec::new(),
+        weights: super::PlanWeights::of(&req.costs),
     }
 }
 

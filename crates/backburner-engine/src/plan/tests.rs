@@ -391,3 +391,44 @@ fn calibration_gives_expected_rates() {
     assert!(p.expected.is_none());
     assert!(p.notes.iter().any(|n| n.contains("no expected rates")));
 }
+
+#[test]
+fn an_untied_head_stored_in_another_type_than_the_embedding_is_counted_as_stored() {
+    // tiny-f32.gguf with its head (`output.weight`) rewritten as F16, as quantized files often store the head in
+    // another type than the embedding: the ends split into the embedding's and the head's own bytes
+    use backburner_model::gguf::writer::GgufWriter;
+    use backburner_model::gguf::GgmlType;
+    let src = backburner_model::GgufFile::open(&fixture("gguf/tiny-f32.gguf")).unwrap();
+    let mut w = GgufWriter::copy_of(&src).unwrap();
+    let head = w
+        .tensors
+        .iter_mut()
+        .find(|t| t.name == "output.weight")
+        .unwrap();
+    head.data = head
+        .data
+        .chunks_exact(4)
+        .flat_map(|c| half::f16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
+        .collect();
+    head.type_id = GgmlType::F16.id();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("f16-head.gguf");
+    w.write(&path).unwrap();
+    let (cfg, c) = ModelCosts::from_dir(&path, KvDtype::F16).unwrap();
+    assert!(!cfg.tie_word_embeddings);
+    let model = backburner_model::Model::load(&path).unwrap();
+    assert_eq!(c.total_weight_bytes(), model.weight_bytes() as u64);
+    let (_, f32_costs) =
+        ModelCosts::from_dir(&fixture("gguf/tiny-f32.gguf"), KvDtype::F16).unwrap();
+    // the embedding as before, the head at half its bytes
+    assert_eq!(c.ends.embedding, f32_costs.ends.embedding);
+    assert_eq!(c.ends.head, f32_costs.ends.head / 2);
+    let types: Vec<(&str, usize)> = c
+        .format
+        .types
+        .iter()
+        .map(|t| (t.dtype.as_str(), t.tensors))
+        .collect();
+    assert_eq!(types, [("F32", 108), ("F16", 1)]);
+    assert_eq!(c.format.container, "gguf");
+}

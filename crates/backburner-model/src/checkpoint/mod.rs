@@ -34,6 +34,20 @@ pub enum StoredDtype {
     Other(String),
 }
 
+impl StoredDtype {
+    /// The type's name as llama.cpp prints it: `F32`, `F16`, `BF16`, `Q4_K`, `IQ4_XS`, … (another type by its name in
+    /// the file).
+    pub fn name(&self) -> String {
+        match self {
+            StoredDtype::F32 => "F32".into(),
+            StoredDtype::F16 => "F16".into(),
+            StoredDtype::BF16 => "BF16".into(),
+            StoredDtype::Quant(q) => q.name().into(),
+            StoredDtype::Other(s) => s.clone(),
+        }
+    }
+}
+
 /// A 2-D weight `[rows, cols]` as stored, borrowed from the mapped file.
 #[derive(Clone, Copy, Debug)]
 pub enum WeightPart<'a> {
@@ -246,6 +260,29 @@ impl Checkpoint {
             Inner::Safetensors(s) => s.release(name),
             Inner::Gguf(g) => g.release(name),
         }
+    }
+
+    /// The files holding the model's tensors (each shard or GGUF part once, in path order) and their sizes in bytes
+    /// (file sizes: headers and padding included).
+    ///
+    /// Errors: [`ModelError::Io`] when a file's size cannot be read.
+    pub fn files(&self) -> Result<Vec<(std::path::PathBuf, u64)>> {
+        let mut paths: Vec<&Path> = self
+            .names()
+            .into_iter()
+            .map(|n| self.shard_path(n))
+            .collect::<Result<_>>()?;
+        paths.sort();
+        paths.dedup();
+        paths
+            .into_iter()
+            .map(|p| {
+                let len = std::fs::metadata(p)
+                    .map_err(|e| ModelError::io(p, e))?
+                    .len();
+                Ok((p.to_path_buf(), len))
+            })
+            .collect()
     }
 
     /// Sum of the stored sizes of all tensors (bytes).

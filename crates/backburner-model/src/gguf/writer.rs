@@ -9,6 +9,8 @@ use std::path::Path;
 
 use super::metadata::{MetaArray, MetaValue};
 use super::types::GgmlType;
+use super::GgufFile;
+use crate::error::{ModelError, Result};
 
 /// One tensor to write.
 #[derive(Clone, Debug)]
@@ -273,4 +275,126 @@ impl GgufWriter {
         }
         f.set_len(len)
     }
+}
+
+/// Keys (after `{arch}.`) that llama.cpp reads per block when they are arrays: [`restack_layers`] reorders them with
+/// the blocks.
+const PER_BLOCK_KEYS: &[&str] = &[
+    "attention.recurrent_layers",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "feed_forward_length",
+];
+
+impl GgufWriter {
+    /// A writer holding a copy of the single-file model `f`: its metadata pairs in file order and its tensors (in
+    /// name order) with their bytes, to be edited and written again.
+    ///
+    /// Errors: [`ModelError::InvalidConfig`] for a split set (its `split.*` keys describe the parts).
+    pub fn copy_of(f: &GgufFile) -> Result<Self> {
+        if f.paths().len() != 1 {
+            return Err(ModelError::InvalidConfig(format!(
+                "{}: a split set ({} files); copy_of takes a single file",
+                f.paths()[0].display(),
+                f.paths().len()
+            )));
+        }
+        let mut w = GgufWriter::new();
+        w.version = f.version();
+        for k in f.metadata().keys() {
+            let v = f.metadata().get(k).expect("a key of this metadata");
+            w.kv(k, v.clone());
+        }
+        for name in f.tensor_names() {
+            let info = f.tensor(name).expect("a tensor of this file");
+            w.tensor(name, &info.dims, info.ggml_type, f.data(name)?.to_vec());
+        }
+        Ok(w)
+    }
+}
+
+/// A copy of the single-file model `f` whose decoder block `i` is `f`'s block `layers[i]` (tensors `blk.N.*` renamed,
+/// `{arch}.block_count` and the per-block arrays rewritten; everything else as stored). For tests that need more
+/// layers than a small file has, e.g. a split point in a quantized model of one layer cycle.
+///
+/// Errors: those of [`GgufWriter::copy_of`]; [`ModelError::InvalidConfig`] when `f` has no `block_count`, an index
+/// of `layers` is not one of its blocks, or it has MTP blocks (`nextn_predict_layers`).
+pub fn restack_layers(f: &GgufFile, layers: &[usize]) -> Result<GgufWriter> {
+    let bad = |m: String| ModelError::InvalidConfig(format!("{}: {m}", f.paths()[0].display()));
+    let arch = f
+        .architecture()
+        .ok_or_else(|| bad("no general.architecture".into()))?
+        .to_string();
+    let key = |k: &str| format!("{arch}.{k}");
+    let n = f
+        .metadata()
+        .get_u64(&key("block_count"))
+        .ok_or_else(|| bad("no block_count".into()))?;
+    if f.metadata().get(&key("nextn_predict_layers")).is_some() {
+        return Err(bad("MTP blocks are not restacked".into()));
+    }
+    if let Some(&l) = layers.iter().find(|&&l| l as u64 >= n) {
+        return Err(bad(format!("block {l} is not one of its {n} blocks")));
+    }
+    let src = GgufWriter::copy_of(f)?;
+    let mut w = GgufWriter {
+        version: src.version,
+        kvs: Vec::new(),
+        alignment: src.alignment,
+        tensors: Vec::new(),
+    };
+    for k in f.metadata().keys() {
+        let v = f.metadata().get(k).expect("a key of this metadata");
+        let v = if k == key("block_count") {
+            match v {
+                MetaValue::U64(_) => MetaValue::U64(layers.len() as u64),
+                MetaValue::I32(_) => MetaValue::I32(layers.len() as i32),
+                MetaValue::I64(_) => MetaValue::I64(layers.len() as i64),
+                _ => MetaValue::U32(layers.len() as u32),
+            }
+        } else if let (true, MetaValue::Array(a)) = (PER_BLOCK_KEYS.iter().any(|p| k == key(p)), v)
+        {
+            macro_rules! pick {
+                ($variant:ident, $xs:expr) => {
+                    MetaArray::$variant(layers.iter().map(|&l| $xs[l].clone()).collect())
+                };
+            }
+            if a.len() as u64 != n {
+                return Err(bad(format!("{k} has {} entries for {n} blocks", a.len())));
+            }
+            MetaValue::Array(match a {
+                MetaArray::Bool(x) => pick!(Bool, x),
+                MetaArray::U8(x) => pick!(U8, x),
+                MetaArray::I8(x) => pick!(I8, x),
+                MetaArray::U16(x) => pick!(U16, x),
+                MetaArray::I16(x) => pick!(I16, x),
+                MetaArray::U32(x) => pick!(U32, x),
+                MetaArray::I32(x) => pick!(I32, x),
+                MetaArray::U64(x) => pick!(U64, x),
+                MetaArray::I64(x) => pick!(I64, x),
+                other => return Err(bad(format!("{k} is an array of {}", other.type_name()))),
+            })
+        } else {
+            v.clone()
+        };
+        w.kv(k, v);
+    }
+    for t in &src.tensors {
+        let block = t
+            .name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(i, rest)| Some((i.parse::<usize>().ok()?, rest)));
+        match block {
+            None => w.tensors.push(t.clone()),
+            Some((i, rest)) => {
+                for (j, _) in layers.iter().enumerate().filter(|(_, &l)| l == i) {
+                    let mut c = t.clone();
+                    c.name = format!("blk.{j}.{rest}");
+                    w.tensors.push(c);
+                }
+            }
+        }
+    }
+    Ok(w)
 }
