@@ -123,7 +123,7 @@ struct PplArgs {
     #[arg(long)]
     ctx: Option<usize>,
     /// Score as llama.cpp's llama-perplexity does, so the two figures compare: only whole --ctx windows, and in each
-    /// only the tokens of its second half
+    /// only the tokens of its second half (needs --ctx)
     #[arg(long, requires = "ctx")]
     second_half: bool,
     /// Print JSON {"ppl","nll","n_tokens",...}.
@@ -132,7 +132,21 @@ struct PplArgs {
 }
 
 fn main() {
-    let args = match serve_cmd::expand_config(std::env::args().collect()) {
+    let args: Vec<String> = match std::env::args_os()
+        .enumerate()
+        .map(|(i, a)| {
+            a.into_string()
+                .map_err(|a| anyhow::anyhow!("argument {i} ({a:?}) is not valid UTF-8"))
+        })
+        .collect::<Result<_>>()
+    {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let args = match serve_cmd::expand_config(args) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -307,7 +321,7 @@ fn need_tok<'a>(
     hint: &str,
 ) -> Result<&'a TextTokenizer> {
     tok.as_ref().with_context(|| {
-        format!("{what} needs a tokenizer, and this checkpoint has no tokenizer.json{hint}")
+        format!("{what} needs a tokenizer, and this model has none (no tokenizer.json beside it, and a GGUF file's own is absent, `tokenizer.ggml.model = none`, or not supported: see the warning above){hint}")
     })
 }
 
@@ -333,8 +347,18 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
             ids.len()
         );
     }
-    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len());
     let limit = loaded.model.config().max_position_embeddings;
+    if let Some(c) = a.ctx.filter(|&c| c > limit) {
+        bail!("--ctx {c} is longer than the model's context of {limit} tokens (max_position_embeddings); use --ctx {limit} or less");
+    }
+    if let Some(c) = a.ctx.filter(|&c| a.second_half && c > ids.len()) {
+        bail!(
+            "{} is {} tokens, shorter than one --ctx {c} window: --second-half scores whole windows only (as llama-perplexity)",
+            a.file.display(),
+            ids.len()
+        );
+    }
+    let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len());
     if ctx > limit {
         match a.ctx {
             Some(c) => bail!("--ctx {c} is longer than the model's context of {limit} tokens (max_position_embeddings); use --ctx {limit} or less"),

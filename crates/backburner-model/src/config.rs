@@ -239,6 +239,7 @@ impl ModelConfig {
         if crate::checkpoint::is_gguf(dir) {
             return crate::gguf::config_from_gguf(&crate::gguf::GgufFile::open(dir)?);
         }
+        crate::checkpoint::check_checkpoint_dir(dir)?;
         let path = dir.join("config.json");
         let text = crate::fsutil::read_text(&path, crate::fsutil::MAX_SMALL_FILE)?;
         Self::from_json_str(&text).map_err(|e| match e {

@@ -55,7 +55,7 @@ pub enum ModelError {
         found: Vec<usize>,
     },
     /// A tensor is stored in a dtype we cannot convert to f32.
-    #[error("tensor {name:?} has unsupported dtype {dtype}; supported: F32, BF16, F16")]
+    #[error("tensor {name:?} has unsupported dtype {dtype}; supported: F32, BF16, F16 and the GGUF block formats Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS")]
     UnsupportedDtype {
         /// The checkpoint name of the tensor.
         name: String,
@@ -97,6 +97,9 @@ pub enum ModelError {
         /// Whether it is a family member a later release will run (`qwen35moe`, `qwen3next`).
         not_yet: bool,
     },
+    /// `--model` names neither a checkpoint directory nor a GGUF model.
+    #[error("{0} is neither a checkpoint directory (config.json + *.safetensors) nor a GGUF file (or a directory holding one)")]
+    NotAModel(PathBuf),
     /// The directory has no weights at all.
     #[error("no model.safetensors or model.safetensors.index.json in {0}")]
     NoWeights(PathBuf),

@@ -61,6 +61,31 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
+/// Checks that every token of a GGUF's list (but the unused ones, type 5) has its position as its id in the built
+/// tokenizer: the `tokenizers` crate numbers added tokens itself, after the BPE vocabulary, so special tokens stored
+/// anywhere else would silently get other ids.
+///
+/// Errors: [`ModelError::Tokenizer`] naming the first token whose id moved.
+fn check_token_ids(
+    inner: &tokenizers::Tokenizer,
+    tokens: &crate::gguf::StrArray,
+    types: Option<&crate::gguf::MetaArray>,
+) -> Result<()> {
+    let types = types.and_then(|t| t.to_i64_vec()).unwrap_or_default();
+    for (id, text) in tokens.iter().enumerate() {
+        if types.get(id) == Some(&5) {
+            continue;
+        }
+        let got = inner.token_to_id(text);
+        if got != u32::try_from(id).ok() {
+            return Err(ModelError::Tokenizer(format!(
+                "token {text:?} is stored at id {id} but the tokenizer built from the file gives it {got:?}; this token layout is not supported"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl TextTokenizer {
     /// Loads the tokenizer of a checkpoint directory, or `Ok(None)` when it has no `tokenizer.json`.
     ///
@@ -142,7 +167,8 @@ impl TextTokenizer {
 
     /// The tokenizer of a GGUF model: a `tokenizer.json` beside the file wins (with its directory's side files, as
     /// [`TextTokenizer::from_dir`]); else the file's own ([`TextTokenizer::from_gguf`]); `Ok(None)` when the file
-    /// carries none (`tokenizer.ggml.model` absent or `"none"`).
+    /// carries none (`tokenizer.ggml.model` absent or `"none"`) or one this build cannot build (an unsupported
+    /// pre-tokenizer: logged as a warning, and the model runs from token ids).
     fn beside_gguf(path: &Path, model_vocab: usize, config_eos: &[u32]) -> Result<Option<Self>> {
         let dir = if path.is_file() {
             path.parent().unwrap_or(Path::new("."))
@@ -161,7 +187,15 @@ impl TextTokenizer {
         }
         match f.metadata().get_str("tokenizer.ggml.model") {
             None | Some("none") => Ok(None),
-            Some(_) => Self::from_gguf(&f, model_vocab).map(Some),
+            Some(_) => match Self::from_gguf(&f, model_vocab) {
+                Ok(t) => Ok(Some(t)),
+                // the weights still run from token ids (as llama.cpp's would with its fallback)
+                Err(e @ ModelError::Tokenizer(_)) => {
+                    tracing::warn!("{e}; the model runs from token ids only");
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            },
         }
     }
 
@@ -178,15 +212,19 @@ impl TextTokenizer {
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", f.paths()[0].display())))?;
-        // Unused ids are left out of the vocabulary, so count by the largest id, not the number of tokens.
-        let largest = inner.get_vocab(true).into_values().max();
-        let n = largest.map_or(0, |m| m as usize + 1);
-        if n > model_vocab {
+        // The converter writes one token per embedding row (padding with unused ones), and llama.cpp refuses a file
+        // whose token list and token_embd disagree: so do we.
+        let md = f.metadata();
+        let tokens = md
+            .get_str_array("tokenizer.ggml.tokens")
+            .ok_or_else(|| ModelError::Tokenizer("no tokenizer.ggml.tokens".into()))?;
+        if tokens.len() != model_vocab {
             return Err(ModelError::VocabMismatch {
-                tokenizer: n,
+                tokenizer: tokens.len(),
                 model: model_vocab,
             });
         }
+        check_token_ids(&inner, tokens, md.get_array("tokenizer.ggml.token_type"))?;
         Ok(TextTokenizer {
             inner,
             chat_template: crate::gguf::chat_template(f),

@@ -25,7 +25,7 @@ pub(crate) struct ActBlock {
 /// Activations `x: [m, k]` quantized per row in blocks of 32: `x ≈ dx·xq` with `dx = amax/127` (the block's
 /// largest magnitude over 127, computed in f32; 0 for an all-zero block) and `xq = round_ties_even(x · (1/dx))`
 /// in `-127..=127` (all 0 when `dx = 0`), plus the per-block sums `Σ xq` the products need for the offset and
-/// min terms. `|x − dx·xq| ≤ dx/2` up to the rounding of `1/dx` and of the product. Inputs must be finite.
+/// min terms. `|x − dx·xq| ≤ dx/2` up to the rounding of `1/dx` and of the product. A block holding a NaN or an infinity gets the scale NaN, so every product it enters is NaN.
 ///
 /// A reusable buffer: [`QuantizedActs::quantize`] keeps the allocations.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -119,7 +119,13 @@ fn quantize_row(x: &[f32], q: &mut [i8], blocks: &mut [ActBlock]) {
         .zip(blocks.iter_mut())
     {
         let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let d = amax / 127.0;
+        // A NaN or infinity (f32::max skips NaN) makes the block's scale NaN, so the products and the logits are
+        // NaN and the engine's non-finite check fires, rather than the values quietly becoming zeros.
+        let d = if x.iter().all(|v| v.is_finite()) {
+            amax / 127.0
+        } else {
+            f32::NAN
+        };
         let id = if d == 0.0 { 0.0 } else { 1.0 / d };
         for (qi, xi) in q.iter_mut().zip(x) {
             *qi = (xi * id).round_ties_even().clamp(-127.0, 127.0) as i8;

@@ -58,8 +58,37 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
-        tmpl.render(Value::from_serialize(context))
-            .map_err(map_render_error)
+        let mut out = CappedWriter(Vec::new());
+        match tmpl.render_captured_to(Value::from_serialize(context), &mut out) {
+            Ok(_) => String::from_utf8(out.0)
+                .map_err(|_| ModelError::ChatTemplate("the rendered prompt is not UTF-8".into())),
+            Err(_) if out.0.len() >= MAX_RENDERED => Err(ModelError::ChatTemplate(format!(
+                "the template's output passes {MAX_RENDERED} bytes"
+            ))),
+            Err(e) => Err(map_render_error(e)),
+        }
+    }
+}
+
+/// Most bytes a template may render (64 MiB, far past any prompt a context holds): a template from a file is
+/// untrusted, and a few hundred bytes of it can emit gigabytes.
+const MAX_RENDERED: usize = 64 << 20;
+
+/// The rendered text, refusing to grow past [`MAX_RENDERED`].
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len().saturating_add(buf.len()) > MAX_RENDERED {
+            self.0.resize(MAX_RENDERED, 0);
+            return Err(std::io::Error::other("template output too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -114,6 +114,11 @@ impl GgufCheckpoint {
         Ok((g, info))
     }
 
+    /// The tensor's name in the file (for error messages).
+    pub(crate) fn stored_name(&self, name: &str) -> String {
+        gguf_name(name).unwrap_or_else(|| name.to_string())
+    }
+
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.info(name).is_ok()
     }
@@ -203,7 +208,7 @@ impl GgufCheckpoint {
                     .map_err(|e| ModelError::InvalidConfig(format!("{name}: {e}")))?;
                 out
             }
-            StoredDtype::Other(_) => return Err(unsupported(name, &d)),
+            StoredDtype::Other(_) => return Err(unsupported(&self.stored_name(name), &d)),
         };
         self.release(name);
         Ok(out)
@@ -227,7 +232,7 @@ impl GgufCheckpoint {
                 bytes,
                 rows,
             }),
-            other => Err(unsupported(name, &other)),
+            other => Err(unsupported(&self.stored_name(name), &other)),
         }
     }
 

@@ -87,22 +87,44 @@ pub struct Checkpoint {
     inner: Inner,
 }
 
-/// Whether `path` names a GGUF model: a `.gguf` file, or a directory without `config.json` that holds one.
+/// Whether `path` names a GGUF model: a file named `*.gguf` (any case) or starting with the GGUF magic, a missing
+/// path named `*.gguf` (so that the GGUF opener reports it), or a directory without `config.json` that holds a
+/// `*.gguf` file.
 pub fn is_gguf(path: &Path) -> bool {
-    if path.is_file() {
-        return path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let ext = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    match std::fs::metadata(path) {
+        Err(_) => ext,
+        Ok(m) if m.is_dir() => {
+            !path.join("config.json").exists()
+                && std::fs::read_dir(path).is_ok_and(|rd| {
+                    rd.flatten()
+                        .any(|e| e.file_name().to_string_lossy().ends_with(".gguf"))
+                })
+        }
+        // only a regular file is opened to read its magic (a FIFO would block)
+        Ok(m) => ext || (m.is_file() && has_gguf_magic(path)),
     }
-    path.is_dir()
-        && !path.join("config.json").exists()
-        && std::fs::read_dir(path).is_ok_and(|rd| {
-            rd.flatten().any(|e| {
-                e.path()
-                    .extension()
-                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
-            })
-        })
+}
+
+fn has_gguf_magic(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).is_ok_and(|mut f| f.read_exact(&mut magic).is_ok()) && &magic == b"GGUF"
+}
+
+/// Checks that `path` can name a safetensors checkpoint directory before its files are read, so that a typo or a
+/// file of another kind is named as such rather than as a missing `config.json`.
+///
+/// Errors: [`ModelError::NotAModel`] for a path that is not a directory holding config.json (a missing path, a
+/// file that is not GGUF, a FIFO, an empty directory).
+pub(crate) fn check_checkpoint_dir(path: &Path) -> Result<()> {
+    if path.is_dir() && path.join("config.json").exists() {
+        Ok(())
+    } else {
+        Err(ModelError::NotAModel(path.to_path_buf()))
+    }
 }
 
 impl Checkpoint {
@@ -138,6 +160,15 @@ impl Checkpoint {
         match &self.inner {
             Inner::Safetensors(s) => s.contains(name),
             Inner::Gguf(g) => g.contains(name),
+        }
+    }
+
+    /// A tensor's name as the file stores it, for messages: the Hugging Face name for safetensors, the GGUF name
+    /// (`blk.0.ffn_gate.weight`) for GGUF.
+    pub fn stored_name(&self, name: &str) -> String {
+        match &self.inner {
+            Inner::Safetensors(_) => name.to_string(),
+            Inner::Gguf(g) => g.stored_name(name),
         }
     }
 

@@ -15,7 +15,9 @@ pub(crate) fn split_name(file_name: &str) -> Option<(&str, u32, u32)> {
         return None;
     }
     let (k, n) = (k.parse::<u32>().ok()?, n.parse::<u32>().ok()?);
-    (k >= 1 && k <= n).then_some((prefix, k, n))
+    // llama.cpp stores split.count as a u16: a larger count in a name is no split set (and is never expanded into
+    // a list of billions of paths).
+    (k >= 1 && k <= n && n <= u32::from(u16::MAX)).then_some((prefix, k, n))
 }
 
 /// The name of part `k` (from 1) of `n`.

@@ -157,7 +157,7 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
                 match (&d, dense_dtype(&d)) {
                     (_, Some(dense)) => Ok((None, dense, *rows)),
                     (StoredDtype::Quant(q), None) => Ok((Some(*q), WeightDtype::F32, *rows)),
-                    _ => Err(unsupported(name, &d)),
+                    _ => Err(unsupported(&ckpt.stored_name(name), &d)),
                 }
             })
             .collect::<Result<Vec<_>>>()?;
