@@ -445,6 +445,59 @@ fn activation_quantization_rounds_to_nearest_with_amax_over_127() {
 }
 
 #[test]
+fn large_activations_quantize_the_same_on_the_pool_as_row_by_row() {
+    // 40 × 2048 elements: above the serial threshold, so rows are quantized in parallel.
+    let mut r = StdRng::seed_from_u64(6);
+    let (m, k) = (40, 2048);
+    let xf = activations(&mut r, m, k);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut all = QuantizedActs::new();
+    pool.install(|| all.quantize(&xf, m, k));
+    let mut one = QuantizedActs::new();
+    for i in 0..m {
+        one.quantize(&xf[i * k..(i + 1) * k], 1, k);
+        assert_eq!(
+            bits(&all.row_dequantized(i)),
+            bits(&one.row_dequantized(0)),
+            "row {i}"
+        );
+        assert_eq!(all.row_scales(i), one.row_scales(0), "row {i}");
+    }
+}
+
+#[test]
+fn empty_shapes_compute_nothing_or_zeros() {
+    for fmt in QuantFormat::ALL {
+        let w = QuantMatrix::pack(fmt, 0, &[(&[], 3)]).unwrap();
+        assert_eq!((w.n(), w.k(), w.bytes()), (3, 0, 0));
+        let mut x = QuantizedActs::new();
+        x.quantize(&[], 2, 0);
+        for reference in [false, true] {
+            assert_eq!(
+                run(&x, &w, 4, reference),
+                vec![0.0, 0.0, 0.0, -7.5, 0.0, 0.0, 0.0, -7.5]
+            );
+        }
+        let k = fmt.block_elems();
+        let w = QuantMatrix::pack(fmt, k, &[]).unwrap();
+        assert_eq!((w.n(), w.bytes()), (0, 0));
+        x.quantize(&vec![1.0; 2 * k], 2, k);
+        assert_eq!(run(&x, &w, 1, false), vec![-7.5, -7.5]);
+        x.quantize(&[], 0, k);
+        assert!(run(
+            &x,
+            &QuantMatrix::pack(fmt, k, &[(&vec![0; fmt.block_bytes()], 1)]).unwrap(),
+            1,
+            false
+        )
+        .is_empty());
+    }
+}
+
+#[test]
 fn qmatmul_is_within_the_activation_rounding_bound_of_the_exact_product() {
     let mut r = StdRng::seed_from_u64(4);
     let (n, k, m) = (40, 1024, 6);

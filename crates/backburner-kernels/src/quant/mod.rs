@@ -50,8 +50,11 @@
 //! (nibble masks, bit planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes
 //! per group (`vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the
 //! block's float term. Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode):
-//! each thread streams its panels once, all rows in one tile pass; many rows (prefill): panels in cache blocks of
-//! ~256 KiB, every row tile against the block while it is in L2.
+//! each thread streams its panels once over the whole `k`, all rows in one tile pass, with a software prefetch
+//! 6 KiB ahead in the panel. Many rows (prefill): panels in cache blocks of ~256 KiB, every row tile against the
+//! block while it is in L2, and `k` cut into ranges of ~12 KiB of a panel's bytes so that a tile's weights and
+//! activation rows stay in L1; the accumulators pass through `y` between ranges, which keeps each output's chain
+//! (and bits) unchanged.
 
 mod acts;
 mod fmt;
