@@ -274,8 +274,9 @@ unsafe fn block<I: QIsa, F: Fmt, const R: usize>(
             }
         }
     }
+    // SAFETY: forwarded from the caller.
+    let s = unsafe { F::scales(isa, at) };
     for r in 0..R {
-        // SAFETY: forwarded from the caller.
-        acc[r] = unsafe { F::finish(isa, at, sl[r], sh[r], xb[r][bi], acc[r]) };
+        acc[r] = F::combine(isa, s, sl[r], sh[r], xb[r][bi], acc[r]);
     }
 }
