@@ -380,23 +380,29 @@ fn qmatmul_equals_the_reference_bit_for_bit_for_every_format_shape_and_thread_co
 
 #[test]
 fn long_rows_cut_into_k_ranges_give_the_same_bits() {
-    // k = 2560: the many-row path cuts k into ranges of ~12 KiB of one panel's bytes (2–5 ranges here), carrying the
-    // accumulators through y.
+    // k = 2560: the many-row path cuts k into ranges of 24 blocks (4 ranges here) and n = 300 (19 panels) into cache
+    // blocks of 16 panels, carrying the accumulators through y.
     let mut r = StdRng::seed_from_u64(5);
-    let (n, k) = (33, 2560);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let (n, k) = (300, 2560);
+    let pools: Vec<_> = [1, 2]
+        .map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .into();
     for fmt in QuantFormat::ALL {
         let w = QuantMatrix::pack(fmt, k, &[(&random_rows(&mut r, fmt, n, k), n)]).unwrap();
         for m in [2, 9] {
             let mut x = QuantizedActs::new();
             x.quantize(&activations(&mut r, m, k), m, k);
             let want = run(&x, &w, n + 1, true);
-            assert_eq!(bits(&run(&x, &w, n + 1, false)), bits(&want), "{fmt} m={m}");
-            let got = pool.install(|| run(&x, &w, n + 1, false));
-            assert_eq!(bits(&got), bits(&want), "{fmt} m={m} t=2");
+            for pool in &pools {
+                let got = pool.install(|| run(&x, &w, n + 1, false));
+                let t = pool.current_num_threads();
+                assert_eq!(bits(&got), bits(&want), "{fmt} m={m} t={t}");
+            }
         }
     }
 }
