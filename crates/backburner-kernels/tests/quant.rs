@@ -380,23 +380,29 @@ fn qmatmul_equals_the_reference_bit_for_bit_for_every_format_shape_and_thread_co
 
 #[test]
 fn long_rows_cut_into_k_ranges_give_the_same_bits() {
-    // k = 2560: the many-row path cuts k into ranges of ~12 KiB of one panel's bytes (2–5 ranges here), carrying the
-    // accumulators through y.
+    // k = 2560: the many-row path cuts k into ranges of 24 blocks (4 ranges here) and n = 300 (19 panels) into cache
+    // blocks of 16 panels, carrying the accumulators through y.
     let mut r = StdRng::seed_from_u64(5);
-    let (n, k) = (33, 2560);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let (n, k) = (300, 2560);
+    let pools: Vec<_> = [1, 2]
+        .map(|t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        })
+        .into();
     for fmt in QuantFormat::ALL {
         let w = QuantMatrix::pack(fmt, k, &[(&random_rows(&mut r, fmt, n, k), n)]).unwrap();
         for m in [2, 9] {
             let mut x = QuantizedActs::new();
             x.quantize(&activations(&mut r, m, k), m, k);
             let want = run(&x, &w, n + 1, true);
-            assert_eq!(bits(&run(&x, &w, n + 1, false)), bits(&want), "{fmt} m={m}");
-            let got = pool.install(|| run(&x, &w, n + 1, false));
-            assert_eq!(bits(&got), bits(&want), "{fmt} m={m} t=2");
+            for pool in &pools {
+                let got = pool.install(|| run(&x, &w, n + 1, false));
+                let t = pool.current_num_threads();
+                assert_eq!(bits(&got), bits(&want), "{fmt} m={m} t={t}");
+            }
         }
     }
 }
@@ -442,6 +448,59 @@ fn activation_quantization_rounds_to_nearest_with_amax_over_127() {
         .row_dequantized(2)
         .iter()
         .all(|&v| v == 127.0 * (3.0f32 / 127.0)));
+}
+
+#[test]
+fn large_activations_quantize_the_same_on_the_pool_as_row_by_row() {
+    // 40 × 2048 elements: above the serial threshold, so rows are quantized in parallel.
+    let mut r = StdRng::seed_from_u64(6);
+    let (m, k) = (40, 2048);
+    let xf = activations(&mut r, m, k);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut all = QuantizedActs::new();
+    pool.install(|| all.quantize(&xf, m, k));
+    let mut one = QuantizedActs::new();
+    for i in 0..m {
+        one.quantize(&xf[i * k..(i + 1) * k], 1, k);
+        assert_eq!(
+            bits(&all.row_dequantized(i)),
+            bits(&one.row_dequantized(0)),
+            "row {i}"
+        );
+        assert_eq!(all.row_scales(i), one.row_scales(0), "row {i}");
+    }
+}
+
+#[test]
+fn empty_shapes_compute_nothing_or_zeros() {
+    for fmt in QuantFormat::ALL {
+        let w = QuantMatrix::pack(fmt, 0, &[(&[], 3)]).unwrap();
+        assert_eq!((w.n(), w.k(), w.bytes()), (3, 0, 0));
+        let mut x = QuantizedActs::new();
+        x.quantize(&[], 2, 0);
+        for reference in [false, true] {
+            assert_eq!(
+                run(&x, &w, 4, reference),
+                vec![0.0, 0.0, 0.0, -7.5, 0.0, 0.0, 0.0, -7.5]
+            );
+        }
+        let k = fmt.block_elems();
+        let w = QuantMatrix::pack(fmt, k, &[]).unwrap();
+        assert_eq!((w.n(), w.bytes()), (0, 0));
+        x.quantize(&vec![1.0; 2 * k], 2, k);
+        assert_eq!(run(&x, &w, 1, false), vec![-7.5, -7.5]);
+        x.quantize(&[], 0, k);
+        assert!(run(
+            &x,
+            &QuantMatrix::pack(fmt, k, &[(&vec![0; fmt.block_bytes()], 1)]).unwrap(),
+            1,
+            false
+        )
+        .is_empty());
+    }
 }
 
 #[test]

@@ -52,14 +52,16 @@ pub(crate) trait Fmt {
     }
     /// One dot-product step with this format's codes.
     fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A;
-    /// `acc + f·dx` for one row of the block `at`: `lo`, `hi` are the exact sums over the block's first and second
-    /// 16 inputs of `code·xq`, `ab` the activation block.
+    /// The weight scales of the block `at` as the float step takes them (see [`Fmt::combine`]).
     ///
     /// # Safety
-    /// As [`Fmt::pre`].
-    unsafe fn finish<I: QIsa>(
+    /// As [`Fmt::pre`] for `at.u`, `at.b`.
+    unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F);
+    /// `acc + f·dx` for one row: `lo`, `hi` are the exact sums of `code·xq` over the block's first and second 16
+    /// inputs, `s` the block's [`Fmt::scales`], `ab` the activation block.
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
@@ -164,16 +166,19 @@ impl Fmt for Q80 {
         isa.dot_s(a, w, x4)
     }
     #[inline(always)]
-    unsafe fn finish<I: QIsa>(
+    unsafe fn scales<I: QIsa>(_: I, at: At<I>) -> (I::F, I::F) {
+        at.ud
+    }
+    #[inline(always)]
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let ud = at.ud;
-        plain(isa, ud.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
+        plain(isa, s.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
     }
 }
 
@@ -195,16 +200,19 @@ impl Fmt for Q40 {
         isa.dot_u(a, w, x4)
     }
     #[inline(always)]
-    unsafe fn finish<I: QIsa>(
+    unsafe fn scales<I: QIsa>(_: I, at: At<I>) -> (I::F, I::F) {
+        at.ud
+    }
+    #[inline(always)]
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let ud = at.ud;
-        plain(isa, ud.0, lo, hi, 8, ab, acc)
+        plain(isa, s.0, lo, hi, 8, ab, acc)
     }
 }
 
@@ -246,18 +254,20 @@ impl Fmt for Q4K {
         isa.dot_u(a, w, x4)
     }
     #[inline(always)]
-    unsafe fn finish<I: QIsa>(
+    unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
+        // SAFETY: forwarded.
+        unsafe { k_scales(isa, Self::LAY, at.u, at.b, at.ud) }
+    }
+    #[inline(always)]
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let At { u, b, ud } = at;
-        // SAFETY: forwarded.
-        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b, ud) };
-        with_min(isa, ds, dm, lo, hi, ab, acc)
+        with_min(isa, s.0, s.1, lo, hi, ab, acc)
     }
 }
 
@@ -288,18 +298,20 @@ impl Fmt for Q5K {
         isa.dot_u(a, w, x4)
     }
     #[inline(always)]
-    unsafe fn finish<I: QIsa>(
+    unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
+        // SAFETY: forwarded.
+        unsafe { k_scales(isa, Self::LAY, at.u, at.b, at.ud) }
+    }
+    #[inline(always)]
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let At { u, b, ud } = at;
-        // SAFETY: forwarded.
-        let (ds, dm) = unsafe { k_scales(isa, Self::LAY, u, b, ud) };
-        with_min(isa, ds, dm, lo, hi, ab, acc)
+        with_min(isa, s.0, s.1, lo, hi, ab, acc)
     }
 }
 
@@ -337,27 +349,28 @@ impl Fmt for Q6K {
         isa.dot_u(a, w, x4)
     }
     #[inline(always)]
-    unsafe fn finish<I: QIsa>(
+    unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
+        let p = Self::LAY.sc + 32 * at.b;
+        // SAFETY: block b's two rows of scales.
+        unsafe {
+            (
+                isa.mul(at.ud.0, isa.load_i8f(at.u.add(p))),
+                isa.mul(at.ud.0, isa.load_i8f(at.u.add(p + 16))),
+            )
+        }
+    }
+    #[inline(always)]
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let At { u, b, ud } = at;
-        let lay = Self::LAY;
-        // SAFETY: block b's two rows of scales.
-        let (dsa, dsb) = unsafe {
-            let d = ud.0;
-            (
-                isa.mul(d, isa.load_i8f(u.add(lay.sc + 32 * b))),
-                isa.mul(d, isa.load_i8f(u.add(lay.sc + 32 * b + 16))),
-            )
-        };
         let sa = isa.cvt(isa.sub_splat_i(lo, 32 * ab.half));
         let sb = isa.cvt(isa.sub_splat_i(hi, 32 * (ab.sum - ab.half)));
-        let f = isa.fma(dsa, sa, isa.mul(dsb, sb));
+        let f = isa.fma(s.0, sa, isa.mul(s.1, sb));
         isa.fma(f, isa.splat_f(ab.d), acc)
     }
 }
@@ -394,18 +407,20 @@ impl Fmt for Iq4Xs {
         isa.dot_s(a, w, x4)
     }
     #[inline(always)]
-    unsafe fn finish<I: QIsa>(
+    unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
+        // SAFETY: block b's scales.
+        let ds = unsafe { isa.mul(at.ud.0, isa.load_i8f(at.u.add(Self::LAY.sc + 16 * at.b))) };
+        (ds, isa.f_zero())
+    }
+    #[inline(always)]
+    fn combine<I: QIsa>(
         isa: I,
-        at: At<I>,
+        s: (I::F, I::F),
         lo: I::I,
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let At { u, b, ud } = at;
-        let lay = Self::LAY;
-        // SAFETY: block b's scales.
-        let ds = unsafe { isa.mul(ud.0, isa.load_i8f(u.add(lay.sc + 16 * b))) };
-        plain(isa, ds, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
+        plain(isa, s.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
     }
 }

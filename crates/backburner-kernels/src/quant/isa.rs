@@ -97,6 +97,21 @@ pub(crate) trait QIsa: Copy {
     fn lanes(self, a: Self::F) -> [f32; LANES];
     /// Lanes from an array, lane 0 first.
     fn load_f(self, v: [f32; LANES]) -> Self::F;
+    /// Writes the 64 bytes of `w` to `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 64 bytes (no alignment needed).
+    unsafe fn store_w(self, w: Self::W, p: *mut u8);
+    /// Writes the 16 f32 lanes of `f` to `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing 64 bytes (no alignment needed).
+    unsafe fn store_fp(self, f: Self::F, p: *mut u8);
+    /// 16 f32 lanes from `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 64 bytes (no alignment needed).
+    unsafe fn load_fp(self, p: *const u8) -> Self::F;
     /// A hint to bring the cache line at `p` into L1 (any address: never dereferenced, never faults).
     fn prefetch(self, p: *const u8);
 }
@@ -234,6 +249,21 @@ impl QIsa for Scalar {
     #[inline(always)]
     fn load_f(self, v: [f32; LANES]) -> Self::F {
         v
+    }
+    #[inline(always)]
+    unsafe fn store_w(self, w: Self::W, p: *mut u8) {
+        // SAFETY: the caller guarantees 64 writable bytes.
+        unsafe { p.cast::<[u8; 64]>().write_unaligned(w) }
+    }
+    #[inline(always)]
+    unsafe fn store_fp(self, f: Self::F, p: *mut u8) {
+        // SAFETY: the caller guarantees 64 writable bytes.
+        unsafe { p.cast::<[f32; LANES]>().write_unaligned(f) }
+    }
+    #[inline(always)]
+    unsafe fn load_fp(self, p: *const u8) -> Self::F {
+        // SAFETY: the caller guarantees 64 readable bytes.
+        unsafe { p.cast::<[f32; LANES]>().read_unaligned() }
     }
     #[inline(always)]
     fn prefetch(self, _: *const u8) {}

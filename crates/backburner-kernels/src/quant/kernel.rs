@@ -9,12 +9,6 @@ use crate::parallel::{for_each_task, split_range, threads};
 
 /// Below this many multiply-adds a product runs on the calling thread alone.
 const SERIAL_WORK: usize = 1 << 18;
-/// Packed weight bytes per cache block of the many-row path: the block's panels are read from memory once and then
-/// from L2 for every row tile (256 KiB leaves room in a 512 KiB–1 MiB L2 for the activation rows).
-const CACHE_BLOCK_BYTES: usize = 256 << 10;
-/// Packed weight bytes of one panel per `k` range of the many-row path (a tile's weights and its activation rows
-/// then fit L1).
-const KC_BYTES: usize = 12 << 10;
 /// How far ahead of the block being read the kernels prefetch a panel's bytes (the decode path streams each panel
 /// once from memory, as one sequential stream per thread).
 const PREFETCH_BYTES: usize = 6 << 10;
@@ -46,7 +40,6 @@ pub fn qmatmul(x: &QuantizedActs, w: &QuantMatrix, y: &mut [f32], ldy: usize) {
     } else {
         threads().min(groups)
     };
-    let chunk = (CACHE_BLOCK_BYTES / w.panel_bytes()).max(1);
     let out = OutPtr(y.as_mut_ptr());
     let live = n.div_ceil(LANES);
     for_each_task(n_tasks, |t| {
@@ -57,7 +50,6 @@ pub fn qmatmul(x: &QuantizedActs, w: &QuantMatrix, y: &mut [f32], ldy: usize) {
             out: &out,
             ldy,
             panels: (g.start * PANEL_GROUP).min(live)..(g.end * PANEL_GROUP).min(live),
-            chunk,
         });
     });
 }
@@ -92,20 +84,18 @@ pub(crate) fn check_shapes(
 }
 
 /// The output shared by the tasks, which write disjoint columns.
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements (their own panels' columns) of one live `&mut [f32]`, and `qmatmul` returns
 // only after every task has finished.
 unsafe impl Sync for OutPtr {}
 
 /// One task: panels `panels` of the output (all of them `< n / 16` rounded up), every row.
-struct Task<'a> {
-    x: &'a QuantizedActs,
-    w: &'a QuantMatrix,
-    out: &'a OutPtr,
-    ldy: usize,
-    panels: std::ops::Range<usize>,
-    /// Panels per cache block.
-    chunk: usize,
+pub(super) struct Task<'a> {
+    pub x: &'a QuantizedActs,
+    pub w: &'a QuantMatrix,
+    pub out: &'a OutPtr,
+    pub ldy: usize,
+    pub panels: std::ops::Range<usize>,
 }
 
 impl QKernel for Task<'_> {
@@ -125,80 +115,42 @@ impl QKernel for Task<'_> {
 }
 
 impl Task<'_> {
-    /// Cache blocks of `chunk` panels; in each, all row tiles of at most `I::ROWS` rows × each panel. With few rows
-    /// (decode: one row tile) each panel is streamed from memory once over the whole `k`. With many, a block's
-    /// panels come from L2 after the first row tile, and `k` is cut into ranges of about [`KC_BYTES`] per panel so
-    /// that a tile's weights and activation rows stay in L1; the accumulators go through `y` between ranges (f32
-    /// stores and loads are exact, so the chain of each output is unchanged).
+    /// Few rows (at most `I::ROWS`: decode): one row tile per panel over the whole `k`, each panel streamed from
+    /// memory once. More rows: [`Task::run_decoded`].
     #[inline(always)]
     fn run_fmt<I: QIsa, F: Fmt>(&self, isa: I) {
         let m = self.x.rows();
-        let units = self.w.k() / F::LAY.unit;
-        let kc = if m <= I::ROWS {
-            units
-        } else {
-            (KC_BYTES / F::LAY.bytes).max(1)
-        };
-        let mut p0 = self.panels.start;
-        while p0 < self.panels.end {
-            let p1 = (p0 + self.chunk).min(self.panels.end);
-            let mut u0 = 0;
-            while u0 < units {
-                let us = u0..(u0 + kc).min(units);
-                let mut r0 = 0;
-                while r0 < m {
-                    let rows = (m - r0).min(I::ROWS).min(4);
-                    for p in p0..p1 {
-                        let t = Tile {
-                            p,
-                            row0: r0,
-                            units: us.clone(),
-                        };
-                        // SAFETY: p < n_panels, rows r0..r0 + rows < m, units < k / unit.
-                        unsafe {
-                            match rows {
-                                1 => self.tile::<I, F, 1>(isa, t),
-                                2 => self.tile::<I, F, 2>(isa, t),
-                                3 => self.tile::<I, F, 3>(isa, t),
-                                _ => self.tile::<I, F, 4>(isa, t),
-                            }
-                        }
-                    }
-                    r0 += rows;
+        if m > I::ROWS {
+            return self.run_decoded::<I, F>(isa);
+        }
+        for p in self.panels.clone() {
+            let t = Tile { p, row0: 0 };
+            // SAFETY: p < n_panels, rows 0..m.
+            unsafe {
+                match m {
+                    1 => self.tile::<I, F, 1>(isa, t),
+                    2 => self.tile::<I, F, 2>(isa, t),
+                    3 => self.tile::<I, F, 3>(isa, t),
+                    _ => self.tile::<I, F, 4>(isa, t),
                 }
-                u0 = us.end;
             }
-            p0 = p1;
         }
     }
 
-    /// Rows `t.row0..t.row0 + R` × panel `t.p` over units `t.units`: accumulators from zero (first range) or from
-    /// the output, written back to the output (columns `< n`).
+    /// Rows `t.row0..t.row0 + R` × panel `t.p` over the whole `k`, read from the panel with a prefetch ahead, written
+    /// to the output.
     ///
     /// # Safety
-    /// `t.p < n_panels`, `t.row0 + R ≤ m`, `t.units.end ≤ k / unit`, and no other task writes panel `t.p`'s columns.
+    /// `t.p < n_panels`, `t.row0 + R ≤ m`, and no other task writes panel `t.p`'s columns.
     #[inline(always)]
     unsafe fn tile<I: QIsa, F: Fmt, const R: usize>(&self, isa: I, t: Tile) {
         let lay = F::LAY;
         let bpu = lay.unit / ACT_BLOCK;
         let base = self.w.as_bytes()[t.p * self.w.panel_bytes()..].as_ptr();
-        let xq: [*const u8; R] = std::array::from_fn(|r| self.x.row_q(t.row0 + r).as_ptr().cast());
-        let xb: [&[ActBlock]; R] = std::array::from_fn(|r| self.x.row_blocks(t.row0 + r));
-        let cols = (self.w.n() - t.p * LANES).min(LANES);
-        // SAFETY: row row0 + r < m and columns p·16 .. p·16 + cols < n lie in y (checked by `qmatmul`); they are
-        // this task's.
-        let out = |r: usize| unsafe { self.out.0.add((t.row0 + r) * self.ldy + t.p * LANES) };
+        let (xq, xb) = self.rows::<R>(t.row0);
         let mut acc = [isa.f_zero(); R];
-        if t.units.start > 0 {
-            for (r, a) in acc.iter_mut().enumerate() {
-                let mut v = [0.0f32; LANES];
-                // SAFETY: see `out`.
-                unsafe { std::ptr::copy_nonoverlapping(out(r), v.as_mut_ptr(), cols) };
-                *a = isa.load_f(v);
-            }
-        }
         let block_bytes = lay.bytes / bpu;
-        for u in t.units {
+        for u in 0..self.w.k() / lay.unit {
             // SAFETY: unit u of panel p lies in the storage (panel_bytes = units · lay.bytes).
             let up = unsafe { base.add(u * lay.bytes) };
             // SAFETY: as above.
@@ -209,50 +161,146 @@ impl Task<'_> {
                 for line in (0..block_bytes).step_by(64) {
                     isa.prefetch(ahead.wrapping_add(line));
                 }
-                // SAFETY: block u·bpu + b's 32 inputs lie in each row; the unit is whole.
-                unsafe {
-                    block::<I, F, R>(isa, At { u: up, b, ud }, &xq, &xb, u * bpu + b, &mut acc)
+                let at = At { u: up, b, ud };
+                // SAFETY: the unit is whole and b < bpu.
+                let src = Packed::<I, F> {
+                    at,
+                    pre: unsafe { F::pre(isa, up, b) },
                 };
+                // SAFETY: block u·bpu + b's 32 inputs lie in each row.
+                unsafe { block::<I, F, _, R>(isa, src, &xq, &xb, u * bpu + b, &mut acc) };
             }
         }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.store_acc(isa, t, &acc) };
+    }
+
+    /// Rows `row0..row0 + R`' quantized values and blocks.
+    #[inline(always)]
+    pub(super) fn rows<const R: usize>(&self, row0: usize) -> ([*const u8; R], [&[ActBlock]; R]) {
+        (
+            std::array::from_fn(|r| self.x.row_q(row0 + r).as_ptr().cast()),
+            std::array::from_fn(|r| self.x.row_blocks(row0 + r)),
+        )
+    }
+
+    /// Where row `t.row0 + r` of panel `t.p`'s columns starts in the output, and how many of its 16 columns are
+    /// `< n` (the only ones read or written). A pointer into `y` when `t.row0 + r < m` (wrapping arithmetic: not
+    /// dereferenced here).
+    #[inline(always)]
+    fn out_at(&self, t: Tile, r: usize) -> (*mut f32, usize) {
+        let cols = (self.w.n() - t.p * LANES).min(LANES);
+        // Row row0 + r < m and columns p·16 .. p·16 + cols < n lie in y (checked by `qmatmul`).
+        (
+            self.out
+                .0
+                .wrapping_add((t.row0 + r) * self.ldy + t.p * LANES),
+            cols,
+        )
+    }
+
+    /// The tile's accumulators as left in the output by a previous `k` range.
+    ///
+    /// # Safety
+    /// `t.row0 + R ≤ m`, `t.p` a panel of this task.
+    #[inline(always)]
+    pub(super) unsafe fn load_acc<I: QIsa, const R: usize>(&self, isa: I, t: Tile) -> [I::F; R] {
+        std::array::from_fn(|r| {
+            let (dst, cols) = self.out_at(t, r);
+            let mut v = [0.0f32; LANES];
+            // SAFETY: see `out_at`.
+            unsafe { std::ptr::copy_nonoverlapping(dst, v.as_mut_ptr(), cols) };
+            isa.load_f(v)
+        })
+    }
+
+    /// Writes the tile's accumulators to the output (columns `< n`).
+    ///
+    /// # Safety
+    /// `t.row0 + R ≤ m`, and no other task writes panel `t.p`'s columns.
+    #[inline(always)]
+    pub(super) unsafe fn store_acc<I: QIsa, const R: usize>(
+        &self,
+        isa: I,
+        t: Tile,
+        acc: &[I::F; R],
+    ) {
         for (r, a) in acc.iter().enumerate() {
             let v = isa.lanes(*a);
-            // SAFETY: see `out`.
-            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out(r), cols) };
+            let (dst, cols) = self.out_at(t, r);
+            // SAFETY: see `out_at`; the columns are this task's.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), dst, cols) };
         }
     }
 }
 
-/// Where a tile works: panel `p`, rows from `row0`, units (GGUF blocks along `k`) `units`.
-#[derive(Clone)]
-struct Tile {
-    p: usize,
-    row0: usize,
-    units: std::ops::Range<usize>,
+/// Where a tile works: panel `p`, rows from `row0`.
+#[derive(Clone, Copy)]
+pub(super) struct Tile {
+    pub p: usize,
+    pub row0: usize,
 }
 
-/// One 32-block of `R` rows against one panel unit: the exact integer sums over each half of the block (widened
-/// as often as the ISA needs), then the format's float step into `acc`.
+/// Where a 32-block's code vectors and scales come from.
+pub(super) trait Src<I: QIsa>: Copy {
+    /// Code vectors of groups `h` and `h + 4`.
+    ///
+    /// # Safety
+    /// The source must be valid (see the implementations), `h < 4`.
+    unsafe fn codes(self, isa: I, h: usize) -> (I::W, I::W);
+    /// The block's [`Fmt::scales`].
+    ///
+    /// # Safety
+    /// As [`Src::codes`].
+    unsafe fn scales(self, isa: I) -> (I::F, I::F);
+}
+
+/// A block read from the panel layout (`at` a whole unit of `F`).
+pub(super) struct Packed<I: QIsa, F: Fmt> {
+    pub at: At<I>,
+    pub pre: F::Pre<I>,
+}
+
+impl<I: QIsa, F: Fmt> Clone for Packed<I, F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<I: QIsa, F: Fmt> Copy for Packed<I, F> {}
+
+impl<I: QIsa, F: Fmt> Src<I> for Packed<I, F> {
+    #[inline(always)]
+    unsafe fn codes(self, isa: I, h: usize) -> (I::W, I::W) {
+        // SAFETY: forwarded.
+        unsafe { F::codes(isa, self.at.u, self.at.b, h, self.pre) }
+    }
+    #[inline(always)]
+    unsafe fn scales(self, isa: I) -> (I::F, I::F) {
+        // SAFETY: forwarded.
+        unsafe { F::scales(isa, self.at) }
+    }
+}
+
+/// One 32-block of `R` rows: the exact integer sums over each half of the block (widened as often as the ISA
+/// needs), then the format's float step into `acc`.
 ///
 /// # Safety
-/// `u` points at a whole panel unit of `F`, `b < units' blocks`, and each `xq[r]` has inputs `32·bi..32·bi + 32`.
+/// `src` is valid, and each `xq[r]` has inputs `32·bi..32·bi + 32`.
 #[inline(always)]
-unsafe fn block<I: QIsa, F: Fmt, const R: usize>(
+pub(super) unsafe fn block<I: QIsa, F: Fmt, S: Src<I>, const R: usize>(
     isa: I,
-    at: At<I>,
+    src: S,
     xq: &[*const u8; R],
     xb: &[&[ActBlock]; R],
     bi: usize,
     acc: &mut [I::F; R],
 ) {
     let every = isa.widen_every(F::cmax::<I>());
-    // SAFETY: forwarded from the caller.
-    let pre = unsafe { F::pre(isa, at.u, at.b) };
     let (mut al, mut ah) = ([isa.a_zero(); R], [isa.a_zero(); R]);
     let (mut sl, mut sh) = ([isa.i_zero(); R], [isa.i_zero(); R]);
     for h in 0..4 {
         // SAFETY: forwarded from the caller.
-        let (lo, hi) = unsafe { F::codes(isa, at.u, at.b, h, pre) };
+        let (lo, hi) = unsafe { src.codes(isa, h) };
         for r in 0..R {
             // SAFETY: inputs 32·bi + 4h.. and 32·bi + 16 + 4h.. (4 bytes each) lie in row r.
             let (xl, xh) = unsafe {
@@ -274,8 +322,9 @@ unsafe fn block<I: QIsa, F: Fmt, const R: usize>(
             }
         }
     }
+    // SAFETY: forwarded from the caller.
+    let s = unsafe { src.scales(isa) };
     for r in 0..R {
-        // SAFETY: forwarded from the caller.
-        acc[r] = unsafe { F::finish(isa, at, sl[r], sh[r], xb[r][bi], acc[r]) };
+        acc[r] = F::combine(isa, s, sl[r], sh[r], xb[r][bi], acc[r]);
     }
 }

@@ -49,9 +49,12 @@
 //! register tile of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers
 //! (nibble masks, bit planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes
 //! per group (`vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the
-//! block's float term. Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode):
-//! each thread streams its panels once, all rows in one tile pass; many rows (prefill): panels in cache blocks of
-//! ~256 KiB, every row tile against the block while it is in L2.
+//! block's float term. Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode,
+//! up to a tile): each thread streams its panels once over the whole `k`, with a software prefetch 6 KiB ahead in
+//! the panel. More rows (prefill, and decode batches past a tile): cache blocks of 16 panels × `k` ranges of 24
+//! blocks are decoded once into a per-thread buffer (code vectors ready for the dot products, block scales in f32,
+//! 240 KiB: L2), then every row tile runs against it; the accumulators pass through `y` between `k` ranges, which
+//! keeps each output's chain (and bits) unchanged.
 
 mod acts;
 mod fmt;
@@ -59,6 +62,7 @@ mod format;
 mod isa;
 mod kernel;
 mod pack;
+mod prefill;
 mod reference;
 mod unit;
 #[cfg(target_arch = "x86_64")]

@@ -14,7 +14,7 @@ pub(crate) const PANEL_GROUP: usize = 4;
 /// the unit size allows).
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(C, align(64))]
-pub(crate) struct Line([u8; 64]);
+pub(crate) struct Line(pub(crate) [u8; 64]);
 
 /// A quantized weight matrix `W: [n, k]` (n outputs, k inputs) in its GGUF format, repacked once into panels of 16
 /// rows for the kernels (see the [module docs](super) for the layout). Memory is about the GGUF bytes: the same

@@ -137,6 +137,18 @@ impl QIsa for Avx512Vnni {
         unsafe { _mm512_loadu_ps(v.as_ptr()) }
     }
     #[inline(always)]
+    unsafe fn store_w(self, w: Self::W, p: *mut u8) {
+        unsafe { _mm512_storeu_si512(p.cast(), w) }
+    }
+    #[inline(always)]
+    unsafe fn store_fp(self, f: Self::F, p: *mut u8) {
+        unsafe { _mm512_storeu_ps(p.cast(), f) }
+    }
+    #[inline(always)]
+    unsafe fn load_fp(self, p: *const u8) -> Self::F {
+        unsafe { _mm512_loadu_ps(p.cast()) }
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const u8) {
         // prefetcht0 never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
@@ -351,6 +363,24 @@ impl QIsa for Avx2 {
                 _mm256_loadu_ps(v.as_ptr().add(8)),
             ]
         }
+    }
+    #[inline(always)]
+    unsafe fn store_w(self, w: Self::W, p: *mut u8) {
+        unsafe {
+            _mm256_storeu_si256(p.cast(), w[0]);
+            _mm256_storeu_si256(p.add(32).cast(), w[1]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_fp(self, f: Self::F, p: *mut u8) {
+        unsafe {
+            _mm256_storeu_ps(p.cast(), f[0]);
+            _mm256_storeu_ps(p.add(32).cast(), f[1]);
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_fp(self, p: *const u8) -> Self::F {
+        unsafe { [_mm256_loadu_ps(p.cast()), _mm256_loadu_ps(p.add(32).cast())] }
     }
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
