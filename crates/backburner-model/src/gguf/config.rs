@@ -239,6 +239,17 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         )));
     }
     let n_layers = n_all - nextn;
+    // llama.cpp refuses a file whose tensors it would not all use; a block past block_count means the count lies
+    // (a model read with fewer layers than it has would run and give other tokens).
+    if let Some(past) = f.tensor_names().into_iter().find(|t| {
+        t.strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .is_some_and(|(i, _)| i.parse::<u64>().map_or(true, |i| i >= n_all))
+    }) {
+        return Err(k.err(format!(
+            "tensor {past:?} is not in any of the {n_all} blocks of block_count"
+        )));
+    }
     let hidden = k.req_u64("embedding_length")?;
     let (vocab, tied) = vocab_and_tie(f, &k, hidden)?;
     let mut cfg = json!({
