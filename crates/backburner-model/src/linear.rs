@@ -185,27 +185,29 @@ impl Linear {
 
     fn forward_segments(&self, x: &[f32], n_rows: usize, y: &mut [f32]) {
         let n = self.out_features();
-        ACTS.with_borrow_mut(|acts| {
-            if self
-                .segs
-                .iter()
-                .any(|(_, s)| matches!(s, Segment::Quant(_)))
-            {
-                acts.quantize(x, n_rows, self.k);
-            }
-            for (first, seg) in &self.segs {
-                match seg {
-                    Segment::Quant(w) => qmatmul(acts, w, &mut y[*first..], n),
-                    Segment::Dense(w) => {
-                        let mut part = vec![0.0f32; n_rows * w.n()];
-                        matmul(x, n_rows, w, &mut part);
-                        for (dst, src) in y.chunks_mut(n).zip(part.chunks(w.n())) {
-                            dst[*first..*first + w.n()].copy_from_slice(src);
-                        }
+        // Taken out of the thread-local rather than borrowed: while `qmatmul` waits for its tasks, rayon may run
+        // another product on this thread, which then finds an empty buffer (and allocates) instead of a borrow error.
+        let mut acts = ACTS.with(|a| a.take());
+        if self
+            .segs
+            .iter()
+            .any(|(_, s)| matches!(s, Segment::Quant(_)))
+        {
+            acts.quantize(x, n_rows, self.k);
+        }
+        for (first, seg) in &self.segs {
+            match seg {
+                Segment::Quant(w) => qmatmul(&acts, w, &mut y[*first..], n),
+                Segment::Dense(w) => {
+                    let mut part = vec![0.0f32; n_rows * w.n()];
+                    matmul(x, n_rows, w, &mut part);
+                    for (dst, src) in y.chunks_mut(n).zip(part.chunks(w.n())) {
+                        dst[*first..*first + w.n()].copy_from_slice(src);
                     }
                 }
             }
-        });
+        }
+        ACTS.with(|a| a.replace(acts));
     }
 
     /// Row `r` of `W` as f32 (the embedding lookup when the table is tied to the head); for a block format, the

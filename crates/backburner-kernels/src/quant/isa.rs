@@ -289,12 +289,13 @@ pub(crate) trait QKernel {
     fn run<I: QIsa>(self, isa: I) -> Self::Out;
 }
 
-/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with FMA and F16C), 0 =
+/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI; opted in, see `avx512_opted_in`), 1 = AVX2 (with FMA and F16C), 0 =
 /// plain Rust; capped by the crate's test-only dispatch cap.
 pub(crate) fn qisa_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::simd::allowed(2)
+            && avx512_opted_in()
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
@@ -310,6 +311,15 @@ pub(crate) fn qisa_level() -> u8 {
         }
     }
     0
+}
+
+/// Whether the AVX-512 VNNI kernel may run: only with `BACKBURNER_QUANT_AVX512=1` in the environment (read once).
+/// It has not yet run on a CPU with AVX-512 VNNI (the machines it was written on have AVX2 only), so until its
+/// bit-identity test has passed on one, AVX-512 machines use the AVX2 kernel (same bits) unless asked to.
+#[cfg(target_arch = "x86_64")]
+fn avx512_opted_in() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("BACKBURNER_QUANT_AVX512").is_some_and(|v| v == "1"))
 }
 
 /// Runs `k` with the best integer-dot instruction set of the CPU ([`qisa_level`]); every choice gives the same

@@ -111,15 +111,19 @@ pub fn is_gguf(path: &Path) -> bool {
 fn has_gguf_magic(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    std::fs::File::open(path).is_ok_and(|mut f| f.read_exact(&mut magic).is_ok()) && &magic == b"GGUF"
+    std::fs::File::open(path).is_ok_and(|mut f| f.read_exact(&mut magic).is_ok())
+        && &magic == b"GGUF"
 }
 
 /// Checks that `path` can name a safetensors checkpoint directory before its files are read, so that a typo or a
 /// file of another kind is named as such rather than as a missing `config.json`.
 ///
-/// Errors: [`ModelError::NotAModel`] for a path that is not a directory holding config.json (a missing path, a
-/// file that is not GGUF, a FIFO, an empty directory).
+/// Errors: [`ModelError::Io`] for a path that does not exist; [`ModelError::NotAModel`] for one that is not a
+/// directory holding config.json (a file that is not GGUF, a FIFO, an empty directory).
 pub(crate) fn check_checkpoint_dir(path: &Path) -> Result<()> {
+    if let Err(e) = std::fs::metadata(path) {
+        return Err(ModelError::io(path, e));
+    }
     if path.is_dir() && path.join("config.json").exists() {
         Ok(())
     } else {
