@@ -313,13 +313,13 @@ pub(crate) fn qisa_level() -> u8 {
     0
 }
 
-/// Whether the AVX-512 VNNI kernel may run: only with `BACKBURNER_QUANT_AVX512=1` in the environment (read once).
-/// It has not yet run on a CPU with AVX-512 VNNI (the machines it was written on have AVX2 only), so until its
-/// bit-identity test has passed on one, AVX-512 machines use the AVX2 kernel (same bits) unless asked to.
+/// Whether the AVX-512 VNNI kernel is built: only with the crate feature `quant-avx512`. It has not yet run on a CPU
+/// with AVX-512 VNNI (the machines it was written on have AVX2 only), so until its bit-identity test has passed on
+/// one, AVX-512 machines use the AVX2 kernel (the same bits); the feature also keeps its instantiations out of the
+/// default build.
 #[cfg(target_arch = "x86_64")]
 fn avx512_opted_in() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("BACKBURNER_QUANT_AVX512").is_some_and(|v| v == "1"))
+    cfg!(feature = "quant-avx512")
 }
 
 /// Runs `k` with the best integer-dot instruction set of the CPU ([`qisa_level`]); every choice gives the same
@@ -330,6 +330,7 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
     {
         match qisa_level() {
             // SAFETY: level 2 means the CPU supports AVX-512F, BW and VNNI (checked by `qisa_level`).
+            #[cfg(feature = "quant-avx512")]
             2 => return unsafe { with_avx512(k) },
             // SAFETY: level 1 means the CPU supports AVX2, FMA and F16C.
             1 => return unsafe { with_avx2(k) },
@@ -341,7 +342,7 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
 
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", feature = "quant-avx512"))]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn with_avx512<K: QKernel>(k: K) -> K::Out {
     k.run(super::x86::Avx512Vnni(()))
