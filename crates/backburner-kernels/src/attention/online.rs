@@ -129,8 +129,8 @@ impl RowState {
 }
 
 /// For rows `r < R` (`acc`: `[R][dim]` at row stride `dim`, `p`: `[R][KEY_BLOCK]`): `acc[r][d] = fma(p[r][j],
-/// v[j][d], acc[r][d])` for `j < nv` in order, for every `d < dim`: 4 vectors of 16 lanes at a time, then single
-/// vectors, then scalars (the same fused operation in every path).
+/// v[j][d], acc[r][d])` for `j < nv` in order, for every `d < dim`: 4 vectors of 16 lanes at a time (32 registers),
+/// then single vectors, then scalars (the same fused operation in every path).
 #[inline(always)]
 fn weighted_rows<I: Isa, S: BlockSrc, const R: usize>(
     isa: I,
@@ -142,7 +142,8 @@ fn weighted_rows<I: Isa, S: BlockSrc, const R: usize>(
 ) {
     let full = dim / LANES * LANES;
     let mut c0 = 0;
-    while c0 + 4 * LANES <= full {
+    // Four vectors of columns × R rows of accumulators need 32 registers for R = 4; with 16 (AVX2), one vector.
+    while I::WIDE && c0 + 4 * LANES <= full {
         weighted_cols::<I, S, R, 4>(isa, acc, p, nv, v, dim, c0);
         c0 += 4 * LANES;
     }

@@ -340,41 +340,52 @@ fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
 }
 
 /// `sc[row][j] = q[row] · k_j` for every row of `q` (`[_, dim]`) and the `KEY_BLOCK` keys of `kt`
-/// (`[dim][KEY_BLOCK]`): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of 4 rows.
+/// (`[dim][KEY_BLOCK]`): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of 4 rows × all
+/// the block's keys with 32 vector registers, 4 rows × one vector of keys with 16 (AVX2: the accumulators stay in
+/// registers; the chains, and so the bits, are the same).
 #[inline(always)]
 fn scores<I: Isa, S: BlockSrc>(isa: I, q: &[f32], kt: S, dim: usize, sc: &mut [f32]) {
+    const NV: usize = KEY_BLOCK / LANES;
     let rows = q.len() / dim;
     let mut r0 = 0;
     // With 32 registers, a tile of 6 rows (24 accumulators) takes a group of 6 (e.g. Qwen3.5's 24/4) in one pass
     // over the keys instead of 4 + 1 + 1; the scores are the same chains either way.
     while I::WIDE && rows - r0 >= 6 && !(rows - r0).is_multiple_of(4) {
-        score_tile::<I, S, 6>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
+        score_tile::<I, S, 6, NV>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..], 0);
         r0 += 6;
     }
     while r0 + 4 <= rows {
-        score_tile::<I, S, 4>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
+        let sc = &mut sc[r0 * KEY_BLOCK..];
+        if I::WIDE {
+            score_tile::<I, S, 4, NV>(isa, &q[r0 * dim..], kt, dim, sc, 0);
+        } else {
+            for v0 in 0..NV {
+                score_tile::<I, S, 4, 1>(isa, &q[r0 * dim..], kt, dim, sc, v0);
+            }
+        }
         r0 += 4;
     }
     while r0 < rows {
-        score_tile::<I, S, 1>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..]);
+        score_tile::<I, S, 1, NV>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..], 0);
         r0 += 1;
     }
 }
 
+/// Scores of rows `0..R` against key vectors `v0..v0 + NV` of the block (keys `16·v0..16·(v0 + NV)`).
 #[inline(always)]
-fn score_tile<I: Isa, S: BlockSrc, const R: usize>(
+fn score_tile<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
     isa: I,
     q: &[f32],
     kt: S,
     dim: usize,
     sc: &mut [f32],
+    v0: usize,
 ) {
-    const NV: usize = KEY_BLOCK / LANES;
     let mut acc = [[isa.zero(); NV]; R];
     for d in 0..dim {
         let mut kv = [isa.zero(); NV];
         for (v, x) in kv.iter_mut().enumerate() {
-            *x = kt.load(isa, d * KEY_BLOCK + v * LANES);
+            *x = kt.load(isa, d * KEY_BLOCK + (v0 + v) * LANES);
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let qv = isa.splat(q[r * dim + d]);
@@ -385,7 +396,7 @@ fn score_tile<I: Isa, S: BlockSrc, const R: usize>(
     }
     for (r, acc_r) in acc.iter().enumerate() {
         for (v, a) in acc_r.iter().enumerate() {
-            isa.store(*a, &mut sc[r * KEY_BLOCK + v * LANES..]);
+            isa.store(*a, &mut sc[r * KEY_BLOCK + (v0 + v) * LANES..]);
         }
     }
 }

@@ -111,32 +111,44 @@ impl QuantizedActs {
     }
 }
 
-/// One row: per block of 32, the scale, the rounded values and their sums.
+/// One row: per block of 32, the scale, the rounded values and their sums (AVX2 when the CPU has it: the same
+/// bits, see `acts_x86.rs`).
 fn quantize_row(x: &[f32], q: &mut [i8], blocks: &mut [ActBlock]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::allowed(1) && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { super::acts_x86::quantize_row_avx2(x, q, blocks) };
+    }
     for ((x, q), blk) in x
         .chunks_exact(ACT_BLOCK)
         .zip(q.chunks_exact_mut(ACT_BLOCK))
         .zip(blocks.iter_mut())
     {
-        let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        // A NaN or infinity (f32::max skips NaN) makes the block's scale NaN, so the products and the logits are
-        // NaN and the engine's non-finite check fires, rather than the values quietly becoming zeros.
-        let d = if x.iter().all(|v| v.is_finite()) {
-            amax / 127.0
-        } else {
-            f32::NAN
-        };
-        let id = if d == 0.0 { 0.0 } else { 1.0 / d };
-        for (qi, xi) in q.iter_mut().zip(x) {
-            *qi = (xi * id).round_ties_even().clamp(-127.0, 127.0) as i8;
-        }
-        let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
-        let half: i32 = q[..16].iter().map(|&v| i32::from(v)).sum();
-        *blk = ActBlock {
-            d,
-            sumf: sum as f32,
-            sum,
-            half,
-        };
+        *blk = quantize_block(x, q);
+    }
+}
+
+/// One block of 32: its [`ActBlock`], with the rounded values written to `q` (the definition the vector path
+/// matches).
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> ActBlock {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    // A NaN or infinity (f32::max skips NaN) makes the block's scale NaN, so the products and the logits are
+    // NaN and the engine's non-finite check fires, rather than the values quietly becoming zeros.
+    let d = if x.iter().all(|v| v.is_finite()) {
+        amax / 127.0
+    } else {
+        f32::NAN
+    };
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    for (qi, xi) in q.iter_mut().zip(x) {
+        *qi = (xi * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+    }
+    let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+    let half: i32 = q[..16].iter().map(|&v| i32::from(v)).sum();
+    ActBlock {
+        d,
+        sumf: sum as f32,
+        sum,
+        half,
     }
 }

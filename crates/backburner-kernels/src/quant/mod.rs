@@ -59,6 +59,8 @@
 //! keeps each output's chain (and bits) unchanged.
 
 mod acts;
+#[cfg(target_arch = "x86_64")]
+mod acts_x86;
 mod fmt;
 mod format;
 mod isa;
