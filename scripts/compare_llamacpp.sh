@@ -101,12 +101,12 @@ if [[ " $SECTIONS " == *" gguf "* ]]; then
         f=$OUT/gguf-$fmt.txt; : > "$f"
         for rep in $(seq 1 "${REPS:-3}"); do for t in 1 2; do
             bb=$($BB bench local --model "$file" --depths 2048 --thread-counts $t --decode-tokens 16 2>/dev/null |
-                python3 -c "import sys,json;o=json.load(sys.stdin);r=o['results'][0];d=r['depths'][0];bw=r.get('read_bandwidth_gb_s') or 0;print(round(d['prefill_tok_s'],2),round(d['decode_tok_s'],2),round(100*o['weight_bytes']*d['decode_tok_s']/1e9/bw if bw else 0,1))")
+                python3 -c "import sys,json;o=json.load(sys.stdin);r=o['results'][0];d=r['depths'][0];bw=r.get('read_bandwidth_gb_s') or 0;print(round(d['prefill_tok_s'],2),round(d['decode_tok_s'],2),round(100*d['decode_weight_gb_s']/bw if bw else 0,1),round(100*d['decode_read_gb_s']/bw if bw else 0,1))")
             lp=$($LB -m "$file" -t $t -p 2048 -n 0 "${COMMON[@]}" 2>/dev/null | py_ts)
             ld=$($LB -m "$file" -t $t -p 0 -n 16 -d 2048 "${COMMON[@]}" 2>/dev/null | py_ts)
-            echo "rep $rep t=$t | bb prefill decode bw% $bb | llama prefill $lp decode $ld" | tee -a "$f"
+            echo "rep $rep t=$t | bb prefill decode weights-bw% all-bw% $bb | llama prefill $lp decode $ld" | tee -a "$f"
         done; done
-        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode % of read bandwidth, llama prefill, llama decode"
+        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode weight bytes/s and all bytes/s (weights, KV, state) as % of read bandwidth, llama prefill, llama decode"
         medians "$f"
     done
 fi

@@ -14,6 +14,8 @@ use serde::Serialize;
 
 use crate::bench_report::{self, PhaseWork};
 use crate::{compute_pool, default_model, load, ModelArgs};
+use backburner_engine::memory;
+use backburner_model::ModelConfig;
 
 /// Benchmark options.
 #[derive(Args)]
@@ -107,6 +109,9 @@ struct DepthResult {
     decode_ms_per_token: f64,
     /// Weight bytes read per second in decode (every weight is read once per token), GB/s.
     decode_weight_gb_s: f64,
+    /// All the bytes a decode step must read per second: the weights, the KV cache at this depth and the Gated
+    /// DeltaNet states (conv + recurrent, f32), GB/s.
+    decode_read_gb_s: f64,
 }
 
 #[derive(Serialize)]
@@ -273,6 +278,7 @@ fn run_threads(
         decode.tokens += a.decode_tokens;
         s.rewind(&snap);
         let decode_tok_s = a.decode_tokens as f64 / dec_s;
+        let read_bytes = decode_read_bytes(model.config(), margs, depth, weight_bytes);
         let r = DepthResult {
             depth,
             prefill_tok_s: depth as f64 / prefill_s,
@@ -280,17 +286,20 @@ fn run_threads(
             decode_tok_s,
             decode_ms_per_token: dec_s * 1e3 / a.decode_tokens as f64,
             decode_weight_gb_s: weight_bytes as f64 * decode_tok_s / 1e9,
+            decode_read_gb_s: read_bytes as f64 * decode_tok_s / 1e9,
         };
         if !a.json {
-            let of_bw = bw.map_or(String::new(), |bw| {
-                format!(
-                    ", {:.0}% of read bandwidth",
-                    100.0 * r.decode_weight_gb_s / bw
-                )
-            });
+            let pct = |x: f64| bw.map_or(String::new(), |bw| format!(" = {:.0}%", 100.0 * x / bw));
             eprintln!(
-                "threads {threads} depth {depth:>6}: prefill {:>8.1} tok/s ({:.1} s)  decode {:>7.2} tok/s ({:.1} ms/token; weights {:.1} GB/s{of_bw})",
-                r.prefill_tok_s, r.prefill_s, r.decode_tok_s, r.decode_ms_per_token, r.decode_weight_gb_s
+                "threads {threads} depth {depth:>6}: prefill {:>8.1} tok/s ({:.1} s)  decode {:>7.2} tok/s ({:.1} ms/token; weights {:.1} GB/s{}, with KV and state {:.1} GB/s{})",
+                r.prefill_tok_s,
+                r.prefill_s,
+                r.decode_tok_s,
+                r.decode_ms_per_token,
+                r.decode_weight_gb_s,
+                pct(r.decode_weight_gb_s),
+                r.decode_read_gb_s,
+                pct(r.decode_read_gb_s),
             );
         }
         out.push(r);
@@ -300,6 +309,26 @@ fn run_threads(
         prefill,
         decode,
     })
+}
+
+/// Bytes one decode step at `depth` reads: `weight_bytes`, the KV cache of `depth` positions and the Gated DeltaNet
+/// states (saturating: a figure for a report).
+fn decode_read_bytes(
+    cfg: &ModelConfig,
+    margs: &ModelArgs,
+    depth: usize,
+    weight_bytes: usize,
+) -> u64 {
+    let layers = 0..cfg.num_hidden_layers;
+    let kv = backburner_model::KvOptions {
+        page_size: margs.kv_page_size,
+        dtype: margs.kv_dtype,
+    };
+    let kv_bytes = memory::kv_bytes(cfg, layers.clone(), kv, depth).unwrap_or(u64::MAX);
+    let state = memory::recurrent_bytes(cfg, layers).unwrap_or(u64::MAX);
+    (weight_bytes as u64)
+        .saturating_add(kv_bytes)
+        .saturating_add(state)
 }
 
 /// Total size of the files holding the checkpoint's tensors at `path` (safetensors shards or GGUF parts; not other

@@ -429,6 +429,20 @@ fn bench_local_runs_on_a_gguf_and_reports_its_bytes() {
     assert_eq!(r["depth"], 64);
     assert!(r["prefill_tok_s"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["decode_tok_s"].as_f64().unwrap() > 0.0, "{r}");
+    // All the bytes a decode step reads: the weights, 64 positions of f16 KV and the Gated DeltaNet states.
+    let cfg = ModelConfig::from_dir(&file).unwrap();
+    let n = cfg.num_hidden_layers;
+    let kv = backburner_model::KvOptions {
+        page_size: 4096,
+        dtype: backburner_kernels::kv::KvDtype::F16,
+    };
+    let extra = backburner_engine::memory::kv_bytes(&cfg, 0..n, kv, 64).unwrap()
+        + backburner_engine::memory::recurrent_bytes(&cfg, 0..n).unwrap();
+    let weights = v["weight_bytes"].as_f64().unwrap();
+    let ratio = r["decode_read_gb_s"].as_f64().unwrap() / r["decode_weight_gb_s"].as_f64().unwrap();
+    let want = (weights + extra as f64) / weights;
+    assert!((ratio - want).abs() < 1e-9 * want, "{ratio} vs {want}");
+    assert!(want > 1.0);
 }
 
 #[test]
