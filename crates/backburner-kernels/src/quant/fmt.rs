@@ -50,15 +50,41 @@ pub(crate) trait Fmt {
             (isa.load_f16(u.add(lay.d)), dmin)
         }
     }
+    /// Whether the codes are offset-128 values (Q8_0, IQ4_XS), which go to [`QIsa::dot_s`]; the others go to
+    /// [`QIsa::dot_u`].
+    const OFFSET_128: bool = false;
     /// One dot-product step with this format's codes.
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A;
-    /// The weight scales of the block `at` as the float step takes them (see [`Fmt::combine`]).
+    #[inline(always)]
+    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
+        if Self::OFFSET_128 {
+            isa.dot_s(a, w, x4)
+        } else {
+            isa.dot_u(a, w, x4)
+        }
+    }
+    /// What the sums the kernel computes exceed the true `Σ q·xq` by, per unit of `Σ xq` (the default: 128 for
+    /// offset-128 codes summed unsigned, else 0).
+    #[inline(always)]
+    fn offset<I: QIsa>() -> i32 {
+        if Self::OFFSET_128 && !I::SIGNED {
+            128
+        } else {
+            0
+        }
+    }
+    /// The weight scales of the block `at` as the float step takes them (see [`Fmt::combine`]; the default: the
+    /// unit's `d`, for the formats with one scale per 32-block).
     ///
     /// # Safety
     /// As [`Fmt::pre`] for `at.u`, `at.b`.
-    unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F);
+    #[inline(always)]
+    unsafe fn scales<I: QIsa>(_: I, at: At<I>) -> (I::F, I::F) {
+        at.ud
+    }
     /// `acc + f·dx` for one row: `lo`, `hi` are the exact sums of `code·xq` over the block's first and second 16
-    /// inputs, `s` the block's [`Fmt::scales`], `ab` the activation block.
+    /// inputs, `s` the block's [`Fmt::scales`], `ab` the activation block (the default: the plain term of the
+    /// formats without mins, `ds·float(S)` with `S = lo + hi − offset·Σxq`).
+    #[inline(always)]
     fn combine<I: QIsa>(
         isa: I,
         s: (I::F, I::F),
@@ -66,7 +92,9 @@ pub(crate) trait Fmt {
         hi: I::I,
         ab: ActBlock,
         acc: I::F,
-    ) -> I::F;
+    ) -> I::F {
+        plain(isa, s.0, lo, hi, Self::offset::<I>(), ab, acc)
+    }
 }
 
 /// `v` with the bits at position `from` (in each byte) moved to position 4 (word shifts; callers mask the result
@@ -144,6 +172,7 @@ pub(crate) struct Iq4Xs;
 
 impl Fmt for Q80 {
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
+    const OFFSET_128: bool = true;
     type Pre<I: QIsa> = ();
     fn cmax<I: QIsa>() -> u32 {
         128
@@ -161,25 +190,6 @@ impl Fmt for Q80 {
             (lo, hi)
         }
     }
-    #[inline(always)]
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
-        isa.dot_s(a, w, x4)
-    }
-    #[inline(always)]
-    unsafe fn scales<I: QIsa>(_: I, at: At<I>) -> (I::F, I::F) {
-        at.ud
-    }
-    #[inline(always)]
-    fn combine<I: QIsa>(
-        isa: I,
-        s: (I::F, I::F),
-        lo: I::I,
-        hi: I::I,
-        ab: ActBlock,
-        acc: I::F,
-    ) -> I::F {
-        plain(isa, s.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
-    }
 }
 
 impl Fmt for Q40 {
@@ -196,23 +206,8 @@ impl Fmt for Q40 {
         unsafe { nibbles(isa, u.add(64 * h)) }
     }
     #[inline(always)]
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
-        isa.dot_u(a, w, x4)
-    }
-    #[inline(always)]
-    unsafe fn scales<I: QIsa>(_: I, at: At<I>) -> (I::F, I::F) {
-        at.ud
-    }
-    #[inline(always)]
-    fn combine<I: QIsa>(
-        isa: I,
-        s: (I::F, I::F),
-        lo: I::I,
-        hi: I::I,
-        ab: ActBlock,
-        acc: I::F,
-    ) -> I::F {
-        plain(isa, s.0, lo, hi, 8, ab, acc)
+    fn offset<I: QIsa>() -> i32 {
+        8
     }
 }
 
@@ -248,10 +243,6 @@ impl Fmt for Q4K {
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
         unsafe { nibbles(isa, u.add(256 * b + 64 * h)) }
-    }
-    #[inline(always)]
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
-        isa.dot_u(a, w, x4)
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
@@ -292,10 +283,6 @@ impl Fmt for Q5K {
             isa.or_w(lo, isa.and_w(to_bit4(isa, hb, h), bit)),
             isa.or_w(hi, isa.and_w(to_bit4(isa, hb, h + 4), bit)),
         )
-    }
-    #[inline(always)]
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
-        isa.dot_u(a, w, x4)
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
@@ -345,10 +332,6 @@ impl Fmt for Q6K {
         )
     }
     #[inline(always)]
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
-        isa.dot_u(a, w, x4)
-    }
-    #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
         let p = Self::LAY.sc + 32 * at.b;
         // SAFETY: block b's two rows of scales.
@@ -389,6 +372,7 @@ fn iq4_table<I: QIsa>() -> [u8; 16] {
 
 impl Fmt for Iq4Xs {
     const FORMAT: QuantFormat = QuantFormat::Iq4Xs;
+    const OFFSET_128: bool = true;
     type Pre<I: QIsa> = ();
     fn cmax<I: QIsa>() -> u32 {
         128
@@ -403,24 +387,9 @@ impl Fmt for Iq4Xs {
         (isa.lut16(t, lo), isa.lut16(t, hi))
     }
     #[inline(always)]
-    fn dot<I: QIsa>(isa: I, a: I::A, w: I::W, x4: i32) -> I::A {
-        isa.dot_s(a, w, x4)
-    }
-    #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
         // SAFETY: block b's scales.
         let ds = unsafe { isa.mul(at.ud.0, isa.load_i8f(at.u.add(Self::LAY.sc + 16 * at.b))) };
         (ds, isa.f_zero())
-    }
-    #[inline(always)]
-    fn combine<I: QIsa>(
-        isa: I,
-        s: (I::F, I::F),
-        lo: I::I,
-        hi: I::I,
-        ab: ActBlock,
-        acc: I::F,
-    ) -> I::F {
-        plain(isa, s.0, lo, hi, if I::SIGNED { 0 } else { 128 }, ab, acc)
     }
 }
