@@ -359,15 +359,13 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
         );
     }
     let ctx = a.ctx.unwrap_or(ids.len()).min(ids.len());
+    // A given --ctx is within the limit (checked above), so only the whole text can be too long here.
     if ctx > limit {
-        match a.ctx {
-            Some(c) => bail!("--ctx {c} is longer than the model's context of {limit} tokens (max_position_embeddings); use --ctx {limit} or less"),
-            None => bail!(
-                "{} is {} tokens, longer than the model's context of {limit} tokens (max_position_embeddings): score it in windows with --ctx {limit} (or less)",
-                a.file.display(),
-                ids.len()
-            ),
-        }
+        bail!(
+            "{} is {} tokens, longer than the model's context of {limit} tokens (max_position_embeddings): score it in windows with --ctx {limit} (or less)",
+            a.file.display(),
+            ids.len()
+        );
     }
     let pb = bar(ids.len() as u64, "scoring");
     let r = backburner_engine::perplexity_windows(

@@ -340,17 +340,22 @@ fn run(x: &QuantizedActs, w: &QuantMatrix, ldy: usize, reference: bool) -> Vec<f
     y
 }
 
-#[test]
-fn qmatmul_equals_the_reference_bit_for_bit_for_every_format_shape_and_thread_count() {
-    let mut r = StdRng::seed_from_u64(2);
-    let pools: Vec<_> = [1, 2]
+/// Rayon pools of 1 and 2 threads.
+fn pools() -> Vec<rayon::ThreadPool> {
+    [1, 2]
         .map(|t| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(t)
                 .build()
                 .unwrap()
         })
-        .into();
+        .into()
+}
+
+#[test]
+fn qmatmul_equals_the_reference_bit_for_bit_for_every_format_shape_and_thread_count() {
+    let mut r = StdRng::seed_from_u64(2);
+    let pools = pools();
     for fmt in QuantFormat::ALL {
         for &k in ks(fmt) {
             for n in [1, 17, 48, 150] {
@@ -384,14 +389,7 @@ fn long_rows_cut_into_k_ranges_give_the_same_bits() {
     // blocks of 16 panels, carrying the accumulators through y.
     let mut r = StdRng::seed_from_u64(5);
     let (n, k) = (300, 2560);
-    let pools: Vec<_> = [1, 2]
-        .map(|t| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .unwrap()
-        })
-        .into();
+    let pools = pools();
     for fmt in QuantFormat::ALL {
         let w = QuantMatrix::pack(fmt, k, &[(&random_rows(&mut r, fmt, n, k), n)]).unwrap();
         for m in [2, 9] {
