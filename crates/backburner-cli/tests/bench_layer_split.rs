@@ -1,7 +1,7 @@
 //! `bench layer-split` end to end on the tiny fixture: one short round of every configuration, real worker
 //! processes; the bench itself fails unless every configuration gives the local greedy tokens and prompt logits.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! `bench slots` and `bench session` end to end on the tiny fixture with tiny settings: the reports' shape and
 //! counts (timings are not checked).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

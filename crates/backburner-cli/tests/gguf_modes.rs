@@ -6,8 +6,8 @@
 //! `tiny-q-<fmt>.gguf` is one 4-layer cycle (no split point for split prefill): the split tests restack it to 8
 //! layers (its blocks twice, bytes unchanged).
 
-mod common;
-mod serve_util;
+use crate::common;
+use crate::serve_util;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

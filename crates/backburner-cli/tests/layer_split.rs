@@ -3,7 +3,7 @@
 //! or corrupting link, fails the request with a typed error within the deadline (no hang), and a session that lost
 //! its worker re-ingests its history once a worker is back on the same address.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

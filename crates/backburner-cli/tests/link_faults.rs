@@ -3,7 +3,7 @@
 //! deadline, and the host's output is the local one bit for bit. A slow unauthenticated connection cannot hold the
 //! worker, and a thread limit cannot crash it.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! with an error naming the weights and the limit, before anything is allocated, instead of an allocator abort; with
 //! room for the model the same command succeeds.
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;

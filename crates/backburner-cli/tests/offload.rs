@@ -3,7 +3,7 @@
 //! by re-ingesting on the second worker (same tokens), or, with no worker left, fails with a typed error naming the
 //! budget.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,6 +1,6 @@
 //! `backburner plan` and `backburner calibrate` end to end on the 27B reference config and the tiny fixture.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

@@ -3,8 +3,8 @@
 //! answers or 503 + Retry-After; memory back near its baseline), the TOML config file, a streamed request from
 //! curl, and SIGTERM during a stream.
 
-mod common;
-mod serve_util;
+use crate::common;
+use crate::serve_util;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! Host and worker as two real processes on loopback: split prefill gives the local output bit for bit, a worker
 //! killed at several points leaves the output unchanged, and the daemon's flags are checked.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

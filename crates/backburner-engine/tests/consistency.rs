@@ -1,7 +1,7 @@
 //! The engine agrees with itself across ubatch sizes, KV page sizes and KV dtypes, and its generation loop and
 //! perplexity behave as specified.
 
-mod common;
+use crate::common;
 
 use backburner_engine::{
     generate, perplexity, EngineError, GenerateParams, Logits, SamplingParams, Session,

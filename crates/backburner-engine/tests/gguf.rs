@@ -1,7 +1,7 @@
 //! GGUF files (fixtures/gguf, made by scripts/make_gguf_fixtures.py and checked byte for byte against llama.cpp's own
 //! converter and quantizer) against transformers' references and llama.cpp's outputs.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! model's end), so the split-prefill and KV-offload tests use it restacked to 8 layers (its blocks twice, bytes
 //! unchanged) beside `tiny-f32.gguf`; layer split takes the fixture itself (any layer boundary).
 
-mod worker_common;
+use crate::worker_common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! logits bit-identical to a local session; a lost worker fails the request with a typed error, keeps the tokens
 //! and the next request rebuilds.
 
-mod worker_common;
+use crate::worker_common;
 
 use std::ops::Range;
 use std::sync::Arc;

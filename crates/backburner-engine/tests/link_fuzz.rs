@@ -4,7 +4,7 @@
 //! run gives the local logits bit for bit. Also the host-side regressions: a page size past 32 bits and a model
 //! with no split point.
 
-mod worker_common;
+use crate::worker_common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

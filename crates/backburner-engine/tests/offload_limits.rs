@@ -3,7 +3,7 @@
 //! later worker's per-page partials over many pages come in token chunks that fit its frame bound; the host's
 //! output keeps the local bits throughout.
 
-mod worker_common;
+use crate::worker_common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! an unbounded local run; without a worker the budget is a typed error; a full worker hands over to the next; a
 //! lost worker is recovered by re-ingesting.
 
-mod worker_common;
+use crate::worker_common;
 
 use backburner_engine::offload::KvBudget;
 use backburner_engine::{EngineError, Logits, Session};

@@ -10,7 +10,7 @@
 //! last prompt row's logits (the ones generation uses) must be within 1e-4 + 2·(HF's gap there) of f64. Greedy tokens
 //! must be identical for all 32 steps.
 
-mod common;
+use crate::common;
 
 use backburner_engine::{argmax, Logits, Session, SessionOptions};
 use backburner_kernels::kv::KvDtype;

@@ -1,7 +1,7 @@
 //! The serving engine (`backburner_engine::serve`): parallel slots give each sequence exactly the tokens and logits
 //! it gets alone; the prompt cache reuses prefixes with the same tokens; cancellation, a full queue, shutdown.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};

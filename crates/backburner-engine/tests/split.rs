@@ -2,7 +2,7 @@
 //! and tokens to local for every allowed split layer and prompt shape, mirror reuse across turns, regenerate below
 //! the watermark, fallback when the worker fails, and handshake/frame errors that leave the worker serving.
 
-mod worker_common;
+use crate::worker_common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

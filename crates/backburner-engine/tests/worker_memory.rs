@@ -1,7 +1,7 @@
 //! A worker's `max_memory` counts the weights of the layers it loads: they are reserved before loading, and a range
 //! whose weights do not fit is refused with an error naming them.
 
-mod worker_common;
+use crate::worker_common;
 
 use backburner_engine::{Worker, WorkerError, WorkerOptions};
 use worker_common::*;

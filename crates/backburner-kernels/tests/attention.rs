@@ -1,7 +1,7 @@
 //! Paged attention: per-page partials folded over pages against one page and against the f64 reference,
 //! causality across page boundaries, GQA, f16 storage, and bit reproducibility.
 
-mod common;
+use crate::common;
 
 use backburner_kernels::attention::{
     attend_page, attend_pages, fold_pages, fold_partials, merge_into, page_partial, Partial,

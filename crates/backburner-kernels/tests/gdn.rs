@@ -1,7 +1,7 @@
 //! Gated DeltaNet kernels: the chunked form against the recurrence, the recurrence against the f64
 //! reference, and the causal conv against its reference and across calls.
 
-mod common;
+use crate::common;
 
 use backburner_kernels::gdn::{
     causal_conv1d_silu, delta_rule_chunked, delta_rule_recurrent, GdnDims,

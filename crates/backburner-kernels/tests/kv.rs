@@ -1,6 +1,6 @@
 //! Paged KV cache bookkeeping: pages, reads across pages, truncation, byte counts, f16 storage.
 
-mod common;
+use crate::common;
 
 use backburner_kernels::attention::fold_pages;
 use backburner_kernels::kv::{KvDtype, KvError, KvPage, PagedKvCache};

@@ -1,6 +1,6 @@
 //! LSE merge of attention partials: identity, order independence, reproducibility.
 
-mod common;
+use crate::common;
 
 use backburner_kernels::attention::{merge_into, Partial};
 use common::*;

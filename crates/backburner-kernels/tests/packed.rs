@@ -1,7 +1,7 @@
 //! Frozen pages packed head-major (`PackedPage`): the attention kernel reads them with the same bits as the pages
 //! they copy, for every dtype, shape, query batch and thread count.
 
-mod common;
+use crate::common;
 
 use backburner_kernels::attention::{attend_page, attend_pages, fold_pages, Partial};
 use backburner_kernels::kv::{KvDtype, KvPage, PackedPage, PageLayout, PageView, RowsRef};

@@ -2,7 +2,7 @@
 //! what is served equals `generate` on a fresh session (streamed or not, alone or 4 at once), the OpenAI shapes of
 //! answers and chunks, usage, the prompt cache, a full queue, cancellation on disconnect, metrics, shutdown.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Every error a client can cause, over HTTP: its status and OpenAI's error shape
 //! `{"error": {"message", "type", "param", "code"}}` naming the field at fault; the API key.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

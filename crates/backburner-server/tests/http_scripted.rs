@@ -2,7 +2,7 @@
 //! awkward places, inside `</think>` and `<tool_call>`), and the chat endpoint must split them into
 //! `reasoning_content`, `content` and `tool_calls`, streamed or not, and never fail on malformed tool output.
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,18 @@
+//! The crate's integration tests, one module per file beside this one, linked into one test binary (each
+//! binary links the whole workspace: one instead of many keeps the build short).
+
+mod common;
+mod serve_util;
+
+mod bench_layer_split;
+mod bench_serving;
+mod cli;
+mod gguf_modes;
+mod layer_split;
+mod link_faults;
+mod memory_limit;
+mod offload;
+mod plan;
+mod qwen35_tokenizer;
+mod serve;
+mod worker;

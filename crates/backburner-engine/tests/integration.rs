@@ -1,0 +1,21 @@
+//! The crate's integration tests, one module per file beside this one, linked into one test binary (each
+//! binary links the whole workspace: one instead of many keeps the build short).
+
+mod common;
+mod worker_common;
+
+mod consistency;
+mod gguf;
+mod gguf_modes;
+mod layer_split;
+mod link_fuzz;
+mod offload_limits;
+mod offload_link;
+mod offload_local;
+mod reference;
+mod serve;
+mod split;
+mod text_stream;
+mod worker_core;
+mod worker_memory;
+mod worker_pages;

@@ -1,0 +1,9 @@
+//! The crate's integration tests, one module per file beside this one, linked into one test binary (each
+//! binary links the whole workspace: one instead of many keeps the build short).
+
+mod batch_decode;
+mod chat_parse;
+mod chat_pycompat;
+mod chat_request;
+mod chat_template;
+mod loading;
