@@ -76,6 +76,10 @@ pub async fn start(
         cancel: Some(cancel.clone()),
     };
     let prompt_tokens = prompt.len();
+    // Once `/health` says shutting down, no request reaches the engine (its own shutdown may not have begun yet).
+    if st.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(backburner_engine::serve::SubmitError::ShuttingDown.into());
+    }
     st.engine.submit(Job {
         id: id.to_string(),
         prompt,
