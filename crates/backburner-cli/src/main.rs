@@ -69,10 +69,10 @@ enum Cmd {
 pub struct ModelArgs {
     /// Checkpoint directory (config.json, *.safetensors, tokenizer.json), or a GGUF file (a directory holding one, or
     /// any part of a split set). Default: the bundled model.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub model: Option<PathBuf>,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     pub threads: Option<usize>,
     /// Tokens per ubatch in prefill.
     #[arg(long, default_value_t = 512)]
@@ -84,7 +84,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "f16")]
     pub kv_dtype: KvDtype,
     /// Context length in tokens (default: the model's max_position_embeddings).
-    #[arg(long)]
+    #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
     /// Most bytes this command may allocate for weights, KV cache, recurrent state and buffers, checked before
     /// anything is allocated (units: K/KiB, M/MiB, G/GiB binary; KB, MB, GB decimal). The OS's limits (ulimit -d,

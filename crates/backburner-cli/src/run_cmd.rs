@@ -25,10 +25,10 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt text.
-    #[arg(long, group = "input")]
+    #[arg(short = 'p', long, group = "input")]
     prompt: Option<String>,
     /// Read the prompt text from a file.
-    #[arg(long, group = "input")]
+    #[arg(short = 'f', long, visible_alias = "file", group = "input")]
     prompt_file: Option<PathBuf>,
     /// Prompt as token ids: a JSON array or ids separated by commas/whitespace.
     #[arg(long, group = "input")]
@@ -47,7 +47,7 @@ pub(crate) struct RunArgs {
     #[arg(long, requires = "chat")]
     no_think: bool,
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 128)]
     max_tokens: usize,
     /// Temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
@@ -62,7 +62,7 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
     /// RNG seed for sampling (default: random; the seed used is printed in the stats line and --json).
-    #[arg(long)]
+    #[arg(short = 's', long)]
     seed: Option<u64>,
     /// Stop when the output contains this text (repeatable; needs a tokenizer).
     #[arg(long)]

@@ -93,6 +93,91 @@ fn run_json_from_a_text_prompt_file_tokenizes_like_transformers() {
 }
 
 #[test]
+fn llama_cpp_short_flags_mean_the_long_ones() {
+    let m = fixture("tiny-bf16");
+    let p = m.join("prompt.txt");
+    let (m, p) = (m.to_str().unwrap(), p.to_str().unwrap());
+    let long = bb(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-file",
+        p,
+        "--max-tokens",
+        "5",
+        "--threads",
+        "1",
+        "--ctx-size",
+        "400",
+        "--temp",
+        "0.8",
+        "--seed",
+        "3",
+        "--ignore-eos",
+        "--json",
+    ]);
+    let short = bb(&[
+        "run",
+        "-m",
+        m,
+        "-f",
+        p,
+        "-n",
+        "5",
+        "-t",
+        "1",
+        "-c",
+        "400",
+        "--temp",
+        "0.8",
+        "-s",
+        "3",
+        "--ignore-eos",
+        "--json",
+    ]);
+    let alias = bb(&[
+        "run",
+        "-m",
+        m,
+        "--file",
+        p,
+        "--n-predict",
+        "5",
+        "-t",
+        "1",
+        "-c",
+        "400",
+        "--temp",
+        "0.8",
+        "-s",
+        "3",
+        "--ignore-eos",
+        "--json",
+    ]);
+    let want = json_out(&long);
+    assert_eq!(want["tokens"].as_array().unwrap().len(), 5);
+    for o in [&short, &alias] {
+        let v = json_out(o);
+        assert_eq!(
+            (&v["prompt_tokens"], &v["tokens"], &v["seed"]),
+            (&want["prompt_tokens"], &want["tokens"], &want["seed"])
+        );
+    }
+    let text = bb(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "Hello",
+        "-n",
+        "2",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert_eq!(json_out(&text)["tokens"].as_array().unwrap().len(), 2);
+}
+
+#[test]
 fn run_streams_text_and_prints_a_stats_line() {
     let m = fixture("tiny-f32");
     let o = bb(&[
