@@ -129,18 +129,31 @@ pub fn causal_conv1d_silu(
 /// the same order as the general path (`acc += w[c][j]·xe[j][c]` for `j` in order, then SiLU).
 fn conv_one_token(x: &[f32], kernel: usize, weight: &[f32], state: &mut [f32], out: &mut [f32]) {
     let h = kernel - 1;
-    for (c, o) in out.iter_mut().enumerate() {
-        let w = &weight[c * kernel..(c + 1) * kernel];
-        let st = &mut state[c * h..(c + 1) * h];
+    if h == 0 {
+        for ((o, w), xc) in out.iter_mut().zip(weight).zip(x) {
+            *o = silu(0.0 + w * xc);
+        }
+        return;
+    }
+    // Pre-activations first (the state shifted by hand: a `copy_within` per channel was a `memmove` call each), then
+    // SiLU over the row.
+    for (((o, w), st), &xc) in out
+        .iter_mut()
+        .zip(weight.chunks_exact(kernel))
+        .zip(state.chunks_exact_mut(h))
+        .zip(x)
+    {
         let mut acc = 0.0f32;
         for j in 0..h {
             acc += w[j] * st[j];
         }
-        acc += w[h] * x[c];
-        *o = silu(acc);
-        if h > 0 {
-            st.copy_within(1.., 0);
-            st[h - 1] = x[c];
+        *o = acc + w[h] * xc;
+        for j in 1..h {
+            st[j - 1] = st[j];
         }
+        st[h - 1] = xc;
+    }
+    for o in out.iter_mut() {
+        *o = silu(*o);
     }
 }
