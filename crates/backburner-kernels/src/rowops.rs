@@ -8,7 +8,7 @@
 //! instruction set and thread count.
 
 use crate::parallel::{for_each_chunk_mut, rows_per_task};
-use crate::simd::{dispatch, Isa, Kernel};
+use crate::simd::{dispatch, exp_rounded, Isa, Kernel};
 
 /// Below this many elements an op runs on the calling thread.
 const PAR_MIN: usize = 1 << 15;
@@ -140,17 +140,18 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
     });
 }
 
-/// `x / (1 + e^{−x})` with libm's `exp` (correctly rounded in practice; the 2-ulp vector `exp_fast` of the kernels
-/// moved the fixtures' KV caches by more than 1e-4 from transformers', so activations keep the accurate one).
+/// `x / (1 + e^{−x})` with the rounded `e^x` of [`exp_rounded`] (as accurate as libm's `expf`, but vectorized: the
+/// 2-ulp `exp_fast` of the kernels moved the fixtures' KV caches by more than 1e-4 from transformers', so
+/// activations keep an accurate one).
 #[inline(always)]
 pub(crate) fn silu_exact(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp_rounded(-x))
 }
 
-/// `1 / (1 + e^{−x})` with libm's `exp` (see [`silu_exact`]).
+/// `1 / (1 + e^{−x})` with [`exp_rounded`] (see [`silu_exact`]).
 #[inline(always)]
 fn sigmoid_exact(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp_rounded(-x))
 }
 
 /// `Σ x²` accumulated in f64 over 8 interleaved lanes (fixed order, vectorizable), rounded once to f32. Norms feed

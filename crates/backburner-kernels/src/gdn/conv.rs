@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::simd::silu;
+use crate::simd::{dispatch, silu, Isa, Kernel};
 
 /// Tokens per rayon task.
 const TOKEN_BLOCK: usize = 16;
@@ -107,9 +107,7 @@ pub fn causal_conv1d_silu(
                         *o += wi * xi;
                     }
                 }
-                for o in row.iter_mut() {
-                    *o = silu(*o);
-                }
+                dispatch(SiluInPlace(row));
             }
         });
 
@@ -131,8 +129,9 @@ fn conv_one_token(x: &[f32], kernel: usize, weight: &[f32], state: &mut [f32], o
     let h = kernel - 1;
     if h == 0 {
         for ((o, w), xc) in out.iter_mut().zip(weight).zip(x) {
-            *o = silu(0.0 + w * xc);
+            *o = 0.0 + w * xc;
         }
+        dispatch(SiluInPlace(out));
         return;
     }
     // Pre-activations first (the state shifted by hand: a `copy_within` per channel was a `memmove` call each), then
@@ -153,7 +152,20 @@ fn conv_one_token(x: &[f32], kernel: usize, weight: &[f32], state: &mut [f32], o
         }
         st[h - 1] = xc;
     }
-    for o in out.iter_mut() {
-        *o = silu(*o);
+    dispatch(SiluInPlace(out));
+}
+
+/// `x ← silu(x)` elementwise, as a [`Kernel`] so that the loop vectorizes with the machine's instruction set
+/// (the same bits on every one: `silu` is plain IEEE arithmetic).
+struct SiluInPlace<'a>(&'a mut [f32]);
+
+impl Kernel for SiluInPlace<'_> {
+    type Out = ();
+
+    #[inline(always)]
+    fn run<I: Isa>(self, _: I) {
+        for o in self.0.iter_mut() {
+            *o = silu(*o);
+        }
     }
 }
