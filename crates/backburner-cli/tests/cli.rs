@@ -97,67 +97,33 @@ fn llama_cpp_short_flags_mean_the_long_ones() {
     let m = fixture("tiny-bf16");
     let p = m.join("prompt.txt");
     let (m, p) = (m.to_str().unwrap(), p.to_str().unwrap());
-    let long = bb(&[
-        "run",
-        "--model",
-        m,
-        "--prompt-file",
-        p,
-        "--max-tokens",
-        "5",
-        "--threads",
-        "1",
-        "--ctx-size",
-        "400",
-        "--temp",
-        "0.8",
-        "--seed",
-        "3",
-        "--ignore-eos",
-        "--json",
-    ]);
-    let short = bb(&[
-        "run",
-        "-m",
-        m,
-        "-f",
-        p,
-        "-n",
-        "5",
-        "-t",
-        "1",
-        "-c",
-        "400",
-        "--temp",
-        "0.8",
-        "-s",
-        "3",
-        "--ignore-eos",
-        "--json",
-    ]);
-    let alias = bb(&[
-        "run",
-        "-m",
-        m,
-        "--file",
-        p,
-        "--n-predict",
-        "5",
-        "-t",
-        "1",
-        "-c",
-        "400",
-        "--temp",
-        "0.8",
-        "-s",
-        "3",
-        "--ignore-eos",
-        "--json",
-    ]);
-    let want = json_out(&long);
+    // The same run spelled three ways: (model, prompt file, max tokens, threads, ctx, seed) flags.
+    let spellings = [
+        [
+            "--model",
+            "--prompt-file",
+            "--max-tokens",
+            "--threads",
+            "--ctx-size",
+            "--seed",
+        ],
+        ["-m", "-f", "-n", "-t", "-c", "-s"],
+        ["-m", "--file", "--n-predict", "-t", "-c", "-s"],
+    ];
+    let outs: Vec<serde_json::Value> = spellings
+        .iter()
+        .map(|f| {
+            let values = [m, p, "5", "1", "400", "3"];
+            let mut args = vec!["run", "--temp", "0.8", "--ignore-eos", "--json"];
+            for (flag, value) in f.iter().zip(values) {
+                args.extend([*flag, value]);
+            }
+            json_out(&bb(&args))
+        })
+        .collect();
+    let want = &outs[0];
     assert_eq!(want["tokens"].as_array().unwrap().len(), 5);
-    for o in [&short, &alias] {
-        let v = json_out(o);
+    for v in &outs[1..] {
         assert_eq!(
             (&v["prompt_tokens"], &v["tokens"], &v["seed"]),
             (&want["prompt_tokens"], &want["tokens"], &want["seed"])
