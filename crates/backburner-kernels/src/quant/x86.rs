@@ -153,8 +153,7 @@ impl QIsa for Avx512Vnni {
     }
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
-        // prefetcht0 never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        crate::simd::prefetch(p);
     }
 }
 
@@ -387,7 +386,6 @@ impl QIsa for Avx2 {
     }
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
-        // prefetcht0 never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        crate::simd::prefetch(p);
     }
 }
