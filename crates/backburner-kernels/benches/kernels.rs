@@ -165,6 +165,37 @@ fn bench_attend_decode(c: &mut Criterion) {
             criterion::BatchSize::PerIteration,
         )
     });
+    // The same two inside a one-thread pool, as the engine runs a decode step (`ComputePool::install` around the
+    // whole token): `attend`'s parallel loop then runs on the calling thread, without the hand-off to rayon's
+    // global pool that the two above pay on every call (a third of their time at one thread).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a one-thread pool");
+    group.bench_function("bench_model_8192_inpool", |b| {
+        pool.install(|| {
+            b.iter(|| {
+                black_box(cache.attend(black_box(&q), 1, n_heads, n_keys, (dim as f32).powf(-0.5)))
+            })
+        })
+    });
+    group.bench_function("bench_model_8192_inpool_cold", |b| {
+        pool.install(|| {
+            b.iter_batched(
+                || black_box(evict.iter().step_by(64).map(|&x| x as u64).sum::<u64>()),
+                |_| {
+                    black_box(cache.attend(
+                        black_box(&q),
+                        1,
+                        n_heads,
+                        n_keys,
+                        (dim as f32).powf(-0.5),
+                    ))
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        })
+    });
     group.finish();
 }
 

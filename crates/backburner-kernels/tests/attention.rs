@@ -104,6 +104,50 @@ fn paged_attention_matches_one_page_and_the_reference() {
 }
 
 #[test]
+fn head_dims_that_are_not_a_multiple_of_16_match_the_reference() {
+    // The block layout keeps 16-wide lane groups of keys and 16-wide chunks of values; a narrower last chunk of
+    // V (dim 24, 40) and dims below one vector (8) take the kernels' scalar tails. Decode (one token: the path that
+    // reads the page in place) and prefill (the path that widens each block first), f32 and f16 storage.
+    for dim in [8, 24, 40] {
+        let (n_heads, n_kv, n_keys) = (4, 2, 150);
+        let mut r = rng(dim as u64);
+        let k = uniform(&mut r, n_keys * n_kv * dim, -1.0, 1.0);
+        let v = uniform(&mut r, n_keys * n_kv * dim, -1.0, 1.0);
+        let sc = (dim as f32).powf(-0.5);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut cache = PagedKvCache::new(128, n_kv, dim, dtype);
+            cache.append(&k, &v, n_keys);
+            let (ks, vs) = match dtype {
+                KvDtype::F32 => (k.clone(), v.clone()),
+                KvDtype::F16 => (round_f16(&k), round_f16(&v)),
+            };
+            for (q_pos0, n_tokens) in [(149, 1), (0, 150), (100, 50)] {
+                let q = uniform(&mut r, n_tokens * n_heads * dim, -2.0, 2.0);
+                let got = cache.attend(&q, n_tokens, n_heads, q_pos0, sc);
+                let seen = (q_pos0 + n_tokens) * n_kv * dim;
+                let want = attention_reference(
+                    &q,
+                    n_tokens,
+                    n_heads,
+                    q_pos0,
+                    &ks[..seen],
+                    &vs[..seen],
+                    n_kv,
+                    dim,
+                    sc,
+                );
+                let what = format!("dim {dim}, {dtype}, q_pos0 {q_pos0}, {n_tokens} tokens");
+                assert_close_rel(&what, &got.o, &want, REF_TOL);
+            }
+        }
+    }
+}
+
+fn round_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+}
+
+#[test]
 fn a_query_sees_exactly_the_keys_at_or_before_its_position() {
     // Key j has value j in every dim and all scores are equal (zero queries), so the output is the mean
     // of the visible positions: (0 + ... + p) / (p + 1) = p / 2, and lse = ln(p + 1).

@@ -162,8 +162,9 @@ pub struct FetchDone {
 
 /// `PagesPut` (host → worker, KV offload). Tensor section: for each full-attention layer of the model in layer
 /// order, for each of the `n_pages` pages in position order, the page's K storage then its V storage in the block
-/// layout (K `[blocks, n_kv_heads, head_dim, 64]`, V `[blocks, n_kv_heads, 64, head_dim]`, `blocks =
-/// ceil(page_size / 64)`) in the session's KV dtype, little-endian. Pages are whole: positions
+/// layout (K `[blocks, n_kv_heads, 4, head_dim, 16]`, V `[blocks, n_kv_heads, ceil(head_dim / 16), 64, w]` with
+/// `w = 16` but for a narrower last chunk, `blocks = ceil(page_size / 64)`; docs/PROTOCOL.md §5.11) in the
+/// session's KV dtype, little-endian. Pages are whole: positions
 /// `[first_pos, first_pos + n_pages · page_size)`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PagesPut {

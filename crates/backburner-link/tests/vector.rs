@@ -94,15 +94,15 @@ fn the_documented_handshake_and_sealed_frames() {
     };
     let welcome = handshake_frame(&mut t, Kind::Welcome, &encode_control(&w).unwrap());
 
-    assert_eq!(hello, hex("42 42 4c 4b 04 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
-    assert_eq!(challenge, hex("42 42 4c 4b 04 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(th2.to_vec(), hex("f9 e3 8d 46 96 cb 31 7a bf 4c a4 a6 76 96 7b 1f 2d 69 e8 8b 51 5a 30 a2 83 0b f2 62 4a bf af a9"));
-    assert_eq!(mac_h.to_vec(), hex("b7 95 24 d1 c7 ad f4 24 0f 9a fb 61 db a1 4a 22 c2 b6 09 51 85 38 55 a5 59 25 fe b4 86 f0 b7 bb"));
-    assert_eq!(auth_frame, hex("42 42 4c 4b 04 00 03 00 4b 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 b7 95 24 d1 c7 ad f4 24 0f 9a fb 61 db a1 4a 22 c2 b6 09 51 85 38 55 a5 59 25 fe b4 86 f0 b7 bb aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00"));
-    assert_eq!(th3.to_vec(), hex("1b de 7d b9 05 b6 dd 35 24 5c cb ff 64 ac d9 46 8a 56 d4 7f a1 4f d9 11 94 c6 fb 26 55 8a af 3e"));
-    assert_eq!(mac_w.to_vec(), hex("fe e2 c7 65 fd 33 f0 39 05 87 69 3d fa 0e dd f7 3b c3 25 6e e6 cc fd 25 01 f0 18 d2 12 0c 90 ea"));
-    assert_eq!(welcome, hex("42 42 4c 4b 04 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 fe e2 c7 65 fd 33 f0 39 05 87 69 3d fa 0e dd f7 3b c3 25 6e e6 cc fd 25 01 f0 18 d2 12 0c 90 ea ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(t.hash().to_vec(), hex("73 89 c0 f2 04 9e 74 c4 a8 72 72 09 6a 8d e0 42 a2 8e 6d b9 09 f9 22 a5 0a 61 cd 1e ea bf 0d 78"));
+    assert_eq!(hello, hex("42 42 4c 4b 05 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
+    assert_eq!(challenge, hex("42 42 4c 4b 05 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(th2.to_vec(), hex("f5 3c e7 99 74 2f ba 9c 98 d6 47 8a ce 3a b5 8f dc 57 ae a8 ce 3e af ca cf a0 0e af 9e e7 8f 33"));
+    assert_eq!(mac_h.to_vec(), hex("f5 60 95 b6 fb 72 27 94 98 c3 82 44 8a 01 4e 9e e7 03 b8 7c 41 c4 e4 25 33 80 2c f5 49 c5 db db"));
+    assert_eq!(auth_frame, hex("42 42 4c 4b 05 00 03 00 4b 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 f5 60 95 b6 fb 72 27 94 98 c3 82 44 8a 01 4e 9e e7 03 b8 7c 41 c4 e4 25 33 80 2c f5 49 c5 db db aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00"));
+    assert_eq!(th3.to_vec(), hex("89 14 60 d0 c6 13 53 c8 7b 0d da a5 fb 4d 72 fd f9 ca 58 36 51 76 7c e7 8c ee 2a 2b 25 2d bd 27"));
+    assert_eq!(mac_w.to_vec(), hex("68 1b 42 e7 ee 16 69 55 d1 cf 42 cc 7d 6f cd f5 e8 48 69 d4 43 6e 8c af 2b 64 d7 33 a7 db 2d f1"));
+    assert_eq!(welcome, hex("42 42 4c 4b 05 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 68 1b 42 e7 ee 16 69 55 d1 cf 42 cc 7d 6f cd f5 e8 48 69 d4 43 6e 8c af 2b 64 d7 33 a7 db 2d f1 ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(t.hash().to_vec(), hex("d8 0f 6e 1a 14 5b c2 f4 46 21 ec 2c b5 40 ad a6 5e 8e 3a 14 be bf 83 a7 f1 b0 fa 62 ed cd be f0"));
 
     let th4 = t.hash();
     let mut host = derive(secret, &th4, Role::Host);
@@ -117,7 +117,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 04 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 13 84 52 3f | 15 9f 4d 29 d7 ef 10 c9 f2 20 f5 4d 9d d8 2a 4f"));
+    assert_eq!(out, hex("42 42 4c 4b 05 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 12 2c a6 57 | 8a 23 c2 8e ab 09 2c 38 7c 11 76 b4 68 e3 7d be"));
     encode_frame(
         &mut out,
         Kind::Pong,
@@ -127,7 +127,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut worker.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 04 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 15 d0 df c8 | 25 de 38 38 64 1b ad 2e 52 fb 98 9e ab 26 4f 71"));
+    assert_eq!(out, hex("42 42 4c 4b 05 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 79 f1 3d d6 | 01 e8 e7 44 6d b5 94 f0 e6 93 bd 92 eb 7b 4d 5b"));
     let fetch = encode_control(&Fetch {
         from_pos: 0,
         to_pos: 3,
@@ -144,5 +144,5 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 04 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | 96 af ef | 48 b4 4c 2d fe 56 2d c8 6d d0 a9 b7 d6 85 cd 36"));
+    assert_eq!(out, hex("42 42 4c 4b 05 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | 5c fa ac | 8a 33 53 9b 83 9c 98 27 29 60 74 e3 89 bd 22 8a"));
 }

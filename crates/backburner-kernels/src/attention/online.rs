@@ -3,6 +3,7 @@
 
 use super::page_kernel::{BlockSrc, KEY_BLOCK};
 use super::Partial;
+use crate::kv::{v_offset, KV_LANES};
 use crate::simd::{exp_fast, max, scale, sum, Isa, LANES};
 
 /// Unnormalized online-softmax state of `rows` query rows: running max `m`, running sum `l` of
@@ -50,7 +51,8 @@ impl RowState {
     }
 
     /// The values half: rows `r0..r0 + n` (which all see the block's first `nv` keys) add `Σ_j p_j·v_j`, with their
-    /// weights in `p` (`[n][KEY_BLOCK]`) and the values in `v` (`[KEY_BLOCK][dim]`). Each output element is one
+    /// weights in `p` (`[n][KEY_BLOCK]`) and the values in `v` (`[⌈dim / 16⌉][KEY_BLOCK][16]`, `v_offset`). Each
+    /// output element is one
     /// fused multiply-add chain over the keys in order, so a row's bits do not depend on the rows beside it; rows
     /// share each loaded value vector, in tiles of up to 4 rows × 64 dimensions.
     #[inline(always)]
@@ -155,7 +157,7 @@ fn weighted_rows<I: Isa, S: BlockSrc, const R: usize>(
         for d in full..dim {
             let mut a = acc[r * dim + d];
             for j in 0..nv {
-                a = p[r * KEY_BLOCK + j].mul_add(v.get(j * dim + d), a);
+                a = p[r * KEY_BLOCK + j].mul_add(v.get(v_offset(dim, j, d)), a);
             }
             acc[r * dim + d] = a;
         }
@@ -178,14 +180,25 @@ fn weighted_cols<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
             *ai = isa.load(&acc[r * dim + c0 + i * LANES..]);
         }
     }
+    // Every index of the loop is checked here, once (per-access checks were most of its instructions).
+    assert!(
+        c0.is_multiple_of(KV_LANES)
+            && c0 + NV * LANES <= dim
+            && nv <= KEY_BLOCK
+            && p.len() >= (R - 1) * KEY_BLOCK + nv
+            && v.len() >= dim * KEY_BLOCK
+    );
+    // Chunk c0 / 16 + i of the block's values (`v_offset`): key j's 16 dimensions at chunk·16·64 + j·16.
+    let chunk0 = c0 / KV_LANES * KV_LANES * KEY_BLOCK;
     for j in 0..nv {
-        let row = j * dim + c0;
         let mut vv = [isa.zero(); NV];
         for (i, x) in vv.iter_mut().enumerate() {
-            *x = v.load(isa, row + i * LANES);
+            // SAFETY: chunk0 + (i·64 + j)·16 + 16 ≤ (c0 / 16 + NV)·16·64 ≤ dim·64 ≤ v.len() (asserted above).
+            *x = unsafe { v.load(isa, chunk0 + (i * KEY_BLOCK + j) * KV_LANES) };
         }
         for (r, ar) in a.iter_mut().enumerate() {
-            let pv = isa.splat(p[r * KEY_BLOCK + j]);
+            // SAFETY: r·64 + j < (R − 1)·64 + nv ≤ p.len() (asserted above).
+            let pv = isa.splat(unsafe { *p.get_unchecked(r * KEY_BLOCK + j) });
             for (ai, x) in ar.iter_mut().zip(&vv) {
                 *ai = isa.fma(*ai, pv, *x);
             }

@@ -6,12 +6,14 @@ use super::online::RowState;
 use super::Partial;
 use half::f16;
 
-use crate::kv::{PageView, RowsRef, KV_BLOCK};
+use crate::kv::{PageView, RowsRef, KV_BLOCK, KV_LANES};
 use crate::simd::{dispatch, f16_to_f32, prefetch, scale, Isa, Kernel, LANES};
 
 /// Keys per block: the page's storage block ([`KV_BLOCK`]).
 pub(super) const KEY_BLOCK: usize = KV_BLOCK;
-const _: () = assert!(KEY_SEGMENT.is_multiple_of(KEY_BLOCK) && KEY_BLOCK.is_multiple_of(LANES));
+const _: () = assert!(
+    KEY_SEGMENT.is_multiple_of(KEY_BLOCK) && KEY_BLOCK.is_multiple_of(LANES) && KV_LANES == LANES
+);
 
 /// Keys per segment. A row's softmax runs online over the blocks of a segment; segment partials are then
 /// merged in order. Fixed, so the bits never depend on how the work is spread over threads.
@@ -171,10 +173,10 @@ impl Ctx<'_> {
         }
         scale(&mut qs, self.scale);
 
-        // Many rows (prefill): each block is widened once into f32 buffers (keys transposed, [dim][KEY_BLOCK];
-        // values [KEY_BLOCK][dim]) that every row tile then reads from L1. Few rows (decode): the tiles read the
-        // page directly, widening f16 in registers, so the block streams from memory once, and each load prefetches
-        // the same element of the head's next block (the cold decode micro-benchmark,
+        // Many rows (prefill): each block is widened once into f32 buffers (in the page's block layout, `k_offset`
+        // and `v_offset`) that every row tile then reads from L1. Few rows (decode): the tiles read the page
+        // directly, widening f16 in registers, so the block streams from memory once, and each load prefetches the
+        // same element of the head's next block (the cold decode micro-benchmark,
         // `attend_decode/bench_model_8192_cold`: 3.0 → 3.85 GiB/s, medians of 8 alternating runs). The arithmetic is
         // the same either way (widening is exact).
         let direct = rows <= DIRECT_ROWS;
@@ -200,7 +202,7 @@ impl Ctx<'_> {
                             Some((RowsRef::F16(k2), k2_at, RowsRef::F16(v2), v2_at)) => {
                                 (ahead(k2, k2_at), ahead(v2, v2_at))
                             }
-                            _ => (std::ptr::null(), std::ptr::null()),
+                            _ => (ahead(k, k_at), ahead(v, v_at)),
                         };
                         let k = F16Block::new(&k[k_at..k_at + n], ka);
                         let v = F16Block::new(&v[v_at..v_at + n], va);
@@ -211,10 +213,10 @@ impl Ctx<'_> {
                             Some((RowsRef::F32(k2), k2_at, RowsRef::F32(v2), v2_at)) => {
                                 (ahead(k2, k2_at), ahead(v2, v2_at))
                             }
-                            _ => (std::ptr::null(), std::ptr::null()),
+                            _ => (ahead(k, k_at), ahead(v, v_at)),
                         };
-                        let k = F32Block::new(&k[k_at..k_at + n], ka);
-                        let v = F32Block::new(&v[v_at..v_at + n], va);
+                        let k = F32Block::<true>::new(&k[k_at..k_at + n], ka);
+                        let v = F32Block::<true>::new(&v[v_at..v_at + n], va);
                         self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
                     }
                     _ => unreachable!("K and V share the page dtype"),
@@ -222,7 +224,10 @@ impl Ctx<'_> {
             } else {
                 load_block(isa, &self.page, &mut kt, &mut vb, kb0, nb, g);
                 let null = std::ptr::null();
-                let (k, v) = (F32Block::new(&kt, null), F32Block::new(&vb, null));
+                let (k, v) = (
+                    F32Block::<false>::new(&kt, null),
+                    F32Block::<false>::new(&vb, null),
+                );
                 self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
             }
             kb0 += nb;
@@ -276,34 +281,49 @@ struct Step {
 /// At most this many query rows per task read blocks straight from the page (decode: one token's GQA group).
 const DIRECT_ROWS: usize = 8;
 
-/// One block's keys (`[dim][KEY_BLOCK]`) or values (`[KEY_BLOCK][dim]`) as the kernel reads them.
+/// One block's keys or values (`dim · KEY_BLOCK` elements in the layout of [`k_offset`](crate::kv::k_offset) or
+/// [`v_offset`](crate::kv::v_offset)) as the kernel reads them.
 pub(super) trait BlockSrc: Copy {
-    /// Elements `[at, at + 16)` as f32 lanes.
-    fn load<I: Isa>(self, isa: I, at: usize) -> I::V;
+    /// Elements in the block (`head_dim · KEY_BLOCK`).
+    fn len(self) -> usize;
+    /// Elements `[at, at + 16)` as f32 lanes, read without a bounds check (the loops of the kernels check their
+    /// whole range once, before they start: this runs once per 8 fused multiply-adds).
+    ///
+    /// # Safety
+    /// `at + 16 ≤ self.len()`.
+    unsafe fn load<I: Isa>(self, isa: I, at: usize) -> I::V;
     /// Element `at` as f32.
     fn get(self, at: usize) -> f32;
 }
 
-/// An f32 block; with a non-null `ahead`, each load also prefetches the same element of the block at `ahead`.
+/// An f32 block; with `PF`, each load also prefetches the same element of the block at `ahead` (a hint only: never
+/// dereferenced, so any address will do).
 #[derive(Clone, Copy)]
-pub(super) struct F32Block<'a> {
+pub(super) struct F32Block<'a, const PF: bool> {
     rows: &'a [f32],
     ahead: *const f32,
 }
 
-impl<'a> F32Block<'a> {
+impl<'a, const PF: bool> F32Block<'a, PF> {
     pub(super) fn new(rows: &'a [f32], ahead: *const f32) -> Self {
         F32Block { rows, ahead }
     }
 }
 
-impl BlockSrc for F32Block<'_> {
+impl<const PF: bool> BlockSrc for F32Block<'_, PF> {
     #[inline(always)]
-    fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
-        if !self.ahead.is_null() {
+    fn len(self) -> usize {
+        self.rows.len()
+    }
+
+    #[inline(always)]
+    unsafe fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
+        debug_assert!(at + LANES <= self.rows.len());
+        if PF {
             prefetch(self.ahead.wrapping_add(at).cast());
         }
-        isa.load(&self.rows[at..])
+        // SAFETY: the caller guarantees 16 elements at `at`.
+        unsafe { isa.load_ptr(self.rows.as_ptr().add(at)) }
     }
 
     #[inline(always)]
@@ -312,8 +332,8 @@ impl BlockSrc for F32Block<'_> {
     }
 }
 
-/// An f16 block, widened in registers (exactly); with a non-null `ahead`, each load also prefetches the same
-/// elements of the block at `ahead`.
+/// An f16 block of a page, widened in registers (exactly); each load also prefetches the same elements of the block
+/// at `ahead` (a hint only: never dereferenced).
 #[derive(Clone, Copy)]
 pub(super) struct F16Block<'a> {
     rows: &'a [f16],
@@ -328,13 +348,16 @@ impl<'a> F16Block<'a> {
 
 impl BlockSrc for F16Block<'_> {
     #[inline(always)]
-    fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
-        if !self.ahead.is_null() {
-            prefetch(self.ahead.wrapping_add(at).cast());
-        }
-        let s = &self.rows[at..at + LANES];
-        // SAFETY: `s` holds 16 f16 values.
-        unsafe { isa.load_f16(s.as_ptr().cast::<u16>()) }
+    fn len(self) -> usize {
+        self.rows.len()
+    }
+
+    #[inline(always)]
+    unsafe fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
+        debug_assert!(at + LANES <= self.rows.len());
+        prefetch(self.ahead.wrapping_add(at).cast());
+        // SAFETY: the caller guarantees 16 elements at `at`.
+        unsafe { isa.load_f16(self.rows.as_ptr().add(at).cast::<u16>()) }
     }
 
     #[inline(always)]
@@ -348,9 +371,9 @@ fn ahead<T>(rows: &[T], at: usize) -> *const T {
     rows.as_ptr().wrapping_add(at)
 }
 
-/// Loads block `kb0 / KEY_BLOCK` of kv head `g` (its first `nb` keys) into `kt` (`[dim][KEY_BLOCK]`, keys
-/// transposed) and `vb` (`[KEY_BLOCK][dim]`), f16 widened exactly; each is one contiguous run of the page. Lanes
-/// and rows ≥ nb carry whatever the page holds there: the caller uses only the first `nb` keys of a block.
+/// Loads block `kb0 / KEY_BLOCK` of kv head `g` (its first `nb` keys) into `kt` and `vb` in the page's block layout
+/// ([`k_offset`](crate::kv::k_offset), [`v_offset`](crate::kv::v_offset)), f16 widened exactly; each is one
+/// contiguous run of the page. Keys ≥ nb carry whatever the page holds there: the caller uses only the first `nb`.
 #[inline(always)]
 fn load_block<I: Isa>(
     isa: I,
@@ -364,8 +387,8 @@ fn load_block<I: Isa>(
     debug_assert!(kb0.is_multiple_of(KEY_BLOCK) && nb <= KEY_BLOCK);
     let (k, k_at, v, v_at) = page.block(kb0 / KEY_BLOCK, g);
     read_run(isa, &k, k_at, kt);
-    let dim = vb.len() / KEY_BLOCK;
-    read_run(isa, &v, v_at, &mut vb[..nb * dim]);
+    // The whole run: in the chunked V layout the first `nb` keys are not a prefix of it.
+    read_run(isa, &v, v_at, vb);
 }
 
 /// `dst = storage[at..at + dst.len()]` as f32 (f16 widened exactly, 16 at a time with the vector conversion).
@@ -389,7 +412,7 @@ fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
 }
 
 /// `sc[row][j] = q[row] · k_j` for every row of `q` (`[_, dim]`) and the `KEY_BLOCK` keys of `kt`
-/// (`[dim][KEY_BLOCK]`): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of 4 rows × all
+/// (`[4][dim][16]`, [`k_offset`](crate::kv::k_offset)): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of 4 rows × all
 /// the block's keys with 32 vector registers, 4 rows × one vector of keys with 16 (AVX2: the accumulators stay in
 /// registers; the chains, and so the bits, are the same).
 #[inline(always)]
@@ -430,14 +453,20 @@ fn score_tile<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
     sc: &mut [f32],
     v0: usize,
 ) {
+    // Every index below is checked here, once: the loop runs 8 fused multiply-adds per iteration, and per-access
+    // checks were most of its instructions.
+    assert!(q.len() >= R * dim && (v0 + NV) * LANES <= KEY_BLOCK && kt.len() >= dim * KEY_BLOCK);
     let mut acc = [[isa.zero(); NV]; R];
     for d in 0..dim {
         let mut kv = [isa.zero(); NV];
         for (v, x) in kv.iter_mut().enumerate() {
-            *x = kt.load(isa, d * KEY_BLOCK + (v0 + v) * LANES);
+            // Lane group v0 + v of the block's keys (`k_offset`), dimension d.
+            // SAFETY: ((v0 + v)·dim + d)·16 + 16 ≤ 4·dim·16 ≤ kt.len() (asserted above).
+            *x = unsafe { kt.load(isa, ((v0 + v) * dim + d) * KV_LANES) };
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            let qv = isa.splat(q[r * dim + d]);
+            // SAFETY: r·dim + d < R·dim ≤ q.len() (asserted above).
+            let qv = isa.splat(unsafe { *q.get_unchecked(r * dim + d) });
             for (a, k) in acc_r.iter_mut().zip(&kv) {
                 *a = isa.fma(*a, qv, *k);
             }

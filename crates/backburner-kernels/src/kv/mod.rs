@@ -21,6 +21,29 @@ pub use view::{PageLayout, PageView, PageViewError, RowsRef};
 /// run of keys (transposed) and one of values (see [`KvPage`]).
 pub const KV_BLOCK: usize = 64;
 
+/// Width of the lane groups inside a block: 16 keys of K (one vector of the attention kernel), 16 dimensions of V.
+pub const KV_LANES: usize = 16;
+
+/// Offset of key `lane` (`< KV_BLOCK`), dimension `d` (`< dim`) inside one KV head's K block of `dim · KV_BLOCK`
+/// elements, laid out `[KV_BLOCK / 16][dim][16]`: the 16 keys of a lane group are one vector per dimension, and a
+/// lane group's `dim` vectors are one contiguous run, so each pass of the kernel over the dimensions reads memory
+/// in order.
+#[inline]
+pub(crate) fn k_offset(dim: usize, lane: usize, d: usize) -> usize {
+    ((lane / KV_LANES) * dim + d) * KV_LANES + lane % KV_LANES
+}
+
+/// Offset of key `j` (`< KV_BLOCK`), dimension `d` (`< dim`) inside one KV head's V block of `dim · KV_BLOCK`
+/// elements, laid out as chunks of 16 dimensions, `[⌈dim / 16⌉][KV_BLOCK][w]` with `w = 16` (the last chunk
+/// `dim mod 16` wide when that is not 0): one chunk of every key is one contiguous run, read in order by the
+/// kernel's pass over the keys for those 16 output dimensions.
+#[inline]
+pub(crate) fn v_offset(dim: usize, j: usize, d: usize) -> usize {
+    let c = d / KV_LANES;
+    let w = (dim - c * KV_LANES).min(KV_LANES);
+    c * KV_LANES * KV_BLOCK + j * w + d % KV_LANES
+}
+
 /// Storage dtype of KV rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvDtype {
@@ -88,5 +111,38 @@ mod tests {
         );
         assert_eq!(KvDtype::F16.size_of(), 2);
         assert_eq!(KvDtype::F32.size_of(), 4);
+    }
+
+    #[test]
+    fn the_block_layouts_place_every_element_once_where_the_docs_say() {
+        // K: lane group, then dimension, then the key's lane in its group.
+        assert_eq!(k_offset(128, 0, 0), 0);
+        assert_eq!(k_offset(128, 15, 0), 15);
+        assert_eq!(k_offset(128, 0, 1), 16);
+        assert_eq!(k_offset(128, 16, 0), 128 * 16);
+        assert_eq!(k_offset(128, 63, 127), 64 * 128 - 1);
+        // V: 16-dimension chunk, then key, then dimension in the chunk; the last chunk of dim 24 is 8 wide.
+        assert_eq!(v_offset(128, 0, 15), 15);
+        assert_eq!(v_offset(128, 1, 0), 16);
+        assert_eq!(v_offset(128, 0, 16), 64 * 16);
+        assert_eq!(v_offset(24, 63, 15), 63 * 16 + 15);
+        assert_eq!(v_offset(24, 0, 16), 64 * 16);
+        assert_eq!(v_offset(24, 1, 16), 64 * 16 + 8);
+        assert_eq!(v_offset(24, 63, 23), 64 * 24 - 1);
+        for dim in [1, 8, 16, 24, 40, 128, 256] {
+            for f in [k_offset, v_offset] {
+                let mut seen = vec![false; dim * KV_BLOCK];
+                for j in 0..KV_BLOCK {
+                    for d in 0..dim {
+                        let at = f(dim, j, d);
+                        assert!(
+                            !seen[at],
+                            "dim {dim}: ({j}, {d}) lands on a taken slot {at}"
+                        );
+                        seen[at] = true;
+                    }
+                }
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 use half::{f16, slice::HalfFloatSliceExt};
 
 use super::view::{PageLayout, PageView};
-use super::{KvDtype, KV_BLOCK};
+use super::{k_offset, v_offset, KvDtype, KV_BLOCK};
 
 /// Element storage in the page's dtype.
 #[derive(Clone, Debug)]
@@ -46,16 +46,22 @@ struct Layout {
 }
 
 impl Layout {
-    /// K: block-major, then head, then dimension, then the key's lane in its block.
+    /// K: block-major, then head, then the block's [`k_offset`] layout.
     #[inline]
     fn k(self, row: usize, h: usize, d: usize) -> usize {
-        (((row / KV_BLOCK) * self.hkv + h) * self.dim + d) * KV_BLOCK + row % KV_BLOCK
+        self.block_base(row, h) + k_offset(self.dim, row % KV_BLOCK, d)
     }
 
-    /// V: block-major, then head, then the key's lane, then dimension (one contiguous run per key and head).
+    /// V: block-major, then head, then the block's [`v_offset`] layout.
     #[inline]
-    fn v(self, row: usize, h: usize) -> usize {
-        (((row / KV_BLOCK) * self.hkv + h) * KV_BLOCK + row % KV_BLOCK) * self.dim
+    fn v(self, row: usize, h: usize, d: usize) -> usize {
+        self.block_base(row, h) + v_offset(self.dim, row % KV_BLOCK, d)
+    }
+
+    /// Where head `h`'s part of the block holding `row` starts (the same for K and V).
+    #[inline]
+    fn block_base(self, row: usize, h: usize) -> usize {
+        ((row / KV_BLOCK) * self.hkv + h) * self.dim * KV_BLOCK
     }
 
     /// Elements of one block of K (or of V) for every head.
@@ -68,9 +74,11 @@ impl Layout {
 /// rows each `[len, n_kv_heads, head_dim]` (as appended and read) stored in `dtype`.
 ///
 /// K rows are post-k_norm, post-RoPE keys, V rows the values (ARCH_SPEC "Gated full-attention layer"). Storage is
-/// laid out for the attention kernel, in blocks of [`KV_BLOCK`] = 64 positions: K as `[block, head, head_dim, 64]`
-/// (each block's keys of one head *transposed*, so 16 keys of one dimension are one vector) and V as `[block, head,
-/// 64, head_dim]`; one head's keys or values of one block are one contiguous run that streams from memory. Storage
+/// laid out for the attention kernel, in blocks of [`KV_BLOCK`] = 64 positions: K as `[block, head, 4, head_dim,
+/// 16]` (each block's keys of one head *transposed* in groups of 16, so 16 keys of one dimension are one vector:
+/// [`k_offset`](super::k_offset)) and V as `[block, head, ⌈head_dim / 16⌉, 64, 16]` (chunks of 16 dimensions:
+/// [`v_offset`](super::v_offset)); one head's keys or values of one block are one contiguous run that streams from
+/// memory, and each of the kernel's passes over it reads in address order. Storage
 /// grows by whole blocks; [`KvPage::bytes`] counts the stored rows (the allocation rounds up to a block).
 #[derive(Clone, Debug)]
 pub struct KvPage {
@@ -262,9 +270,8 @@ impl KvPage {
                 for d in 0..dim {
                     kr[h * dim + d] = self.k.get(lay.k(r0 + i, h, d));
                 }
-                let at = lay.v(r0 + i, h);
                 for (d, o) in vr[h * dim..(h + 1) * dim].iter_mut().enumerate() {
-                    *o = self.v.get(at + d);
+                    *o = self.v.get(lay.v(r0 + i, h, d));
                 }
             }
         }
@@ -316,9 +323,8 @@ fn scatter<T: Copy>(
             let src = (i * lay.hkv + h) * dim;
             for d in 0..dim {
                 kd[lay.k(len + i, h, d)] = k[src + d];
+                vd[lay.v(len + i, h, d)] = v[src + d];
             }
-            let at = lay.v(len + i, h);
-            vd[at..at + dim].copy_from_slice(&v[src..src + dim]);
         }
     }
 }

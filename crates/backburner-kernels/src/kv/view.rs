@@ -33,15 +33,16 @@ impl<'a> From<&'a Rows> for RowsRef<'a> {
 }
 
 /// How the blocks of a page are ordered in its storage. Inside a block of [`KV_BLOCK`] positions of one KV head, K
-/// is always `[head_dim, 64]` (keys transposed) and V `[64, head_dim]`; the attention kernel reads every layout
-/// with the same bits.
+/// is always `[4, head_dim, 16]` (lane groups of 16 keys, transposed: [`k_offset`](super::k_offset)) and V
+/// `[⌈head_dim / 16⌉, 64, 16]` (chunks of 16 dimensions: [`v_offset`](super::v_offset)); the attention kernel reads
+/// every layout with the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PageLayout {
-    /// Block-major, as a [`KvPage`] grows: K `[block, head, head_dim, 64]` in the K storage and V `[block, head,
-    /// 64, head_dim]` in the V storage. The layout of pages on the wire.
+    /// Block-major, as a [`KvPage`] grows: K `[block, head, {K block}]` in the K storage and V `[block, head,
+    /// {V block}]` in the V storage. The layout of pages on the wire.
     BlockMajor,
     /// Head-major with K and V interleaved, as a [`PackedPage`](super::PackedPage) holds a frozen page: `[head,
-    /// block, {K [head_dim, 64], V [64, head_dim]}]`, so one KV head's keys and values are one contiguous run over
+    /// block, {K block, V block}]`, so one KV head's keys and values are one contiguous run over
     /// the page (the queries of one GQA group stream it once, front to back). The K and V storages are one buffer
     /// (or two copies of it) of `2 · ceil(len / 64) · n_kv_heads · head_dim · 64` elements: K is read from the
     /// first, V from the second, each at its own offsets.
@@ -191,8 +192,9 @@ impl<'a> PageView<'a> {
         self.v
     }
 
-    /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K (`[head_dim][64]`,
-    /// keys transposed) and of its V (`[64][head_dim]`); lanes and rows at or past `len` hold no key.
+    /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K and its V runs
+    /// (`head_dim · 64` elements each, in the layouts of [`k_offset`](super::k_offset) and
+    /// [`v_offset`](super::v_offset)); positions at or past `len` hold no key.
     pub(crate) fn block(&self, b: usize, h: usize) -> (RowsRef<'a>, usize, RowsRef<'a>, usize) {
         let run = self.head_dim * KV_BLOCK;
         let (k_at, v_at) = match self.layout {
