@@ -51,10 +51,10 @@ impl RowState {
     }
 
     /// The values half: rows `r0..r0 + n` (which all see the block's first `nv` keys) add `Σ_j p_j·v_j`, with their
-    /// weights in `p` (`[n][KEY_BLOCK]`) and the values in `v` (`[⌈dim / 16⌉][KEY_BLOCK][16]`, `v_offset`). Each
-    /// output element is one
-    /// fused multiply-add chain over the keys in order, so a row's bits do not depend on the rows beside it; rows
-    /// share each loaded value vector, in tiles of up to 4 rows × 64 dimensions.
+    /// weights in `p` (`[n][KEY_BLOCK]`) and the values in `v` (chunks of 16 dimensions × `KEY_BLOCK` keys,
+    /// `v_offset`). Each output element is one fused multiply-add chain over the keys in order, so a row's bits do
+    /// not depend on the rows beside it; rows share each loaded value vector, in tiles of up to 4 rows × 64
+    /// dimensions.
     #[inline(always)]
     pub(super) fn accumulate<I: Isa, S: BlockSrc>(
         &mut self,

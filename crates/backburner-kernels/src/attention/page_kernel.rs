@@ -193,7 +193,8 @@ impl Ctx<'_> {
             let step = Step { t0, t1, kb0, nb };
             if direct {
                 let (k, k_at, v, v_at) = self.page.block(b, g);
-                // This head's next block of the segment, prefetched as this one is read.
+                // This head's next block of the segment, prefetched as this one is read (the last block prefetches
+                // itself: a hint for lines already on their way, so the loads need no branch).
                 let next = (kb0 + nb < k1).then(|| self.page.block(b + 1, g));
                 let n = dim * KEY_BLOCK;
                 match (k, v) {
@@ -283,7 +284,11 @@ const DIRECT_ROWS: usize = 8;
 
 /// One block's keys or values (`dim · KEY_BLOCK` elements in the layout of [`k_offset`](crate::kv::k_offset) or
 /// [`v_offset`](crate::kv::v_offset)) as the kernel reads them.
-pub(super) trait BlockSrc: Copy {
+///
+/// # Safety
+/// [`BlockSrc::len`] must be the number of elements that [`BlockSrc::load`] may read: the kernels' unchecked loads
+/// rely on it.
+pub(super) unsafe trait BlockSrc: Copy {
     /// Elements in the block (`head_dim · KEY_BLOCK`).
     fn len(self) -> usize;
     /// Elements `[at, at + 16)` as f32 lanes, read without a bounds check (the loops of the kernels check their
@@ -310,7 +315,8 @@ impl<'a, const PF: bool> F32Block<'a, PF> {
     }
 }
 
-impl<const PF: bool> BlockSrc for F32Block<'_, PF> {
+// SAFETY: `len` is the length of the slice that `load` reads.
+unsafe impl<const PF: bool> BlockSrc for F32Block<'_, PF> {
     #[inline(always)]
     fn len(self) -> usize {
         self.rows.len()
@@ -346,7 +352,8 @@ impl<'a> F16Block<'a> {
     }
 }
 
-impl BlockSrc for F16Block<'_> {
+// SAFETY: `len` is the length of the slice that `load` reads.
+unsafe impl BlockSrc for F16Block<'_> {
     #[inline(always)]
     fn len(self) -> usize {
         self.rows.len()
@@ -411,10 +418,10 @@ fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
     }
 }
 
-/// `sc[row][j] = q[row] · k_j` for every row of `q` (`[_, dim]`) and the `KEY_BLOCK` keys of `kt`
-/// (`[4][dim][16]`, [`k_offset`](crate::kv::k_offset)): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of 4 rows × all
-/// the block's keys with 32 vector registers, 4 rows × one vector of keys with 16 (AVX2: the accumulators stay in
-/// registers; the chains, and so the bits, are the same).
+/// `sc[row][j] = q[row] · k_j` for every row of `q` (`[_, dim]`) and the `KEY_BLOCK` keys of `kt` (`[4][dim][16]`,
+/// [`k_offset`](crate::kv::k_offset)): one fused multiply-add chain over `d` per score (lanes = keys), in tiles of
+/// 4 rows × all the block's keys with 32 vector registers, 4 rows × one vector of keys with 16 (AVX2: the
+/// accumulators stay in registers; the chains, and so the bits, are the same).
 #[inline(always)]
 fn scores<I: Isa, S: BlockSrc>(isa: I, q: &[f32], kt: S, dim: usize, sc: &mut [f32]) {
     const NV: usize = KEY_BLOCK / LANES;

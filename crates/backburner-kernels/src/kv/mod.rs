@@ -27,18 +27,20 @@ pub const KV_LANES: usize = 16;
 /// Offset of key `lane` (`< KV_BLOCK`), dimension `d` (`< dim`) inside one KV head's K block of `dim · KV_BLOCK`
 /// elements, laid out `[KV_BLOCK / 16][dim][16]`: the 16 keys of a lane group are one vector per dimension, and a
 /// lane group's `dim` vectors are one contiguous run, so each pass of the kernel over the dimensions reads memory
-/// in order.
+/// in order. The block layout of pages on the link (docs/PROTOCOL.md §5.11). Arguments out of range give a
+/// meaningless offset.
 #[inline]
-pub(crate) fn k_offset(dim: usize, lane: usize, d: usize) -> usize {
+pub fn k_offset(dim: usize, lane: usize, d: usize) -> usize {
     ((lane / KV_LANES) * dim + d) * KV_LANES + lane % KV_LANES
 }
 
 /// Offset of key `j` (`< KV_BLOCK`), dimension `d` (`< dim`) inside one KV head's V block of `dim · KV_BLOCK`
 /// elements, laid out as chunks of 16 dimensions, `[⌈dim / 16⌉][KV_BLOCK][w]` with `w = 16` (the last chunk
 /// `dim mod 16` wide when that is not 0): one chunk of every key is one contiguous run, read in order by the
-/// kernel's pass over the keys for those 16 output dimensions.
+/// kernel's pass over the keys for those 16 output dimensions. The block layout of pages on the link
+/// (docs/PROTOCOL.md §5.11). Panics (in debug builds) or gives a meaningless offset if `d ≥ dim`.
 #[inline]
-pub(crate) fn v_offset(dim: usize, j: usize, d: usize) -> usize {
+pub fn v_offset(dim: usize, j: usize, d: usize) -> usize {
     let c = d / KV_LANES;
     let w = (dim - c * KV_LANES).min(KV_LANES);
     c * KV_LANES * KV_BLOCK + j * w + d % KV_LANES

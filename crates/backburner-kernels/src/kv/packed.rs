@@ -7,8 +7,8 @@ use super::view::{PageLayout, PageView, RowsRef};
 use super::{KvDtype, KV_BLOCK};
 
 /// An owned copy of a page in the head-major layout, `[head, block, {K block, V block}]` (each block as in
-/// [`k_offset`](super::k_offset), [`v_offset`](super::v_offset)) in the
-/// page's dtype, whole blocks of [`KV_BLOCK`] positions. Built once (off the request path) from a page that will not
+/// [`k_offset`](super::k_offset), [`v_offset`](super::v_offset)) in the page's dtype, whole blocks of [`KV_BLOCK`]
+/// positions. Built once (off the request path) from a page that will not
 /// change again, a full page; the attention kernel reads its [`PackedPage::view`] with the same bits as the original
 /// page's view, faster when the page streams from memory (see `benches/old_pages.rs`).
 ///

@@ -88,9 +88,9 @@ pub struct KvPage {
     head_dim: usize,
     dtype: KvDtype,
     len: usize,
-    /// `[blocks, n_kv_heads, head_dim, KV_BLOCK]`.
+    /// `[blocks, n_kv_heads, head_dim · KV_BLOCK]`, each block as [`k_offset`] places it.
     k: Rows,
-    /// `[blocks, n_kv_heads, KV_BLOCK, head_dim]`.
+    /// `[blocks, n_kv_heads, head_dim · KV_BLOCK]`, each block as [`v_offset`] places it.
     v: Rows,
 }
 
