@@ -71,7 +71,8 @@ impl GdnDims {
         self.n_v_heads / self.n_k_heads
     }
 
-    /// The q/k head that v head `j` reads (see [`GdnDims`]). Panics if the head counts are zero or `n_v_heads % n_k_heads != 0`.
+    /// The q/k head that v head `j` reads (see [`GdnDims`]). Panics if the head counts are zero or
+    /// `n_v_heads % n_k_heads != 0`.
     pub fn k_head(&self, j: usize) -> usize {
         if self.tiled_v_heads {
             self.ratio();
