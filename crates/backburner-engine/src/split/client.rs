@@ -193,6 +193,9 @@ impl WorkerClient {
     pub fn fail(&mut self, err: &LinkError) {
         self.lost(err);
         self.link.stats.fallbacks += 1;
+        tracing::warn!(
+            "split prefill: the host computes this prompt's remaining layers itself (same output)"
+        );
     }
 
     /// The connection failed outside a call (nothing to fall back from): backoff, and the mirror starts over.
