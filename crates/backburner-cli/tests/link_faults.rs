@@ -31,6 +31,40 @@ fn split_through(relay: &Relay, dump: &std::path::Path) -> (serde_json::Value, D
 }
 
 #[test]
+fn a_page_size_workers_refuse_runs_locally_without_contacting_the_worker() {
+    // Nothing listens at port 1: had the host tried the worker, it would report a failure and count a fallback.
+    let d = tempfile::tempdir().unwrap();
+    let page = ["--kv-page-size", "100"];
+    let local = host(&page, &d.path().join("local.bin"));
+    let flags = [
+        &page[..],
+        &["--worker", "127.0.0.1:1", "--split-min-tokens", "1"],
+    ]
+    .concat();
+    let o = common::run_tiny(
+        &[
+            &flags[..],
+            &["--dump-logits", d.path().join("w.bin").to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-page-size 100 is not a multiple of 64")
+            && !err.contains("worker failed"),
+        "{err}"
+    );
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["tokens"], local["tokens"]);
+    assert!(out.get("link").is_none(), "no worker attached: {out}");
+    assert_eq!(
+        std::fs::read(d.path().join("w.bin")).unwrap(),
+        std::fs::read(d.path().join("local.bin")).unwrap()
+    );
+}
+
+#[test]
 fn every_link_fault_falls_back_to_the_local_logits_within_the_deadline() {
     let d = tempfile::tempdir().unwrap();
     let local = host(&[], &d.path().join("local.bin"));
