@@ -134,6 +134,28 @@ impl LinkArgs {
         Ok(out)
     }
 
+    /// Whether `--worker`s can take this session's KV pages of `page_size` positions (split prefill mirrors them,
+    /// KV offload holds them): a worker refuses a size that is not a multiple of 64 (its pages are whole 64-position
+    /// blocks). `true` when there is no worker or with `--layer-split` (handled by its chain). Otherwise, with
+    /// `--kv-budget` an error (the budget needs the workers); without, a warning and `false`: the prompt runs on
+    /// this host alone instead of connecting, being refused and counting a fallback on every request.
+    pub fn workers_take_pages(&self, page_size: usize) -> Result<bool> {
+        if self.worker.is_empty() || !self.layer_split.is_empty() || page_size.is_multiple_of(64) {
+            return Ok(true);
+        }
+        if self.kv_budget.is_some() {
+            bail!(
+                "--kv-page-size {page_size} must be a multiple of 64 for workers to hold KV pages (--kv-budget with \
+                 --worker)"
+            );
+        }
+        eprintln!(
+            "warning: --kv-page-size {page_size} is not a multiple of 64, which workers require: the prompt runs on \
+             this host alone (--worker is ignored)"
+        );
+        Ok(false)
+    }
+
     /// A client per `--worker`, in order, for `loaded`'s model (none with `--layer-split`: see
     /// [`crate::chain_args::layer_split`]). Validates `--split-layer` first.
     pub fn clients(&self, loaded: &Loaded, host_threads: usize) -> Result<Vec<WorkerClient>> {

@@ -161,27 +161,10 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         cancel: Some(cancel_on_ctrl_c()?),
     };
-    if a.link.kv_budget.is_some() && !workers.is_empty() && !a.model.kv_page_size.is_multiple_of(64)
-    {
-        bail!(
-            "--kv-page-size {} must be a multiple of 64 for workers to hold KV pages (--kv-budget with --worker)",
-            a.model.kv_page_size
-        );
-    }
-    // A worker refuses a page size that is not a multiple of 64 (its pages are whole 64-position blocks); without
-    // this check the host would connect, be refused and count a fallback on every request.
-    let workers = if chain.is_none()
-        && !workers.is_empty()
-        && !a.model.kv_page_size.is_multiple_of(64)
-    {
-        eprintln!(
-            "warning: --kv-page-size {} is not a multiple of 64, which workers require: the prompt runs on this host \
-             alone (--worker is ignored)",
-            a.model.kv_page_size
-        );
-        Vec::new()
-    } else {
+    let workers = if a.link.workers_take_pages(a.model.kv_page_size)? {
         workers
+    } else {
+        Vec::new()
     };
     check_session_memory(&a, &loaded.model, prompt.len())?;
     let mut opts = a.model.session_options(&pool);

@@ -91,9 +91,10 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             .file_name()
             .map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
+    let with_workers = a.link.workers_take_pages(a.model.kv_page_size)?;
     let mut sessions = Vec::new();
     for _ in 0..a.parallel {
-        sessions.push(slot_session(&a, &loaded, &pool)?);
+        sessions.push(slot_session(&a, &loaded, &pool, with_workers)?);
     }
     let context_length = sessions[0].context_length();
     let eos_ids = match &loaded.tokenizer {
@@ -140,13 +141,18 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     })
 }
 
-/// One slot's session: its own workers' connections (split prefill / KV offload) or layer-split chain.
+/// One slot's session: its own workers' connections (split prefill / KV offload; none when `with_workers` is false,
+/// see [`LinkArgs::workers_take_pages`](crate::link_args::LinkArgs::workers_take_pages)) or layer-split chain.
 fn slot_session(
     a: &ServeArgs,
     loaded: &crate::Loaded,
     pool: &backburner_engine::ComputePool,
+    with_workers: bool,
 ) -> Result<Session> {
-    let workers = a.link.clients(loaded, pool.threads())?;
+    let mut workers = a.link.clients(loaded, pool.threads())?;
+    if !with_workers {
+        workers.clear();
+    }
     let chain = crate::chain_args::layer_split(&a.link, loaded, pool.threads())?;
     let mut opts = a.model.session_options(pool);
     opts.kv_budget = a.link.kv_budget;

@@ -62,6 +62,14 @@ fn a_page_size_workers_refuse_runs_locally_without_contacting_the_worker() {
         std::fs::read(d.path().join("w.bin")).unwrap(),
         std::fs::read(d.path().join("local.bin")).unwrap()
     );
+    // KV offload needs the workers to hold pages: there the same size is an error, not a silent local run.
+    let o = common::run_tiny(&[&flags[..], &["--kv-budget", "128"]].concat());
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--kv-page-size 100 must be a multiple of 64 for workers to hold KV pages"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -65,6 +65,31 @@ fn refs(v: &[String]) -> Vec<&str> {
 }
 
 #[test]
+fn a_page_size_workers_refuse_serves_locally_without_contacting_the_worker() {
+    // Nothing listens at port 1: had a slot tried the worker, it would count a fallback.
+    let m = tiny();
+    let page = ["--kv-page-size", "100"];
+    let local = serve(&m, &[&page[..], &["--ubatch", "8"]].concat());
+    let want = answer(&local.post_ok("/v1/completions", &greedy_ids_request()));
+    drop(local);
+    let split = split_flags("127.0.0.1:1");
+    let flags = [&page[..], &refs(&split), &["--parallel", "2"]].concat();
+    let s = serve(&m, &flags);
+    let got = answer(&s.post_ok("/v1/completions", &greedy_ids_request()));
+    assert_eq!(got, want);
+    assert_eq!(s.metric("workers_attached"), 0.0);
+    assert_eq!(s.metric("fallbacks_total"), 0.0);
+    let err = s.stderr();
+    // Said once, not once per slot.
+    assert_eq!(
+        err.matches("--kv-page-size 100 is not a multiple of 64")
+            .count(),
+        1,
+        "{err}"
+    );
+}
+
+#[test]
 fn a_worker_behind_the_server_gives_the_same_answers_and_its_loss_falls_back_to_local() {
     let m = tiny();
     let local = serve(&m, &["--ubatch", "8"]);
