@@ -59,6 +59,29 @@ pub(crate) trait QIsa: Copy {
     /// `s` plus the accumulator's lanes as i32.
     fn widen(self, a: Self::A, s: Self::I) -> Self::I;
 
+    /// Whether [`QIsa::signed_quad`] is a hand-scheduled kernel that the many-row path should prefer for offset-128
+    /// codes.
+    const SIGNED_QUAD: bool = false;
+    /// The exact sums `Σ_t code_t·x_r[t]` of four rows `r` over one 32-block of offset-128 codes, given as
+    /// [`QIsa::SIGNED`] says: the block's 8 code vectors at `codes` (group `g`, inputs `4g..4g + 4`, at byte `64·g`),
+    /// row `r`'s 32 quantized inputs at `x[r]`. The default: [`QIsa::dot_s`], widened after every step.
+    ///
+    /// # Safety
+    /// `codes` must be valid for reading 512 bytes and each `x[r]` for reading 32.
+    #[inline(always)]
+    unsafe fn signed_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
+        let mut s = [self.i_zero(); 4];
+        for g in 0..8 {
+            // SAFETY: code vector g and inputs 4g..4g + 4 lie in the caller's ranges.
+            let w = unsafe { self.load_w(codes.add(64 * g)) };
+            for r in 0..4 {
+                // SAFETY: as above.
+                let x4 = unsafe { x[r].add(4 * g).cast::<i32>().read_unaligned() };
+                s[r] = self.widen(self.dot_s(self.a_zero(), w, x4), s[r]);
+            }
+        }
+        s
+    }
     /// 16 zeros.
     fn i_zero(self) -> Self::I;
     /// Lane-wise `a + b`.

@@ -3,7 +3,9 @@
 //! against the buffer, so the unpacking is paid once per block instead of once per row tile.
 //!
 //! The buffer holds exactly the values the direct path computes in registers ([`Fmt::codes`], [`Fmt::scales`]),
-//! and the row tiles run the same [`block`] step, so results are the same bits as the decode path.
+//! and the row tiles run the same [`block`] step (or, for 4 rows of an offset-128 format where the ISA has one, the
+//! hand-scheduled [`QIsa::signed_quad`], which forms the same exact integer sums), so results are the same bits as
+//! the decode path.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -79,7 +81,12 @@ impl Task<'_> {
                 }
                 let mut r0 = 0;
                 while r0 < m {
-                    let rows = (m - r0).min(I::ROWS).min(4);
+                    let quad = I::SIGNED_QUAD && F::OFFSET_128 && m - r0 >= 4;
+                    let rows = if quad {
+                        4
+                    } else {
+                        (m - r0).min(I::ROWS).min(4)
+                    };
                     for p in p0..p1 {
                         let t = Tile { p, row0: r0 };
                         let (d, b0) = (slot(p).cast_const(), u0 * bpu);
@@ -89,6 +96,7 @@ impl Task<'_> {
                                 1 => self.tile_dec::<I, F, 1>(isa, t, d, b0..b0 + nblk),
                                 2 => self.tile_dec::<I, F, 2>(isa, t, d, b0..b0 + nblk),
                                 3 => self.tile_dec::<I, F, 3>(isa, t, d, b0..b0 + nblk),
+                                _ if quad => self.tile_quad::<I, F>(isa, t, d, b0..b0 + nblk),
                                 _ => self.tile_dec::<I, F, 4>(isa, t, d, b0..b0 + nblk),
                             }
                         }
@@ -130,6 +138,41 @@ impl Task<'_> {
                 }
             }
         }
+    }
+
+    /// [`Task::tile_dec`] for 4 rows of an offset-128 format, with the ISA's [`QIsa::signed_quad`] kernel for the
+    /// integer sums (the same sums, so the same bits).
+    ///
+    /// # Safety
+    /// As [`Task::tile_dec`] with `R = 4`.
+    #[inline(always)]
+    unsafe fn tile_quad<I: QIsa, F: Fmt>(
+        &self,
+        isa: I,
+        t: Tile,
+        d: *const u8,
+        blocks: Range<usize>,
+    ) {
+        let (xq, xb) = self.rows::<4>(t.row0);
+        let mut acc = if blocks.start > 0 {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.load_acc::<I, 4>(isa, t) }
+        } else {
+            [isa.f_zero(); 4]
+        };
+        for (j, bi) in blocks.enumerate() {
+            // SAFETY: decoded block j exists (its 8 code vectors first); block bi's 32 inputs lie in each row.
+            let (s, sc) = unsafe {
+                let at = d.add(j * DEC);
+                let x = xq.map(|p| p.add(ACT_BLOCK * bi));
+                (isa.signed_quad(at, x), Decoded(at).scales(isa))
+            };
+            for r in 0..4 {
+                acc[r] = F::combine(isa, sc, s[r], isa.i_zero(), xb[r][bi], acc[r]);
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.store_acc(isa, t, &acc) };
     }
 
     /// Rows `t.row0..t.row0 + R` × panel `t.p` over the decoded blocks at `d` (activation blocks `blocks`): the

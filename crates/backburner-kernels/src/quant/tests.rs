@@ -103,3 +103,50 @@ fn products_give_the_same_bits_on_every_instruction_set() {
         }
     }
 }
+
+#[test]
+fn extreme_codes_against_full_scale_inputs_give_the_reference_bits() {
+    // The largest pair sums the AVX2 kernels form — codes of magnitude 127 or 128 against inputs of magnitude 127,
+    // products of one sign — must not saturate, in the decode path (m ≤ 2) and the 4-row tiles of the many-row path.
+    let (n, k) = (32, 512);
+    let d = f16::from_f32(1.0).to_bits().to_le_bytes();
+    let q8 = |q: u8| [&d[..], &[q; 32]].concat();
+    // IQ4_XS: sub-block scales ls = 63 (ls − 32 = 31), every index `i`.
+    let iq4 = |i: u8| [&d[..], &[0xFF; 6], &[i | i << 4; 128]].concat();
+    let cases = [
+        (QuantFormat::Q8_0, q8(0x80), -128.0f32),
+        (QuantFormat::Q8_0, q8(0x7F), 127.0),
+        (QuantFormat::Iq4Xs, iq4(0), -127.0 * 31.0),
+        (QuantFormat::Iq4Xs, iq4(15), 113.0 * 31.0),
+    ];
+    for (fmt, block, weight) in cases {
+        let mut one = vec![0.0f32; fmt.block_elems()];
+        dequantize(fmt, &block, &mut one).unwrap();
+        assert!(one.iter().all(|&v| v == weight), "{fmt} test block");
+        let rows = block.repeat(n * k / fmt.block_elems());
+        let w = QuantMatrix::pack(fmt, k, &[(&rows, n)]).unwrap();
+        for m in [1, 2, 4, 5, 8] {
+            for sign in [1.0f32, -1.0] {
+                let mut x = QuantizedActs::new();
+                x.quantize(&vec![sign; m * k], m, k);
+                let mut want = vec![0.0f32; m * n];
+                qmatmul_reference(&x, &w, &mut want, n);
+                let exact = sign * weight * k as f32;
+                for v in &want {
+                    assert!(
+                        (v - exact).abs() <= 1e-5 * exact.abs(),
+                        "{fmt} {v} vs {exact}"
+                    );
+                }
+                for cap in (0..=2u8).rev() {
+                    ISA_CAP.store(cap, Ordering::SeqCst);
+                    let mut y = vec![0.0f32; m * n];
+                    qmatmul(&x, &w, &mut y, n);
+                    ISA_CAP.store(2, Ordering::SeqCst);
+                    let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{fmt} m={m} sign {sign} cap={cap} ({})", kernel_isa());
+                }
+            }
+        }
+    }
+}
