@@ -59,8 +59,8 @@ pub(crate) trait QIsa: Copy {
     /// `s` plus the accumulator's lanes as i32.
     fn widen(self, a: Self::A, s: Self::I) -> Self::I;
 
-    /// Whether [`QIsa::signed_quad`] is a hand-scheduled kernel that the many-row path should prefer for offset-128
-    /// codes.
+    /// Whether the many-row path runs offset-128 formats in tiles of 4 rows through [`QIsa::signed_quad`] (AVX2: a
+    /// hand-scheduled kernel; plain Rust: the default, to test those tiles everywhere).
     const SIGNED_QUAD: bool = false;
     /// The exact sums `Σ_t code_t·x_r[t]` of four rows `r` over one 32-block of offset-128 codes, given as
     /// [`QIsa::SIGNED`] says: the block's 8 code vectors at `codes` (group `g`, inputs `4g..4g + 4`, at byte `64·g`),
@@ -140,7 +140,8 @@ pub(crate) trait QIsa: Copy {
 }
 
 /// Plain Rust lanes (any CPU), with the unsigned semantics of VNNI (`SIGNED = false`), so that the offset
-/// corrections the AVX-512 path relies on are exercised on every machine.
+/// corrections the AVX-512 path relies on are exercised on every machine; it also takes the 4-row tiles of the
+/// offset-128 formats ([`QIsa::signed_quad`]'s default).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scalar;
 
@@ -151,6 +152,9 @@ impl QIsa for Scalar {
     type F = [f32; LANES];
     const SIGNED: bool = false;
     const ROWS: usize = 2;
+    /// The default [`QIsa::signed_quad`] (plain loops), so that the 4-row tiles AVX2's asm runs are exercised on
+    /// every machine.
+    const SIGNED_QUAD: bool = true;
 
     #[inline(always)]
     unsafe fn load_w(self, p: *const u8) -> Self::W {
