@@ -50,6 +50,9 @@ pub(crate) trait Fmt {
             (isa.load_f16(u.add(lay.d)), dmin)
         }
     }
+    /// Whether [`Fmt::combine`] takes the block's two halves' sums apart (Q6_K: one scale per 16 inputs); the
+    /// others use only `lo + hi`.
+    const HALVES: bool = false;
     /// Whether the codes are offset-128 values (Q8_0, IQ4_XS), which go to [`QIsa::dot_s`]; the others go to
     /// [`QIsa::dot_u`].
     const OFFSET_128: bool = false;
@@ -304,6 +307,7 @@ impl Fmt for Q5K {
 
 impl Fmt for Q6K {
     const FORMAT: QuantFormat = QuantFormat::Q6K;
+    const HALVES: bool = true;
     type Pre<I: QIsa> = (I::W, I::W);
     fn cmax<I: QIsa>() -> u32 {
         63

@@ -82,6 +82,28 @@ pub(crate) trait QIsa: Copy {
         }
         s
     }
+    /// Whether the many-row path runs formats with unsigned codes `≤ 16` (Q4_0, Q4_K) in tiles of 4 rows through
+    /// [`QIsa::small_quad`] (as [`QIsa::SIGNED_QUAD`]).
+    const SMALL_QUAD: bool = false;
+    /// As [`QIsa::signed_quad`] for unsigned codes `≤ 16` ([`QIsa::dot_u`]'s). The default: `dot_u`, widened after
+    /// every step.
+    ///
+    /// # Safety
+    /// As [`QIsa::signed_quad`].
+    #[inline(always)]
+    unsafe fn small_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
+        let mut s = [self.i_zero(); 4];
+        for g in 0..8 {
+            // SAFETY: code vector g and inputs 4g..4g + 4 lie in the caller's ranges.
+            let w = unsafe { self.load_w(codes.add(64 * g)) };
+            for r in 0..4 {
+                // SAFETY: as above.
+                let x4 = unsafe { x[r].add(4 * g).cast::<i32>().read_unaligned() };
+                s[r] = self.widen(self.dot_u(self.a_zero(), w, x4), s[r]);
+            }
+        }
+        s
+    }
     /// 16 zeros.
     fn i_zero(self) -> Self::I;
     /// Lane-wise `a + b`.
@@ -140,8 +162,8 @@ pub(crate) trait QIsa: Copy {
 }
 
 /// Plain Rust lanes (any CPU), with the unsigned semantics of VNNI (`SIGNED = false`), so that the offset
-/// corrections the AVX-512 path relies on are exercised on every machine; it also takes the 4-row tiles of the
-/// offset-128 formats ([`QIsa::signed_quad`]'s default).
+/// corrections the AVX-512 path relies on are exercised on every machine; it also takes the 4-row tiles AVX2 runs in
+/// asm ([`QIsa::signed_quad`]'s and [`QIsa::small_quad`]'s defaults).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scalar;
 
@@ -155,6 +177,8 @@ impl QIsa for Scalar {
     /// The default [`QIsa::signed_quad`] (plain loops), so that the 4-row tiles AVX2's asm runs are exercised on
     /// every machine.
     const SIGNED_QUAD: bool = true;
+    /// As `SIGNED_QUAD`.
+    const SMALL_QUAD: bool = true;
 
     #[inline(always)]
     unsafe fn load_w(self, p: *const u8) -> Self::W {

@@ -3,8 +3,8 @@
 //! against the buffer, so the unpacking is paid once per block instead of once per row tile.
 //!
 //! The buffer holds exactly the values the direct path computes in registers ([`Fmt::codes`], [`Fmt::scales`]),
-//! and the row tiles run the same [`block`] step (or, for 4 rows of an offset-128 format where the ISA has one, the
-//! hand-scheduled [`QIsa::signed_quad`], which forms the same exact integer sums), so results are the same bits as
+//! and the row tiles run the same [`block`] step (or, for 4 rows of a format [`quad`] accepts, the ISA's
+//! [`QIsa::signed_quad`] or [`QIsa::small_quad`], which form the same exact integer sums), so results are the same bits as
 //! the decode path.
 
 use std::cell::RefCell;
@@ -23,6 +23,17 @@ const DEC: usize = 10 * 64;
 const KC_BLOCKS: usize = 24;
 /// Panels per cache block: 16 × 15 KiB = 240 KiB of decoded weights, which every row tile reads from L2.
 const CHUNK: usize = 16;
+
+/// Whether the many-row path of format `F` runs 4-row tiles through the ISA's [`QIsa::signed_quad`] (offset-128
+/// codes) or [`QIsa::small_quad`] (unsigned codes `≤ 16` whose block term takes only the sum of both halves).
+#[inline(always)]
+fn quad<I: QIsa, F: Fmt>() -> bool {
+    if F::OFFSET_128 {
+        I::SIGNED_QUAD
+    } else {
+        I::SMALL_QUAD && !F::HALVES && F::cmax::<I>() <= 16
+    }
+}
 
 thread_local! {
     /// The decoded cache block (per thread, reused).
@@ -81,7 +92,7 @@ impl Task<'_> {
                 }
                 let mut r0 = 0;
                 while r0 < m {
-                    let quad = I::SIGNED_QUAD && F::OFFSET_128 && m - r0 >= 4;
+                    let quad = m - r0 >= 4 && quad::<I, F>();
                     let rows = if quad {
                         4
                     } else {
@@ -140,8 +151,8 @@ impl Task<'_> {
         }
     }
 
-    /// [`Task::tile_dec`] for 4 rows of an offset-128 format, with the ISA's [`QIsa::signed_quad`] kernel for the
-    /// integer sums (the same sums, so the same bits).
+    /// [`Task::tile_dec`] for 4 rows of a format that [`quad`] accepts, with the ISA's [`QIsa::signed_quad`] or
+    /// [`QIsa::small_quad`] for the integer sums (the same sums, so the same bits).
     ///
     /// # Safety
     /// As [`Task::tile_dec`] with `R = 4`.
@@ -165,7 +176,12 @@ impl Task<'_> {
             let (s, sc) = unsafe {
                 let at = d.add(j * DEC);
                 let x = xq.map(|p| p.add(ACT_BLOCK * bi));
-                (isa.signed_quad(at, x), Decoded(at).scales(isa))
+                let s = if F::OFFSET_128 {
+                    isa.signed_quad(at, x)
+                } else {
+                    isa.small_quad(at, x)
+                };
+                (s, Decoded(at).scales(isa))
             };
             for r in 0..4 {
                 acc[r] = F::combine(isa, sc, s[r], isa.i_zero(), xb[r][bi], acc[r]);

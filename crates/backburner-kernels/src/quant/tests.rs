@@ -106,15 +106,22 @@ fn products_give_the_same_bits_on_every_instruction_set() {
 
 #[test]
 fn extreme_codes_against_full_scale_inputs_give_the_reference_bits() {
-    // The largest pair sums the AVX2 kernels form — codes of magnitude 127 or 128 against inputs of magnitude 127,
-    // products of one sign — must not saturate, in the decode path (m ≤ 2) and the 4-row tiles of the many-row path.
+    // The largest pair sums the AVX2 kernels form — codes of magnitude 127 or 128 (signed) or 15 (unsigned, summed 8
+    // steps in i16) against inputs of magnitude 127, products of one sign — must not saturate, in the decode path
+    // (m ≤ 2) and the 4-row tiles of the many-row path.
     let (n, k) = (32, 512);
     let d = f16::from_f32(1.0).to_bits().to_le_bytes();
     let q8 = |q: u8| [&d[..], &[q; 32]].concat();
     // IQ4_XS: sub-block scales ls = 63 (ls − 32 = 31), every index `i`.
     let iq4 = |i: u8| [&d[..], &[0xFF; 6], &[i | i << 4; 128]].concat();
+    let q4 = |q: u8| [&d[..], &[q; 16]].concat();
+    // Q4_K: d = 1, dmin = 0, every 6-bit scale and min 63, every code 15.
+    let q4k = [&d[..], &[0, 0], &[0xFF; 12], &[0xFF; 128]].concat();
     let cases = [
-        (QuantFormat::Q8_0, q8(0x80), -128.0f32),
+        (QuantFormat::Q4_0, q4(0xFF), 7.0f32),
+        (QuantFormat::Q4_0, q4(0x00), -8.0),
+        (QuantFormat::Q4K, q4k, 63.0 * 15.0),
+        (QuantFormat::Q8_0, q8(0x80), -128.0),
         (QuantFormat::Q8_0, q8(0x7F), 127.0),
         (QuantFormat::Iq4Xs, iq4(0), -127.0 * 31.0),
         (QuantFormat::Iq4Xs, iq4(15), 113.0 * 31.0),

@@ -1,6 +1,6 @@
 //! [`QIsa`] on x86-64 vector registers: AVX-512 with VNNI (`vpdpbusd`: u8×i8 → i32, four products per lane) and
-//! AVX2 (`vpmaddubsw` → i16 pair sums, `vpmaddwd` → i32), with one asm block for the 4-row tiles of the offset-128
-//! formats in the many-row path.
+//! AVX2 (`vpmaddubsw` → i16 pair sums, `vpmaddwd` → i32), with asm blocks for the 4-row tiles of the many-row path
+//! (offset-128 codes, and unsigned codes `≤ 16`).
 //!
 //! The tokens have a field private to `quant`, so only [`qdispatch`](super::isa::qdispatch) (after checking the
 //! CPU) creates one; holding a token is the proof that makes its intrinsic calls sound.
@@ -282,6 +282,12 @@ impl QIsa for Avx2 {
         // SAFETY: forwarded from the caller; the token proves AVX2.
         unsafe { signed_quad_avx2(codes, x) }
     }
+    const SMALL_QUAD: bool = true;
+    #[inline(always)]
+    unsafe fn small_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
+        // SAFETY: forwarded from the caller; the token proves AVX2.
+        unsafe { small_quad_avx2(codes, x) }
+    }
     #[inline(always)]
     fn i_zero(self) -> Self::I {
         unsafe { [_mm256_setzero_si256(); 2] }
@@ -501,6 +507,105 @@ unsafe fn signed_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2]
             w1 = out(ymm_reg) _,
             m0 = out(ymm_reg) _,
             m1 = out(ymm_reg) _,
+            xa = out(ymm_reg) _,
+            t0 = out(ymm_reg) _,
+            t1 = out(ymm_reg) _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    s
+}
+
+/// One group `g` of [`small_quad_avx2`]: code vector `g`, then inputs `4g..4g + 4` of each row.
+macro_rules! small_group {
+    ($c0:literal, $c1:literal, $x:literal) => {
+        concat!(
+            "vmovdqu {w0}, ymmword ptr [{codes} + ",
+            $c0,
+            "]\n",
+            "vmovdqu {w1}, ymmword ptr [{codes} + ",
+            $c1,
+            "]\n",
+            "vpbroadcastd {xa}, dword ptr [{x0} + ",
+            $x,
+            "]\n",
+            "vpmaddubsw {t0}, {w0}, {xa}\n",
+            "vpmaddubsw {t1}, {w1}, {xa}\n",
+            "vpaddw {s00}, {s00}, {t0}\n",
+            "vpaddw {s01}, {s01}, {t1}\n",
+            "vpbroadcastd {xa}, dword ptr [{x1} + ",
+            $x,
+            "]\n",
+            "vpmaddubsw {t0}, {w0}, {xa}\n",
+            "vpmaddubsw {t1}, {w1}, {xa}\n",
+            "vpaddw {s10}, {s10}, {t0}\n",
+            "vpaddw {s11}, {s11}, {t1}\n",
+            "vpbroadcastd {xa}, dword ptr [{x2} + ",
+            $x,
+            "]\n",
+            "vpmaddubsw {t0}, {w0}, {xa}\n",
+            "vpmaddubsw {t1}, {w1}, {xa}\n",
+            "vpaddw {s20}, {s20}, {t0}\n",
+            "vpaddw {s21}, {s21}, {t1}\n",
+            "vpbroadcastd {xa}, dword ptr [{x3} + ",
+            $x,
+            "]\n",
+            "vpmaddubsw {t0}, {w0}, {xa}\n",
+            "vpmaddubsw {t1}, {w1}, {xa}\n",
+            "vpaddw {s30}, {s30}, {t0}\n",
+            "vpaddw {s31}, {s31}, {t1}\n",
+        )
+    };
+}
+
+/// [`QIsa::small_quad`] on AVX2: per group and row, `vpmaddubsw` of the codes against the broadcast inputs and a
+/// `vpaddw` into i16 pair sums — 8 steps of at most `2·16·127` each stay within `±32512` — then one `vpmaddwd` by
+/// ones to i32: the [`Avx2`] `dot_u` and `widen` steps for codes `≤ 16`. One asm block, 14 ymm registers, for the
+/// reasons of [`signed_quad_avx2`].
+///
+/// # Safety
+/// The CPU must support AVX2; `codes` must be valid for reading 512 bytes of codes `≤ 16` and each `x[r]` for
+/// reading 32.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn small_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2]; 4] {
+    let ones = _mm256_set1_epi16(1);
+    let mut s = [[_mm256_setzero_si256(); 2]; 4];
+    // SAFETY: reads 512 bytes at `codes` and 32 at each row, as the caller guarantees; writes only registers.
+    unsafe {
+        asm!(
+            small_group!("0", "32", "0"),
+            small_group!("64", "96", "4"),
+            small_group!("128", "160", "8"),
+            small_group!("192", "224", "12"),
+            small_group!("256", "288", "16"),
+            small_group!("320", "352", "20"),
+            small_group!("384", "416", "24"),
+            small_group!("448", "480", "28"),
+            "vpmaddwd {s00}, {s00}, {ones}\n",
+            "vpmaddwd {s01}, {s01}, {ones}\n",
+            "vpmaddwd {s10}, {s10}, {ones}\n",
+            "vpmaddwd {s11}, {s11}, {ones}\n",
+            "vpmaddwd {s20}, {s20}, {ones}\n",
+            "vpmaddwd {s21}, {s21}, {ones}\n",
+            "vpmaddwd {s30}, {s30}, {ones}\n",
+            "vpmaddwd {s31}, {s31}, {ones}\n",
+            codes = in(reg) codes,
+            x0 = in(reg) x[0],
+            x1 = in(reg) x[1],
+            x2 = in(reg) x[2],
+            x3 = in(reg) x[3],
+            ones = in(ymm_reg) ones,
+            s00 = inout(ymm_reg) s[0][0],
+            s01 = inout(ymm_reg) s[0][1],
+            s10 = inout(ymm_reg) s[1][0],
+            s11 = inout(ymm_reg) s[1][1],
+            s20 = inout(ymm_reg) s[2][0],
+            s21 = inout(ymm_reg) s[2][1],
+            s30 = inout(ymm_reg) s[3][0],
+            s31 = inout(ymm_reg) s[3][1],
+            w0 = out(ymm_reg) _,
+            w1 = out(ymm_reg) _,
             xa = out(ymm_reg) _,
             t0 = out(ymm_reg) _,
             t1 = out(ymm_reg) _,
