@@ -59,17 +59,23 @@ pub(crate) trait QIsa: Copy {
     /// `s` plus the accumulator's lanes as i32.
     fn widen(self, a: Self::A, s: Self::I) -> Self::I;
 
-    /// Whether the many-row path runs offset-128 formats in tiles of 4 rows through [`QIsa::signed_quad`] (AVX2: a
-    /// hand-scheduled kernel; plain Rust: the default, to test those tiles everywhere).
-    const SIGNED_QUAD: bool = false;
-    /// The exact sums `Σ_t code_t·x_r[t]` of four rows `r` over one 32-block of offset-128 codes, given as
-    /// [`QIsa::SIGNED`] says: the block's 8 code vectors at `codes` (group `g`, inputs `4g..4g + 4`, at byte `64·g`),
-    /// row `r`'s 32 quantized inputs at `x[r]`. The default: [`QIsa::dot_s`], widened after every step.
+    /// Whether the many-row path runs 4-row tiles through [`QIsa::quad_sums`] (for offset-128 formats and those with
+    /// unsigned codes `≤ 16`; AVX2: hand-scheduled asm; plain Rust: the default, to test those tiles everywhere).
+    const QUAD: bool = false;
+    /// The exact sums `Σ_t code_t·x_r[t]` of four rows `r` over one 32-block: the block's 8 code vectors at `codes`
+    /// (group `g`, inputs `4g..4g + 4`, at byte `64·g`), row `r`'s 32 quantized inputs at `x[r]`. Offset-128 codes
+    /// (`OFFSET_128`, given as [`QIsa::SIGNED`] says) or unsigned codes `≤ 16`. The default: [`QIsa::dot_s`] or
+    /// [`QIsa::dot_u`], widened after every step.
     ///
     /// # Safety
-    /// `codes` must be valid for reading 512 bytes and each `x[r]` for reading 32.
+    /// `codes` must be valid for reading 512 bytes (unsigned codes `≤ 16` unless `OFFSET_128`) and each `x[r]` for
+    /// reading 32.
     #[inline(always)]
-    unsafe fn signed_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
+    unsafe fn quad_sums<const OFFSET_128: bool>(
+        self,
+        codes: *const u8,
+        x: [*const u8; 4],
+    ) -> [Self::I; 4] {
         let mut s = [self.i_zero(); 4];
         for g in 0..8 {
             // SAFETY: code vector g and inputs 4g..4g + 4 lie in the caller's ranges.
@@ -77,29 +83,12 @@ pub(crate) trait QIsa: Copy {
             for r in 0..4 {
                 // SAFETY: as above.
                 let x4 = unsafe { x[r].add(4 * g).cast::<i32>().read_unaligned() };
-                s[r] = self.widen(self.dot_s(self.a_zero(), w, x4), s[r]);
-            }
-        }
-        s
-    }
-    /// Whether the many-row path runs formats with unsigned codes `≤ 16` (Q4_0, Q4_K) in tiles of 4 rows through
-    /// [`QIsa::small_quad`] (as [`QIsa::SIGNED_QUAD`]).
-    const SMALL_QUAD: bool = false;
-    /// As [`QIsa::signed_quad`] for unsigned codes `≤ 16` ([`QIsa::dot_u`]'s). The default: `dot_u`, widened after
-    /// every step.
-    ///
-    /// # Safety
-    /// As [`QIsa::signed_quad`].
-    #[inline(always)]
-    unsafe fn small_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
-        let mut s = [self.i_zero(); 4];
-        for g in 0..8 {
-            // SAFETY: code vector g and inputs 4g..4g + 4 lie in the caller's ranges.
-            let w = unsafe { self.load_w(codes.add(64 * g)) };
-            for r in 0..4 {
-                // SAFETY: as above.
-                let x4 = unsafe { x[r].add(4 * g).cast::<i32>().read_unaligned() };
-                s[r] = self.widen(self.dot_u(self.a_zero(), w, x4), s[r]);
+                let a = if OFFSET_128 {
+                    self.dot_s(self.a_zero(), w, x4)
+                } else {
+                    self.dot_u(self.a_zero(), w, x4)
+                };
+                s[r] = self.widen(a, s[r]);
             }
         }
         s
@@ -163,7 +152,7 @@ pub(crate) trait QIsa: Copy {
 
 /// Plain Rust lanes (any CPU), with the unsigned semantics of VNNI (`SIGNED = false`), so that the offset
 /// corrections the AVX-512 path relies on are exercised on every machine; it also takes the 4-row tiles AVX2 runs in
-/// asm ([`QIsa::signed_quad`]'s and [`QIsa::small_quad`]'s defaults).
+/// asm ([`QIsa::quad_sums`]'s default).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scalar;
 
@@ -174,11 +163,9 @@ impl QIsa for Scalar {
     type F = [f32; LANES];
     const SIGNED: bool = false;
     const ROWS: usize = 2;
-    /// The default [`QIsa::signed_quad`] (plain loops), so that the 4-row tiles AVX2's asm runs are exercised on
+    /// The default [`QIsa::quad_sums`] (plain loops), so that the 4-row tiles AVX2 runs in asm are exercised on
     /// every machine.
-    const SIGNED_QUAD: bool = true;
-    /// As `SIGNED_QUAD`.
-    const SMALL_QUAD: bool = true;
+    const QUAD: bool = true;
 
     #[inline(always)]
     unsafe fn load_w(self, p: *const u8) -> Self::W {

@@ -58,7 +58,7 @@
 //! 240 KiB: L2), then every row tile runs against it; the accumulators pass through `y` between `k` ranges, which
 //! keeps each output's chain (and bits) unchanged. On AVX2, the offset-128 formats (Q8_0, IQ4_XS) and those with codes
 //! `≤ 16` (Q4_0, Q4_K) run that path in tiles of 4 rows whose integer sums come from one hand-scheduled asm block per
-//! 32-block (`QIsa::signed_quad`, `QIsa::small_quad`): the same instructions as the generic step, with the code loads
+//! 32-block (`QIsa::quad_sums`): the same instructions as the generic step, with the code loads
 //! (and `vpabsb`) shared by 4 rows and nothing spilled.
 
 mod acts;

@@ -4,7 +4,7 @@
 //!
 //! The buffer holds exactly the values the direct path computes in registers ([`Fmt::codes`], [`Fmt::scales`]),
 //! and the row tiles run the same [`block`] step (or, for 4 rows of a format [`quad`] accepts, the ISA's
-//! [`QIsa::signed_quad`] or [`QIsa::small_quad`], which form the same exact integer sums), so results are the same bits as
+//! [`QIsa::quad_sums`], which forms the same exact integer sums), so results are the same bits as
 //! the decode path.
 
 use std::cell::RefCell;
@@ -24,15 +24,11 @@ const KC_BLOCKS: usize = 24;
 /// Panels per cache block: 16 × 15 KiB = 240 KiB of decoded weights, which every row tile reads from L2.
 const CHUNK: usize = 16;
 
-/// Whether the many-row path of format `F` runs 4-row tiles through the ISA's [`QIsa::signed_quad`] (offset-128
-/// codes) or [`QIsa::small_quad`] (unsigned codes `≤ 16` whose block term takes only the sum of both halves).
+/// Whether the many-row path of format `F` runs 4-row tiles through the ISA's [`QIsa::quad_sums`]: offset-128 codes,
+/// or unsigned codes `≤ 16` whose block term takes only the sum of both halves.
 #[inline(always)]
 fn quad<I: QIsa, F: Fmt>() -> bool {
-    if F::OFFSET_128 {
-        I::SIGNED_QUAD
-    } else {
-        I::SMALL_QUAD && !F::HALVES && F::cmax::<I>() <= 16
-    }
+    I::QUAD && (F::OFFSET_128 || (!F::HALVES && F::cmax::<I>() <= 16))
 }
 
 thread_local! {
@@ -151,8 +147,8 @@ impl Task<'_> {
         }
     }
 
-    /// [`Task::tile_dec`] for 4 rows of a format that [`quad`] accepts, with the ISA's [`QIsa::signed_quad`] or
-    /// [`QIsa::small_quad`] for the integer sums (the same sums, so the same bits).
+    /// [`Task::tile_dec`] for 4 rows of a format that [`quad`] accepts, with the ISA's [`QIsa::quad_sums`] for the
+    /// integer sums (the same sums, so the same bits).
     ///
     /// # Safety
     /// As [`Task::tile_dec`] with `R = 4`.
@@ -177,9 +173,9 @@ impl Task<'_> {
                 let at = d.add(j * DEC);
                 let x = xq.map(|p| p.add(ACT_BLOCK * bi));
                 let s = if F::OFFSET_128 {
-                    isa.signed_quad(at, x)
+                    isa.quad_sums::<true>(at, x)
                 } else {
-                    isa.small_quad(at, x)
+                    isa.quad_sums::<false>(at, x)
                 };
                 (s, Decoded(at).scales(isa))
             };

@@ -276,17 +276,21 @@ impl QIsa for Avx2 {
             ]
         }
     }
-    const SIGNED_QUAD: bool = true;
+    const QUAD: bool = true;
     #[inline(always)]
-    unsafe fn signed_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
+    unsafe fn quad_sums<const OFFSET_128: bool>(
+        self,
+        codes: *const u8,
+        x: [*const u8; 4],
+    ) -> [Self::I; 4] {
         // SAFETY: forwarded from the caller; the token proves AVX2.
-        unsafe { signed_quad_avx2(codes, x) }
-    }
-    const SMALL_QUAD: bool = true;
-    #[inline(always)]
-    unsafe fn small_quad(self, codes: *const u8, x: [*const u8; 4]) -> [Self::I; 4] {
-        // SAFETY: forwarded from the caller; the token proves AVX2.
-        unsafe { small_quad_avx2(codes, x) }
+        unsafe {
+            if OFFSET_128 {
+                signed_quad_avx2(codes, x)
+            } else {
+                small_quad_avx2(codes, x)
+            }
+        }
     }
     #[inline(always)]
     fn i_zero(self) -> Self::I {
@@ -465,7 +469,7 @@ macro_rules! signed_group {
     };
 }
 
-/// [`QIsa::signed_quad`] on AVX2: per group, `|v|` once for the four rows, then per row and half `vpsignb` (the
+/// [`QIsa::quad_sums`] of offset-128 codes on AVX2: per group, `|v|` once for the four rows, then per row and half `vpsignb` (the
 /// input with the code's sign), `vpmaddubsw` (pair sums within ±32512: no saturation), `vpmaddwd` by ones (i32) and
 /// the add: the [`Avx2`] `dot_s` and `widen` steps. One asm block with a fixed assignment of all 16 ymm registers:
 /// compiled from intrinsics (2 rows), the code loads were hoisted ahead of their use and spilled, and 4 rows did not
@@ -558,7 +562,7 @@ macro_rules! small_group {
     };
 }
 
-/// [`QIsa::small_quad`] on AVX2: per group and row, `vpmaddubsw` of the codes against the broadcast inputs and a
+/// [`QIsa::quad_sums`] of unsigned codes `≤ 16` on AVX2: per group and row, `vpmaddubsw` of the codes against the broadcast inputs and a
 /// `vpaddw` into i16 pair sums — 8 steps of at most `2·16·127` each stay within `±32512` — then one `vpmaddwd` by
 /// ones to i32: the [`Avx2`] `dot_u` and `widen` steps for codes `≤ 16`. One asm block, 14 ymm registers, for the
 /// reasons of [`signed_quad_avx2`].
