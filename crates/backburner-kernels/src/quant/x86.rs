@@ -408,6 +408,47 @@ impl QIsa for Avx2 {
     }
 }
 
+/// The body of a 4-row asm kernel: its `$group` macro for the 8 groups of a 32-block (code vectors at `codes + 64g`,
+/// inputs at `x[r] + 4g`), then the `$tail` instructions, with the accumulators `{s00}`..`{s31}` (rows × halves, from
+/// zero), `{ones}` (i16 ones) and the scratch ymm registers `$scratch`; evaluates to the accumulators.
+macro_rules! quad_asm {
+    ($codes:ident, $x:ident, $group:ident, $tail:expr, [$($scratch:ident),*]) => {{
+        let ones = _mm256_set1_epi16(1);
+        let mut s = [[_mm256_setzero_si256(); 2]; 4];
+        // SAFETY: reads 512 bytes at `codes` and 32 at each row, as the caller guarantees; writes only registers.
+        unsafe {
+            asm!(
+                $group!("0", "32", "0"),
+                $group!("64", "96", "4"),
+                $group!("128", "160", "8"),
+                $group!("192", "224", "12"),
+                $group!("256", "288", "16"),
+                $group!("320", "352", "20"),
+                $group!("384", "416", "24"),
+                $group!("448", "480", "28"),
+                $tail,
+                codes = in(reg) $codes,
+                x0 = in(reg) $x[0],
+                x1 = in(reg) $x[1],
+                x2 = in(reg) $x[2],
+                x3 = in(reg) $x[3],
+                ones = in(ymm_reg) ones,
+                s00 = inout(ymm_reg) s[0][0],
+                s01 = inout(ymm_reg) s[0][1],
+                s10 = inout(ymm_reg) s[1][0],
+                s11 = inout(ymm_reg) s[1][1],
+                s20 = inout(ymm_reg) s[2][0],
+                s21 = inout(ymm_reg) s[2][1],
+                s30 = inout(ymm_reg) s[3][0],
+                s31 = inout(ymm_reg) s[3][1],
+                $($scratch = out(ymm_reg) _,)*
+                options(pure, readonly, nostack, preserves_flags),
+            );
+        }
+        s
+    }};
+}
+
 /// One group `g` of [`signed_quad_avx2`]: code vector `g` (bytes `64g`, `64g + 32`) and its magnitudes, then inputs
 /// `4g..4g + 4` of each row.
 macro_rules! signed_group {
@@ -469,9 +510,9 @@ macro_rules! signed_group {
     };
 }
 
-/// [`QIsa::quad_sums`] of offset-128 codes on AVX2: per group, `|v|` once for the four rows, then per row and half `vpsignb` (the
-/// input with the code's sign), `vpmaddubsw` (pair sums within ±32512: no saturation), `vpmaddwd` by ones (i32) and
-/// the add: the [`Avx2`] `dot_s` and `widen` steps. One asm block with a fixed assignment of all 16 ymm registers:
+/// [`QIsa::quad_sums`] of offset-128 codes on AVX2: per group, `|v|` once for the four rows, then per row and half
+/// `vpsignb` (the input with the code's sign), `vpmaddubsw` (pair sums within ±32512: no saturation), `vpmaddwd` by
+/// ones (i32) and the add: the [`Avx2`] `dot_s` and `widen` steps. One asm block with a fixed assignment of all 16 ymm registers:
 /// compiled from intrinsics (2 rows), the code loads were hoisted ahead of their use and spilled, and 4 rows did not
 /// fit; here 4 rows share each code load and `vpabsb` (a fifth fewer instructions per row than 2 rows).
 ///
@@ -480,44 +521,7 @@ macro_rules! signed_group {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn signed_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2]; 4] {
-    let ones = _mm256_set1_epi16(1);
-    let mut s = [[_mm256_setzero_si256(); 2]; 4];
-    // SAFETY: reads 512 bytes at `codes` and 32 at each row, as the caller guarantees; writes only registers.
-    unsafe {
-        asm!(
-            signed_group!("0", "32", "0"),
-            signed_group!("64", "96", "4"),
-            signed_group!("128", "160", "8"),
-            signed_group!("192", "224", "12"),
-            signed_group!("256", "288", "16"),
-            signed_group!("320", "352", "20"),
-            signed_group!("384", "416", "24"),
-            signed_group!("448", "480", "28"),
-            codes = in(reg) codes,
-            x0 = in(reg) x[0],
-            x1 = in(reg) x[1],
-            x2 = in(reg) x[2],
-            x3 = in(reg) x[3],
-            ones = in(ymm_reg) ones,
-            s00 = inout(ymm_reg) s[0][0],
-            s01 = inout(ymm_reg) s[0][1],
-            s10 = inout(ymm_reg) s[1][0],
-            s11 = inout(ymm_reg) s[1][1],
-            s20 = inout(ymm_reg) s[2][0],
-            s21 = inout(ymm_reg) s[2][1],
-            s30 = inout(ymm_reg) s[3][0],
-            s31 = inout(ymm_reg) s[3][1],
-            w0 = out(ymm_reg) _,
-            w1 = out(ymm_reg) _,
-            m0 = out(ymm_reg) _,
-            m1 = out(ymm_reg) _,
-            xa = out(ymm_reg) _,
-            t0 = out(ymm_reg) _,
-            t1 = out(ymm_reg) _,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    s
+    quad_asm!(codes, x, signed_group, "", [w0, w1, m0, m1, xa, t0, t1])
 }
 
 /// One group `g` of [`small_quad_avx2`]: code vector `g`, then inputs `4g..4g + 4` of each row.
@@ -573,19 +577,12 @@ macro_rules! small_group {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn small_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2]; 4] {
-    let ones = _mm256_set1_epi16(1);
-    let mut s = [[_mm256_setzero_si256(); 2]; 4];
-    // SAFETY: reads 512 bytes at `codes` and 32 at each row, as the caller guarantees; writes only registers.
-    unsafe {
-        asm!(
-            small_group!("0", "32", "0"),
-            small_group!("64", "96", "4"),
-            small_group!("128", "160", "8"),
-            small_group!("192", "224", "12"),
-            small_group!("256", "288", "16"),
-            small_group!("320", "352", "20"),
-            small_group!("384", "416", "24"),
-            small_group!("448", "480", "28"),
+    // After the 8 groups: the i16 pair sums to i32.
+    quad_asm!(
+        codes,
+        x,
+        small_group,
+        concat!(
             "vpmaddwd {s00}, {s00}, {ones}\n",
             "vpmaddwd {s01}, {s01}, {ones}\n",
             "vpmaddwd {s10}, {s10}, {ones}\n",
@@ -594,27 +591,7 @@ unsafe fn small_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2];
             "vpmaddwd {s21}, {s21}, {ones}\n",
             "vpmaddwd {s30}, {s30}, {ones}\n",
             "vpmaddwd {s31}, {s31}, {ones}\n",
-            codes = in(reg) codes,
-            x0 = in(reg) x[0],
-            x1 = in(reg) x[1],
-            x2 = in(reg) x[2],
-            x3 = in(reg) x[3],
-            ones = in(ymm_reg) ones,
-            s00 = inout(ymm_reg) s[0][0],
-            s01 = inout(ymm_reg) s[0][1],
-            s10 = inout(ymm_reg) s[1][0],
-            s11 = inout(ymm_reg) s[1][1],
-            s20 = inout(ymm_reg) s[2][0],
-            s21 = inout(ymm_reg) s[2][1],
-            s30 = inout(ymm_reg) s[3][0],
-            s31 = inout(ymm_reg) s[3][1],
-            w0 = out(ymm_reg) _,
-            w1 = out(ymm_reg) _,
-            xa = out(ymm_reg) _,
-            t0 = out(ymm_reg) _,
-            t1 = out(ymm_reg) _,
-            options(pure, readonly, nostack, preserves_flags),
-        );
-    }
-    s
+        ),
+        [w0, w1, xa, t0, t1]
+    )
 }
