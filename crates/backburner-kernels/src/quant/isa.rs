@@ -327,8 +327,8 @@ pub(crate) trait QKernel {
     fn run<I: QIsa>(self, isa: I) -> Self::Out;
 }
 
-/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI; opted in, see `avx512_opted_in`), 1 = AVX2 (with FMA and F16C), 0 =
-/// plain Rust; capped by the crate's test-only dispatch cap.
+/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI; opted in, see `avx512_opted_in`),
+/// 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's test-only dispatch cap.
 pub(crate) fn qisa_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
     {

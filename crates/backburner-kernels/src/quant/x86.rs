@@ -408,24 +408,25 @@ impl QIsa for Avx2 {
     }
 }
 
-/// The body of a 4-row asm kernel: its `$group` macro for the 8 groups of a 32-block (code vectors at `codes + 64g`,
-/// inputs at `x[r] + 4g`), then the `$tail` instructions, with the accumulators `{s00}`..`{s31}` (rows × halves, from
-/// zero), `{ones}` (i16 ones) and the scratch ymm registers `$scratch`; evaluates to the accumulators.
+/// The body of a 4-row asm kernel: the 8 groups ([`quad_group`]) of kind `$kind` of a 32-block (code vectors at
+/// `codes + 64g`, inputs at `x[r] + 4g`), then the `$tail` instructions, with the accumulators `{s00}`..`{s31}`
+/// (rows × halves, from zero), `{ones}` (i16 ones) and the scratch ymm registers `$scratch`; evaluates to the
+/// accumulators.
 macro_rules! quad_asm {
-    ($codes:ident, $x:ident, $group:ident, $tail:expr, [$($scratch:ident),*]) => {{
+    ($codes:ident, $x:ident, $kind:ident, $tail:expr, [$($scratch:ident),*]) => {{
         let ones = _mm256_set1_epi16(1);
         let mut s = [[_mm256_setzero_si256(); 2]; 4];
         // SAFETY: reads 512 bytes at `codes` and 32 at each row, as the caller guarantees; writes only registers.
         unsafe {
             asm!(
-                $group!("0", "32", "0"),
-                $group!("64", "96", "4"),
-                $group!("128", "160", "8"),
-                $group!("192", "224", "12"),
-                $group!("256", "288", "16"),
-                $group!("320", "352", "20"),
-                $group!("384", "416", "24"),
-                $group!("448", "480", "28"),
+                quad_group!($kind, "0", "32", "0"),
+                quad_group!($kind, "64", "96", "4"),
+                quad_group!($kind, "128", "160", "8"),
+                quad_group!($kind, "192", "224", "12"),
+                quad_group!($kind, "256", "288", "16"),
+                quad_group!($kind, "320", "352", "20"),
+                quad_group!($kind, "384", "416", "24"),
+                quad_group!($kind, "448", "480", "28"),
                 $tail,
                 codes = in(reg) $codes,
                 x0 = in(reg) $x[0],
@@ -449,10 +450,30 @@ macro_rules! quad_asm {
     }};
 }
 
-/// One group `g` of [`signed_quad_avx2`]: code vector `g` (bytes `64g`, `64g + 32`) and its magnitudes, then inputs
-/// `4g..4g + 4` of each row.
-macro_rules! signed_group {
-    ($c0:literal, $c1:literal, $x:literal) => {
+/// One group `g` of a 4-row kernel: code vector `g` (bytes `$c0 = 64g`, `$c1 = 64g + 32`) into `{w0}`, `{w1}`, then
+/// per row the inputs `$x = 4g..4g + 4` (`signed`: with `|v|` in `{m0}`, `{m1}` once for the 4 rows).
+macro_rules! quad_group {
+    (signed, $c0:literal, $c1:literal, $x:literal) => {
+        concat!(
+            quad_group!(load, $c0, $c1),
+            "vpabsb {m0}, {w0}\n",
+            "vpabsb {m1}, {w1}\n",
+            signed_row!("{x0}", "{s00}", "{s01}", $x),
+            signed_row!("{x1}", "{s10}", "{s11}", $x),
+            signed_row!("{x2}", "{s20}", "{s21}", $x),
+            signed_row!("{x3}", "{s30}", "{s31}", $x),
+        )
+    };
+    (small, $c0:literal, $c1:literal, $x:literal) => {
+        concat!(
+            quad_group!(load, $c0, $c1),
+            small_row!("{x0}", "{s00}", "{s01}", $x),
+            small_row!("{x1}", "{s10}", "{s11}", $x),
+            small_row!("{x2}", "{s20}", "{s21}", $x),
+            small_row!("{x3}", "{s30}", "{s31}", $x),
+        )
+    };
+    (load, $c0:literal, $c1:literal) => {
         concat!(
             "vmovdqu {w0}, ymmword ptr [{codes} + ",
             $c0,
@@ -460,9 +481,18 @@ macro_rules! signed_group {
             "vmovdqu {w1}, ymmword ptr [{codes} + ",
             $c1,
             "]\n",
-            "vpabsb {m0}, {w0}\n",
-            "vpabsb {m1}, {w1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x0} + ",
+        )
+    };
+}
+
+/// One row of a `signed` group: the input with the code's sign (`vpsignb`), `vpmaddubsw` against `|v|` (pair sums
+/// within ±32512), `vpmaddwd` by ones to i32, added to the row's accumulators `$s0`, `$s1`.
+macro_rules! signed_row {
+    ($xr:literal, $s0:literal, $s1:literal, $x:literal) => {
+        concat!(
+            "vpbroadcastd {xa}, dword ptr [",
+            $xr,
+            " + ",
             $x,
             "]\n",
             "vpsignb {t0}, {xa}, {w0}\n",
@@ -471,49 +501,50 @@ macro_rules! signed_group {
             "vpmaddubsw {t1}, {m1}, {t1}\n",
             "vpmaddwd {t0}, {t0}, {ones}\n",
             "vpmaddwd {t1}, {t1}, {ones}\n",
-            "vpaddd {s00}, {s00}, {t0}\n",
-            "vpaddd {s01}, {s01}, {t1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x1} + ",
+            "vpaddd ",
+            $s0,
+            ", ",
+            $s0,
+            ", {t0}\n",
+            "vpaddd ",
+            $s1,
+            ", ",
+            $s1,
+            ", {t1}\n",
+        )
+    };
+}
+
+/// One row of a `small` group: `vpmaddubsw` of the codes against the input, added in i16 to `$s0`, `$s1`.
+macro_rules! small_row {
+    ($xr:literal, $s0:literal, $s1:literal, $x:literal) => {
+        concat!(
+            "vpbroadcastd {xa}, dword ptr [",
+            $xr,
+            " + ",
             $x,
             "]\n",
-            "vpsignb {t0}, {xa}, {w0}\n",
-            "vpsignb {t1}, {xa}, {w1}\n",
-            "vpmaddubsw {t0}, {m0}, {t0}\n",
-            "vpmaddubsw {t1}, {m1}, {t1}\n",
-            "vpmaddwd {t0}, {t0}, {ones}\n",
-            "vpmaddwd {t1}, {t1}, {ones}\n",
-            "vpaddd {s10}, {s10}, {t0}\n",
-            "vpaddd {s11}, {s11}, {t1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x2} + ",
-            $x,
-            "]\n",
-            "vpsignb {t0}, {xa}, {w0}\n",
-            "vpsignb {t1}, {xa}, {w1}\n",
-            "vpmaddubsw {t0}, {m0}, {t0}\n",
-            "vpmaddubsw {t1}, {m1}, {t1}\n",
-            "vpmaddwd {t0}, {t0}, {ones}\n",
-            "vpmaddwd {t1}, {t1}, {ones}\n",
-            "vpaddd {s20}, {s20}, {t0}\n",
-            "vpaddd {s21}, {s21}, {t1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x3} + ",
-            $x,
-            "]\n",
-            "vpsignb {t0}, {xa}, {w0}\n",
-            "vpsignb {t1}, {xa}, {w1}\n",
-            "vpmaddubsw {t0}, {m0}, {t0}\n",
-            "vpmaddubsw {t1}, {m1}, {t1}\n",
-            "vpmaddwd {t0}, {t0}, {ones}\n",
-            "vpmaddwd {t1}, {t1}, {ones}\n",
-            "vpaddd {s30}, {s30}, {t0}\n",
-            "vpaddd {s31}, {s31}, {t1}\n",
+            "vpmaddubsw {t0}, {w0}, {xa}\n",
+            "vpmaddubsw {t1}, {w1}, {xa}\n",
+            "vpaddw ",
+            $s0,
+            ", ",
+            $s0,
+            ", {t0}\n",
+            "vpaddw ",
+            $s1,
+            ", ",
+            $s1,
+            ", {t1}\n",
         )
     };
 }
 
 /// [`QIsa::quad_sums`] of offset-128 codes on AVX2: per group, `|v|` once for the four rows, then per row and half
 /// `vpsignb` (the input with the code's sign), `vpmaddubsw` (pair sums within ±32512: no saturation), `vpmaddwd` by
-/// ones (i32) and the add: the [`Avx2`] `dot_s` and `widen` steps. One asm block with a fixed assignment of all 16 ymm registers:
-/// compiled from intrinsics (2 rows), the code loads were hoisted ahead of their use and spilled, and 4 rows did not
+/// ones (i32) and the add: the [`Avx2`] `dot_s` and `widen` steps. One asm block with a fixed assignment of all 16
+/// ymm registers: compiled from intrinsics (2 rows), the code loads were hoisted ahead of their use and spilled, and
+/// 4 rows did not
 /// fit; here 4 rows share each code load and `vpabsb` (a fifth fewer instructions per row than 2 rows).
 ///
 /// # Safety
@@ -521,55 +552,13 @@ macro_rules! signed_group {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn signed_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2]; 4] {
-    quad_asm!(codes, x, signed_group, "", [w0, w1, m0, m1, xa, t0, t1])
+    quad_asm!(codes, x, signed, "", [w0, w1, m0, m1, xa, t0, t1])
 }
 
-/// One group `g` of [`small_quad_avx2`]: code vector `g`, then inputs `4g..4g + 4` of each row.
-macro_rules! small_group {
-    ($c0:literal, $c1:literal, $x:literal) => {
-        concat!(
-            "vmovdqu {w0}, ymmword ptr [{codes} + ",
-            $c0,
-            "]\n",
-            "vmovdqu {w1}, ymmword ptr [{codes} + ",
-            $c1,
-            "]\n",
-            "vpbroadcastd {xa}, dword ptr [{x0} + ",
-            $x,
-            "]\n",
-            "vpmaddubsw {t0}, {w0}, {xa}\n",
-            "vpmaddubsw {t1}, {w1}, {xa}\n",
-            "vpaddw {s00}, {s00}, {t0}\n",
-            "vpaddw {s01}, {s01}, {t1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x1} + ",
-            $x,
-            "]\n",
-            "vpmaddubsw {t0}, {w0}, {xa}\n",
-            "vpmaddubsw {t1}, {w1}, {xa}\n",
-            "vpaddw {s10}, {s10}, {t0}\n",
-            "vpaddw {s11}, {s11}, {t1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x2} + ",
-            $x,
-            "]\n",
-            "vpmaddubsw {t0}, {w0}, {xa}\n",
-            "vpmaddubsw {t1}, {w1}, {xa}\n",
-            "vpaddw {s20}, {s20}, {t0}\n",
-            "vpaddw {s21}, {s21}, {t1}\n",
-            "vpbroadcastd {xa}, dword ptr [{x3} + ",
-            $x,
-            "]\n",
-            "vpmaddubsw {t0}, {w0}, {xa}\n",
-            "vpmaddubsw {t1}, {w1}, {xa}\n",
-            "vpaddw {s30}, {s30}, {t0}\n",
-            "vpaddw {s31}, {s31}, {t1}\n",
-        )
-    };
-}
-
-/// [`QIsa::quad_sums`] of unsigned codes `≤ 16` on AVX2: per group and row, `vpmaddubsw` of the codes against the broadcast inputs and a
-/// `vpaddw` into i16 pair sums — 8 steps of at most `2·16·127` each stay within `±32512` — then one `vpmaddwd` by
-/// ones to i32: the [`Avx2`] `dot_u` and `widen` steps for codes `≤ 16`. One asm block, 14 ymm registers, for the
-/// reasons of [`signed_quad_avx2`].
+/// [`QIsa::quad_sums`] of unsigned codes `≤ 16` on AVX2: per group and row, `vpmaddubsw` of the codes against the
+/// broadcast inputs and a `vpaddw` into i16 pair sums — 8 steps of at most `2·16·127` each stay within `±32512` —
+/// then one `vpmaddwd` by ones to i32: the [`Avx2`] `dot_u` and `widen` steps for codes `≤ 16`. One asm block, 14
+/// ymm registers, for the reasons of [`signed_quad_avx2`].
 ///
 /// # Safety
 /// The CPU must support AVX2; `codes` must be valid for reading 512 bytes of codes `≤ 16` and each `x[r]` for
@@ -581,7 +570,7 @@ unsafe fn small_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[__m256i; 2];
     quad_asm!(
         codes,
         x,
-        small_group,
+        small,
         concat!(
             "vpmaddwd {s00}, {s00}, {ones}\n",
             "vpmaddwd {s01}, {s01}, {ones}\n",
