@@ -268,11 +268,15 @@ fn run_threads(
         let snap = s.snapshot();
         let mut tok = prompt[depth - 1];
         let td = Instant::now();
-        for _ in 0..a.decode_tokens {
-            let l = s.decode(tok)?;
-            let _g = profile::scope(Op::Sampling);
-            tok = argmax(&l);
-        }
+        // the token loop on a compute thread, as `generate` runs it
+        s.in_pool(|s| -> Result<()> {
+            for _ in 0..a.decode_tokens {
+                let l = s.decode(tok)?;
+                let _g = profile::scope(Op::Sampling);
+                tok = argmax(&l);
+            }
+            Ok(())
+        })?;
         let dec_s = td.elapsed().as_secs_f64();
         decode.seconds += dec_s;
         decode.tokens += a.decode_tokens;

@@ -223,10 +223,14 @@ fn measure(st: &mut Setup, prompt: &[u32], n: usize) -> Result<(Round, Output)> 
     let (c0, b0) = (chain_stats(s), link_bytes(s));
     let mut tokens = vec![argmax(&logits)];
     let t = Instant::now();
-    for _ in 0..n {
-        let l = s.decode(*tokens.last().expect("non-empty"))?;
-        tokens.push(argmax(&l));
-    }
+    // the token loop on a compute thread, as `generate` runs it
+    s.in_pool(|s| -> Result<()> {
+        for _ in 0..n {
+            let l = s.decode(*tokens.last().expect("non-empty"))?;
+            tokens.push(argmax(&l));
+        }
+        Ok(())
+    })?;
     let decode_s = t.elapsed().as_secs_f64();
     let (c1, b1) = (chain_stats(s), link_bytes(s));
     if c1.failures > 0 {

@@ -96,13 +96,17 @@ fn measure(s: &mut Setup, n: usize) -> Result<(f64, Vec<f32>)> {
     let mut tok = s.first;
     let mut first = Vec::new();
     let t = Instant::now();
-    for i in 0..n {
-        let l = s.session.decode(tok)?;
-        tok = argmax(&l);
-        if i == 0 {
-            first = l;
+    // the token loop on a compute thread, as `generate` runs it
+    s.session.in_pool(|session| -> Result<()> {
+        for i in 0..n {
+            let l = session.decode(tok)?;
+            tok = argmax(&l);
+            if i == 0 {
+                first = l;
+            }
         }
-    }
+        Ok(())
+    })?;
     let ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
     s.session.rewind(&s.snap);
     Ok((ms, first))

@@ -250,8 +250,8 @@ pub fn generate(
     params: &GenerateParams,
     tokenizer: Option<&TextTokenizer>,
     mut on_prefill: impl FnMut(usize, usize),
-    mut on_token: impl FnMut(u32),
-    mut on_text: impl FnMut(&str),
+    mut on_token: impl FnMut(u32) + Send,
+    mut on_text: impl FnMut(&str) + Send,
 ) -> Result<Generation> {
     let mut seq = Sequence::new(session, prompt.to_vec(), params.clone(), tokenizer)?;
     // the whole prompt in one call: split prefill pipelines its ubatches across the worker
@@ -262,21 +262,24 @@ pub fn generate(
             .as_ref()
             .is_some_and(|c| c.load(Ordering::Relaxed))
     };
-    loop {
-        let mut step = match seq.phase() {
-            Phase::Sample => seq.sample_step(cancelled())?,
-            Phase::Decode => match seq.decode_step(session) {
-                Some(end) => end,
-                None => continue,
-            },
-            Phase::Prefill | Phase::Done => break,
-        };
-        if let Some(id) = step.token {
-            on_token(id);
+    // the token loop on a compute thread: no hand-off to the pool per decode step
+    session.in_pool(|session| -> Result<()> {
+        loop {
+            let mut step = match seq.phase() {
+                Phase::Sample => seq.sample_step(cancelled())?,
+                Phase::Decode => match seq.decode_step(session) {
+                    Some(end) => end,
+                    None => continue,
+                },
+                Phase::Prefill | Phase::Done => return Ok(()),
+            };
+            if let Some(id) = step.token {
+                on_token(id);
+            }
+            if !step.text.is_empty() {
+                on_text(&std::mem::take(&mut step.text));
+            }
         }
-        if !step.text.is_empty() {
-            on_text(&std::mem::take(&mut step.text));
-        }
-    }
+    })?;
     Ok(seq.finish())
 }

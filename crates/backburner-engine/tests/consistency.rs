@@ -442,3 +442,47 @@ fn nan_weights_give_a_typed_error_not_silent_tokens() {
     .unwrap_err();
     assert!(matches!(e, EngineError::NonFinite), "{e:?}");
 }
+
+#[test]
+fn a_token_loop_inside_the_pool_gives_the_same_bits_and_errors() {
+    // `Session::in_pool` moves the loop onto a compute thread; the kernels must still split over the session's pool
+    // (2 threads here, whatever the global pool is) and give the same logits as calls from outside it.
+    let r = Reference::load("tiny-f32");
+    let prompt = r.ids("prompt_ids");
+    let pool = backburner_engine::ComputePool::new(2).unwrap();
+    let o = SessionOptions {
+        pool,
+        ..opts(64, 16, KvDtype::F16)
+    };
+    let steps = |s: &mut Session| -> Vec<Vec<f32>> {
+        let mut tok =
+            backburner_engine::argmax(&s.prefill(&prompt, Logits::Last, |_, _| {}).unwrap());
+        (0..6)
+            .map(|_| {
+                let l = s.decode(tok).unwrap();
+                tok = backburner_engine::argmax(&l);
+                l
+            })
+            .collect()
+    };
+    let mut outside = Session::new(load_model("tiny-f32"), o.clone()).unwrap();
+    let want = steps(&mut outside);
+    let mut inside = Session::new(load_model("tiny-f32"), o).unwrap();
+    let (got, threads, name) = inside.in_pool(|s| {
+        let name = std::thread::current().name().map(str::to_owned);
+        (steps(s), rayon::current_num_threads(), name)
+    });
+    assert_eq!(threads, 2);
+    assert!(name.is_some_and(|n| n.starts_with("bb-compute-")));
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "step {step} differs inside the pool"
+        );
+    }
+    // an error inside comes back out, and leaves the session as it was
+    let before = inside.tokens().len();
+    let err = inside.in_pool(|s| s.decode(u32::MAX)).unwrap_err();
+    assert!(matches!(err, EngineError::Model(_)), "{err}");
+    assert_eq!(inside.tokens().len(), before);
+}
