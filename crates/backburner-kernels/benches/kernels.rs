@@ -4,7 +4,9 @@
 //! `cargo bench -p backburner-kernels` (or `--no-run` to only build).
 
 use backburner_kernels::attention::attend_page;
-use backburner_kernels::gdn::{delta_rule_chunked, delta_rule_recurrent, GdnDims};
+use backburner_kernels::gdn::{
+    causal_conv1d_silu, delta_rule_chunked, delta_rule_recurrent, GdnDims,
+};
 use backburner_kernels::kv::{KvDtype, KvPage};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::rngs::StdRng;
@@ -199,10 +201,30 @@ fn bench_attend_decode(c: &mut Criterion) {
     group.finish();
 }
 
+/// The GDN short convolution for one decode token: conv_dim 8,192 (16·128 q + 16·128 k + 32·128 v), kernel 4;
+/// bytes = weights + state read and written + x + out.
+fn bench_conv_decode(c: &mut Criterion) {
+    let mut r = StdRng::seed_from_u64(9);
+    let (conv_dim, kernel) = (8192, 4);
+    let x = uniform(&mut r, conv_dim, -1.0, 1.0);
+    let w = uniform(&mut r, conv_dim * kernel, -0.5, 0.5);
+    let mut state = uniform(&mut r, conv_dim * (kernel - 1), -1.0, 1.0);
+    let mut out = vec![0.0f32; conv_dim];
+    let mut group = c.benchmark_group("conv_decode");
+    group.throughput(Throughput::Bytes(
+        (4 * conv_dim * (kernel + 2 * (kernel - 1) + 2)) as u64,
+    ));
+    group.bench_function("8192x4", |b| {
+        b.iter(|| causal_conv1d_silu(black_box(&x), 1, conv_dim, kernel, &w, &mut state, &mut out))
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_attend_page,
     bench_delta_rule,
-    bench_attend_decode
+    bench_attend_decode,
+    bench_conv_decode
 );
 criterion_main!(benches);

@@ -131,28 +131,59 @@ fn conv_one_token(x: &[f32], kernel: usize, weight: &[f32], state: &mut [f32], o
         for ((o, w), xc) in out.iter_mut().zip(weight).zip(x) {
             *o = 0.0 + w * xc;
         }
-        dispatch(SiluInPlace(out));
-        return;
-    }
-    // Pre-activations first (the state shifted by hand: a `copy_within` per channel was a `memmove` call each), then
-    // SiLU over the row.
-    for (((o, w), st), &xc) in out
-        .iter_mut()
-        .zip(weight.chunks_exact(kernel))
-        .zip(state.chunks_exact_mut(h))
-        .zip(x)
-    {
-        let mut acc = 0.0f32;
-        for j in 0..h {
-            acc += w[j] * st[j];
+    } else if kernel == 4 {
+        // the architecture's kernel: fixed-size rows, which vectorize over channels with the machine's ISA
+        dispatch(OneToken4 {
+            x,
+            weight,
+            state,
+            out: &mut *out,
+        });
+    } else {
+        // Pre-activations first (the state shifted by hand: a `copy_within` per channel was a `memmove` call each),
+        // then SiLU over the row.
+        for (((o, w), st), &xc) in out
+            .iter_mut()
+            .zip(weight.chunks_exact(kernel))
+            .zip(state.chunks_exact_mut(h))
+            .zip(x)
+        {
+            let mut acc = 0.0f32;
+            for j in 0..h {
+                acc += w[j] * st[j];
+            }
+            *o = acc + w[h] * xc;
+            for j in 1..h {
+                st[j - 1] = st[j];
+            }
+            st[h - 1] = xc;
         }
-        *o = acc + w[h] * xc;
-        for j in 1..h {
-            st[j - 1] = st[j];
-        }
-        st[h - 1] = xc;
     }
     dispatch(SiluInPlace(out));
+}
+
+/// [`conv_one_token`]'s pre-activations for kernel 4, as a [`Kernel`]: per channel the same products and sums in the
+/// same order (`((0 + w₀s₀) + w₁s₁) + w₂s₂) + w₃x`, no fused multiply-add) on `[f32; 4]` weight and `[f32; 3]`
+/// state rows, so LLVM vectorizes over channels with interleaved loads (the loop over `kernel` did not).
+struct OneToken4<'a> {
+    x: &'a [f32],
+    weight: &'a [f32],
+    state: &'a mut [f32],
+    out: &'a mut [f32],
+}
+
+impl Kernel for OneToken4<'_> {
+    type Out = ();
+
+    #[inline(always)]
+    fn run<I: Isa>(self, _: I) {
+        let (w, _) = self.weight.as_chunks::<4>();
+        let (st, _) = self.state.as_chunks_mut::<3>();
+        for (((o, w), s), &xc) in self.out.iter_mut().zip(w).zip(st).zip(self.x) {
+            *o = 0.0 + w[0] * s[0] + w[1] * s[1] + w[2] * s[2] + w[3] * xc;
+            *s = [s[1], s[2], xc];
+        }
+    }
 }
 
 /// `x ← silu(x)` elementwise, as a [`Kernel`] so that the loop vectorizes with the machine's instruction set
