@@ -319,3 +319,65 @@ fn shutdown_finishes_within_the_grace_period_and_refuses_new_jobs() {
         Err(SubmitError::ShuttingDown)
     ));
 }
+
+#[test]
+fn a_running_job_turns_on_a_compute_thread_and_an_idle_scheduler_leaves_the_pool() {
+    // While a job runs, the scheduler's turns (prefill chunks, decode steps, the events they send) run on one of the
+    // slots' compute threads, so no decode step hands its work to the pool and waits; between jobs the scheduler
+    // waits on its own thread.
+    let model = load_model("tiny-f32");
+    // a pool of one thread: a scheduler that held it while idle would block any other use of it
+    let pool = backburner_engine::ComputePool::new(1).unwrap();
+    let session = Session::new(
+        model.clone(),
+        SessionOptions {
+            pool: pool.clone(),
+            ..opts()
+        },
+    )
+    .unwrap();
+    let e = Engine::start(
+        vec![session],
+        None,
+        ServeOptions {
+            queue: 4,
+            cache: CacheLimits::default(),
+        },
+    )
+    .unwrap();
+    let vocab = model.config().vocab_size;
+    for seed in [1, 2] {
+        let (tx, rx) = channel();
+        e.submit(Job {
+            id: "t".into(),
+            prompt: prompt(seed, 20, vocab),
+            params: greedy(6),
+            stable_prefix: None,
+            cache_prompt: true,
+            events: Box::new(move |ev| {
+                let name = std::thread::current().name().unwrap_or("").to_owned();
+                tx.send((name, matches!(ev, Event::Done { .. }))).is_ok()
+            }),
+        })
+        .unwrap();
+        let mut names = Vec::new();
+        while let Ok((name, done)) = rx.recv_timeout(Duration::from_secs(60)) {
+            names.push(name);
+            if done {
+                break;
+            }
+        }
+        // Started (on admission, from the scheduler's thread), 6 tokens, Done
+        assert_eq!(names.len(), 8, "job {seed}: {names:?}");
+        assert_eq!(names[0], "backburner-scheduler");
+        assert!(
+            names[1..].iter().all(|n| n.starts_with("bb-compute-")),
+            "job {seed}: {names:?}"
+        );
+        // once idle, the scheduler leaves the pool: other work on it runs (within seconds, not never)
+        let (done_tx, done_rx) = channel();
+        let p = pool.clone();
+        std::thread::spawn(move || done_tx.send(p.install(|| 7)));
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(7));
+    }
+}

@@ -48,27 +48,78 @@ impl Active<'_> {
 }
 
 /// The scheduler's loop; returns when the channel is closed and nothing runs.
+///
+/// While jobs run, the turns run on one of the slots' compute threads ([`crate::Session::in_pool`]: no hand-off to
+/// the pool and wait per decode step); while none does, the scheduler waits for a job on its own thread, leaving
+/// the pool free.
 pub(super) fn run(
-    mut slots: Vec<Slot>,
+    slots: Vec<Slot>,
     tokenizer: Option<Arc<TextTokenizer>>,
     rx: Receiver<(Job, Instant)>,
     shared: Arc<Shared>,
 ) {
-    let tok = tokenizer.as_deref();
-    let m = shared.metrics.clone();
-    let mut active: Vec<Active<'_>> = Vec::new();
-    let mut turn: u64 = 0;
-    let mut closed = false;
-    publish_link(&slots, &m);
-    let mut last_ping = Instant::now();
+    let pool = slots.first().map(|s| s.session().options().pool.clone());
+    let mut l = Turns {
+        slots,
+        active: Vec::new(),
+        tok: tokenizer.as_deref(),
+        m: shared.metrics.clone(),
+        rx,
+        shared: &shared,
+        turn: 0,
+        closed: false,
+        last_ping: Instant::now(),
+    };
+    publish_link(&l.slots, &l.m);
     loop {
-        turn += 1;
-        // take jobs while a slot is free (block only when idle)
-        while !closed && active.len() < slots.len() {
-            let got = if active.is_empty() {
-                rx.recv_timeout(Duration::from_millis(200))
+        l.take_jobs();
+        if l.active.is_empty() {
+            if l.closed {
+                return;
+            }
+            if l.last_ping.elapsed() >= PING_EVERY {
+                ping_workers(&mut l.slots, &l.m);
+                l.last_ping = Instant::now();
+            }
+            continue;
+        }
+        let mut busy = || loop {
+            l.step();
+            if l.active.is_empty() {
+                return;
+            }
+            l.take_jobs();
+        };
+        match &pool {
+            Some(pool) => pool.install(busy),
+            None => busy(),
+        }
+    }
+}
+
+/// The scheduler's state between turns.
+struct Turns<'t> {
+    slots: Vec<Slot>,
+    active: Vec<Active<'t>>,
+    tok: Option<&'t TextTokenizer>,
+    m: Arc<Metrics>,
+    rx: Receiver<(Job, Instant)>,
+    shared: &'t Shared,
+    turn: u64,
+    closed: bool,
+    last_ping: Instant,
+}
+
+impl Turns<'_> {
+    /// Starts a turn: takes jobs while a slot is free, blocking up to 200 ms for one only when nothing runs.
+    fn take_jobs(&mut self) {
+        let m = &*self.m;
+        self.turn += 1;
+        while !self.closed && self.active.len() < self.slots.len() {
+            let got = if self.active.is_empty() {
+                self.rx.recv_timeout(Duration::from_millis(200))
             } else {
-                rx.try_recv().map_err(|e| match e {
+                self.rx.try_recv().map_err(|e| match e {
                     std::sync::mpsc::TryRecvError::Empty => RecvTimeoutError::Timeout,
                     std::sync::mpsc::TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
                 })
@@ -76,42 +127,39 @@ pub(super) fn run(
             match got {
                 Ok((job, queued)) => {
                     m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                    if shared.stopping.load(Ordering::Relaxed) {
-                        refuse(job, &m);
+                    if self.shared.stopping.load(Ordering::Relaxed) {
+                        refuse(job, m);
                         continue;
                     }
-                    if let Some(a) = admit(&mut slots, &active, job, queued, tok, turn, &m) {
-                        active.push(a);
-                        Metrics::set(&m.active, active.len() as u64);
+                    let (slots, active) = (&mut self.slots, &self.active);
+                    if let Some(a) = admit(slots, active, job, queued, self.tok, self.turn, m) {
+                        self.active.push(a);
+                        Metrics::set(&m.active, self.active.len() as u64);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => closed = true,
+                Err(RecvTimeoutError::Disconnected) => self.closed = true,
             }
         }
-        if active.is_empty() {
-            if closed {
-                return;
-            }
-            if last_ping.elapsed() >= PING_EVERY {
-                ping_workers(&mut slots, &m);
-                last_ping = Instant::now();
-            }
-            continue;
-        }
-        let past_deadline = shared
+    }
+
+    /// The rest of a turn with jobs running: the shutdown deadline, one [`step`], the finished jobs leave.
+    fn step(&mut self) {
+        let m = &*self.m;
+        let past_deadline = self
+            .shared
             .deadline
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_some_and(|d| Instant::now() >= d);
         if past_deadline {
-            for a in &mut active {
+            for a in &mut self.active {
                 a.expired = true;
             }
         }
-        step(&mut slots, &mut active, turn, &m);
-        active.retain_mut(|a| a.seq.phase() != Phase::Done);
-        Metrics::set(&m.active, active.len() as u64);
+        step(&mut self.slots, &mut self.active, self.turn, m);
+        self.active.retain_mut(|a| a.seq.phase() != Phase::Done);
+        Metrics::set(&m.active, self.active.len() as u64);
     }
 }
 
