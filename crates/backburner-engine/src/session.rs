@@ -295,16 +295,17 @@ impl Session {
         self.prefill(&[id], Logits::Last, |_, _| {})
     }
 
-    /// Runs `f(self)` on one of the session's compute threads and returns its result; every [`Session::prefill`]
-    /// or [`Session::decode`] inside then starts its work there directly. Called from outside the pool, each of
-    /// those hands its work to a compute thread and sleeps until it is done: two thread wake-ups per call, about
-    /// 0.3 ms per decode token (3–4 %) on a 2-vCPU VM at one thread, so a token loop belongs inside `in_pool`.
+    /// Runs `f(self)` on one of the session's compute threads, with the pool's other threads kept awake
+    /// ([`ComputePool::install_hot`]), and returns its result; every [`Session::prefill`] or [`Session::decode`]
+    /// inside then starts its work there directly. Called from outside the pool, each of those hands its work to a
+    /// compute thread and sleeps until it is done: two thread wake-ups per call, about 0.3 ms per decode token
+    /// (3–4 %) on a 2-vCPU VM at one thread, so a token loop belongs inside `in_pool`.
     ///
     /// `f` must not wait for another thread that runs work on the same pool (the session's own link threads do
     /// not). Results, errors and bits are those of calling `f(self)` directly.
     pub fn in_pool<R: Send>(&mut self, f: impl FnOnce(&mut Session) -> R + Send) -> R {
         let pool = self.opts.pool.clone();
-        pool.install(|| f(self))
+        pool.install_hot(|| f(self))
     }
 
     /// Benchmarks only: appends `n` positions of synthetic K and V rows (uniform in `[-1, 1)` from `seed`) to every

@@ -49,9 +49,9 @@ impl Active<'_> {
 
 /// The scheduler's loop; returns when the channel is closed and nothing runs.
 ///
-/// While jobs run, the turns run on one of the slots' compute threads ([`crate::Session::in_pool`]: no hand-off to
-/// the pool and wait per decode step); while none does, the scheduler waits for a job on its own thread, leaving
-/// the pool free.
+/// While jobs run, the turns run on one of the slots' compute threads with the others kept awake
+/// ([`crate::ComputePool::install_hot`], as [`crate::Session::in_pool`]: no hand-off to the pool and wait per decode
+/// step); while none does, the scheduler waits for a job on its own thread, leaving the pool free.
 pub(super) fn run(
     slots: Vec<Slot>,
     tokenizer: Option<Arc<TextTokenizer>>,
@@ -91,7 +91,7 @@ pub(super) fn run(
             l.take_jobs();
         };
         match &pool {
-            Some(pool) => pool.install(busy),
+            Some(pool) => pool.install_hot(busy),
             None => busy(),
         }
     }
