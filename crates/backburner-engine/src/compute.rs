@@ -14,6 +14,8 @@ use crate::error::{EngineError, Result};
 #[derive(Clone)]
 pub struct ComputePool {
     pool: Arc<rayon::ThreadPool>,
+    /// Whether an [`ComputePool::install_hot`] keeps the pool's threads spinning now (at most one at a time).
+    hot: Arc<AtomicBool>,
 }
 
 impl ComputePool {
@@ -35,6 +37,7 @@ impl ComputePool {
             })?;
         Ok(ComputePool {
             pool: Arc::new(pool),
+            hot: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -68,24 +71,28 @@ impl ComputePool {
     /// micro-benchmark of `rayon::join` over two 100 µs halves). The cost: those cores stay busy until `f` returns,
     /// as llama.cpp's threads do while it generates. Results and bits are those of [`ComputePool::install`].
     ///
-    /// The spinning stops when `f` returns or panics; a spinner that had not started yet exits at once.
+    /// The spinning stops when `f` returns or panics; a spinner that had not started yet exits at once. One hot
+    /// section per pool at a time: while one runs, another (nested, or from another thread) is a plain `install`
+    /// (a thread waiting inside a parallel region may run another section's spinner, which returns only when that
+    /// section ends: a second set would hold up the first).
     pub fn install_hot<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads() < 2 {
+        if self.threads() < 2 || self.hot.swap(true, Ordering::AcqRel) {
             return self.install(f);
         }
-        self.pool.install(|| {
-            let _keep = KeepAwake::start();
+        let hot = self.hot.clone();
+        self.pool.install(move || {
+            let _keep = KeepAwake::start(hot);
             f()
         })
     }
 }
 
-/// The spinners of [`ComputePool::install_hot`] on every thread of the current pool but this one; dropping it
-/// (also when unwinding) lets them go.
-struct KeepAwake(Arc<AtomicBool>);
+/// The spinners of [`ComputePool::install_hot`] on every thread of the current pool but this one, and the pool's
+/// hot flag; dropping it (also when unwinding) lets the spinners go and the flag down.
+struct KeepAwake(Arc<AtomicBool>, Arc<AtomicBool>);
 
 impl KeepAwake {
-    fn start() -> Self {
+    fn start(pool_hot: Arc<AtomicBool>) -> Self {
         let on = Arc::new(AtomicBool::new(true));
         let here = rayon::current_thread_index();
         let flag = on.clone();
@@ -103,13 +110,14 @@ impl KeepAwake {
             #[cfg(test)]
             tests::SPINNERS.fetch_sub(1, Ordering::SeqCst);
         });
-        KeepAwake(on)
+        KeepAwake(on, pool_hot)
     }
 }
 
 impl Drop for KeepAwake {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+        self.1.store(false, Ordering::Release);
     }
 }
 
@@ -186,5 +194,44 @@ mod tests {
                 "{threads} threads: a spinner outlived a panic"
             );
         }
+    }
+
+    #[test]
+    fn hot_sections_from_several_threads_on_one_pool_all_finish() {
+        // Sections from several threads at once (one spins, the others run as plain installs): all finish, each with
+        // its own result.
+        let p = ComputePool::new(2).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for t in 0..3 {
+            let (p, tx) = (p.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let sum = p.install_hot(|| {
+                    use rayon::prelude::*;
+                    (0..300u64)
+                        .map(|i| {
+                            (0..4u64)
+                                .into_par_iter()
+                                .map(|j| {
+                                    std::thread::sleep(std::time::Duration::from_micros(50));
+                                    j + i
+                                })
+                                .sum::<u64>()
+                        })
+                        .sum::<u64>()
+                });
+                tx.send((t, sum)).unwrap();
+            });
+        }
+        let mut done: Vec<(usize, u64)> = (0..3)
+            .map(|_| {
+                rx.recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("a hot section hung")
+            })
+            .collect();
+        done.sort();
+        // Σ_i Σ_j (j + i) = 300·6 + 4·(299·300/2)
+        let want = 300 * 6 + 4 * 44_850;
+        assert_eq!(done, (0..3).map(|t| (t, want)).collect::<Vec<_>>());
+        assert!(spinners_stop());
     }
 }

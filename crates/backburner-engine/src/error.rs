@@ -66,6 +66,9 @@ pub enum EngineError {
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),
+    /// The serving engine is shutting down: a queued request is refused without running (HTTP 503).
+    #[error("the server is shutting down")]
+    ShuttingDown,
 }
 
 /// The tail of [`EngineError::WorkerLost`]'s message: what the session keeps.

@@ -321,6 +321,38 @@ fn shutdown_finishes_within_the_grace_period_and_refuses_new_jobs() {
 }
 
 #[test]
+fn shutdown_refuses_queued_jobs_at_once_while_running_ones_finish() {
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = Arc::new(engine(&model, 1, 4, CacheLimits::default()));
+    let running = submit(&e, prompt(21, 10, vocab), greedy(100_000));
+    assert!(matches!(running.recv().unwrap(), Event::Started { .. }));
+    let queued = submit(&e, prompt(22, 10, vocab), greedy(4));
+    let stopper = {
+        let e = e.clone();
+        std::thread::spawn(move || e.shutdown(Duration::from_secs(5)))
+    };
+    // the queued job is refused without running, as a shutdown (not when the slot frees after the grace period)
+    let refused = queued.recv_timeout(Duration::from_secs(60));
+    assert!(
+        matches!(
+            refused,
+            Ok(Event::Failed(backburner_engine::EngineError::ShuttingDown))
+        ),
+        "queued job: not refused as a shutdown"
+    );
+    assert!(
+        !running
+            .try_iter()
+            .any(|ev| matches!(ev, Event::Done { .. } | Event::Failed(_))),
+        "the running job ended before the queued one was refused"
+    );
+    let o = collect(running);
+    assert_eq!(o.generation.unwrap().stop_reason, StopReason::Interrupted);
+    stopper.join().unwrap();
+}
+
+#[test]
 fn a_running_job_turns_on_a_compute_thread_and_an_idle_scheduler_leaves_the_pool() {
     // While a job runs, the scheduler's turns (prefill chunks, decode steps, the events they send) run on one of the
     // slots' compute threads, so no decode step hands its work to the pool and waits; between jobs the scheduler

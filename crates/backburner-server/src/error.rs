@@ -141,9 +141,7 @@ impl From<EngineError> for ApiError {
                 ApiError::invalid(param, e.to_string())
             }
             EngineError::EmptyPrompt => ApiError::invalid(Some("prompt"), e.to_string()),
-            EngineError::InvalidSetting(m) if m.contains("shutting down") => {
-                ApiError::unavailable(e.to_string())
-            }
+            EngineError::ShuttingDown => ApiError::unavailable(e.to_string()),
             _ => ApiError::internal(e.to_string()),
         }
     }

@@ -256,7 +256,7 @@ impl Engine {
         self.n_slots
     }
 
-    /// Stops taking jobs, refuses the queued ones ([`EngineError::InvalidSetting`] "shutting down"), lets running
+    /// Stops taking jobs, refuses the queued ones at once ([`EngineError::ShuttingDown`]), lets running
     /// ones finish for up to `grace`, then cancels the rest (they end with `Interrupted`), and waits for the
     /// scheduler to exit. Idempotent.
     pub fn shutdown(&self, grace: Duration) {

@@ -115,6 +115,13 @@ impl Turns<'_> {
     fn take_jobs(&mut self) {
         let m = &*self.m;
         self.turn += 1;
+        if self.shared.stopping.load(Ordering::Relaxed) {
+            // shutting down: every queued job is refused now, not when a slot frees
+            while let Ok((job, _)) = self.rx.try_recv() {
+                m.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                refuse(job, m);
+            }
+        }
         while !self.closed && self.active.len() < self.slots.len() {
             let got = if self.active.is_empty() {
                 self.rx.recv_timeout(Duration::from_millis(200))
@@ -193,9 +200,7 @@ fn ping_workers(slots: &mut [Slot], m: &Metrics) {
 /// A job refused at shutdown.
 fn refuse(mut job: Job, m: &Metrics) {
     Metrics::add(&m.requests_cancelled, 1);
-    (job.events)(Event::Failed(EngineError::InvalidSetting(
-        "the server is shutting down".into(),
-    )));
+    (job.events)(Event::Failed(EngineError::ShuttingDown));
 }
 
 /// Puts `job` in the free slot with the longest reusable prefix (least recently used on ties), prepares the cache
