@@ -343,27 +343,30 @@ fn causal_conv1d_silu_matches_reference() {
 
 #[test]
 fn causal_conv1d_silu_state_carries_across_calls_exactly() {
-    let (c, kernel, n) = (19, 4, 30);
-    let mut r = rng(51);
-    let w = uniform(&mut r, c * kernel, -1.0, 1.0);
-    let x = uniform(&mut r, n * c, -2.0, 2.0);
-    let s0 = uniform(&mut r, c * (kernel - 1), -2.0, 2.0);
-    let (o_all, s_all) = conv(&x, n, c, kernel, &w, &s0);
-    // Splits include calls shorter than kernel - 1, whose new state keeps older state entries.
-    for cuts in [
-        vec![0, 1, 2, 30],
-        vec![0, 2, 3, 17, 29, 30],
-        vec![0, 15, 30],
-    ] {
-        let mut s = s0.clone();
-        let mut outs = Vec::new();
-        for win in cuts.windows(2) {
-            let (a, b) = (win[0], win[1]);
-            let (o, s_next) = conv(&x[a * c..b * c], b - a, c, kernel, &w, &s);
-            outs.extend(o);
-            s = s_next;
+    // Kernel 4 (the architecture's) has its own one-token path; 3 and 5 take the general one.
+    for kernel in [3, 4, 5] {
+        let (c, n) = (19, 30);
+        let mut r = rng(51);
+        let w = uniform(&mut r, c * kernel, -1.0, 1.0);
+        let x = uniform(&mut r, n * c, -2.0, 2.0);
+        let s0 = uniform(&mut r, c * (kernel - 1), -2.0, 2.0);
+        let (o_all, s_all) = conv(&x, n, c, kernel, &w, &s0);
+        // Splits include one-token calls and calls shorter than kernel - 1, whose new state keeps older entries.
+        for cuts in [
+            vec![0, 1, 2, 30],
+            vec![0, 2, 3, 17, 29, 30],
+            vec![0, 15, 30],
+        ] {
+            let mut s = s0.clone();
+            let mut outs = Vec::new();
+            for win in cuts.windows(2) {
+                let (a, b) = (win[0], win[1]);
+                let (o, s_next) = conv(&x[a * c..b * c], b - a, c, kernel, &w, &s);
+                outs.extend(o);
+                s = s_next;
+            }
+            assert_eq!(bits(&outs), bits(&o_all), "kernel {kernel}, cuts {cuts:?}");
+            assert_eq!(bits(&s), bits(&s_all), "kernel {kernel}, cuts {cuts:?}");
         }
-        assert_eq!(bits(&outs), bits(&o_all), "cuts {cuts:?}");
-        assert_eq!(bits(&s), bits(&s_all), "cuts {cuts:?}");
     }
 }
