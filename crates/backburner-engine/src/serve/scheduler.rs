@@ -111,18 +111,14 @@ struct Turns<'t> {
 }
 
 impl Turns<'_> {
-    /// Starts a turn: takes jobs while a slot is free, blocking up to 200 ms for one only when nothing runs.
+    /// Starts a turn: takes jobs while a slot is free (all of them, to refuse, once shutting down), blocking up to
+    /// 200 ms for one only when nothing runs.
     fn take_jobs(&mut self) {
         let m = &*self.m;
         self.turn += 1;
-        if self.shared.stopping.load(Ordering::Relaxed) {
-            // shutting down: every queued job is refused now, not when a slot frees
-            while let Ok((job, _)) = self.rx.try_recv() {
-                m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                refuse(job, m);
-            }
-        }
-        while !self.closed && self.active.len() < self.slots.len() {
+        // shutting down, every queued job is taken (and refused below) now, not when a slot frees
+        let stopping = || self.shared.stopping.load(Ordering::Relaxed);
+        while !self.closed && (self.active.len() < self.slots.len() || stopping()) {
             let got = if self.active.is_empty() {
                 self.rx.recv_timeout(Duration::from_millis(200))
             } else {
@@ -134,7 +130,7 @@ impl Turns<'_> {
             match got {
                 Ok((job, queued)) => {
                     m.queue_depth.fetch_sub(1, Ordering::Relaxed);
-                    if self.shared.stopping.load(Ordering::Relaxed) {
+                    if stopping() {
                         refuse(job, m);
                         continue;
                     }
