@@ -327,13 +327,12 @@ pub(crate) trait QKernel {
     fn run<I: QIsa>(self, isa: I) -> Self::Out;
 }
 
-/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI; opted in, see `avx512_opted_in`),
+/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI),
 /// 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's test-only dispatch cap.
 pub(crate) fn qisa_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::simd::allowed(2)
-            && avx512_opted_in()
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
@@ -351,15 +350,6 @@ pub(crate) fn qisa_level() -> u8 {
     0
 }
 
-/// Whether the AVX-512 VNNI kernel is built: only with the crate feature `quant-avx512`. It has not yet run on a CPU
-/// with AVX-512 VNNI (the machines it was written on have AVX2 only), so until its bit-identity test has passed on
-/// one, AVX-512 machines use the AVX2 kernel (the same bits); the feature also keeps its instantiations out of the
-/// default build.
-#[cfg(target_arch = "x86_64")]
-fn avx512_opted_in() -> bool {
-    cfg!(feature = "quant-avx512")
-}
-
 /// Runs `k` with the best integer-dot instruction set of the CPU ([`qisa_level`]); every choice gives the same
 /// bits.
 #[inline]
@@ -368,7 +358,6 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
     {
         match qisa_level() {
             // SAFETY: level 2 means the CPU supports AVX-512F, BW and VNNI (checked by `qisa_level`).
-            #[cfg(feature = "quant-avx512")]
             2 => return unsafe { with_avx512(k) },
             // SAFETY: level 1 means the CPU supports AVX2, FMA and F16C.
             1 => return unsafe { with_avx2(k) },
@@ -380,7 +369,7 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
 
 /// # Safety
 /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI.
-#[cfg(all(target_arch = "x86_64", feature = "quant-avx512"))]
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn with_avx512<K: QKernel>(k: K) -> K::Out {
     k.run(super::x86::Avx512Vnni(()))

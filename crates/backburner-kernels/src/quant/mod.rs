@@ -45,9 +45,7 @@
 //! the activation rounding, plus float rounding.
 //!
 //! # Kernels
-//! One generic kernel (`QIsa` over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX; the
-//! AVX-512 VNNI instance is built only with the crate feature `quant-avx512` until it has been verified on such a
-//! CPU): per
+//! One generic kernel (`QIsa` over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX): per
 //! register tile of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers
 //! (nibble masks, bit planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes
 //! per group (`vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the

@@ -10,13 +10,10 @@ use std::arch::x86_64::*;
 
 use super::isa::{QIsa, LANES};
 
-/// AVX-512F + BW + VNNI lanes (one 512-bit register each). Built only with the `quant-avx512` feature (see
-/// [`qisa_level`](super::isa::qisa_level)).
-#[cfg(feature = "quant-avx512")]
+/// AVX-512F + BW + VNNI lanes (one 512-bit register each).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx512Vnni(pub(super) ());
 
-#[cfg(feature = "quant-avx512")]
 impl QIsa for Avx512Vnni {
     type W = __m512i;
     type A = __m512i;
