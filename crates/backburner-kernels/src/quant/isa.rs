@@ -146,7 +146,8 @@ pub(crate) trait QIsa: Copy {
     /// # Safety
     /// `p` must be valid for reading 64 bytes (no alignment needed).
     unsafe fn load_fp(self, p: *const u8) -> Self::F;
-    /// A hint to bring the cache line at `p` into L1 (any address: never dereferenced, never faults).
+    /// A hint to bring the cache line at `p` into L2, ahead of a sequential stream (any address: never dereferenced,
+    /// never faults; see [`crate::simd::prefetch_l2`]).
     fn prefetch(self, p: *const u8);
 }
 

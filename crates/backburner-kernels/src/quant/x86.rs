@@ -152,7 +152,7 @@ impl QIsa for Avx512Vnni {
     }
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
-        crate::simd::prefetch(p);
+        crate::simd::prefetch_l2(p);
     }
 }
 
@@ -401,7 +401,7 @@ impl QIsa for Avx2 {
     }
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
-        crate::simd::prefetch(p);
+        crate::simd::prefetch_l2(p);
     }
 }
 
