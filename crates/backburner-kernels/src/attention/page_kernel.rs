@@ -7,7 +7,7 @@ use super::Partial;
 use half::f16;
 
 use crate::kv::{PageView, RowsRef, KV_BLOCK, KV_LANES};
-use crate::simd::{dispatch, f16_to_f32, prefetch, scale, Isa, Kernel, LANES};
+use crate::simd::{dispatch, f16_to_f32, prefetch_l2, scale, Isa, Kernel, LANES};
 
 /// Keys per block: the page's storage block ([`KV_BLOCK`]).
 pub(super) const KEY_BLOCK: usize = KV_BLOCK;
@@ -326,7 +326,7 @@ unsafe impl<const PF: bool> BlockSrc for F32Block<'_, PF> {
     unsafe fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
         debug_assert!(at + LANES <= self.rows.len());
         if PF {
-            prefetch(self.ahead.wrapping_add(at).cast());
+            prefetch_l2(self.ahead.wrapping_add(at).cast());
         }
         // SAFETY: the caller guarantees 16 elements at `at`.
         unsafe { isa.load_ptr(self.rows.as_ptr().add(at)) }
@@ -362,7 +362,7 @@ unsafe impl BlockSrc for F16Block<'_> {
     #[inline(always)]
     unsafe fn load<I: Isa>(self, isa: I, at: usize) -> I::V {
         debug_assert!(at + LANES <= self.rows.len());
-        prefetch(self.ahead.wrapping_add(at).cast());
+        prefetch_l2(self.ahead.wrapping_add(at).cast());
         // SAFETY: the caller guarantees 16 elements at `at`.
         unsafe { isa.load_f16(self.rows.as_ptr().add(at).cast::<u16>()) }
     }
