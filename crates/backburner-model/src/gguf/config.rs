@@ -232,6 +232,9 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         path: f.paths()[0].as_path(),
     };
     let n_all = k.req_u64("block_count")?;
+    if n_all == 0 {
+        return Err(k.err("block_count is 0: the model has no layers".to_string()));
+    }
     let nextn = k.opt_u64("nextn_predict_layers")?.unwrap_or(0);
     if nextn >= n_all {
         return Err(k.err(format!(

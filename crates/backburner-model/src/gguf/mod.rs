@@ -148,13 +148,18 @@ fn check_split_keys(parsed: &parse::ParsedPart, path: &Path, i: usize, n: usize)
     if count == Some(Some(n as u64)) && no == Some(Some(i as u64)) {
         return Ok(());
     }
+    let found = |v: Option<Option<u64>>| match v {
+        None => "absent".to_string(),
+        Some(None) => "not an unsigned integer".to_string(),
+        Some(Some(x)) => x.to_string(),
+    };
     Err(corrupt(
         path,
         format!(
-            "as part {} of {n} it needs split.no = {i} and split.count = {n}; found split.no = {:?}, split.count = {:?}",
+            "as part {} of {n} it needs split.no = {i} and split.count = {n}; found split.no {}, split.count {}",
             i + 1,
-            md.get("split.no"),
-            md.get("split.count")
+            found(no),
+            found(count)
         ),
     ))
 }

@@ -292,6 +292,11 @@ fn gguf_config_refuses_missing_mistyped_and_impossible_metadata() {
         ("general.architecture", None, "architecture \"\""),
         ("qwen35.block_count", None, "qwen35.block_count is missing"),
         (
+            "qwen35.block_count",
+            Some(MetaValue::U32(0)),
+            "block_count is 0: the model has no layers",
+        ),
+        (
             "qwen35.embedding_length",
             Some(MetaValue::Str("1024".into())),
             "has type str",

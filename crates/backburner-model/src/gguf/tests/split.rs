@@ -67,6 +67,7 @@ fn gguf_incomplete_or_inconsistent_split_sets_are_refused() {
     );
     let m = corrupt_message(GgufFile::open(d.path()));
     assert!(m.contains("split.no = 1"), "{m}");
+    assert!(m.contains("found split.no 0, split.count 2"), "{m}");
     // The wrong count.
     write_tmp(
         &part(1, 3, &[("c.weight", 3)]),
@@ -75,6 +76,7 @@ fn gguf_incomplete_or_inconsistent_split_sets_are_refused() {
     );
     let m = corrupt_message(GgufFile::open(d.path()));
     assert!(m.contains("split.count = 2"), "{m}");
+    assert!(m.contains("found split.no 1, split.count 3"), "{m}");
     // A tensor in both parts.
     write_tmp(
         &part(1, 2, &[("a.weight", 3)]),
