@@ -68,8 +68,9 @@ impl ComputePool {
     /// any work of the pool as soon as it is queued (`rayon::yield_now`), instead of sleeping between parallel
     /// regions. For a token loop, whose step has ~45 short parallel regions: a parked rayon thread picks up its half
     /// of a region 35–60 µs late on a 2-vCPU VM (a thread wake-up each time), a spinning one within 1 µs (one run
-    /// of a micro-benchmark of `rayon::join` over two 100 µs halves; docs/BENCHMARKS.md). The cost: those cores stay busy until `f` returns,
-    /// as llama.cpp's threads do while it generates. Results and bits are those of [`ComputePool::install`].
+    /// of a micro-benchmark of `rayon::join` over two 100 µs halves; docs/BENCHMARKS.md). The cost: those cores
+    /// stay busy until `f` returns, as llama.cpp's threads do while it generates. Results and bits are those of
+    /// [`ComputePool::install`].
     ///
     /// The spinning stops when `f` returns or panics; a spinner that had not started yet exits at once. One hot
     /// section per pool at a time: while one runs, another (nested, or from another thread) is a plain `install`
