@@ -49,9 +49,10 @@ pub enum ModelError {
     ShapeMismatch {
         /// The checkpoint name of the tensor.
         name: String,
-        /// The shape the config implies.
+        /// The shape the config implies, in the file's order (safetensors: Hugging Face's `[rows, cols]`; GGUF:
+        /// `ne[0]` first, as llama.cpp prints it).
         expected: Vec<usize>,
-        /// The shape on disk.
+        /// The shape on disk, in the same order.
         found: Vec<usize>,
     },
     /// A tensor is stored in a dtype we cannot convert to f32.

@@ -235,6 +235,48 @@ fn a_shape_mismatch_reports_expected_and_found() {
 }
 
 #[test]
+fn a_gguf_tensor_error_names_the_tensor_and_its_dims_as_the_file_stores_them() {
+    use backburner_model::gguf::writer::GgufWriter;
+    use backburner_model::gguf::MetaValue;
+    use backburner_model::GgufFile;
+    let src = GgufFile::open(&fixture("gguf/tiny-q-q8_0.gguf")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing.gguf");
+    GgufWriter::copy_of(&src)
+        .unwrap()
+        .remove_tensor("blk.1.ffn_down.weight")
+        .write(&missing)
+        .unwrap();
+    match Model::load(&missing).unwrap_err() {
+        ModelError::MissingTensor { name, .. } => assert_eq!(name, "blk.1.ffn_down.weight"),
+        other => panic!("{other:?}"),
+    }
+    // A feed-forward length the tensors do not have: dims in GGUF order (ne[0] = the input length first).
+    let dims = &src.tensor("blk.0.ffn_gate.weight").unwrap().dims;
+    let (hidden, ffn) = (dims[0] as usize, dims[1] as usize);
+    let key = "qwen35.feed_forward_length";
+    let reshaped = tmp.path().join("reshaped.gguf");
+    GgufWriter::copy_of(&src)
+        .unwrap()
+        .remove(key)
+        .kv(key, MetaValue::U32(ffn as u32 + 32))
+        .write(&reshaped)
+        .unwrap();
+    match Model::load(&reshaped).unwrap_err() {
+        ModelError::ShapeMismatch {
+            name,
+            expected,
+            found,
+        } => {
+            assert_eq!(name, "blk.0.ffn_gate.weight");
+            assert_eq!(expected, vec![hidden, ffn + 32]);
+            assert_eq!(found, vec![hidden, ffn]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn a_truncated_safetensors_file_is_reported_as_corrupt() {
     let d = copy_fixture("tiny-f32");
     let p = d.path().join("model.safetensors");

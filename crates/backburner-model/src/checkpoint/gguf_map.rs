@@ -106,7 +106,7 @@ impl GgufCheckpoint {
 
     fn info(&self, name: &str) -> Result<(String, &TensorInfo)> {
         let missing = || ModelError::MissingTensor {
-            name: name.to_string(),
+            name: self.stored_name(name),
             dir: self.path.clone(),
         };
         let g = gguf_name(name).ok_or_else(missing)?;
@@ -135,8 +135,12 @@ impl GgufCheckpoint {
             .iter()
             .rev()
             .map(|&d| {
-                usize::try_from(d)
-                    .map_err(|_| ModelError::InvalidConfig(format!("{name}: dim {d} overflows")))
+                usize::try_from(d).map_err(|_| {
+                    ModelError::InvalidConfig(format!(
+                        "{}: dim {d} overflows",
+                        self.stored_name(name)
+                    ))
+                })
             })
             .collect::<Result<Vec<usize>>>()?;
         if name.ends_with("linear_attn.conv1d.weight") && shape.len() == 2 {
@@ -157,8 +161,9 @@ impl GgufCheckpoint {
 
     pub(crate) fn stored_bytes(&self, name: &str) -> Result<usize> {
         let (_, info) = self.info(name)?;
-        usize::try_from(info.n_bytes)
-            .map_err(|_| ModelError::InvalidConfig(format!("{name}: size overflows")))
+        usize::try_from(info.n_bytes).map_err(|_| {
+            ModelError::InvalidConfig(format!("{}: size overflows", self.stored_name(name)))
+        })
     }
 
     pub(crate) fn shard_path(&self, name: &str) -> Result<&Path> {
@@ -171,13 +176,23 @@ impl GgufCheckpoint {
         self.file.read_chunks(&g, chunk, f)
     }
 
+    /// Checks a tensor's shape (Hugging Face order) against `expected`; a mismatch is reported as the file stores
+    /// the tensor: its GGUF name and dims in GGUF order (`ne[0]` first, as llama.cpp prints them).
     fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
         let found = self.shape(name)?;
         if found != expected {
+            let gguf_order = |hf: &[usize]| {
+                let mut dims = hf.to_vec();
+                if name.ends_with("linear_attn.conv1d.weight") && dims.len() == 3 && dims[1] == 1 {
+                    dims.remove(1);
+                }
+                dims.reverse();
+                dims
+            };
             return Err(ModelError::ShapeMismatch {
-                name: name.to_string(),
-                expected: expected.to_vec(),
-                found,
+                name: self.stored_name(name),
+                expected: gguf_order(expected),
+                found: gguf_order(&found),
             });
         }
         Ok(())
@@ -204,8 +219,9 @@ impl GgufCheckpoint {
                 .collect(),
             StoredDtype::Quant(q) => {
                 let mut out = vec![0.0f32; n];
-                backburner_kernels::quant::dequantize(*q, bytes, &mut out)
-                    .map_err(|e| ModelError::InvalidConfig(format!("{name}: {e}")))?;
+                backburner_kernels::quant::dequantize(*q, bytes, &mut out).map_err(|e| {
+                    ModelError::InvalidConfig(format!("{}: {e}", self.stored_name(name)))
+                })?;
                 out
             }
             StoredDtype::Other(_) => return Err(unsupported(&self.stored_name(name), &d)),

@@ -200,6 +200,12 @@ impl GgufWriter {
         self
     }
 
+    /// Removes every tensor of this name.
+    pub fn remove_tensor(&mut self, name: &str) -> &mut Self {
+        self.tensors.retain(|t| t.name != name);
+        self
+    }
+
     /// Adds a tensor of the right size for its dims and type whose bytes are all zero (a hole in the written file).
     ///
     /// Panics if the type has no known block size or the dims do not fill whole blocks (a test-writing error).
