@@ -116,8 +116,16 @@ struct PplArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Text file to score.
+    #[arg(
+        long,
+        required_unless_present = "tokens_file",
+        conflicts_with = "tokens_file"
+    )]
+    file: Option<PathBuf>,
+    /// Token ids to score instead of a text (a JSON array or ids separated by commas/whitespace, as `run
+    /// --prompt-tokens-file`): for a model without a tokenizer.
     #[arg(long)]
-    file: PathBuf,
+    tokens_file: Option<PathBuf>,
     /// Window length in tokens, at least 2 and at most the model's context; windows do not overlap and each starts
     /// from an empty state (default: the whole text).
     #[arg(long)]
@@ -315,17 +323,67 @@ pub fn load_weights(
     })
 }
 
+/// The model's tokenizer, or an error saying that `what` needs one and why the model at `dir` has none.
 fn need_tok<'a>(
     tok: &'a Option<TextTokenizer>,
+    dir: &Path,
     what: &str,
     hint: &str,
 ) -> Result<&'a TextTokenizer> {
     tok.as_ref().with_context(|| {
-        format!("{what} needs a tokenizer, and this model has none (no tokenizer.json beside it, and a GGUF file's own is absent, `tokenizer.ggml.model = none`, or not supported: see the warning above){hint}")
+        format!(
+            "{what} needs a tokenizer, and this model has none: {}{hint}",
+            no_tokenizer_reason(dir)
+        )
     })
 }
 
+/// Why the model at `dir` loaded without a tokenizer (see [`TextTokenizer::from_dir`]).
+fn no_tokenizer_reason(dir: &Path) -> String {
+    if !backburner_model::checkpoint::is_gguf(dir) {
+        return format!("no tokenizer.json in {}", dir.display());
+    }
+    let file = match backburner_model::GgufFile::open(dir) {
+        Ok(f) => f,
+        Err(e) => {
+            return format!("no tokenizer.json beside it, and its GGUF file did not open ({e})")
+        }
+    };
+    let md = file.metadata();
+    match md.get_str("tokenizer.ggml.model") {
+        None => "no tokenizer.json beside the GGUF file, which has no tokenizer (`tokenizer.ggml.model` absent)".into(),
+        Some("none") => {
+            "no tokenizer.json beside the GGUF file, whose `tokenizer.ggml.model` is `none`".into()
+        }
+        Some(m) => format!(
+            "no tokenizer.json beside the GGUF file, and its tokenizer (`{m}`, pre-tokenizer `{}`) is not supported (the warning above says why)",
+            md.get_str("tokenizer.ggml.pre").unwrap_or("absent")
+        ),
+    }
+}
+
 const IDS_HINT: &str = "; give token ids with --prompt-tokens or --prompt-tokens-file";
+
+/// The file perplexity scores and its token ids: `--tokens-file` as given (each id checked against the vocabulary),
+/// or `--file` through the tokenizer.
+fn ppl_tokens<'a>(a: &'a PplArgs, loaded: &Loaded) -> Result<(&'a Path, Vec<u32>)> {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
+    if let Some(p) = &a.tokens_file {
+        let ids = prompt::parse_token_ids(&read(p)?).with_context(|| format!("{}", p.display()))?;
+        backburner_engine::sequence::check_token_ids(&ids, loaded.model.config().vocab_size)
+            .with_context(|| format!("{}", p.display()))?;
+        return Ok((p, ids));
+    }
+    let p = a.file.as_deref().context("give --file or --tokens-file")?;
+    let tok = need_tok(
+        &loaded.tokenizer,
+        &loaded.dir,
+        "perplexity of a text",
+        "; give token ids with --tokens-file",
+    )?;
+    Ok((p, tok.encode(&read(p)?)?))
+}
 
 fn run_perplexity(a: PplArgs) -> Result<()> {
     if let Some(n) = a.model.ctx_size {
@@ -336,14 +394,11 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     }
     let pool = compute_pool(a.model.threads)?;
     let loaded = load(&a.model, &pool)?;
-    let tok = need_tok(&loaded.tokenizer, "perplexity", "")?;
-    let text =
-        std::fs::read_to_string(&a.file).with_context(|| format!("read {}", a.file.display()))?;
-    let ids = tok.encode(&text)?;
+    let (path, ids) = ppl_tokens(&a, &loaded)?;
+    let path = path.display();
     if ids.len() < 2 {
         bail!(
-            "{} is {} token(s); perplexity needs at least 2",
-            a.file.display(),
+            "{path} is {} token(s); perplexity needs at least 2",
             ids.len()
         );
     }
@@ -353,8 +408,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     }
     if let Some(c) = a.ctx.filter(|&c| a.second_half && c > ids.len()) {
         bail!(
-            "{} is {} tokens, shorter than one --ctx {c} window: --second-half scores whole windows only (as llama-perplexity)",
-            a.file.display(),
+            "{path} is {} tokens, shorter than one --ctx {c} window: --second-half scores whole windows only (as llama-perplexity)",
             ids.len()
         );
     }
@@ -362,8 +416,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     // A given --ctx is within the limit (checked above), so only the whole text can be too long here.
     if ctx > limit {
         bail!(
-            "{} is {} tokens, longer than the model's context of {limit} tokens (max_position_embeddings): score it in windows with --ctx {limit} (or less)",
-            a.file.display(),
+            "{path} is {} tokens, longer than the model's context of {limit} tokens (max_position_embeddings): score it in windows with --ctx {limit} (or less)",
             ids.len()
         );
     }

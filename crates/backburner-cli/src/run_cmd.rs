@@ -117,7 +117,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     // the prompt first (config and tokenizer only): the placement is planned for what this run needs
     let (config, tokenizer) = crate::load_tokenizer(&dir)?;
     if !a.stop.is_empty() {
-        need_tok(&tokenizer, "--stop", "")?;
+        need_tok(&tokenizer, &dir, "--stop", "")?;
     }
     let prompt = build_prompt(&a, &tokenizer)?;
     if prompt.is_empty() {
@@ -274,6 +274,7 @@ fn build_prompt(a: &RunArgs, tok: &Option<TextTokenizer>) -> Result<Vec<u32>> {
     Ok(if let Some(text) = text {
         let t = need_tok(
             tok,
+            a.model.model.as_deref().unwrap_or(Path::new(".")),
             if a.chat { "--chat" } else { "a text prompt" },
             IDS_HINT,
         )?;

@@ -270,6 +270,122 @@ fn perplexity_json_agrees_with_transformers() {
 }
 
 #[test]
+fn a_gguf_without_a_tokenizer_says_so_and_scores_and_runs_token_ids() {
+    use backburner_model::gguf::writer::GgufWriter;
+    use backburner_model::gguf::MetaValue;
+    use backburner_model::{GgufFile, ModelConfig, TextTokenizer};
+    let src = fixture("gguf/tiny-f32.gguf");
+    let d = tempfile::tempdir().unwrap();
+    let bare = d.path().join("bare.gguf");
+    GgufWriter::copy_of(&GgufFile::open(&src).unwrap())
+        .unwrap()
+        .remove("tokenizer.ggml.model")
+        .kv("tokenizer.ggml.model", MetaValue::Str("none".into()))
+        .write(&bare)
+        .unwrap();
+    let bs = bare.to_str().unwrap();
+    let text = fixture("tiny-f32").join("ppl.txt");
+    let o = bb(&["run", "--model", bs, "--prompt", "hi"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("whose `tokenizer.ggml.model` is `none`") && !err.contains("warning above"),
+        "{err}"
+    );
+    let o = bb(&[
+        "perplexity",
+        "--model",
+        bs,
+        "--file",
+        text.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("give token ids with --tokens-file"), "{err}");
+    // the same text as ids scores exactly as the original file does from text
+    let vocab = ModelConfig::from_dir(&src).unwrap().vocab_size;
+    let tok = TextTokenizer::from_dir(&src, vocab, &[]).unwrap().unwrap();
+    let ids = tok
+        .encode(&std::fs::read_to_string(&text).unwrap())
+        .unwrap();
+    let ids_file = d.path().join("ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&ids).unwrap()).unwrap();
+    let ppl = |model: &str, arg: &str, file: &std::path::Path| {
+        json_out(&bb(&[
+            "perplexity",
+            "--model",
+            model,
+            arg,
+            file.to_str().unwrap(),
+            "--ctx",
+            "64",
+            "--json",
+        ]))
+    };
+    let from_text = ppl(src.to_str().unwrap(), "--file", &text);
+    let from_ids = ppl(bs, "--tokens-file", &ids_file);
+    assert_eq!(from_ids, from_text);
+    assert_eq!(from_ids["n_tokens"], ids.len());
+    // ids outside the vocabulary, and both inputs at once, are refused
+    std::fs::write(&ids_file, format!("[1, {vocab}]")).unwrap();
+    let o = bb(&[
+        "perplexity",
+        "--model",
+        bs,
+        "--tokens-file",
+        ids_file.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("token id {vocab} is out of range")),
+        "{err}"
+    );
+    let o = bb(&[
+        "perplexity",
+        "--model",
+        bs,
+        "--tokens-file",
+        "x",
+        "--file",
+        "y",
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+}
+
+#[test]
+fn a_tokenizer_far_smaller_than_the_models_vocabulary_is_warned_about() {
+    let d = tempfile::tempdir().unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(fixture("tiny-f32").join(f), d.path().join(f)).unwrap();
+    }
+    let m = d.path().to_str().unwrap();
+    let run = || {
+        let o = bb(&["run", "--model", m, "--prompt", "hi", "--max-tokens", "1"]);
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let mut cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("tiny-f32").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    // the fixture's 448 ids against its 512 rows: no warning
+    std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
+    assert!(!run().contains("likely another model's tokenizer"));
+    // against 1024 rows (the weights then fail to load, after the warning)
+    cfg["vocab_size"] = 1024.into();
+    std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
+    let err = run();
+    assert!(
+        err.contains(
+            "has 448 ids but the model embeds 1024: it is likely another model's tokenizer"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn text_options_without_a_tokenizer_say_they_need_one() {
     let d = tempfile::tempdir().unwrap();
     for f in ["config.json", "model.safetensors"] {
@@ -278,7 +394,13 @@ fn text_options_without_a_tokenizer_say_they_need_one() {
     let m = d.path().to_str().unwrap();
     let o = bb(&["run", "--model", m, "--prompt", "hi"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("needs a tokenizer"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(
+            "a text prompt needs a tokenizer, and this model has none: no tokenizer.json in"
+        ),
+        "{err}"
+    );
     // ids still work, and the output is ids
     let o = bb(&[
         "run",

@@ -117,6 +117,15 @@ impl TextTokenizer {
                 model: model_vocab,
             });
         }
+        // Checkpoints pad their embedding past the tokenizer's ids (to a multiple of 64, 128, …), never to twice
+        // as many: a tokenizer that small is most likely another model's.
+        if n < model_vocab / 2 {
+            tracing::warn!(
+                "{} has {n} ids but the model embeds {model_vocab}: it is likely another model's tokenizer, and text \
+                 will be tokenized as that model's",
+                tok_path.display()
+            );
+        }
         let tcfg = read_json(&dir.join("tokenizer_config.json"))?;
         let jinja_path = dir.join("chat_template.jinja");
         let chat_template = if jinja_path.exists() {
