@@ -29,6 +29,9 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     if b.bool("echo")? == Some(true) {
         return Err(ApiError::invalid(Some("echo"), "`echo` is not supported"));
     }
+    // The generated ids, as vLLM's `return_token_ids` gives them; always for a model without a tokenizer, whose
+    // text is empty.
+    let token_ids = b.bool("return_token_ids")? == Some(true) || st.tokenizer.is_none();
     let prompt = prompt_ids(&st, b.get("prompt")).await?;
     let mut r = stream::start(&st, &id, prompt, "prompt", None, &gen).await?;
     let meta = Meta {
@@ -36,15 +39,20 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
         created: AppState::now(),
         model: st.model_id.clone(),
         include_usage: gen.include_usage,
+        token_ids,
     };
     if gen.stream {
         return Ok(stream::sse(r, meta).into_response());
     }
     let g = stream::collect(&mut r).await?;
     let reason = stream::finish_reason(g.stop_reason, false);
+    let mut choice = json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": reason});
+    if meta.token_ids {
+        choice["token_ids"] = json!(g.tokens);
+    }
     Ok(Json(json!({
         "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-        "choices": [{"index": 0, "text": g.text, "logprobs": null, "finish_reason": reason}],
+        "choices": [choice],
         "usage": stream::usage(&r, g.tokens.len()),
     }))
     .into_response())
@@ -90,6 +98,8 @@ struct Meta {
     created: u64,
     model: String,
     include_usage: bool,
+    /// Whether each choice carries the generated `token_ids` (a stream: each chunk the ids it completes).
+    token_ids: bool,
 }
 
 impl Meta {
@@ -98,6 +108,9 @@ impl Meta {
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
         });
+        if self.token_ids {
+            c["choices"][0]["token_ids"] = json!([]);
+        }
         if self.include_usage {
             c["usage"] = Value::Null;
         }
@@ -112,6 +125,19 @@ impl Chunker for Meta {
 
     fn text(&mut self, text: &str) -> Vec<Value> {
         vec![self.chunk(text, None)]
+    }
+
+    fn token(&mut self, id: u32, text: &str) -> Vec<Value> {
+        if !self.token_ids {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                self.text(text)
+            };
+        }
+        let mut c = self.chunk(text, None);
+        c["choices"][0]["token_ids"] = json!([id]);
+        vec![c]
     }
 
     fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value> {

@@ -154,6 +154,15 @@ pub trait Chunker: Send + 'static {
     fn begin(&mut self) -> Vec<Value>;
     /// Chunks for a piece of generated text.
     fn text(&mut self, text: &str) -> Vec<Value>;
+    /// Chunks for generated token `id` and the text it completed (may be empty: then none, unless the endpoint
+    /// returns token ids).
+    fn token(&mut self, _id: u32, text: &str) -> Vec<Value> {
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            self.text(text)
+        }
+    }
     /// The last chunks: the rest of the text, the finish reason, and the usage when asked.
     fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value>;
 }
@@ -192,12 +201,9 @@ pub fn sse(
                 let Some(ev) = ev else { break };
                 let end = matches!(ev, Event::Done { .. } | Event::Failed(_));
                 let chunks = match ev {
-                    Event::Token { text, .. } => {
+                    Event::Token { id, text } => {
                         n += 1;
-                        if text.is_empty() {
-                            continue;
-                        }
-                        chunker.text(&text)
+                        chunker.token(id, &text)
                     }
                     Event::Done { generation, text } => {
                         let u = usage(&r, generation.tokens.len().max(n));

@@ -214,6 +214,27 @@ async fn completions_text_and_ids_equal_generate() {
         assert_eq!(r2["choices"], r["choices"]);
         assert_eq!(r2["usage"], usage);
     }
+    // the generated ids beside the text when asked (vLLM's `return_token_ids`), streamed or not
+    let mut b = body.clone();
+    b["return_token_ids"] = json!(true);
+    let r2 = s.post("/v1/completions", &b).await.ok();
+    assert_eq!(r2["choices"][0]["text"], want.text.as_str());
+    assert_eq!(r2["choices"][0]["token_ids"], json!(want.tokens));
+    b["stream"] = json!(true);
+    let st = s.stream("/v1/completions", &b).await;
+    let streamed: Vec<u64> = st
+        .choices()
+        .flat_map(|c| c["token_ids"].as_array().unwrap().clone())
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        streamed,
+        want.tokens
+            .iter()
+            .map(|&t| u64::from(t))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(st.text(), want.text);
     // streamed with usage
     let mut b = body.clone();
     b["stream"] = json!(true);
@@ -673,4 +694,47 @@ async fn a_short_prompt_is_not_held_behind_a_long_ingest_and_a_client_gone_mid_i
         1.0
     );
     assert!(metric_value(&page, "backburner_prefill_tokens_total") < 30_003.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_without_a_tokenizer_completes_token_ids_and_returns_the_ids() {
+    // A GGUF file with `tokenizer.ggml.model = none`: the text is empty, so the ids are the answer.
+    let ctx = model().config().max_position_embeddings;
+    let e = common::engine_with(1, 8, None, None);
+    let eos = tokenizer().eos_ids().to_vec();
+    let st = backburner_server::AppState::new(e, None, MODEL_ID.into(), ctx, eos, None);
+    let s = Server::start(st, std::time::Duration::from_secs(5)).await;
+    let prompt = tokenizer().encode("Once upon a time, a cable").unwrap();
+    let want = reference(&prompt, 12);
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
+    let r = s.post("/v1/completions", &body).await.ok();
+    assert_eq!(r["choices"][0]["text"], "");
+    assert_eq!(r["choices"][0]["token_ids"], json!(want.tokens));
+    assert_eq!(r["choices"][0]["finish_reason"], finish(&want));
+    let mut b = body.clone();
+    b["stream"] = json!(true);
+    let st = s.stream("/v1/completions", &b).await;
+    assert!(st.done);
+    let streamed: Vec<u64> = st
+        .choices()
+        .flat_map(|c| c["token_ids"].as_array().unwrap().clone())
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        streamed,
+        want.tokens
+            .iter()
+            .map(|&t| u64::from(t))
+            .collect::<Vec<_>>()
+    );
+    // a text prompt cannot be tokenized
+    let (_, _, _, msg) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hello", "max_tokens": 2}),
+        )
+        .await
+        .error(400);
+    assert!(msg.contains("no tokenizer"), "{msg}");
+    s.stop().await;
 }

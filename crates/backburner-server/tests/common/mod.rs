@@ -87,6 +87,16 @@ pub fn session_options(context: Option<usize>) -> SessionOptions {
 
 /// A serving engine on the tiny model: `slots` slots, `queue` places in the queue.
 pub fn engine(slots: usize, queue: usize, context: Option<usize>) -> Arc<Engine> {
+    engine_with(slots, queue, context, Some(tokenizer()))
+}
+
+/// [`engine`] with the given tokenizer (`None`: a model that runs from token ids only).
+pub fn engine_with(
+    slots: usize,
+    queue: usize,
+    context: Option<usize>,
+    tok: Option<Arc<TextTokenizer>>,
+) -> Arc<Engine> {
     let sessions = (0..slots)
         .map(|_| Session::new(model(), session_options(context)).expect("session"))
         .collect();
@@ -94,7 +104,7 @@ pub fn engine(slots: usize, queue: usize, context: Option<usize>) -> Arc<Engine>
         queue,
         cache: CacheLimits::default(),
     };
-    Arc::new(Engine::start(sessions, Some(tokenizer()), opts).expect("engine starts"))
+    Arc::new(Engine::start(sessions, tok, opts).expect("engine starts"))
 }
 
 /// The server's state over `backend`, with the tiny tokenizer.
