@@ -119,6 +119,29 @@ fn decode_stream(c: &mut Criterion) {
     let mut xq = QuantizedActs::new();
     let mut group = c.benchmark_group("qmatmul_decode_stream");
     group.sample_size(10);
+    let plain: Vec<u64> = (0..(64u64 << 20) / 8).collect();
+    group.throughput(Throughput::Bytes(64 << 20));
+    for (threads, pool) in pools() {
+        group.bench_function(BenchmarkId::new("plain_sum", format!("t{threads}")), |b| {
+            pool.install(|| {
+                b.iter(|| {
+                    use rayon::prelude::*;
+                    plain
+                        .par_chunks(plain.len().div_ceil(threads))
+                        .map(|c| {
+                            let mut acc = [0u64; 8];
+                            for w in c.chunks_exact(8) {
+                                for (a, x) in acc.iter_mut().zip(w) {
+                                    *a = a.wrapping_add(*x);
+                                }
+                            }
+                            acc.iter().fold(0u64, |s, a| s.wrapping_add(*a))
+                        })
+                        .reduce(|| 0, u64::wrapping_add)
+                })
+            })
+        });
+    }
     for fmt in QuantFormat::ALL {
         let count = (64 << 20) / (n * fmt.row_bytes(k).unwrap());
         let ws: Vec<QuantMatrix> = (0..count)
