@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::{gather_head, scatter_heads, GdnDims};
-use crate::simd::{axpy, dispatch, scale_axpy, Isa, Kernel};
+use crate::simd::{axpy, dispatch, prefetch_l2, scale_axpy, Isa, Kernel};
 
 /// One-token-at-a-time gated delta rule (decode path), looping over tokens.
 ///
@@ -110,7 +110,17 @@ impl Kernel for HeadJob<'_> {
             }
             // S ← decay·S + k ⊗ δ ;  o = Sᵀ q
             let o = &mut oh[t * dv..(t + 1) * dv];
+            // This pass reads S from L2 (the first brought it there): meanwhile the next head's state, which follows
+            // this one in `state` (a hint only: past the last head it points outside, never dereferenced), comes
+            // into L2 from memory for its first pass.
+            let next = s.as_ptr().wrapping_add(dk * dv).cast::<u8>();
+            let prefetch = t + 1 == t_n;
             for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+                if prefetch {
+                    for line in (0..dv * 4).step_by(64) {
+                        prefetch_l2(next.wrapping_add(i * dv * 4 + line));
+                    }
+                }
                 scale_axpy(row, decay, kt[i], &u);
                 axpy(o, qt[i], row);
             }
