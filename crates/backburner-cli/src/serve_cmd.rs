@@ -167,8 +167,23 @@ fn slot_session(
     Ok(s)
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Resolves on Ctrl-C or SIGTERM, the start of a graceful shutdown; a second one while the server drains exits the
+/// process at once (status 130 for Ctrl-C, 143 for SIGTERM, as a shell reports a process those signals killed).
 async fn shutdown_signal() {
+    let first = next_signal().await;
+    eprintln!("{first}: shutting down (again to exit at once)");
+    tokio::spawn(async {
+        let (what, code) = match next_signal().await {
+            "SIGTERM" => ("SIGTERM", 143),
+            other => (other, 130),
+        };
+        eprintln!("{what} again: exiting without waiting for running requests");
+        std::process::exit(code);
+    });
+}
+
+/// Waits for the next Ctrl-C or SIGTERM and names it (`"Ctrl-C"`, `"SIGTERM"`).
+async fn next_signal() -> &'static str {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -184,8 +199,8 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        _ = ctrl_c => "Ctrl-C",
+        _ = term => "SIGTERM",
     }
 }
 

@@ -590,6 +590,39 @@ fn sigterm_during_a_stream_ends_it_with_done_and_exits_zero() {
 }
 
 #[test]
+fn a_second_signal_during_the_grace_exits_at_once() {
+    // a long prefill (as above) and a long grace: the first SIGTERM starts draining, the second exits with 143
+    let mut s = serve(
+        &tiny(),
+        &["--grace", "120", "--ubatch", "1", "--ctx-size", "32768"],
+    );
+    let ids: Vec<u32> = (0..16_000u32).map(|i| (i * 37 + 11) % 440).collect();
+    let body = json!({"prompt": ids, "max_tokens": 100000, "temperature": 0, "stream": true});
+    let r = s.post("/v1/completions", &body);
+    assert_eq!(r.status(), 200);
+    sigterm(s.child.id());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "the first SIGTERM drains, within the 120 s grace"
+    );
+    sigterm(s.child.id());
+    let st =
+        wait_exit(&mut s.child, Duration::from_secs(10)).expect("the second SIGTERM exits at once");
+    assert_eq!(st.code(), Some(143), "stderr:\n{}", s.stderr());
+    let said = |s: &Server| {
+        s.stderr()
+            .contains("SIGTERM again: exiting without waiting")
+    };
+    let t0 = std::time::Instant::now();
+    while !said(&s) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20)); // the log reader may lag the exit
+    }
+    assert!(said(&s), "{}", s.stderr());
+    drop(r);
+}
+
+#[test]
 fn sigterm_lets_a_short_stream_finish_within_the_grace() {
     let mut s = serve(&tiny(), &["--grace", "10"]);
     let body = json!({"prompt": prompt_ids(), "max_tokens": 40, "temperature": 0});

@@ -1,7 +1,8 @@
 //! Criterion benches of the quantized products at the bench model's shapes (up: [3072, 1024], down: [1024, 3072]):
 //! decode (1 row, bandwidth-bound: GGUF weight bytes/s) and prefill (512 rows, compute-bound: 2·m·n·k "FLOP"/s),
 //! each including the activation quantization, per format and thread count, beside the dense bf16 product of the
-//! same shape; and decode over a stack of matrices larger than the L3 (weights streamed from memory).
+//! same shape; and decode over a stack of matrices larger than the L3 (weights streamed from memory), beside a plain sum
+//! of as many bytes (`plain_sum`: the read bandwidth in the same run).
 //!
 //! `cargo bench -p backburner-kernels --bench qmatmul` (add `--features compare-candle` for candle's quantized
 //! matmul on Q8_0 / Q4_K beside ours; candle quantizes the same shapes itself).
