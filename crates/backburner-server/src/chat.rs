@@ -93,12 +93,12 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     }
     c.tool_calls = !out.tool_calls.is_empty();
     let reason = stream::finish_reason(g.stop_reason, c.tool_calls);
-    Ok(Json(json!({
+    let answer = json!({
         "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
         "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": reason}],
         "usage": stream::usage(&r, g.tokens.len()),
-    }))
-    .into_response())
+    });
+    Ok(Json(stream::with_failure(answer, &g)).into_response())
 }
 
 /// Renders the conversation (with and without the generation prompt) and tokenizes it, on the blocking pool.

@@ -50,12 +50,12 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     if meta.token_ids {
         choice["token_ids"] = json!(g.tokens);
     }
-    Ok(Json(json!({
+    let answer = json!({
         "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
         "choices": [choice],
         "usage": stream::usage(&r, g.tokens.len()),
-    }))
-    .into_response())
+    });
+    Ok(Json(stream::with_failure(answer, &g)).into_response())
 }
 
 /// The prompt as ids: a string (tokenized), an array of ids, or a one-element array of either.

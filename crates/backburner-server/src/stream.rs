@@ -127,6 +127,17 @@ pub async fn collect(r: &mut Running) -> Result<Generation, ApiError> {
     Err(ApiError::internal("the engine stopped during the request"))
 }
 
+/// A whole (non-streamed) answer with, when the engine failed after some tokens (`finish_reason: "error"`), the
+/// `error` object a stream ends with beside its choices, so the client learns why.
+pub fn with_failure(mut answer: Value, g: &Generation) -> Value {
+    if g.stop_reason == StopReason::Error {
+        let why = g.error.clone().unwrap_or_default();
+        answer["error"] =
+            ApiError::internal(format!("generation failed: {why}")).body()["error"].take();
+    }
+    answer
+}
+
 /// OpenAI's `finish_reason` for a stop reason: `tool_calls` when the answer has complete tool calls, unless the
 /// engine failed (`error`, which the client must see even after a complete call).
 pub fn finish_reason(stop: StopReason, tool_calls: bool) -> &'static str {

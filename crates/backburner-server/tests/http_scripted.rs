@@ -436,6 +436,14 @@ async fn held_back_tails_ends_and_engine_errors() {
         assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{}");
         assert_eq!(r["choices"][0]["finish_reason"], end);
         assert_eq!(r["usage"]["completion_tokens"], 3);
+        // a failure after some tokens says why beside them, as the stream's error event does
+        if end == "error" {
+            assert_eq!(r["error"]["type"], "server_error");
+            let m = r["error"]["message"].as_str().unwrap();
+            assert!(m.starts_with("generation failed: "), "{m}");
+        } else {
+            assert!(r.get("error").is_none(), "{r}");
+        }
         let st = s.stream("/v1/chat/completions", &sb).await;
         assert!(st.done);
         // an engine error after some tokens: the finish chunk, the usage, then an error event
