@@ -253,6 +253,21 @@ pub fn load_host(args: &ModelArgs, pool: &ComputePool, held: Option<usize>) -> R
     pool.install(|| load_dir(&dir, held, args.max_memory))
 }
 
+/// About the size of the `tokenizer.json` a GGUF model's tokenizer is built as (bytes: its tokens' and merges' text
+/// plus ~16 bytes of JSON per entry), or `None` when `dir` is not a GGUF model with a tokenizer (or does not open:
+/// loading it then reports why).
+fn gguf_tokenizer_bytes(dir: &Path) -> Option<u64> {
+    if !backburner_model::checkpoint::is_gguf(dir) {
+        return None;
+    }
+    let f = backburner_model::GgufFile::open(dir).ok()?;
+    let md = f.metadata();
+    let tokens = md.get_str_array("tokenizer.ggml.tokens")?;
+    let bytes = |a: &backburner_model::gguf::StrArray| a.text_bytes() as u64 + 16 * a.len() as u64;
+    let merges = md.get_str_array("tokenizer.ggml.merges").map_or(0, bytes);
+    Some(bytes(tokens) + merges)
+}
+
 /// Loads layers `[0, held)` (default: every layer) and the ends of `dir`, after checking that their weights fit
 /// `--max-memory` and the OS's limits.
 fn load_dir(dir: &Path, held: Option<usize>, max_memory: Option<u64>) -> Result<Loaded> {
@@ -266,21 +281,25 @@ pub fn load_tokenizer(dir: &Path) -> Result<(ModelConfig, Option<TextTokenizer>)
     let config = ModelConfig::from_dir(dir)?;
     // Parsing a tokenizer takes far more memory than its file (measured: a peak of ~20× for the Qwen3.5
     // tokenizer's 10 MB, most of it kept): under an OS limit, say so instead of an allocator abort.
-    // A tokenizer.json beside a GGUF file wins over the file's own and is checked the same way (the file's own
-    // tokenizer, built from its metadata, is not checked).
+    // A tokenizer.json beside a GGUF file wins over the file's own and is checked the same way; the file's own is
+    // checked by the size of the JSON it is built as.
     let tok_dir = if dir.is_file() {
         dir.parent().unwrap_or(Path::new("."))
     } else {
         dir
     };
-    if let Ok(meta) = std::fs::metadata(tok_dir.join("tokenizer.json")) {
+    let source = match std::fs::metadata(tok_dir.join("tokenizer.json")) {
+        Ok(meta) => Some((meta.len(), "tokenizer.json")),
+        Err(_) => gguf_tokenizer_bytes(dir).map(|b| (b, "the GGUF file's tokenizer as JSON")),
+    };
+    if let Some((bytes, what)) = source {
         use backburner_engine::memory::{check_fits, os_limits, MemoryNeed};
         let need = MemoryNeed::new(
             format!(
-                "loading the tokenizer ({} of tokenizer.json, about 22 times that in memory)",
-                backburner_engine::memory::human(meta.len())
+                "loading the tokenizer ({} of {what}, about 22 times that in memory)",
+                backburner_engine::memory::human(bytes)
             ),
-            meta.len().saturating_mul(22),
+            bytes.saturating_mul(22),
         );
         check_fits(&[need], &os_limits())?;
     }

@@ -260,3 +260,48 @@ fn a_host_under_a_data_limit_runs_the_model_with_one_worker_or_two_and_the_same_
     assert_eq!(v["tokens"], want["tokens"]);
     assert_eq!(v["link"]["host_layers"], serde_json::json!([0, 2]));
 }
+
+#[test]
+fn a_gguf_tokenizer_too_big_for_the_data_limit_is_named_before_it_is_built() {
+    use backburner_model::gguf::writer::GgufWriter;
+    use backburner_model::gguf::{MetaArray, MetaValue, StrArray};
+    use backburner_model::GgufFile;
+    // the tiny GGUF with 400,000 extra 48-byte merges: ~25 MB of tokenizer JSON, ~0.55 GB to build
+    let src = GgufFile::open(&common::fixture("gguf").join("tiny-f32.gguf")).unwrap();
+    let mut merges = StrArray::with_capacity(400_000, 400_000 * 48);
+    for i in 0..400_000u32 {
+        merges.push(&format!("{:023} {:024}", i, i));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big-tokenizer.gguf");
+    GgufWriter::copy_of(&src)
+        .unwrap()
+        .remove("tokenizer.ggml.merges")
+        .kv(
+            "tokenizer.ggml.merges",
+            MetaValue::Array(MetaArray::Str(merges)),
+        )
+        .write(&path)
+        .unwrap();
+    let o = under_data_limit(256 * 1024, common::bin())
+        .args([
+            "run",
+            "--model",
+            path.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.signal(), None, "killed by a signal: {e}");
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("loading the tokenizer (")
+            && e.contains("of the GGUF file's tokenizer as JSON")
+            && e.contains("RLIMIT_DATA"),
+        "{e}"
+    );
+}

@@ -11,6 +11,11 @@ pub struct StrArray {
 }
 
 impl StrArray {
+    /// Bytes of text of all the entries together.
+    pub fn text_bytes(&self) -> usize {
+        self.data.len()
+    }
+
     /// An empty array with room for `n` entries and `bytes` bytes of text.
     pub fn with_capacity(n: usize, bytes: usize) -> Self {
         StrArray {
