@@ -36,7 +36,7 @@ fn plan_explains_that_the_27b_does_not_fit_24gb_plus_8gb() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("weights need 53.8 GB; host 24 GB + worker 8 GB = 32 GB: does not fit; with a second worker of 26 GB it fits as layer split: host 0..24, worker 1 24..32, worker 2 32..64"),
+        err.contains("weights need 53.8 GB; host 24 GB + worker 8 GB = 32 GB: does not fit; with a second worker of 25 GB it fits as layer split: host 0..24, worker 1 24..33, worker 2 33..64"),
         "{err}"
     );
 }

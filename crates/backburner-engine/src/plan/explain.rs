@@ -132,23 +132,25 @@ pub(super) fn does_not_fit(req: &PlanRequest) -> PlanError {
     }
 }
 
-/// The least whole-GB memory of one more worker that makes `req` fit, and the plan it gives.
+/// The least memory of one more worker that makes `req` fit, and the plan it gives: a whole number of
+/// [`suggestion_step`]s (whole GB for a model of 10 GB or more, 100 MB from 1 GB, …).
 fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
     let c = &req.costs;
     let n = c.n_layers();
     let ctx = req.ctx.unwrap_or_else(|| min_context(req));
-    let with = |gb: u64| {
-        let mut r = req.clone();
-        r.calibration = None;
-        r.worker_memory.push(gb.saturating_mul(GB));
-        search::place(&r).ok().flatten()
-    };
     let everything = c
         .total_weight_bytes()
         .saturating_add(c.state_bytes(0..n))
         .saturating_add(c.kv_bytes(0..n, ctx))
         .saturating_add(c.scratch_bytes(req.ubatch, true, true));
-    let hi = everything.div_ceil(GB).saturating_add(1);
+    let step = suggestion_step(everything);
+    let with = |units: u64| {
+        let mut r = req.clone();
+        r.calibration = None;
+        r.worker_memory.push(units.saturating_mul(step));
+        search::place(&r).ok().flatten()
+    };
+    let hi = everything.div_ceil(step).saturating_add(1);
     with(hi)?;
     let (mut lo, mut hi) = (1u64, hi);
     while lo < hi {
@@ -159,5 +161,16 @@ fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
             lo = mid + 1;
         }
     }
-    with(lo).map(|p| (lo * GB, p))
+    with(lo).map(|p| (lo * step, p))
+}
+
+/// The rounding of a suggested worker memory for a model that needs `everything` bytes in all: a tenth of its
+/// leading power of ten (1 GB for 10–99 GB, 100 MB for 1–9.9 GB, 10 MB for 100–999 MB), at most 1 GB and at least
+/// 1 MB, so the suggestion is within about 10 % of the least that fits.
+fn suggestion_step(everything: u64) -> u64 {
+    let mut p = 1u64;
+    while p.saturating_mul(10) <= everything {
+        p *= 10;
+    }
+    (p / 10).clamp(1_000_000, GB)
 }

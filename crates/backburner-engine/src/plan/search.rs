@@ -321,16 +321,9 @@ fn layer_split(req: &PlanRequest) -> Option<Plan> {
         return None;
     }
     let need = req.ctx.unwrap_or_else(|| min_context(req));
-    // Any layer boundary only when the model has fewer seams inside it than the chain has split points.
-    let interior_seams = (req.costs.n_layers() - 1) / req.costs.interval;
-    let choices: &[bool] = if interior_seams >= mems.len() - 1 {
-        &[true]
-    } else {
-        &[true, false]
-    };
-    let seams = choices
-        .iter()
-        .copied()
+    // Split points on seams when a placement there fits, else at any layer boundary (a layer split works at any).
+    let seams = [true, false]
+        .into_iter()
         .find(|&s| greedy(req, &mems, need, s).is_some())?;
     let ctx = match req.ctx {
         Some(c) => c,

@@ -112,21 +112,31 @@ fn host_24gb_worker_8gb_does_not_fit_the_27b_and_says_what_would() {
         panic!("the 27B cannot fit 32 GB");
     };
     // Host: 24 GB − ends 5.0856 − scratch 0.438 leaves 18.48 GB: 6 cycles of 3.0707 GB (weights, state, KV for
-    // 4096 tokens). Worker 1: 2 cycles. Layers 32..64 (8 cycles + scratch = 25.003 GB) need a 26 GB worker.
+    // 4096 tokens). Worker 1: 2 cycles. On seams, layers 32..64 (8 cycles + scratch = 25.003 GB) would need a 26 GB
+    // worker; splitting worker 1 off a seam (24..33: 9 layers, 8 GB) leaves layers 33..64 for 25 GB.
     assert!(
         explanation.starts_with(
-            "weights need 53.8 GB; host 24 GB + worker 8 GB = 32 GB: does not fit; with a second worker of 26 GB it fits as layer split: host 0..24, worker 1 24..32, worker 2 32..64; context up to "
+            "weights need 53.8 GB; host 24 GB + worker 8 GB = 32 GB: does not fit; with a second worker of 25 GB it fits as layer split: host 0..24, worker 1 24..33, worker 2 33..64; context up to "
         ),
         "{explanation}"
     );
-    assert_eq!(extra_worker_bytes, Some(26 * GB));
-    // 25 GB is not enough on seams, so the suggestion is the least.
+    assert_eq!(extra_worker_bytes, Some(25 * GB));
+    // The suggestion is the least: 25 GB fits (off a seam, so said), 24 GB does not.
     let r25 = request("ref-27b-config", 24 * GB, &[8 * GB, 25 * GB]);
-    assert!(matches!(plan(&r25), Err(PlanError::DoesNotFit { .. })));
+    let p = plan(&r25).unwrap();
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("split points at any layer boundary")),
+        "{:?}",
+        p.notes
+    );
+    let r24 = request("ref-27b-config", 24 * GB, &[8 * GB, 24 * GB]);
+    assert!(matches!(plan(&r24), Err(PlanError::DoesNotFit { .. })));
 }
 
 #[test]
-fn host_8gb_workers_12gb_8gb_does_not_fit_and_the_host_keeps_only_the_ends() {
+fn host_8gb_workers_12gb_8gb_does_not_fit_and_a_third_worker_takes_the_rest_off_seams() {
     let r = request("ref-27b-config", 8 * GB, &[12 * GB, 8 * GB]);
     let Err(PlanError::DoesNotFit {
         explanation,
@@ -135,15 +145,43 @@ fn host_8gb_workers_12gb_8gb_does_not_fit_and_the_host_keeps_only_the_ends() {
     else {
         panic!("the 27B cannot fit 28 GB");
     };
-    // Host: 8 − 5.52 = 2.48 GB, less than one cycle; worker 1: 11.56 / 3.07 = 3 cycles; worker 2: 2 cycles;
-    // layers 20..64 (11 cycles, 33.78 GB + scratch 0.44) need a 35 GB third worker.
+    // Host: 8 − 5.52 = 2.48 GB, less than one cycle (on seams it would keep only the ends and worker 3 would need
+    // 35 GB) but 3 layers of ~0.77 GB; worker 1: 15 layers in 11.56 GB; worker 2: 9 layers; layers 27..64 (37
+    // layers + scratch) need a 29 GB third worker.
     assert!(
         explanation.starts_with(
-            "weights need 53.8 GB; host 8 GB + worker 1 12 GB + worker 2 8 GB = 28 GB: does not fit; with a third worker of 35 GB it fits as layer split: host (ends only), worker 1 0..12, worker 2 12..20, worker 3 20..64"
+            "weights need 53.8 GB; host 8 GB + worker 1 12 GB + worker 2 8 GB = 28 GB: does not fit; with a third worker of 29 GB it fits as layer split: host 0..3, worker 1 3..18, worker 2 18..27, worker 3 27..64"
         ),
         "{explanation}"
     );
-    assert_eq!(extra_worker_bytes, Some(35 * GB));
+    assert_eq!(extra_worker_bytes, Some(29 * GB));
+    let r28 = request("ref-27b-config", 8 * GB, &[12 * GB, 8 * GB, 28 * GB]);
+    assert!(matches!(plan(&r28), Err(PlanError::DoesNotFit { .. })));
+}
+
+#[test]
+fn a_small_model_gets_a_suggestion_rounded_to_its_scale_and_off_seam_placements() {
+    // The tiny fixture (a few MB): the suggestion is in steps of a tenth of its leading power of ten, not whole
+    // GB, and it is the least that fits.
+    let host_min = super::search::host_minimum(&request("tiny-f32", 1, &[1]));
+    let r = request("tiny-f32", host_min, &[1]);
+    let Err(PlanError::DoesNotFit {
+        explanation,
+        extra_worker_bytes: Some(b),
+    }) = plan(&r)
+    else {
+        panic!("a host with room for the ends only and a 1-byte worker cannot hold the layers");
+    };
+    assert!(b < 100_000_000, "{explanation}");
+    assert!(
+        explanation.contains(&format!(
+            "with a second worker of {} MB it fits",
+            b / 1_000_000
+        )),
+        "{explanation}"
+    );
+    assert!(plan(&request("tiny-f32", host_min, &[1, b])).is_ok());
+    assert!(plan(&request("tiny-f32", host_min, &[1, b * 4 / 5])).is_err());
 }
 
 #[test]
