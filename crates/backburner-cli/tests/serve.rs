@@ -108,6 +108,8 @@ fn a_worker_behind_the_server_gives_the_same_answers_and_its_loss_falls_back_to_
     assert_eq!(s.metric("fallbacks_total"), 0.0);
     assert_eq!(s.metric("workers_attached"), 1.0);
     assert_eq!(s.metric("workers_connected"), 1.0);
+    assert_eq!(s.metric("worker_ping_failures_total"), 0.0);
+    assert!(s.metric("link_rtt_seconds") >= 0.0);
     let worker_tokens = s.metric("worker_tokens_total");
 
     // the worker killed between two requests: the next one finds its connection dead and runs locally

@@ -29,6 +29,13 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     if b.bool("echo")? == Some(true) {
         return Err(ApiError::invalid(Some("echo"), "`echo` is not supported"));
     }
+    if !gen.stop.is_empty() && st.tokenizer.is_none() {
+        // stop strings match the generated text, which a model without a tokenizer does not have (as `run --stop`)
+        return Err(ApiError::invalid(
+            Some("stop"),
+            "`stop` needs a tokenizer, and this model has none",
+        ));
+    }
     // The generated ids, as vLLM's `return_token_ids` gives them; always for a model without a tokenizer, whose
     // text is empty.
     let token_ids = b.bool("return_token_ids")? == Some(true) || st.tokenizer.is_none();

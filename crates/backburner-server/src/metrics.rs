@@ -147,6 +147,20 @@ pub fn render(m: &Metrics, slots: usize) -> String {
     );
     family(
         &mut o,
+        "link_rtt_seconds",
+        "gauge",
+        "Largest round trip of the last idle health pings to the workers (0 before the first).",
+        &[("", g(&m.link_rtt_us) / 1e6)],
+    );
+    family(
+        &mut o,
+        "worker_ping_failures_total",
+        "counter",
+        "Idle health pings to a worker that failed.",
+        &[("", g(&m.ping_failures))],
+    );
+    family(
+        &mut o,
         "split_prefill_calls_total",
         "counter",
         "Prefills run split with a worker.",
@@ -198,4 +212,25 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         &[("", l.worker_compute_us as f64 / 1e6)],
     );
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_health_ping_figures_are_on_the_page() {
+        let m = Metrics::default();
+        Metrics::set(&m.link_rtt_us, 1500);
+        Metrics::add(&m.ping_failures, 2);
+        let page = render(&m, 1);
+        assert!(
+            page.contains("\nbackburner_link_rtt_seconds 0.0015\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("\nbackburner_worker_ping_failures_total 2\n"),
+            "{page}"
+        );
+    }
 }

@@ -727,6 +727,12 @@ async fn a_model_without_a_tokenizer_completes_token_ids_and_returns_the_ids() {
             .map(|&t| u64::from(t))
             .collect::<Vec<_>>()
     );
+    // stop strings cannot match a text the model does not have
+    let mut b = body.clone();
+    b["stop"] = json!(["a"]);
+    let (_, param, _, msg) = s.post("/v1/completions", &b).await.error(400);
+    assert_eq!(param.as_deref(), Some("stop"));
+    assert!(msg.contains("needs a tokenizer"), "{msg}");
     // a text prompt cannot be tokenized
     let (_, _, _, msg) = s
         .post(
