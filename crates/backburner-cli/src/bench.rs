@@ -45,6 +45,7 @@ enum BenchKind {
 
 #[derive(Args)]
 #[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
+#[command(mut_arg("threads", |a| a.help("One thread count to run (the same as --thread-counts N)").conflicts_with("thread_counts")))]
 struct LocalArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -125,7 +126,10 @@ struct ThreadResult {
     profile: Option<serde_json::Value>,
 }
 
-fn run_local(a: LocalArgs) -> Result<()> {
+fn run_local(mut a: LocalArgs) -> Result<()> {
+    if let Some(t) = a.model.threads {
+        a.thread_counts = vec![t];
+    }
     if a.depths.is_empty() || a.thread_counts.is_empty() {
         bail!("--depths and --thread-counts need at least one value");
     }

@@ -111,16 +111,13 @@ impl ModelArgs {
 }
 
 #[derive(Args)]
-#[command(mut_arg("ctx_size", |a| a.hide(true)))]
+#[command(mut_arg("ctx_size", |a| a.hide(true).short(None)))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["file", "tokens_file"])))]
 struct PplArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Text file to score.
-    #[arg(
-        long,
-        required_unless_present = "tokens_file",
-        conflicts_with = "tokens_file"
-    )]
+    #[arg(short = 'f', long)]
     file: Option<PathBuf>,
     /// Token ids to score instead of a text (a JSON array or ids separated by commas/whitespace, as `run
     /// --prompt-tokens-file`): for a model without a tokenizer.
@@ -128,7 +125,7 @@ struct PplArgs {
     tokens_file: Option<PathBuf>,
     /// Window length in tokens, at least 2 and at most the model's context; windows do not overlap and each starts
     /// from an empty state (default: the whole text).
-    #[arg(long)]
+    #[arg(short = 'c', long)]
     ctx: Option<usize>,
     /// Score as llama.cpp's llama-perplexity does, so the two figures compare: only whole --ctx windows, and in each
     /// only the tokens of its second half (needs --ctx)
@@ -386,8 +383,7 @@ const IDS_HINT: &str = "; give token ids with --prompt-tokens or --prompt-tokens
 /// The file perplexity scores and its token ids: `--tokens-file` as given (each id checked against the vocabulary),
 /// or `--file` through the tokenizer.
 fn ppl_tokens<'a>(a: &'a PplArgs, loaded: &Loaded) -> Result<(&'a Path, Vec<u32>)> {
-    let read =
-        |p: &Path| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
+    let read = |p: &Path| prompt::read_bounded(p, prompt::MAX_SCORED_FILE, "file");
     if let Some(p) = &a.tokens_file {
         let ids = prompt::parse_token_ids(&read(p)?).with_context(|| format!("{}", p.display()))?;
         backburner_engine::sequence::check_token_ids(&ids, loaded.model.config().vocab_size)
@@ -449,6 +445,12 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
         |d, _| pb.set_position(d as u64),
     )?;
     pb.finish_and_clear();
+    if r.n_scored == 0 {
+        bail!(
+            "no token was scored: the second half of a --ctx {} window holds no token to predict; use --ctx 3 or more",
+            r.ctx
+        );
+    }
     if a.json {
         out_line(&serde_json::to_string(&r)?);
     } else {

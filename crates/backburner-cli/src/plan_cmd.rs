@@ -56,7 +56,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let calibration = match &a.calibration {
         Some(p) => {
             let text =
-                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+                crate::prompt::read_bounded(p, crate::prompt::MAX_SIDE_FILE, "calibration file")?;
             Some(
                 serde_json::from_str::<Calibration>(&text)
                     .with_context(|| format!("{} is not a calibration file", p.display()))?,

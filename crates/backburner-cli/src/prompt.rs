@@ -2,6 +2,34 @@
 
 use anyhow::{bail, Context, Result};
 
+/// Most bytes of a prompt or token-id file `run` reads (more than any context window holds).
+pub const MAX_PROMPT_FILE: u64 = 256 << 20;
+/// Most bytes of a text or token-id file `perplexity` reads (it scores long files in windows).
+pub const MAX_SCORED_FILE: u64 = 1 << 30;
+/// Most bytes of a small side file (a calibration).
+pub const MAX_SIDE_FILE: u64 = 16 << 20;
+
+/// Reads `path` as UTF-8 text, at most `max` bytes: a larger file, or a stream that does not end (a device, a
+/// FIFO), is refused once `max` bytes were read, naming `what`.
+///
+/// Errors: the file cannot be opened or read, is not UTF-8, or holds more than `max` bytes.
+pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).with_context(|| format!("read {what} {}", path.display()))?;
+    let mut buf = Vec::new();
+    f.take(max.saturating_add(1))
+        .read_to_end(&mut buf)
+        .with_context(|| format!("read {what} {}", path.display()))?;
+    if buf.len() as u64 > max {
+        bail!(
+            "{what} {} holds more than {} MiB; more than this command reads",
+            path.display(),
+            max >> 20
+        );
+    }
+    String::from_utf8(buf).with_context(|| format!("{what} {} is not UTF-8 text", path.display()))
+}
+
 /// Parses token ids given as a JSON array (`[1, 2, 3]`) or separated by commas and/or whitespace (`1,2 3`).
 pub fn parse_token_ids(s: &str) -> Result<Vec<u32>> {
     let t = s.trim();
@@ -40,5 +68,27 @@ mod tests {
         assert!(parse_token_ids("1,x").is_err());
         assert!(parse_token_ids("-1").is_err());
         assert!(parse_token_ids("  ").is_err());
+    }
+
+    #[test]
+    fn bounded_reads_refuse_what_does_not_end_or_is_too_long() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("ids.txt");
+        std::fs::write(&p, "1, 2, 3").unwrap();
+        assert_eq!(read_bounded(&p, 7, "ids").unwrap(), "1, 2, 3");
+        let e = read_bounded(&p, 6, "ids").unwrap_err().to_string();
+        assert!(e.contains("holds more than 0 MiB"), "{e}");
+        #[cfg(unix)]
+        {
+            let e = read_bounded(std::path::Path::new("/dev/zero"), 1 << 20, "ids")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("ids /dev/zero holds more than 1 MiB"), "{e}");
+        }
+        std::fs::write(&p, [0xff, 0xfe]).unwrap();
+        assert!(read_bounded(&p, 10, "ids")
+            .unwrap_err()
+            .to_string()
+            .contains("not UTF-8"));
     }
 }

@@ -304,9 +304,11 @@ fn build_prompt(a: &RunArgs, tok: &Option<TextTokenizer>) -> Result<Vec<u32>> {
         if a.chat {
             bail!("--chat applies to a text prompt (--prompt or --prompt-file), not to token ids");
         }
-        prompt::parse_token_ids(
-            &std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?,
-        )?
+        prompt::parse_token_ids(&prompt::read_bounded(
+            f,
+            prompt::MAX_PROMPT_FILE,
+            "prompt tokens file",
+        )?)?
     } else {
         bail!("give a prompt: --prompt TEXT, --prompt-file F, --prompt-tokens IDS or --prompt-tokens-file F");
     })
@@ -474,14 +476,5 @@ pub(crate) fn out_line(s: &str) {
 
 /// Reads a prompt file, refusing files over 256 MiB (far beyond any context) before reading them.
 pub(crate) fn read_prompt_file(f: &Path) -> Result<String> {
-    let len = std::fs::metadata(f)
-        .with_context(|| format!("read prompt file {}", f.display()))?
-        .len();
-    if len > 256 << 20 {
-        bail!(
-            "prompt file {} is {len} bytes; more than any context window holds",
-            f.display()
-        );
-    }
-    std::fs::read_to_string(f).with_context(|| format!("read prompt file {}", f.display()))
+    prompt::read_bounded(f, prompt::MAX_PROMPT_FILE, "prompt file")
 }

@@ -23,14 +23,14 @@ pub struct WorkerArgs {
     allow_remote: bool,
     /// Checkpoint directory or GGUF file (the same model as the host's: the handshake compares fingerprints of the
     /// layers' names, types, shapes and bytes). Default: the bundled model.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// Layer range to serve, `a..b`: the tail `L..n` for split prefill, any range for a layer split (default: what
     /// the host's handshake asks for).
     #[arg(long)]
     layers: Option<String>,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Most bytes the worker holds: the weights of the layers it serves (reserved before they are loaded; a range
     /// whose weights do not fit is refused, and its host runs locally) plus the session state (KV rows, recurrent

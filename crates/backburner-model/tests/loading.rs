@@ -255,24 +255,27 @@ fn a_gguf_tensor_error_names_the_tensor_and_its_dims_as_the_file_stores_them() {
     let dims = &src.tensor("blk.0.ffn_gate.weight").unwrap().dims;
     let (hidden, ffn) = (dims[0] as usize, dims[1] as usize);
     let key = "qwen35.feed_forward_length";
-    let reshaped = tmp.path().join("reshaped.gguf");
-    GgufWriter::copy_of(&src)
-        .unwrap()
-        .remove(key)
-        .kv(key, MetaValue::U32(ffn as u32 + 32))
-        .write(&reshaped)
-        .unwrap();
-    match Model::load(&reshaped).unwrap_err() {
-        ModelError::ShapeMismatch {
-            name,
-            expected,
-            found,
-        } => {
-            assert_eq!(name, "blk.0.ffn_gate.weight");
-            assert_eq!(expected, vec![hidden, ffn + 32]);
-            assert_eq!(found, vec![hidden, ffn]);
+    // + 32: whole Q8_0 blocks; + 1: a down projection whose rows are not (the load's size count meets it first)
+    for extra in [32, 1] {
+        let reshaped = tmp.path().join(format!("reshaped-{extra}.gguf"));
+        GgufWriter::copy_of(&src)
+            .unwrap()
+            .remove(key)
+            .kv(key, MetaValue::U32((ffn + extra) as u32))
+            .write(&reshaped)
+            .unwrap();
+        match Model::load(&reshaped).unwrap_err() {
+            ModelError::ShapeMismatch {
+                name,
+                expected,
+                found,
+            } => {
+                assert_eq!(name, "blk.0.ffn_gate.weight", "+{extra}");
+                assert_eq!(expected, vec![hidden, ffn + extra]);
+                assert_eq!(found, vec![hidden, ffn]);
+            }
+            other => panic!("+{extra}: {other:?}"),
         }
-        other => panic!("{other:?}"),
     }
 }
 

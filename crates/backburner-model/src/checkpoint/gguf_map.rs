@@ -178,7 +178,7 @@ impl GgufCheckpoint {
 
     /// Checks a tensor's shape (Hugging Face order) against `expected`; a mismatch is reported as the file stores
     /// the tensor: its GGUF name and dims in GGUF order (`ne[0]` first, as llama.cpp prints them).
-    fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
+    pub(crate) fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
         let found = self.shape(name)?;
         if found != expected {
             let gguf_order = |hf: &[usize]| {

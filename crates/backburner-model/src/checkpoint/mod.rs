@@ -194,6 +194,27 @@ impl Checkpoint {
         }
     }
 
+    /// Checks a tensor's shape (Hugging Face's convention) against `expected`, as the reads do.
+    ///
+    /// Errors: [`ModelError::MissingTensor`]; [`ModelError::ShapeMismatch`] naming the tensor as the file stores it
+    /// (a GGUF's name and dims in its order).
+    pub fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
+        match &self.inner {
+            Inner::Safetensors(s) => {
+                let found = s.shape(name)?;
+                if found != expected {
+                    return Err(ModelError::ShapeMismatch {
+                        name: name.to_string(),
+                        expected: expected.to_vec(),
+                        found: found.to_vec(),
+                    });
+                }
+                Ok(())
+            }
+            Inner::Gguf(g) => g.check_shape(name, expected),
+        }
+    }
+
     /// A tensor's stored dtype. Errors: [`ModelError::MissingTensor`].
     pub fn dtype(&self, name: &str) -> Result<StoredDtype> {
         match &self.inner {

@@ -103,9 +103,10 @@ impl Keys<'_> {
         .ok_or_else(|| self.wrong_type(k, v, "an unsigned integer or an array of them"))?;
         if vals.len() as u64 != n_all && vals.len() as u64 != n_layers {
             return Err(self.err(format!(
-                "{} has {} entries, expected {n_all} (block_count) or {n_layers}",
+                "{} has {} entries, expected {}",
                 self.name(k),
-                vals.len()
+                vals.len(),
+                expected_entries(n_all, n_layers)
             )));
         }
         let trunk = &vals[..n_layers as usize];
@@ -136,9 +137,10 @@ impl Keys<'_> {
         };
         if flags.len() as u64 != n_all && flags.len() as u64 != n_layers {
             return Err(self.err(format!(
-                "{} has {} entries, expected {n_all} (block_count) or {n_layers}",
+                "{} has {} entries, expected {}",
                 self.name(k),
-                flags.len()
+                flags.len(),
+                expected_entries(n_all, n_layers)
             )));
         }
         Ok(Some(flags[..n_layers as usize].to_vec()))
@@ -347,4 +349,14 @@ fn linear_attention(k: &Keys<'_>, cfg: &mut Value) -> Result<()> {
     cfg["linear_value_head_dim"] = json!(inner / v_heads);
     cfg["linear_conv_kernel_dim"] = json!(k.req_u64("ssm.conv_kernel")?);
     Ok(())
+}
+
+/// What a per-block array's length may be: one entry per block (`block_count`), or per trunk layer when the file has
+/// MTP blocks after them (`nextn_predict_layers`).
+fn expected_entries(n_all: u64, n_layers: u64) -> String {
+    if n_all == n_layers {
+        format!("{n_all} (block_count)")
+    } else {
+        format!("{n_all} (block_count) or {n_layers} (block_count − nextn_predict_layers)")
+    }
 }

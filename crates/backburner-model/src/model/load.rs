@@ -137,7 +137,8 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
 /// tensor by tensor, and a few small allocations.)
 ///
 /// Errors: [`ModelError::InvalidConfig`] for a layer range outside the model or a size that overflows `u64`;
-/// [`ModelError::MissingTensor`] and [`ModelError::UnsupportedDtype`] for a tensor the load would need.
+/// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`] (projections) and [`ModelError::UnsupportedDtype`]
+/// for a tensor the load would need.
 pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
     use backburner_kernels::matmul::WeightDtype;
     if opts.layers.end > c.num_hidden_layers || opts.layers.start > opts.layers.end {
@@ -153,6 +154,8 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
         let formats = parts
             .iter()
             .map(|(name, rows)| {
+                // the shape first: a size from the config that the file does not have is named as such
+                ckpt.check_shape(name, &[*rows, k])?;
                 let d = ckpt.dtype(name)?;
                 match (&d, dense_dtype(&d)) {
                     (_, Some(dense)) => Ok((None, dense, *rows)),
