@@ -316,15 +316,31 @@ fn a_gguf_without_a_tokenizer_says_so_and_scores_and_runs_token_ids() {
             model,
             arg,
             file.to_str().unwrap(),
-            "--ctx",
+            "-c",
             "64",
             "--json",
         ]))
     };
-    let from_text = ppl(src.to_str().unwrap(), "--file", &text);
+    let from_text = ppl(src.to_str().unwrap(), "-f", &text);
     let from_ids = ppl(bs, "--tokens-file", &ids_file);
     assert_eq!(from_ids, from_text);
     assert_eq!(from_ids["n_tokens"], ids.len());
+    // a window whose second half predicts nothing is an error, not a NaN
+    let o = bb(&[
+        "perplexity",
+        "--model",
+        bs,
+        "--tokens-file",
+        ids_file.to_str().unwrap(),
+        "--ctx",
+        "2",
+        "--second-half",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no token was scored"),
+        "{err}"
+    );
     // ids outside the vocabulary, and both inputs at once, are refused
     std::fs::write(&ids_file, format!("[1, {vocab}]")).unwrap();
     let o = bb(&[
