@@ -15,25 +15,10 @@ const BW_BYTES: usize = 1 << 30;
 pub fn read_bandwidth(pool: &ComputePool) -> f64 {
     let words = BW_BYTES / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
-    let threads = pool.threads();
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let t = Instant::now();
-        let total = pool.install(|| {
-            use rayon::prelude::*;
-            buf.par_chunks(words.div_ceil(threads))
-                .map(|c| {
-                    // Eight independent sums: integer adds vectorize freely.
-                    let mut acc = [0u64; 8];
-                    for w in c.chunks_exact(8) {
-                        for (a, x) in acc.iter_mut().zip(w) {
-                            *a = a.wrapping_add(*x);
-                        }
-                    }
-                    acc.iter().fold(0u64, |s, a| s.wrapping_add(*a))
-                })
-                .reduce(|| 0, u64::wrapping_add)
-        });
+        let total = pool.install(|| backburner_kernels::parallel::read_sum(&buf));
         std::hint::black_box(total);
         best = best.min(t.elapsed().as_secs_f64());
     }

@@ -8,6 +8,7 @@
 //! matmul on Q8_0 / Q4_K beside ours; candle quantizes the same shapes itself).
 
 use backburner_kernels::matmul::{matmul, PackedMatrix, WeightDtype};
+use backburner_kernels::parallel::read_sum;
 use backburner_kernels::quant::{kernel_isa, qmatmul, QuantFormat, QuantMatrix, QuantizedActs};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::rngs::StdRng;
@@ -124,23 +125,7 @@ fn decode_stream(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(64 << 20));
     for (threads, pool) in pools() {
         group.bench_function(BenchmarkId::new("plain_sum", format!("t{threads}")), |b| {
-            pool.install(|| {
-                b.iter(|| {
-                    use rayon::prelude::*;
-                    plain
-                        .par_chunks(plain.len().div_ceil(threads))
-                        .map(|c| {
-                            let mut acc = [0u64; 8];
-                            for w in c.chunks_exact(8) {
-                                for (a, x) in acc.iter_mut().zip(w) {
-                                    *a = a.wrapping_add(*x);
-                                }
-                            }
-                            acc.iter().fold(0u64, |s, a| s.wrapping_add(*a))
-                        })
-                        .reduce(|| 0, u64::wrapping_add)
-                })
-            })
+            pool.install(|| b.iter(|| read_sum(black_box(&plain))))
         });
     }
     for fmt in QuantFormat::ALL {

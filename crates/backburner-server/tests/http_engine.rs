@@ -222,18 +222,7 @@ async fn completions_text_and_ids_equal_generate() {
     assert_eq!(r2["choices"][0]["token_ids"], json!(want.tokens));
     b["stream"] = json!(true);
     let st = s.stream("/v1/completions", &b).await;
-    let streamed: Vec<u64> = st
-        .choices()
-        .flat_map(|c| c["token_ids"].as_array().unwrap().clone())
-        .map(|v| v.as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        streamed,
-        want.tokens
-            .iter()
-            .map(|&t| u64::from(t))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(st.token_ids(), want.tokens);
     assert_eq!(st.text(), want.text);
     // streamed with usage
     let mut b = body.clone();
@@ -715,18 +704,7 @@ async fn a_model_without_a_tokenizer_completes_token_ids_and_returns_the_ids() {
     b["stream"] = json!(true);
     let st = s.stream("/v1/completions", &b).await;
     assert!(st.done);
-    let streamed: Vec<u64> = st
-        .choices()
-        .flat_map(|c| c["token_ids"].as_array().unwrap().clone())
-        .map(|v| v.as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        streamed,
-        want.tokens
-            .iter()
-            .map(|&t| u64::from(t))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(st.token_ids(), want.tokens);
     // stop strings cannot match a text the model does not have
     let mut b = body.clone();
     b["stop"] = json!(["a"]);

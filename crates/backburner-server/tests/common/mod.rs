@@ -385,6 +385,14 @@ impl Stream {
             .collect()
     }
 
+    /// The concatenation of the completions' `token_ids` (`return_token_ids`).
+    pub fn token_ids(&self) -> Vec<u32> {
+        self.choices()
+            .flat_map(|c| c["token_ids"].as_array().expect("token_ids").clone())
+            .map(|v| u32::try_from(v.as_u64().expect("an id")).expect("a u32 id"))
+            .collect()
+    }
+
     /// The concatenation of the completions' `text`.
     pub fn text(&self) -> String {
         self.choices().filter_map(|c| c["text"].as_str()).collect()
