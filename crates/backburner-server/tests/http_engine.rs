@@ -224,6 +224,13 @@ async fn completions_text_and_ids_equal_generate() {
     let st = s.stream("/v1/completions", &b).await;
     assert_eq!(st.token_ids(), want.tokens);
     assert_eq!(st.text(), want.text);
+    // the last token's chunk carries its text (and what was held back), not the finish chunk
+    let last = st.choices().last().unwrap();
+    assert_eq!(last["finish_reason"], finish(&want));
+    assert_eq!(
+        (last["text"].as_str(), &last["token_ids"]),
+        (Some(""), &json!([]))
+    );
     // streamed with usage
     let mut b = body.clone();
     b["stream"] = json!(true);

@@ -65,7 +65,8 @@ pub enum Event {
     Token {
         /// The id.
         id: u32,
-        /// Text completed by it (complete UTF-8, stop strings held back).
+        /// Text completed by it (complete UTF-8, stop strings held back; the last token of a generation that ends
+        /// on it also carries what was held back).
         text: String,
     },
     /// The generation ended ([`Generation::stop_reason`]); `text` is the last piece of text not sent yet.

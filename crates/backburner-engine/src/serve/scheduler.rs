@@ -411,17 +411,16 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
         request = %a.job.id, stop = reason.as_str(), tokens = generation.tokens.len(),
         ttft_ms = generation.timings.ttft_ms, "request done"
     );
-    let tail = end.token.map(|id| Event::Token {
-        id,
-        text: String::new(),
-    });
-    if let Some(t) = tail {
-        a.send(t);
-    }
-    a.send(Event::Done {
-        generation,
-        text: end.text,
-    });
+    // The last token carries the text it completed with whatever the stream held back (so a client pairing each
+    // token with its text sees them together); without a last token (eos, cancellation) the rest goes with `Done`.
+    let text = match end.token {
+        Some(id) => {
+            a.send(Event::Token { id, text: end.text });
+            String::new()
+        }
+        None => end.text,
+    };
+    a.send(Event::Done { generation, text });
 }
 
 /// A job whose prefill or sampling failed: its error, then it is done.
