@@ -38,18 +38,27 @@ pub fn parse_token_ids(s: &str) -> Result<Vec<u32>> {
             .context("token ids: not a JSON array of non-negative integers")?;
         return Ok(v);
     }
-    let mut out = Vec::new();
-    for part in t.split(|c: char| c == ',' || c.is_whitespace()) {
-        if part.is_empty() {
-            continue;
-        }
-        out.push(
-            part.parse::<u32>()
-                .with_context(|| format!("token ids: {part:?} is not a non-negative integer"))?,
-        );
-    }
-    if out.is_empty() {
+    if t.is_empty() {
         bail!("token ids: none given");
+    }
+    let mut out = Vec::new();
+    for field in t.split(',') {
+        // between two commas (or before / after one) there must be an id: `1,,2` is a typo, not two ids
+        if field.trim().is_empty() {
+            bail!("token ids: an empty field between commas in {t:?}");
+        }
+        for part in field.split_whitespace() {
+            // digits only (u32's parser also takes a leading `+`)
+            let id = part
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| part.parse::<u32>().ok())
+                .flatten()
+                .with_context(|| {
+                    format!("token ids: {part:?} is not a non-negative integer below 2^32")
+                })?;
+            out.push(id);
+        }
     }
     Ok(out)
 }
@@ -68,6 +77,12 @@ mod tests {
         assert!(parse_token_ids("1,x").is_err());
         assert!(parse_token_ids("-1").is_err());
         assert!(parse_token_ids("  ").is_err());
+        assert_eq!(parse_token_ids(" 7 ").unwrap(), vec![7]);
+        // typos are refused rather than read as fewer or other ids
+        for bad in ["1,,2", "1,2,", ",1", "+1", "1e3", "4294967296"] {
+            let e = parse_token_ids(bad).unwrap_err().to_string();
+            assert!(e.starts_with("token ids: "), "{bad}: {e}");
+        }
     }
 
     #[test]
