@@ -84,7 +84,14 @@ async fn prompt_ids(st: &Arc<AppState>, v: Option<&Value>) -> Result<Vec<u32>, A
                 .map_err(|e| ApiError::internal(e.to_string()))?
                 .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))
         }
-        Some(Value::Array(a)) if a.len() == 1 && !a[0].is_number() => {
+        // one level only: `[[1, 2]]` or `["text"]`, not `[[[1, 2]]]`
+        Some(Value::Array(a))
+            if a.len() == 1
+                && (a[0].is_string()
+                    || a[0]
+                        .as_array()
+                        .is_some_and(|v| v.iter().all(Value::is_number))) =>
+        {
             Box::pin(prompt_ids(st, Some(&a[0]))).await
         }
         Some(Value::Array(a)) => a

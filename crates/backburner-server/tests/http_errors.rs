@@ -111,6 +111,8 @@ async fn malformed_bodies_and_wrong_field_types_are_400s_naming_the_field() {
         json!([1, -2]),
         json!([1, "a"]),
         json!([[1, 2], [3]]),
+        json!([[[1, 2]]]),
+        json!([["hi"]]),
         json!({"a": 1}),
     ] {
         let body = json!({"prompt": p, "max_tokens": 2});
