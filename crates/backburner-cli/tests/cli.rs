@@ -292,14 +292,15 @@ fn a_gguf_without_a_tokenizer_says_so_and_scores_and_runs_token_ids() {
         err.contains("whose `tokenizer.ggml.model` is `none`") && !err.contains("warning above"),
         "{err}"
     );
-    let o = bb(&[
-        "perplexity",
-        "--model",
-        bs,
-        "--file",
-        text.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
+    // perplexity on the file without a tokenizer: (success, stderr)
+    let on_bare = |extra: &[&str]| {
+        let o = bb(&[&["perplexity", "--model", bs][..], extra].concat());
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (_, err) = on_bare(&["--file", text.to_str().unwrap()]);
     assert!(err.contains("give token ids with --tokens-file"), "{err}");
     // the same text as ids scores exactly as the original file does from text
     let vocab = ModelConfig::from_dir(&src).unwrap().vocab_size;
@@ -308,63 +309,36 @@ fn a_gguf_without_a_tokenizer_says_so_and_scores_and_runs_token_ids() {
         .encode(&std::fs::read_to_string(&text).unwrap())
         .unwrap();
     let ids_file = d.path().join("ids.json");
+    let ids_path = ids_file.to_str().unwrap();
     std::fs::write(&ids_file, serde_json::to_string(&ids).unwrap()).unwrap();
-    let ppl = |model: &str, arg: &str, file: &std::path::Path| {
+    let ppl = |model: &str, arg: &str, file: &str| {
         json_out(&bb(&[
             "perplexity",
             "--model",
             model,
             arg,
-            file.to_str().unwrap(),
+            file,
             "-c",
             "64",
             "--json",
         ]))
     };
-    let from_text = ppl(src.to_str().unwrap(), "-f", &text);
-    let from_ids = ppl(bs, "--tokens-file", &ids_file);
+    let from_text = ppl(src.to_str().unwrap(), "-f", text.to_str().unwrap());
+    let from_ids = ppl(bs, "--tokens-file", ids_path);
     assert_eq!(from_ids, from_text);
     assert_eq!(from_ids["n_tokens"], ids.len());
     // a window whose second half predicts nothing is an error, not a NaN
-    let o = bb(&[
-        "perplexity",
-        "--model",
-        bs,
-        "--tokens-file",
-        ids_file.to_str().unwrap(),
-        "--ctx",
-        "2",
-        "--second-half",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("no token was scored"),
-        "{err}"
-    );
+    let (ok, err) = on_bare(&["--tokens-file", ids_path, "--ctx", "2", "--second-half"]);
+    assert!(!ok && err.contains("no token was scored"), "{err}");
     // ids outside the vocabulary, and both inputs at once, are refused
     std::fs::write(&ids_file, format!("[1, {vocab}]")).unwrap();
-    let o = bb(&[
-        "perplexity",
-        "--model",
-        bs,
-        "--tokens-file",
-        ids_file.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let (ok, err) = on_bare(&["--tokens-file", ids_path]);
     assert!(
-        err.contains(&format!("token id {vocab} is out of range")),
+        !ok && err.contains(&format!("token id {vocab} is out of range")),
         "{err}"
     );
-    let o = bb(&[
-        "perplexity",
-        "--model",
-        bs,
-        "--tokens-file",
-        "x",
-        "--file",
-        "y",
-    ]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+    let (ok, err) = on_bare(&["--tokens-file", "x", "--file", "y"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
 }
 
 #[test]

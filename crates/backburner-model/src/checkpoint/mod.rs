@@ -200,17 +200,7 @@ impl Checkpoint {
     /// (a GGUF's name and dims in its order).
     pub fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
         match &self.inner {
-            Inner::Safetensors(s) => {
-                let found = s.shape(name)?;
-                if found != expected {
-                    return Err(ModelError::ShapeMismatch {
-                        name: name.to_string(),
-                        expected: expected.to_vec(),
-                        found: found.to_vec(),
-                    });
-                }
-                Ok(())
-            }
+            Inner::Safetensors(s) => s.check_shape(name, expected),
             Inner::Gguf(g) => g.check_shape(name, expected),
         }
     }

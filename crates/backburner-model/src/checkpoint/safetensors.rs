@@ -217,10 +217,10 @@ impl SafetensorsCheckpoint {
         Ok(())
     }
 
-    /// Reads a tensor as f32, checking its shape against `expected` (elements per dim).
+    /// Checks a tensor's shape against `expected` (elements per dim).
     ///
-    /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`].
-    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`].
+    pub fn check_shape(&self, name: &str, expected: &[usize]) -> Result<()> {
         let (_, info) = self.info(name)?;
         if info.shape != expected {
             return Err(ModelError::ShapeMismatch {
@@ -229,6 +229,14 @@ impl SafetensorsCheckpoint {
                 found: info.shape.clone(),
             });
         }
+        Ok(())
+    }
+
+    /// Reads a tensor as f32, checking its shape against `expected` (elements per dim).
+    ///
+    /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`].
+    pub fn read_f32(&self, name: &str, expected: &[usize]) -> Result<Vec<f32>> {
+        self.check_shape(name, expected)?;
         let (dtype, bytes) = self.raw(name)?;
         let out = match dtype {
             Dtype::F32 => bytes
@@ -258,14 +266,7 @@ impl SafetensorsCheckpoint {
     ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`].
     pub fn weight_part(&self, name: &str, rows: usize, cols: usize) -> Result<RowMajor<'_>> {
-        let (_, info) = self.info(name)?;
-        if info.shape != [rows, cols] {
-            return Err(ModelError::ShapeMismatch {
-                name: name.to_string(),
-                expected: vec![rows, cols],
-                found: info.shape.clone(),
-            });
-        }
+        self.check_shape(name, &[rows, cols])?;
         let (dtype, bytes) = self.raw(name)?;
         let dtype = match dtype {
             Dtype::F32 => WeightDtype::F32,
