@@ -31,6 +31,28 @@ pub(crate) trait QIsa: Copy {
     /// # Safety
     /// `p` must be valid for reading 64 bytes (no alignment needed).
     unsafe fn load_w(self, p: *const u8) -> Self::W;
+    /// Whether [`QIsa::load8_w`] reads in address order (and so [`Prefetch::OneLine`] suits Q8_0).
+    ///
+    /// [`Prefetch::OneLine`]: super::fmt::Prefetch::OneLine
+    const ORDERED_LOAD8: bool = false;
+    /// A Q8_0 unit's eight code vectors as [`QIsa::load8_w`] leaves them: the vectors themselves where
+    /// [`QIsa::ORDERED_LOAD8`], else their address (each is loaded where [`QIsa::pick8`] is called: held in an array,
+    /// 8 × two ymm registers on AVX2 spilled to the stack).
+    type Codes8: Copy;
+    /// The eight 64-byte vectors at `p`, `p + 64`, …, `p + 448` (a Q8_0 unit's codes), and `p` again. Where
+    /// [`QIsa::ORDERED_LOAD8`] (AVX-512: one asm block), the loads run here, in address order, and the returned
+    /// address is a value the compiler only knows after them, so that what is read through it next (the unit's
+    /// scales) cannot be moved ahead: the unit is then read line by line upwards, which the hardware stream
+    /// prefetcher follows. Elsewhere nothing is read yet, and `p` itself is returned.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 512 bytes (no alignment needed), and stay so while the result is used.
+    unsafe fn load8_w(self, p: *const u8) -> (Self::Codes8, *const u8);
+    /// Vector `i < 8` of [`QIsa::load8_w`]'s result.
+    ///
+    /// # Safety
+    /// `c` comes from [`QIsa::load8_w`] under its contract; `i < 8`.
+    unsafe fn pick8(self, c: Self::Codes8, i: usize) -> Self::W;
     /// Every byte `b`.
     fn splat_w(self, b: u8) -> Self::W;
     /// Bitwise and.
@@ -168,6 +190,16 @@ impl QIsa for Scalar {
     /// every machine.
     const QUAD: bool = true;
 
+    type Codes8 = *const u8;
+    #[inline(always)]
+    unsafe fn load8_w(self, p: *const u8) -> (*const u8, *const u8) {
+        (p, p)
+    }
+    #[inline(always)]
+    unsafe fn pick8(self, c: *const u8, i: usize) -> Self::W {
+        // SAFETY: vector i < 8 lies in the 512 bytes at c (the caller's promise).
+        unsafe { self.load_w(c.add(64 * i)) }
+    }
     #[inline(always)]
     unsafe fn load_w(self, p: *const u8) -> Self::W {
         // SAFETY: the caller guarantees 64 readable bytes.

@@ -1,7 +1,7 @@
 //! [`qmatmul`]: threads × panel ranges × cache blocks × register tiles of the generic kernel.
 
 use super::acts::{ActBlock, QuantizedActs, ACT_BLOCK};
-use super::fmt::{At, Fmt, Iq4Xs, Q40, Q4K, Q5K, Q6K, Q80};
+use super::fmt::{At, Fmt, Iq4Xs, Prefetch, Q40, Q4K, Q5K, Q6K, Q80};
 use super::format::QuantFormat;
 use super::isa::{qdispatch, QIsa, QKernel, LANES};
 use super::pack::{QuantMatrix, PANEL_GROUP};
@@ -10,8 +10,12 @@ use crate::parallel::{for_each_task, split_range, threads};
 /// Below this many multiply-adds a product runs on the calling thread alone.
 const SERIAL_WORK: usize = 1 << 18;
 /// How far ahead of the block being read the kernels prefetch a panel's bytes (the decode path streams each panel
-/// once from memory, as one sequential stream per thread).
+/// once from memory, as one sequential stream per thread), for [`Prefetch::EveryLine`].
 const PREFETCH_BYTES: usize = 6 << 10;
+/// How far ahead [`Prefetch::OneLine`] touches a panel, bytes: 16 KiB, four 4 KiB pages, so that the next pages'
+/// translations and first lines are under way before the hardware stream prefetcher (which stops at page
+/// boundaries) gets there.
+const SPARSE_PREFETCH_BYTES: usize = 16 << 10;
 
 /// `y[i·ldy + j] = Σ_kk W[j][kk]·x[i][kk]` for `i < m`, `j < n`, with `x` quantized: `x: [m, k]` as
 /// [`QuantizedActs`], `w: [n, k]`, `y` row-major with row stride `ldy ≥ n` (columns `n..ldy` are not touched).
@@ -153,19 +157,33 @@ impl Task<'_> {
         for u in 0..self.w.k() / lay.unit {
             // SAFETY: unit u of panel p lies in the storage (panel_bytes = units · lay.bytes).
             let up = unsafe { base.add(u * lay.bytes) };
+            // SAFETY: as above. Block 0's state first, then the rest of the unit through the (same) address it
+            // returns: Q8_0 on AVX-512 so reads the unit's lines in address order (see `QIsa::load8_w`).
+            let (pre0, up) = unsafe { F::pre_first(isa, up) };
             // SAFETY: as above.
             let ud = unsafe { F::unit_scales(isa, up) };
             for b in 0..bpu {
                 // A hint only: the address may lie past the storage (wrapping arithmetic, never dereferenced).
-                let ahead = up.wrapping_add(PREFETCH_BYTES + b * block_bytes);
-                for line in (0..block_bytes).step_by(64) {
-                    isa.prefetch(ahead.wrapping_add(line));
+                match F::prefetch::<I>() {
+                    Prefetch::EveryLine => {
+                        let ahead = up.wrapping_add(PREFETCH_BYTES + b * block_bytes);
+                        for line in (0..block_bytes).step_by(64) {
+                            isa.prefetch(ahead.wrapping_add(line));
+                        }
+                    }
+                    Prefetch::OneLine => {
+                        isa.prefetch(up.wrapping_add(SPARSE_PREFETCH_BYTES + b * block_bytes))
+                    }
                 }
-                let at = At { u: up, b, ud };
-                // SAFETY: the unit is whole and b < bpu.
+                let pre = if b == 0 {
+                    pre0
+                } else {
+                    // SAFETY: the unit is whole and b < bpu.
+                    unsafe { F::pre(isa, up, b) }
+                };
                 let src = Packed::<I, F> {
-                    at,
-                    pre: unsafe { F::pre(isa, up, b) },
+                    at: At { u: up, b, ud },
+                    pre,
                 };
                 // SAFETY: block u·bpu + b's 32 inputs lie in each row.
                 unsafe { block::<I, F, _, R>(isa, src, &xq, &xb, u * bpu + b, &mut acc) };

@@ -157,3 +157,42 @@ fn extreme_codes_against_full_scale_inputs_give_the_reference_bits() {
         }
     }
 }
+
+/// [`isa::QIsa::load8_w`] through [`isa::qdispatch`]: the eight vectors' bytes (stored back with `store_w`) and how far the
+/// returned address lies from the one given.
+struct Load8<'a>(&'a [u8]);
+
+impl isa::QKernel for Load8<'_> {
+    type Out = (Vec<u8>, isize);
+    #[inline(always)]
+    fn run<I: isa::QIsa>(self, isa: I) -> Self::Out {
+        assert!(self.0.len() >= 512);
+        let p = self.0.as_ptr();
+        let mut out = vec![0u8; 512];
+        // SAFETY: 512 readable bytes at p (asserted); vector i is stored into out's bytes 64·i..64·i + 64.
+        let q = unsafe {
+            let (v, q) = isa.load8_w(p);
+            for i in 0..8 {
+                isa.store_w(isa.pick8(v, i), out.as_mut_ptr().add(64 * i));
+            }
+            q
+        };
+        (out, q as isize - p as isize)
+    }
+}
+
+#[test]
+fn the_ordered_unit_load_reads_eight_vectors_upwards_and_returns_its_address() {
+    // Random bytes: no vector equals another, so a load from a wrong offset cannot pass.
+    let mut r = StdRng::seed_from_u64(9);
+    let bytes: Vec<u8> = (0..600).map(|_| r.random()).collect();
+    // Offset 32: the Q8_0 units of odd index start half-way into a cache line.
+    let src = &bytes[32..];
+    for cap in (0..=2u8).rev() {
+        ISA_CAP.store(cap, Ordering::SeqCst);
+        let (got, moved) = isa::qdispatch(Load8(src));
+        ISA_CAP.store(2, Ordering::SeqCst);
+        assert_eq!(got, &src[..512], "cap={cap} ({})", kernel_isa());
+        assert_eq!(moved, 0, "cap={cap} ({})", kernel_isa());
+    }
+}
