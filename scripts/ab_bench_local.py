@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Alternating A/B of decode (and prefill) speed with `backburner bench local`.
+
+Runs every configuration once per round, in a fresh random order each round, and prints each configuration's median
+and every round's figure. This machine's speed drifts by 20-30 % within minutes, so only configurations measured in
+the same rounds are compared.
+
+Usage:
+    scripts/ab_bench_local.py ROUNDS MODEL THREADS NAME:BINARY[:ENV=V,ENV=V] ...
+
+Example (two builds of the engine on a Q8_0 GGUF file, one thread, 12 rounds):
+    scripts/ab_bench_local.py 12 bench-q8_0.gguf 1 before:/tmp/bb-old after:target/release/backburner
+
+Each run: `bench local --depths 256 --decode-tokens 48 --no-bandwidth --json` (override with DEPTH and TOKENS in
+the environment).
+"""
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+
+
+def main() -> None:
+    if len(sys.argv) < 5:
+        sys.exit(__doc__)
+    rounds, model, threads, cfgs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+    depth, tokens = os.environ.get("DEPTH", "256"), os.environ.get("TOKENS", "48")
+    decode = {c.split(":")[0]: [] for c in cfgs}
+    prefill = {c.split(":")[0]: [] for c in cfgs}
+    for _ in range(rounds):
+        order = cfgs[:]
+        random.shuffle(order)
+        for cfg in order:
+            name, binary, envs = (cfg.split(":") + [""])[:3]
+            env = dict(os.environ)
+            for kv in filter(None, envs.split(",")):
+                k, v = kv.split("=", 1)
+                env[k] = v
+            out = subprocess.run(
+                [binary, "bench", "local", "--model", model, "--depths", depth, "--thread-counts", threads,
+                 "--decode-tokens", tokens, "--no-bandwidth", "--json"],
+                capture_output=True, text=True, env=env, check=True,
+            ).stdout
+            r = json.loads(out)["results"][0]["depths"][0]
+            decode[name].append(r["decode_tok_s"])
+            prefill[name].append(r["prefill_tok_s"])
+    for name in decode:
+        d, p = decode[name], prefill[name]
+        print(f"{name:14s} decode median {statistics.median(d):8.2f} tok/s  prefill median {statistics.median(p):8.1f}"
+              f"  decode rounds: {' '.join(f'{x:.1f}' for x in d)}")
+
+
+if __name__ == "__main__":
+    main()
