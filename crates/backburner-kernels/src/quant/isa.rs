@@ -179,6 +179,24 @@ pub(crate) trait QIsa: Copy {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scalar;
 
+/// [`QIsa::Codes8`] as the unit's address, for ISAs without ordered loads: [`QIsa::load8_w`] reads nothing and
+/// [`QIsa::pick8`] loads each vector where it is used.
+macro_rules! codes8_by_address {
+    () => {
+        type Codes8 = *const u8;
+        #[inline(always)]
+        unsafe fn load8_w(self, p: *const u8) -> (*const u8, *const u8) {
+            (p, p)
+        }
+        #[inline(always)]
+        unsafe fn pick8(self, c: *const u8, i: usize) -> Self::W {
+            // SAFETY: vector i < 8 lies in the 512 bytes at c (the caller's promise).
+            unsafe { self.load_w(c.add(64 * i)) }
+        }
+    };
+}
+pub(super) use codes8_by_address;
+
 impl QIsa for Scalar {
     type W = [u8; 64];
     type A = [i32; LANES];
@@ -190,16 +208,7 @@ impl QIsa for Scalar {
     /// every machine.
     const QUAD: bool = true;
 
-    type Codes8 = *const u8;
-    #[inline(always)]
-    unsafe fn load8_w(self, p: *const u8) -> (*const u8, *const u8) {
-        (p, p)
-    }
-    #[inline(always)]
-    unsafe fn pick8(self, c: *const u8, i: usize) -> Self::W {
-        // SAFETY: vector i < 8 lies in the 512 bytes at c (the caller's promise).
-        unsafe { self.load_w(c.add(64 * i)) }
-    }
+    codes8_by_address!();
     #[inline(always)]
     unsafe fn load_w(self, p: *const u8) -> Self::W {
         // SAFETY: the caller guarantees 64 readable bytes.

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::isa::{QIsa, LANES};
+use super::isa::{codes8_by_address, QIsa, LANES};
 use super::x86_asm::{load8_avx512, signed_quad_avx2, small_quad_avx2};
 
 /// AVX-512F + BW + VNNI lanes (one 512-bit register each).
@@ -194,16 +194,7 @@ impl QIsa for Avx2 {
     // SAFETY (every method): the token exists only when the CPU supports AVX2, FMA and F16C; pointer arguments are
     // valid as each method's contract requires.
 
-    type Codes8 = *const u8;
-    #[inline(always)]
-    unsafe fn load8_w(self, p: *const u8) -> (*const u8, *const u8) {
-        (p, p)
-    }
-    #[inline(always)]
-    unsafe fn pick8(self, c: *const u8, i: usize) -> Self::W {
-        // SAFETY: vector i < 8 lies in the 512 bytes at c (the caller's promise).
-        unsafe { self.load_w(c.add(64 * i)) }
-    }
+    codes8_by_address!();
     #[inline(always)]
     unsafe fn load_w(self, p: *const u8) -> Self::W {
         unsafe {

@@ -82,16 +82,19 @@ macro_rules! quad_group {
     };
 }
 
+/// `vpbroadcastd` of a row's 4 inputs at `[$xr + $x]` into `{xa}`.
+macro_rules! broadcast_x {
+    ($xr:literal, $x:literal) => {
+        concat!("vpbroadcastd {xa}, dword ptr [", $xr, " + ", $x, "]\n")
+    };
+}
+
 /// One row of a `signed` group: the input with the code's sign (`vpsignb`), `vpmaddubsw` against `|v|` (pair sums
 /// within ±32512), `vpmaddwd` by ones to i32, added to the row's accumulators `$s0`, `$s1`.
 macro_rules! signed_row {
     ($xr:literal, $s0:literal, $s1:literal, $x:literal) => {
         concat!(
-            "vpbroadcastd {xa}, dword ptr [",
-            $xr,
-            " + ",
-            $x,
-            "]\n",
+            broadcast_x!($xr, $x),
             "vpsignb {t0}, {xa}, {w0}\n",
             "vpsignb {t1}, {xa}, {w1}\n",
             "vpmaddubsw {t0}, {m0}, {t0}\n",
@@ -116,11 +119,7 @@ macro_rules! signed_row {
 macro_rules! small_row {
     ($xr:literal, $s0:literal, $s1:literal, $x:literal) => {
         concat!(
-            "vpbroadcastd {xa}, dword ptr [",
-            $xr,
-            " + ",
-            $x,
-            "]\n",
+            broadcast_x!($xr, $x),
             "vpmaddubsw {t0}, {w0}, {xa}\n",
             "vpmaddubsw {t1}, {w1}, {xa}\n",
             "vpaddw ",
