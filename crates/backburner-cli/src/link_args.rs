@@ -54,7 +54,8 @@ pub struct LinkArgs {
     /// File holding the shared secret (or set BACKBURNER_SECRET).
     #[arg(long, requires = "worker")]
     pub secret_file: Option<PathBuf>,
-    /// Seconds to wait for a worker per request before falling back to local compute.
+    /// Seconds to wait for a worker per request before falling back to local compute (split prefill, KV offload);
+    /// in a layer split, where the host does not hold the worker's layers, the request fails instead.
     #[arg(long, default_value_t = 60, requires = "worker")]
     pub worker_timeout: u64,
 }

@@ -18,7 +18,7 @@ use crate::run_cmd::out_line;
 pub struct PlanArgs {
     /// Model: a directory with config.json, with or without weights (without, sizes come from the config's shapes and
     /// dtype), or a GGUF file (or a directory holding one).
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: PathBuf,
     /// Memory the host may use: bytes with a unit, `24GiB` (2^30) or `24GB` (10^9).
     #[arg(long, value_parser = parse_bytes)]

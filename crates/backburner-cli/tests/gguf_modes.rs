@@ -364,7 +364,8 @@ fn plan_of_a_gguf_counts_each_layer_as_the_load_allocates_and_names_the_format()
         assert_eq!(w["total_bytes"], whole);
         assert_eq!(v["host"]["weight_bytes"], whole);
 
-        let o = cmd(&["plan", "--model", p, "--host-memory", "1GB"]);
+        // llama.cpp's short flag for the model, as `run` takes it
+        let o = cmd(&["plan", "-m", p, "--host-memory", "1GB"]);
         let out = String::from_utf8_lossy(&o.stdout);
         assert!(
             out.contains(&format!(
