@@ -184,7 +184,7 @@ pub(crate) enum Prefetch {
     EveryLine,
     /// One 64-byte line per 32-block (for Q8_0: per 544-byte unit), 16 KiB (four 4 KiB pages) ahead: for units read
     /// line by line upwards (Q8_0 where [`QIsa::ORDERED_LOAD8`]), which the hardware prefetcher follows within a
-    /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–12 %
+    /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–13 %
     /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
     OneLine,
 }

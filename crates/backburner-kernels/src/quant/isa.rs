@@ -36,8 +36,8 @@ pub(crate) trait QIsa: Copy {
     /// [`Prefetch::OneLine`]: super::fmt::Prefetch::OneLine
     const ORDERED_LOAD8: bool = false;
     /// A Q8_0 unit's eight code vectors as [`QIsa::load8_w`] leaves them: the vectors themselves where
-    /// [`QIsa::ORDERED_LOAD8`], else their address (each is loaded where [`QIsa::pick8`] is called: held in an array,
-    /// 8 × two ymm registers on AVX2 spilled to the stack).
+    /// [`QIsa::ORDERED_LOAD8`], else their address, each vector then loaded where [`QIsa::pick8`] is called (held in
+    /// an array instead, AVX2's 8 × two ymm registers would be spilled to the stack).
     type Codes8: Copy;
     /// The eight 64-byte vectors at `p`, `p + 64`, …, `p + 448` (a Q8_0 unit's codes), and `p` again. Where
     /// [`QIsa::ORDERED_LOAD8`] (AVX-512: one asm block), the loads run here, in address order, and the returned
