@@ -161,7 +161,7 @@ fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
             lo = mid + 1;
         }
     }
-    with(lo).map(|p| (lo * step, p))
+    with(lo).map(|p| (lo.saturating_mul(step), p))
 }
 
 /// The rounding of a suggested worker memory for a model that needs `everything` bytes in all: a tenth of its
@@ -169,8 +169,25 @@ fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
 /// 1 MB, so the suggestion is within about 10 % of the least that fits.
 fn suggestion_step(everything: u64) -> u64 {
     let mut p = 1u64;
-    while p.saturating_mul(10) <= everything {
-        p *= 10;
+    // Checked: a sum that saturated at u64::MAX (an absurd --ubatch's scratch) has no power of ten above it.
+    while let Some(next) = p.checked_mul(10).filter(|&n| n <= everything) {
+        p = next;
     }
     (p / 10).clamp(1_000_000, GB)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suggestion_step_is_a_tenth_of_the_leading_power_of_ten_and_ends_at_the_top_of_u64() {
+        assert_eq!(suggestion_step(0), 1_000_000);
+        assert_eq!(suggestion_step(999_999_999), 10_000_000);
+        assert_eq!(suggestion_step(1_000_000_000), 100_000_000);
+        assert_eq!(suggestion_step(53_800_000_000), GB);
+        // 10^19 is the largest power of ten in a u64; past it the loop used to wrap around forever.
+        assert_eq!(suggestion_step(10_000_000_000_000_000_000), GB);
+        assert_eq!(suggestion_step(u64::MAX), GB);
+    }
 }

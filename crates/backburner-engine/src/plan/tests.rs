@@ -470,3 +470,25 @@ fn an_untied_head_stored_in_another_type_than_the_embedding_is_counted_as_stored
     assert_eq!(types, [("F32", 108), ("F16", 1)]);
     assert_eq!(c.format.container, "gguf");
 }
+
+#[test]
+fn a_ubatch_whose_scratch_saturates_the_sums_gets_an_answer_not_a_hang() {
+    // The breaker's case: `plan --host-memory 18446744073709551615 --ubatch 281474976710656`. The scratch for that
+    // ubatch saturates at u64::MAX, and the extra-worker suggestion's rounding used to loop forever on it.
+    let mut r = request("ref-27b-config", u64::MAX, &[]);
+    r.ubatch = 1 << 48;
+    let Err(PlanError::DoesNotFit {
+        explanation,
+        extra_worker_bytes,
+    }) = plan(&r)
+    else {
+        panic!("a scratch of u64::MAX bytes cannot fit beside the weights");
+    };
+    assert!(
+        explanation.starts_with(
+            "weights 53.8 GB + recurrent state 156.9 MB + KV for 4096 tokens 268.4 MB + scratch"
+        ) && explanation.ends_with("no placement of whole layers fits"),
+        "{explanation}"
+    );
+    assert_eq!(extra_worker_bytes, None, "{explanation}");
+}
