@@ -45,21 +45,21 @@
 //! the activation rounding, plus float rounding.
 //!
 //! # Kernels
-//! One generic kernel (`QIsa` over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX): per
-//! register tile of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers
-//! (nibble masks, bit planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes
-//! per group (`vpdpbusd`, or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the
-//! block's float term. Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode,
-//! up to a tile): each thread streams its panels once over the whole `k`, with a software prefetch into L2 of every
-//! line 6 KiB ahead in the panel; Q8_0 on AVX-512 instead reads each 544-byte unit's lines strictly upwards (one asm
-//! block for its 8 code vectors, then its scales) and prefetches one line per unit 16 KiB ahead, leaving the rest to
-//! the hardware stream prefetcher. More rows (prefill, and decode batches past a tile): cache blocks of 16 panels × `k` ranges of 24
-//! blocks are decoded once into a per-thread buffer (code vectors ready for the dot products, block scales in f32,
-//! 240 KiB: L2), then every row tile runs against it; the accumulators pass through `y` between `k` ranges, which
-//! keeps each output's chain (and bits) unchanged. On AVX2, the offset-128 formats (Q8_0, IQ4_XS) and those with codes
-//! `≤ 16` (Q4_0, Q4_K) run that path in tiles of 4 rows whose integer sums come from one hand-scheduled asm block per
-//! 32-block (`QIsa::quad_sums`): the same instructions as the generic step, with the code loads
-//! (and `vpabsb`) shared by 4 rows and nothing spilled.
+//! One generic kernel (`QIsa` over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX): per register tile
+//! of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers (nibble masks, bit
+//! planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`,
+//! or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term.
+//! Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread
+//! streams its panels once over the whole `k`, with a software prefetch into L2 of every line 6 KiB ahead in the panel;
+//! Q8_0 on AVX-512 instead reads each 544-byte unit's lines strictly upwards (one asm block for its 8 code vectors,
+//! then its scales) and prefetches one line per unit 16 KiB ahead, leaving the rest to the hardware stream prefetcher.
+//! More rows (prefill, and decode batches past a tile): cache blocks of 16 panels × `k` ranges of 24 blocks are decoded
+//! once into a per-thread buffer (code vectors ready for the dot products, block scales in f32, 240 KiB: L2), then
+//! every row tile runs against it; the accumulators pass through `y` between `k` ranges, which keeps each output's
+//! chain (and bits) unchanged. On AVX2, the offset-128 formats (Q8_0, IQ4_XS) and those with codes `≤ 16` (Q4_0, Q4_K)
+//! run that path in tiles of 4 rows whose integer sums come from one hand-scheduled asm block per 32-block
+//! (`QIsa::quad_sums`): the same instructions as the generic step, with the code loads (and `vpabsb`) shared by 4 rows
+//! and nothing spilled.
 
 mod acts;
 #[cfg(target_arch = "x86_64")]

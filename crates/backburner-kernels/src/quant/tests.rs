@@ -158,8 +158,8 @@ fn extreme_codes_against_full_scale_inputs_give_the_reference_bits() {
     }
 }
 
-/// [`isa::QIsa::load8_w`] through [`isa::qdispatch`]: the eight vectors' bytes (stored back with `store_w`) and how far the
-/// returned address lies from the one given.
+/// [`isa::QIsa::load8_w`] through [`isa::qdispatch`]: the eight vectors' bytes (stored back with `store_w`) and how far
+/// the returned address lies from the one given.
 struct Load8<'a>(&'a [u8]);
 
 impl isa::QKernel for Load8<'_> {

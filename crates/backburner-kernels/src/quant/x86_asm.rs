@@ -1,6 +1,6 @@
-//! Hand-written asm blocks of the x86-64 [`QIsa`](super::isa::QIsa) instances ([`super::x86`]): the 4-row integer sums of
-//! the many-row path on AVX2, where compiled intrinsics spilled, and the ordered loads of a Q8_0 unit on AVX-512, whose
-//! order the compiler would otherwise choose.
+//! Hand-written asm blocks of the x86-64 [`QIsa`](super::isa::QIsa) instances ([`super::x86`]): the 4-row integer sums
+//! of the many-row path on AVX2, where compiled intrinsics spilled, and the ordered loads of a Q8_0 unit on AVX-512,
+//! whose order the compiler would otherwise choose.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -136,12 +136,12 @@ macro_rules! small_row {
     };
 }
 
-/// [`QIsa::quad_sums`](super::isa::QIsa::quad_sums) of offset-128 codes on AVX2: per group, `|v|` once for the four rows, then per row and half
-/// `vpsignb` (the input with the code's sign), `vpmaddubsw` (pair sums within ±32512: no saturation), `vpmaddwd` by
-/// ones (i32) and the add: the [`Avx2`](super::x86::Avx2) `dot_s` and `widen` steps. One asm block with a fixed assignment of all 16
-/// ymm registers: compiled from intrinsics (2 rows), the code loads were hoisted ahead of their use and spilled, and
-/// 4 rows did not
-/// fit; here 4 rows share each code load and `vpabsb` (a fifth fewer instructions per row than 2 rows).
+/// [`QIsa::quad_sums`](super::isa::QIsa::quad_sums) of offset-128 codes on AVX2: per group, `|v|` once for the four
+/// rows, then per row and half `vpsignb` (the input with the code's sign), `vpmaddubsw` (pair sums within ±32512: no
+/// saturation), `vpmaddwd` by ones (i32) and the add: the [`Avx2`](super::x86::Avx2) `dot_s` and `widen` steps. One asm
+/// block with a fixed assignment of all 16 ymm registers: compiled from intrinsics (2 rows), the code loads were
+/// hoisted ahead of their use and spilled, and 4 rows did not fit; here 4 rows share each code load and `vpabsb` (a
+/// fifth fewer instructions per row than 2 rows).
 ///
 /// # Safety
 /// The CPU must support AVX2; `codes` must be valid for reading 512 bytes and each `x[r]` for reading 32.
@@ -151,10 +151,10 @@ pub(super) unsafe fn signed_quad_avx2(codes: *const u8, x: [*const u8; 4]) -> [[
     quad_asm!(codes, x, signed, "", [w0, w1, m0, m1, xa, t0, t1])
 }
 
-/// [`QIsa::quad_sums`](super::isa::QIsa::quad_sums) of unsigned codes `≤ 16` on AVX2: per group and row, `vpmaddubsw` of the codes against the
-/// broadcast inputs and a `vpaddw` into i16 pair sums — 8 steps of at most `2·16·127` each stay within `±32512` —
-/// then one `vpmaddwd` by ones to i32: the [`Avx2`](super::x86::Avx2) `dot_u` and `widen` steps for codes `≤ 16`. One asm block, 14
-/// ymm registers, for the reasons of [`signed_quad_avx2`].
+/// [`QIsa::quad_sums`](super::isa::QIsa::quad_sums) of unsigned codes `≤ 16` on AVX2: per group and row, `vpmaddubsw`
+/// of the codes against the broadcast inputs and a `vpaddw` into i16 pair sums — 8 steps of at most `2·16·127` each
+/// stay within `±32512` — then one `vpmaddwd` by ones to i32: the [`Avx2`](super::x86::Avx2) `dot_u` and `widen` steps
+/// for codes `≤ 16`. One asm block, 14 ymm registers, for the reasons of [`signed_quad_avx2`].
 ///
 /// # Safety
 /// The CPU must support AVX2; `codes` must be valid for reading 512 bytes of codes `≤ 16` and each `x[r]` for
