@@ -17,9 +17,10 @@ pub(crate) trait Fmt {
     type Pre<I: QIsa>: Copy;
     /// Largest code magnitude the dot products see on `I` (bounds the AVX2 i16 accumulation).
     fn cmax<I: QIsa>() -> u32;
-    /// How the decode kernel prefetches this format's panels in software (the default: [`Prefetch::EveryLine`]).
+    /// How the decode kernel prefetches this format's panels in software when `streams` threads stream panels from
+    /// memory at once (the product's task count); the default: [`Prefetch::EveryLine`].
     #[inline(always)]
-    fn prefetch<I: QIsa>() -> Prefetch {
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
         Prefetch::EveryLine
     }
     /// Reads the per-block state of block `b` of the unit at `u`.
@@ -186,6 +187,8 @@ pub(crate) enum Prefetch {
     /// line by line upwards (Q8_0 where [`QIsa::ORDERED_LOAD8`]), which the hardware prefetcher follows within a
     /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–13 %
     /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
+    /// Only while one thread streams: with two, each core's hardware prefetcher falls behind and every line is
+    /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations).
     OneLine,
 }
 
@@ -211,8 +214,8 @@ impl Fmt for Q80 {
         128
     }
     #[inline(always)]
-    fn prefetch<I: QIsa>() -> Prefetch {
-        if I::ORDERED_LOAD8 {
+    fn prefetch<I: QIsa>(streams: usize) -> Prefetch {
+        if I::ORDERED_LOAD8 && streams == 1 {
             Prefetch::OneLine
         } else {
             Prefetch::EveryLine

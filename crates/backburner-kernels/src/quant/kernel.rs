@@ -54,6 +54,7 @@ pub fn qmatmul(x: &QuantizedActs, w: &QuantMatrix, y: &mut [f32], ldy: usize) {
             out: &out,
             ldy,
             panels: (g.start * PANEL_GROUP).min(live)..(g.end * PANEL_GROUP).min(live),
+            streams: n_tasks,
         });
     });
 }
@@ -100,6 +101,8 @@ pub(super) struct Task<'a> {
     pub out: &'a OutPtr,
     pub ldy: usize,
     pub panels: std::ops::Range<usize>,
+    /// Tasks of this product (threads streaming panels from memory at once).
+    pub streams: usize,
 }
 
 impl QKernel for Task<'_> {
@@ -154,6 +157,7 @@ impl Task<'_> {
         let (xq, xb) = self.rows::<R>(t.row0);
         let mut acc = [isa.f_zero(); R];
         let block_bytes = lay.bytes / bpu;
+        let prefetch = F::prefetch::<I>(self.streams);
         for u in 0..self.w.k() / lay.unit {
             // SAFETY: unit u of panel p lies in the storage (panel_bytes = units · lay.bytes).
             let up = unsafe { base.add(u * lay.bytes) };
@@ -164,7 +168,7 @@ impl Task<'_> {
             let ud = unsafe { F::unit_scales(isa, up) };
             for b in 0..bpu {
                 // A hint only: the address may lie past the storage (wrapping arithmetic, never dereferenced).
-                match F::prefetch::<I>() {
+                match prefetch {
                     Prefetch::EveryLine => {
                         let ahead = up.wrapping_add(PREFETCH_BYTES + b * block_bytes);
                         for line in (0..block_bytes).step_by(64) {

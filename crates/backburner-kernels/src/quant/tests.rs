@@ -196,3 +196,37 @@ fn the_ordered_unit_load_reads_eight_vectors_upwards_and_returns_its_address() {
         assert_eq!(moved, 0, "cap={cap} ({})", kernel_isa());
     }
 }
+
+/// The decode prefetch [`fmt::Fmt::prefetch`] picks for Q8_0 and Q4_K with one and with two streaming tasks.
+struct PrefetchPolicy;
+
+impl isa::QKernel for PrefetchPolicy {
+    type Out = [fmt::Prefetch; 4];
+    #[inline(always)]
+    fn run<I: isa::QIsa>(self, _: I) -> Self::Out {
+        use fmt::Fmt;
+        [
+            fmt::Q80::prefetch::<I>(1),
+            fmt::Q80::prefetch::<I>(2),
+            fmt::Q4K::prefetch::<I>(1),
+            fmt::Q4K::prefetch::<I>(2),
+        ]
+    }
+}
+
+#[test]
+fn q8_0_prefetches_one_line_per_unit_only_when_read_upwards_by_a_single_task() {
+    use fmt::Prefetch::{EveryLine, OneLine};
+    for cap in (0..=2u8).rev() {
+        ISA_CAP.store(cap, Ordering::SeqCst);
+        let isa = kernel_isa();
+        let got = isa::qdispatch(PrefetchPolicy);
+        ISA_CAP.store(2, Ordering::SeqCst);
+        let one = if isa == "avx512-vnni" {
+            OneLine
+        } else {
+            EveryLine
+        };
+        assert_eq!(got, [one, EveryLine, EveryLine, EveryLine], "{isa}");
+    }
+}
