@@ -13,7 +13,8 @@
 #          split (one ggml-rpc-server holding layers 4..7) and its 2-server pipeline
 #   gguf   the same GGUF file in both engines, for each of FORMATS (default "q8_0 q4_k_m iq4_xs"; the files are
 #          models/bench-<format>.gguf, made with llama-quantize from bench-f32.gguf): prefill 2048 tokens and
-#          decode 16 tokens at depth 2048, 1 and 2 threads, plus our decode's share of the read bandwidth
+#          decode 16 tokens at depth 2048, 1 and 2 threads, plus our decode's share of the read bandwidth (against
+#          the best-of-5 pass at the start, and measured in alternation with read passes: `bench_share.rs`)
 # Env: REPS (default 4 short, 3 long, 2 split, 3 gguf), BB (default target/release/backburner), OUT (default a temp
 # dir).
 # Prints one line per run and the medians per column at the end of each section.
@@ -101,12 +102,12 @@ if [[ " $SECTIONS " == *" gguf "* ]]; then
         f=$OUT/gguf-$fmt.txt; : > "$f"
         for rep in $(seq 1 "${REPS:-3}"); do for t in 1 2; do
             bb=$($BB bench local --model "$file" --depths 2048 --thread-counts $t --decode-tokens 16 2>/dev/null |
-                python3 -c "import sys,json;o=json.load(sys.stdin);r=o['results'][0];d=r['depths'][0];bw=r.get('read_bandwidth_gb_s') or 0;print(round(d['prefill_tok_s'],2),round(d['decode_tok_s'],2),round(100*d['decode_weight_gb_s']/bw if bw else 0,1),round(100*d['decode_read_gb_s']/bw if bw else 0,1))")
+                python3 -c "import sys,json;o=json.load(sys.stdin);r=o['results'][0];d=r['depths'][0];bw=r.get('read_bandwidth_gb_s') or 0;p=d.get('paired') or {};print(round(d['prefill_tok_s'],2),round(d['decode_tok_s'],2),round(100*d['decode_weight_gb_s']/bw if bw else 0,1),round(100*d['decode_read_gb_s']/bw if bw else 0,1),round(100*p.get('read_share',0),1))")
             lp=$($LB -m "$file" -t $t -p 2048 -n 0 "${COMMON[@]}" 2>/dev/null | py_ts)
             ld=$($LB -m "$file" -t $t -p 0 -n 16 -d 2048 "${COMMON[@]}" 2>/dev/null | py_ts)
-            echo "rep $rep t=$t | bb prefill decode weights-bw% all-bw% $bb | llama prefill $lp decode $ld" | tee -a "$f"
+            echo "rep $rep t=$t | bb prefill decode weights-bw% all-bw% paired-share% $bb | llama prefill $lp decode $ld" | tee -a "$f"
         done; done
-        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode weight bytes/s and all bytes/s (weights, KV, state) as % of read bandwidth, llama prefill, llama decode"
+        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode weight bytes/s and all bytes/s (weights, KV, state) as % of the best-of-5 read pass at the start, the same in alternation with read passes (median of rounds), llama prefill, llama decode"
         medians "$f"
     done
 fi

@@ -13,6 +13,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::bench_report::{self, PhaseWork};
+use crate::bench_share::{self, PairedShare, PassBuffer};
 use crate::{compute_pool, default_model, load, ModelArgs};
 use backburner_engine::memory;
 use backburner_model::ModelConfig;
@@ -113,6 +114,9 @@ struct DepthResult {
     /// All the bytes a decode step must read per second: the weights, the KV cache at this depth and the Gated
     /// DeltaNet states (conv + recurrent, f32), GB/s.
     decode_read_gb_s: f64,
+    /// The decode's share of the read bandwidth measured in alternation with read passes (null with
+    /// --no-bandwidth); see `bench_share`.
+    paired: Option<PairedShare>,
 }
 
 #[derive(Serialize)]
@@ -255,6 +259,7 @@ fn run_threads(
 ) -> Result<ThreadRun> {
     let threads = pool.threads();
     let mut s = Session::new(model.clone(), margs.session_options(pool))?;
+    let pass_buf = bw.is_some().then(PassBuffer::new);
     let mut out = Vec::new();
     let (mut prefill, mut decode) = (PhaseWork::default(), PhaseWork::default());
     let mut done = 0;
@@ -287,6 +292,17 @@ fn run_threads(
         s.rewind(&snap);
         let decode_tok_s = a.decode_tokens as f64 / dec_s;
         let read_bytes = decode_read_bytes(model.config(), margs, depth, weight_bytes);
+        let paired = match &pass_buf {
+            Some(buf) => Some(bench_share::decode_share(
+                &mut s,
+                pool,
+                buf,
+                prompt[depth - 1],
+                &snap,
+                (read_bytes, weight_bytes as u64),
+            )?),
+            None => None,
+        };
         let r = DepthResult {
             depth,
             prefill_tok_s: depth as f64 / prefill_s,
@@ -295,6 +311,7 @@ fn run_threads(
             decode_ms_per_token: dec_s * 1e3 / a.decode_tokens as f64,
             decode_weight_gb_s: weight_bytes as f64 * decode_tok_s / 1e9,
             decode_read_gb_s: read_bytes as f64 * decode_tok_s / 1e9,
+            paired,
         };
         if !a.json {
             let pct = |x: f64| bw.map_or(String::new(), |bw| format!(" = {:.0}%", 100.0 * x / bw));
@@ -309,6 +326,9 @@ fn run_threads(
                 r.decode_read_gb_s,
                 pct(r.decode_read_gb_s),
             );
+            if let Some(p) = &r.paired {
+                eprintln!("  {}", p.summary());
+            }
         }
         out.push(r);
     }

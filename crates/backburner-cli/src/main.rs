@@ -7,6 +7,7 @@ mod bench_report;
 mod bench_session;
 mod bench_session_http;
 mod bench_session_report;
+mod bench_share;
 mod bench_slots;
 mod bench_split;
 mod calibrate_cmd;
