@@ -447,6 +447,64 @@ fn bench_local_runs_on_a_gguf_and_reports_its_bytes() {
 }
 
 #[test]
+fn bench_local_pairs_its_decode_rounds_with_read_passes() {
+    let file = gguf("tiny-q-q4_k.gguf");
+    let args = [
+        "bench",
+        "local",
+        "--model",
+        file.to_str().unwrap(),
+        "--depths",
+        "32",
+        "--decode-tokens",
+        "2",
+        "--thread-counts",
+        "1",
+    ];
+    let o = cmd(&[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["results"][0]["read_bandwidth_gb_s"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    let r = &v["results"][0]["depths"][0];
+    let p = &r["paired"];
+    assert_eq!(p["rounds"], 7, "{p}");
+    assert_eq!(p["tokens_per_round"], 8, "{p}");
+    let mut shares: Vec<f64> = p["round_shares"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(shares.len(), 7, "{p}");
+    assert!(shares.iter().all(|s| *s > 0.0), "{p}");
+    shares.sort_by(f64::total_cmp);
+    assert_eq!(p["read_share"].as_f64().unwrap(), shares[3], "{p}");
+    // the weights' part of the share is the weights' part of the bytes (the same ratio as the contiguous decode's)
+    let (all, weights) = (
+        r["decode_read_gb_s"].as_f64().unwrap(),
+        r["decode_weight_gb_s"].as_f64().unwrap(),
+    );
+    let ws = p["weight_share"].as_f64().unwrap();
+    assert!((ws - shares[3] * weights / all).abs() < 1e-9, "{p}");
+    assert!(
+        p["pass_gb_s"].as_f64().unwrap() > 0.0 && p["decode_read_gb_s"].as_f64().unwrap() > 0.0,
+        "{p}"
+    );
+    // the text report names it; --no-bandwidth drops it
+    let text = String::from_utf8_lossy(&cmd(&args).stderr).into_owned();
+    assert!(
+        text.contains("in alternation with read passes (7 rounds of 8 tokens)"),
+        "{text}"
+    );
+    let o = cmd(&[&args[..], &["--json", "--no-bandwidth"]].concat());
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["results"][0]["depths"][0]["paired"].is_null(), "{v}");
+}
+
+#[test]
 fn max_memory_counts_a_ggufs_quantized_bytes_on_the_host_and_the_worker() {
     let d = tempfile::tempdir().unwrap();
     let q4k = stacked(d.path(), "q4_k");
