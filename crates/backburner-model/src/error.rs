@@ -89,7 +89,7 @@ pub enum ModelError {
         message: String,
     },
     /// A GGUF file's `general.architecture` is not one this engine runs.
-    #[error("GGUF architecture {found:?} {}; supported: {}", if *not_yet { "(a mixture-of-experts hybrid) is not yet supported" } else { "is not supported" }, supported.join(", "))]
+    #[error("{}; supported: {}", architecture_problem(found, *not_yet), supported.join(", "))]
     UnsupportedArchitecture {
         /// `general.architecture` as found (empty when the key is absent).
         found: String,
@@ -141,5 +141,16 @@ impl ModelError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// What is wrong with a GGUF file's `general.architecture` value `found` (empty when the key is absent).
+fn architecture_problem(found: &str, not_yet: bool) -> String {
+    if found.is_empty() {
+        "the GGUF file has no general.architecture (string) key".to_string()
+    } else if not_yet {
+        format!("GGUF architecture {found:?} (a mixture-of-experts hybrid) is not yet supported")
+    } else {
+        format!("GGUF architecture {found:?} is not supported")
     }
 }

@@ -196,7 +196,8 @@ fn rope(k: &Keys<'_>, head_dim: u64) -> Result<(Value, Value, u64)> {
 }
 
 /// Vocabulary size and tied-ness from the tensors: rows of `token_embd.weight`; tied when there is no
-/// `output.weight`.
+/// `output.weight`. An optional `<arch>.vocab_size` must agree with the rows: a file that disagrees with itself is
+/// refused (as a block past `block_count` is), not run with one of the two numbers.
 fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)> {
     let embd = f
         .tensor("token_embd.weight")
@@ -207,7 +208,16 @@ fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)>
             embd.dims
         )));
     }
-    Ok((embd.dims[1], f.tensor("output.weight").is_none()))
+    let rows = embd.dims[1];
+    if let Some(meta) = k.opt_u64("vocab_size")? {
+        if meta != rows {
+            return Err(k.err(format!(
+                "{} is {meta} but token_embd.weight has {rows} rows (one per token id)",
+                k.name("vocab_size")
+            )));
+        }
+    }
+    Ok((rows, f.tensor("output.weight").is_none()))
 }
 
 /// The model config of a `qwen35` GGUF file. Its `linear_v_head_order` is [`VHeadOrder::Tiled`] (the converter's
@@ -222,7 +232,8 @@ fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)>
 /// mrope_section; `rope.scaling.*` (refused unless none); `ssm.conv_kernel`; `ssm.state_size` → key head dim;
 /// `ssm.group_count` → k heads; `ssm.time_step_rank` → v heads; `ssm.inner_size` / v heads → value head dim;
 /// `full_attention_interval` (default 4); `attention.recurrent_layers` (else derived from the interval). Vocab size
-/// from `token_embd.weight`, tied embeddings when `output.weight` is absent, eos ids from [`super::eos_token_ids`].
+/// from `token_embd.weight` (`vocab_size`, when present, must equal its rows), tied embeddings when `output.weight`
+/// is absent, eos ids from [`super::eos_token_ids`].
 ///
 /// Errors: [`ModelError::UnsupportedArchitecture`]; [`ModelError::InvalidConfig`] for a missing or mistyped key, or
 /// values that fail the checks of [`ModelConfig::from_json_str`]; [`ModelError::Tokenizer`] for bad eos ids.

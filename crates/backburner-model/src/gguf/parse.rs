@@ -372,9 +372,28 @@ fn place_tensors(tensors: &mut [RawTensor], data_start: u64, file_len: u64) -> P
 }
 
 /// Parses and validates the header of a whole GGUF file. Errors are messages (the caller adds the path).
+///
+/// A header with no key-value pairs is a file without `general.architecture` (every GGUF model has it, first): when
+/// the rest then fails to parse, most likely because its pairs are read as tensor infos, the error says so first
+/// rather than naming a "tensor" that is a key.
 pub(crate) fn parse(buf: &[u8]) -> PResult<ParsedPart> {
     let mut cur = Cursor { buf, pos: 0 };
     let (version, n_tensors, n_kv) = header(&mut cur)?;
+    body(cur, version, n_tensors, n_kv).map_err(|m| {
+        if n_kv == 0 {
+            format!(
+                "the header's key-value count is 0: the file has no metadata (no general.architecture), and what \
+                 follows the header is not valid tensor infos: {m}"
+            )
+        } else {
+            m
+        }
+    })
+}
+
+/// Everything after the header: the pairs, the tensor infos and the placement of the data.
+fn body(mut cur: Cursor<'_>, version: u32, n_tensors: u64, n_kv: u64) -> PResult<ParsedPart> {
+    let buf = cur.buf;
     let metadata = key_values(&mut cur, n_kv)?;
     let align = alignment(&metadata)?;
     // Grown as infos are read, not sized by the claimed count.

@@ -289,7 +289,7 @@ fn gguf_config_refuses_other_architectures() {
 #[test]
 fn gguf_config_refuses_missing_mistyped_and_impossible_metadata() {
     let cases: Vec<(&str, Option<MetaValue>, &str)> = vec![
-        ("general.architecture", None, "architecture \"\""),
+        ("general.architecture", None, "has no general.architecture"),
         ("qwen35.block_count", None, "qwen35.block_count is missing"),
         (
             "qwen35.block_count",
@@ -379,4 +379,35 @@ fn gguf_config_needs_an_embedding_of_the_model_width() {
     assert!(m.contains("no token_embd.weight"), "{m}");
     let m = config_err(|w| w.tensors[0].dims[0] = 512);
     assert!(m.contains("token_embd.weight has dims"), "{m}");
+}
+
+#[test]
+fn gguf_config_refuses_a_vocab_size_other_than_the_embeddings_rows() {
+    // token_embd.weight has 248320 rows; a vocab_size that disagrees is refused, naming both numbers
+    for n in [248_319u32, 248_321, 1] {
+        let e = {
+            let mut w = qwen35_0_8b();
+            w.kv("qwen35.vocab_size", MetaValue::U32(n));
+            let (_d, f) = open_written(&w);
+            config_from_gguf(&f).unwrap_err()
+        };
+        let ModelError::InvalidConfig(m) = &e else {
+            panic!("expected InvalidConfig, got {e:?}");
+        };
+        assert!(
+            m.ends_with(&format!(
+                ": qwen35.vocab_size is {n} but token_embd.weight has 248320 rows (one per token id)"
+            )),
+            "{m}"
+        );
+    }
+    // one that agrees is fine, and the vocab is the rows'
+    let mut w = qwen35_0_8b();
+    w.kv("qwen35.vocab_size", MetaValue::U32(248_320));
+    let (_d, f) = open_written(&w);
+    assert_eq!(config_from_gguf(&f).unwrap().vocab_size, 248_320);
+    let m = config_err(|w| {
+        w.kv("qwen35.vocab_size", MetaValue::Str("248320".into()));
+    });
+    assert!(m.contains("qwen35.vocab_size has type str"), "{m}");
 }

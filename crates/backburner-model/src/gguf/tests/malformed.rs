@@ -164,6 +164,35 @@ fn gguf_bad_value_types_keys_and_text_are_refused() {
     assert!(parse_err(&raw(0, 1, &rest)).contains("not UTF-8"));
 }
 
+#[test]
+fn gguf_a_kv_count_of_0_is_refused_as_a_file_without_metadata() {
+    let d = tempfile::tempdir().unwrap();
+    // The count patched to 0 over pairs still there: they are read as tensor infos, which fail; the error says first
+    // that the file has no metadata (it named general.architecture's "dimensions" alone).
+    let mut b = small_writer().to_bytes();
+    b[16..24].copy_from_slice(&0u64.to_le_bytes());
+    let p = d.path().join("zero-kv.gguf");
+    std::fs::write(&p, &b).unwrap();
+    assert_eq!(
+        corrupt_message(GgufFile::open(&p)),
+        "the header's key-value count is 0: the file has no metadata (no general.architecture), and what follows \
+         the header is not valid tensor infos: tensor \"general.architecture\" has 8 dimensions (must be 1..=4)"
+    );
+    // A well-formed file without pairs opens, and the model config says the key is missing.
+    let mut w = GgufWriter::new();
+    w.tensor_filled("b.weight", &[3], GgmlType::F32, 8);
+    let f = GgufFile::open(&write_tmp(&w, d.path(), "no-kv.gguf")).unwrap();
+    let e = super::super::config_from_gguf(&f).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::UnsupportedArchitecture { found, .. } if found.is_empty()),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "the GGUF file has no general.architecture (string) key; supported: qwen35"
+    );
+}
+
 /// A one-tensor file whose tensor has these dims and type id (data: `n` zero bytes).
 fn one_tensor(dims: &[u64], type_id: u32, n: usize) -> Vec<u8> {
     let mut w = GgufWriter::new();
