@@ -113,6 +113,36 @@ fn plan_human_output_and_gib_units() {
 }
 
 #[test]
+fn plan_refuses_a_gguf_without_output_norm_as_run_does() {
+    use backburner_model::gguf::writer::GgufWriter;
+    use backburner_model::GgufFile;
+    let src = GgufFile::open(&fixture("gguf/tiny-q-q4_k.gguf")).unwrap();
+    let mut w = GgufWriter::copy_of(&src).unwrap();
+    w.remove_tensor("output_norm.weight");
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("no-output-norm.gguf");
+    w.write(&p).unwrap();
+    let m = p.to_str().unwrap();
+    let want = format!("missing tensor \"output_norm.weight\" in checkpoint {m}");
+    let plan = bb(&["plan", "-m", m, "--host-memory", "1GB"]);
+    assert!(!plan.status.success());
+    let err = String::from_utf8_lossy(&plan.stderr);
+    assert!(err.contains(&want), "{err}");
+    let run = bb(&[
+        "run",
+        "-m",
+        m,
+        "--prompt-tokens",
+        "1,2",
+        "--max-tokens",
+        "1",
+    ]);
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains(&want), "{err}");
+}
+
+#[test]
 fn plan_with_a_calibration_prints_expected_rates() {
     let dir = tempfile::tempdir().unwrap();
     let cal = dir.path().join("cal.json");

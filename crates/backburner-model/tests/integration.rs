@@ -6,4 +6,5 @@ mod chat_parse;
 mod chat_pycompat;
 mod chat_request;
 mod chat_template;
+mod load_bytes;
 mod loading;

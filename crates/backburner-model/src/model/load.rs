@@ -129,6 +129,20 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
     })
 }
 
+/// Bytes of a vector the load reads as f32 (4 per element), checked as that read checks it: present, of `shape`,
+/// in a dtype it converts.
+fn vector_bytes(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<u64> {
+    ckpt.check_shape(name, shape)?;
+    let d = ckpt.dtype(name)?;
+    if let StoredDtype::Other(_) = d {
+        return Err(unsupported(&ckpt.stored_name(name), &d));
+    }
+    shape
+        .iter()
+        .try_fold(4u64, |a, &x| a.checked_mul(x as u64))
+        .ok_or_else(|| ModelError::InvalidConfig("the weights' size overflows".into()))
+}
+
 /// Bytes [`Model::from_checkpoint`] will allocate for the weights `opts` names, computed from the checkpoint's tensor
 /// headers alone (nothing is read or allocated): each fused projection packed in its parts' common dtype with its
 /// panel padding ([`PackedMatrix::packed_bytes`](backburner_kernels::matmul::PackedMatrix::packed_bytes)), and 4
@@ -137,8 +151,9 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
 /// tensor by tensor, and a few small allocations.)
 ///
 /// Errors: [`ModelError::InvalidConfig`] for a layer range outside the model or a size that overflows `u64`;
-/// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`] (projections) and [`ModelError::UnsupportedDtype`]
-/// for a tensor the load would need.
+/// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`] and [`ModelError::UnsupportedDtype`] for any tensor
+/// the load would read (the ends' embedding, final norm and untied head, every layer's projections and vectors), as
+/// the load itself reports them.
 pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
     use backburner_kernels::matmul::WeightDtype;
     if opts.layers.end > c.num_hidden_layers || opts.layers.start > opts.layers.end {
@@ -168,8 +183,7 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
             .map(|b| b as u64)
             .ok_or_else(overflow)
     };
-    let vector =
-        |elems: usize| -> Result<u64> { (elems as u64).checked_mul(4).ok_or_else(overflow) };
+    let vector = |name: &str, shape: &[usize]| vector_bytes(ckpt, name, shape);
     let pre = c.layout.prefix();
     let (h, v) = (c.hidden_size, c.vocab_size);
     let mut total = 0u64;
@@ -178,7 +192,7 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
             total,
             linear(&[(format!("{pre}embed_tokens.weight"), v)], h)?,
         )?;
-        total = add(total, vector(h)?)?;
+        total = add(total, vector(&format!("{pre}norm.weight"), &[h])?)?;
         if !c.tie_word_embeddings {
             total = add(total, linear(&[("lm_head.weight".to_string(), v)], h)?)?;
         }
@@ -187,12 +201,8 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
         for (parts, k) in layer_linears(c, i) {
             total = add(total, linear(&parts, k)?)?;
         }
-        for (_, shape, _) in layer_vectors(c, i) {
-            let elems = shape
-                .iter()
-                .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(overflow)?;
-            total = add(total, vector(elems)?)?;
+        for (name, shape, _) in layer_vectors(c, i) {
+            total = add(total, vector(&name, &shape)?)?;
         }
     }
     Ok(total)

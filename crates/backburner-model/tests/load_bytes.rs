@@ -1,0 +1,41 @@
+//! `load_bytes` checks every tensor the load reads, as the load does: a GGUF missing one of the ends' tensors or a
+//! layer's vector is refused with the load's own typed error, so `plan` and the budget check before loading refuse
+//! the files `run` refuses.
+
+use std::path::PathBuf;
+
+use backburner_model::gguf::writer::GgufWriter;
+use backburner_model::{
+    load_bytes, Checkpoint, GgufFile, LoadOptions, Model, ModelConfig, ModelError,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
+}
+
+#[test]
+fn load_bytes_refuses_a_gguf_without_its_final_norm_or_a_layer_vector_as_the_load_does() {
+    let src = GgufFile::open(&fixture("gguf/tiny-q-q4_k.gguf")).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    for missing in ["output_norm.weight", "blk.1.ssm_norm.weight"] {
+        let mut w = GgufWriter::copy_of(&src).unwrap();
+        w.remove_tensor(missing);
+        let p = d.path().join(format!("without-{missing}.gguf"));
+        w.write(&p).unwrap();
+        let cfg = ModelConfig::from_dir(&p).unwrap();
+        let ck = Checkpoint::open(&p).unwrap();
+        let opts = LoadOptions {
+            layers: 0..cfg.num_hidden_layers,
+            ends: true,
+        };
+        let e = load_bytes(&ck, &cfg, &opts).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::MissingTensor { name, dir } if name == missing && *dir == p),
+            "{missing}: {e:?}"
+        );
+        let loaded = Model::from_checkpoint(cfg.clone(), &ck, &opts, |_, _| {}).unwrap_err();
+        assert_eq!(e.to_string(), loaded.to_string(), "{missing}");
+    }
+}
