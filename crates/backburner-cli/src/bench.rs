@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::bench_report::{self, PhaseWork};
-use crate::bench_share::{self, PairedShare, PassBuffer};
+use crate::bench_share::{self, PairedShare, WeightPass};
 use crate::{compute_pool, default_model, load, ModelArgs};
 use backburner_engine::memory;
 use backburner_model::ModelConfig;
@@ -259,7 +259,7 @@ fn run_threads(
 ) -> Result<ThreadRun> {
     let threads = pool.threads();
     let mut s = Session::new(model.clone(), margs.session_options(pool))?;
-    let pass_buf = bw.is_some().then(PassBuffer::new);
+    let reads = bw.is_some().then(|| WeightPass::new(model));
     let mut out = Vec::new();
     let (mut prefill, mut decode) = (PhaseWork::default(), PhaseWork::default());
     let mut done = 0;
@@ -292,7 +292,7 @@ fn run_threads(
         s.rewind(&snap);
         let decode_tok_s = a.decode_tokens as f64 / dec_s;
         let read_bytes = decode_read_bytes(model.config(), margs, depth, weight_bytes);
-        let paired = match &pass_buf {
+        let paired = match &reads {
             Some(buf) => Some(bench_share::decode_share(
                 &mut s,
                 pool,

@@ -496,7 +496,7 @@ fn bench_local_pairs_its_decode_rounds_with_read_passes() {
     // the text report names it; --no-bandwidth drops it
     let text = String::from_utf8_lossy(&cmd(&args).stderr).into_owned();
     assert!(
-        text.contains("in alternation with read passes (7 rounds of 8 tokens)"),
+        text.contains("in alternation with reads of the weights (7 rounds of 8 tokens)"),
         "{text}"
     );
     let o = cmd(&[&args[..], &["--json", "--no-bandwidth"]].concat());

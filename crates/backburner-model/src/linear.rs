@@ -48,6 +48,13 @@ impl Segment {
             Segment::Quant(w) => w.bytes(),
         }
     }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Segment::Dense(w) => w.as_bytes(),
+            Segment::Quant(w) => w.as_bytes(),
+        }
+    }
 }
 
 /// `y = x · Wᵀ` with `W: [out_features, in_features]` (no bias: Qwen3.5 projections have none).
@@ -143,6 +150,11 @@ impl Linear {
     /// Bytes of weights held.
     pub fn bytes(&self) -> usize {
         self.segs.iter().map(|(_, s)| s.bytes()).sum()
+    }
+
+    /// The weights' storage, one byte slice per segment ([`Linear::bytes`] in all), as the products stream it.
+    pub fn storage(&self) -> impl Iterator<Item = &[u8]> {
+        self.segs.iter().map(|(_, s)| s.as_bytes())
     }
 
     /// `x [n_rows, in] → [n_rows, out]` f32, charged to [`Op::Matmul`] in the profile.

@@ -216,6 +216,21 @@ impl PackedMatrix {
         }
     }
 
+    /// The storage as bytes ([`PackedMatrix::bytes`] of them, panel layout, native-endian elements): what a decode
+    /// product streams, for a plain read of the same memory (e.g. a read-bandwidth pass).
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.data {
+            // SAFETY: f32 and u16 are plain data with no padding; the slice covers exactly the vector's elements.
+            Storage::F32(d) => unsafe {
+                std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), 4 * d.len())
+            },
+            // SAFETY: as above.
+            Storage::Half(d) => unsafe {
+                std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), 2 * d.len())
+            },
+        }
+    }
+
     /// Row `r` of `W` (`[k]`) widened to f32 into `out`: the embedding lookup of a tied or packed embedding table.
     ///
     /// Panics if `r >= n` or `out.len() != k`.

@@ -152,8 +152,9 @@ impl QuantMatrix {
         self.panel_bytes
     }
 
-    /// The storage as bytes.
-    pub(crate) fn as_bytes(&self) -> &[u8] {
+    /// The storage as bytes ([`QuantMatrix::bytes`] of them, in the panel layout): what a decode product streams, for
+    /// a plain read of the same memory (e.g. a read-bandwidth pass).
+    pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: `Line` is 64 plain bytes with no padding; the slice covers exactly the vector's elements.
         unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), 64 * self.data.len()) }
     }

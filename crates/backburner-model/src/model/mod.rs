@@ -308,6 +308,29 @@ impl Model {
         layers + ends
     }
 
+    /// The storage of every weight matrix this model holds, in the order a decode step reads them (layers, then the
+    /// head: the tied embedding or `lm_head`; an untied embedding table, of which decode reads one row, comes first),
+    /// as byte slices: what [`Model::weight_bytes`] counts less the f32 vectors. For a plain read of the very memory
+    /// the products stream (`bench local`'s read passes).
+    pub fn weight_storage(&self) -> Vec<&[u8]> {
+        let mut out: Vec<&[u8]> = Vec::new();
+        if self.lm_head.is_some() {
+            out.extend(self.embed.iter().flat_map(Linear::storage));
+        }
+        for l in self.layers.iter().flatten() {
+            let mixer: [&Linear; 2] = match &l.mixer {
+                Mixer::Linear(w) => [&w.in_proj, &w.out_proj],
+                Mixer::Attention(w) => [&w.qkv, &w.o_proj],
+            };
+            for m in mixer.into_iter().chain([&l.gate_up, &l.down]) {
+                out.extend(m.storage());
+            }
+        }
+        let head = self.lm_head.as_ref().or(self.embed.as_ref());
+        out.extend(head.into_iter().flat_map(Linear::storage));
+        out
+    }
+
     /// Runs layers `layers` on the residual stream x `[n_tokens, hidden]` (in place) for tokens at positions
     /// `state.n_tokens()..+n_tokens`, updating their state. The caller advances the position with
     /// [`Model::commit_tokens`] once every layer of the node has run (a node may run its layers in several calls).
