@@ -14,7 +14,7 @@
 #   gguf   the same GGUF file in both engines, for each of FORMATS (default "q8_0 q4_k_m iq4_xs"; the files are
 #          models/bench-<format>.gguf, made with llama-quantize from bench-f32.gguf): prefill 2048 tokens and
 #          decode 16 tokens at depth 2048, 1 and 2 threads, plus our decode's share of the read bandwidth (against
-#          the best-of-5 pass at the start, and measured in alternation with read passes: `bench_share.rs`)
+#          the best-of-5 pass at the start, and measured in alternation with reads of the weights: `bench_share.rs`)
 # Env: REPS (default 4 short, 3 long, 2 split, 3 gguf), BB (default target/release/backburner), OUT (default a temp
 # dir).
 # Prints one line per run and the medians per column at the end of each section.
@@ -107,7 +107,7 @@ if [[ " $SECTIONS " == *" gguf "* ]]; then
             ld=$($LB -m "$file" -t $t -p 0 -n 16 -d 2048 "${COMMON[@]}" 2>/dev/null | py_ts)
             echo "rep $rep t=$t | bb prefill decode weights-bw% all-bw% paired-share% $bb | llama prefill $lp decode $ld" | tee -a "$f"
         done; done
-        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode weight bytes/s and all bytes/s (weights, KV, state) as % of the best-of-5 read pass at the start, the same in alternation with read passes (median of rounds), llama prefill, llama decode"
+        echo "gguf $fmt: columns = bb prefill, bb decode, bb decode weight bytes/s and all bytes/s (weights, KV, state) as % of the best-of-5 read pass at the start, the same in alternation with reads of the weights (median of rounds), llama prefill, llama decode"
         medians "$f"
     done
 fi

@@ -63,7 +63,8 @@ struct LocalArgs {
     /// recurrence, attention, norms, RoPE, head, sampling, copies, thread synchronisation) for prefill and decode.
     #[arg(long)]
     profile: bool,
-    /// Skip measuring the machine's read bandwidth (a few seconds per thread count).
+    /// Skip measuring the machine's read bandwidth (a few seconds per thread count) and the decode's share of it in
+    /// alternation with reads of the weights (7 rounds of 8 more decode tokens per depth).
     #[arg(long)]
     no_bandwidth: bool,
     /// Print JSON only.

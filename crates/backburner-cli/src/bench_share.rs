@@ -37,8 +37,8 @@ pub struct PairedShare {
     pub pass_gb_s: f64,
     /// Median over rounds of the bytes a decode step reads (weights, KV cache, states) per second, GB/s.
     pub decode_read_gb_s: f64,
-    /// Median over rounds of the round's decode read GB/s over the mean of its two neighbouring passes (a fraction;
-    /// can pass 1 when part of a small model stays in the last-level cache between tokens).
+    /// Median over rounds of the round's decode read GB/s over the mean of its two neighbouring passes (a fraction; a
+    /// round can pass 1 when a read beside it ran at a slow moment).
     pub read_share: f64,
     /// The same for the weights' bytes alone (`read_share` × weight bytes ÷ all the bytes a step reads).
     pub weight_share: f64,
