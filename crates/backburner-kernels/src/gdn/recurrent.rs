@@ -95,36 +95,133 @@ impl Kernel for HeadJob<'_> {
         let mut u = vec![0.0f32; dv];
         for t in 0..t_n {
             let idx = t * d.n_v_heads + j;
-            let decay = self.g[idx].exp();
-            let b = self.beta[idx];
-            let kt = &kh[t * dk..(t + 1) * dk];
-            let qt = &qh[t * dk..(t + 1) * dk];
-            // u = (decay·S)ᵀ k
-            u.fill(0.0);
-            for (i, row) in s.chunks_exact(dv).enumerate() {
-                axpy(&mut u, kt[i], row);
-            }
-            // δ = β (v − decay·u), stored in u.
-            for (ui, vi) in u.iter_mut().zip(&vh[t * dv..(t + 1) * dv]) {
-                *ui = b * (vi - decay * *ui);
-            }
-            // S ← decay·S + k ⊗ δ ;  o = Sᵀ q
+            let step = Step {
+                decay: self.g[idx].exp(),
+                b: self.beta[idx],
+                kt: &kh[t * dk..(t + 1) * dk],
+                qt: &qh[t * dk..(t + 1) * dk],
+                vt: &vh[t * dv..(t + 1) * dv],
+                // The second pass reads S from L2 (the first brought it there): meanwhile the next head's state,
+                // which follows this one in `state` (a hint only: past the last head it points outside, never
+                // dereferenced), comes into L2 from memory for its first pass.
+                next: (t + 1 == t_n).then(|| s.as_ptr().wrapping_add(dk * dv).cast::<u8>()),
+            };
             let o = &mut oh[t * dv..(t + 1) * dv];
-            // This pass reads S from L2 (the first brought it there): meanwhile the next head's state, which follows
-            // this one in `state` (a hint only: past the last head it points outside, never dereferenced), comes
-            // into L2 from memory for its first pass.
-            let next = s.as_ptr().wrapping_add(dk * dv).cast::<u8>();
-            let prefetch = t + 1 == t_n;
-            for (i, row) in s.chunks_exact_mut(dv).enumerate() {
-                if prefetch {
-                    for line in (0..dv * 4).step_by(64) {
-                        prefetch_l2(next.wrapping_add(i * dv * 4 + line));
-                    }
-                }
-                scale_axpy(row, decay, kt[i], &u);
-                axpy(o, qt[i], row);
+            if dv == 128 {
+                step.run_128(s, o);
+            } else {
+                step.run(s, &mut u, o);
             }
         }
         oh
+    }
+}
+
+/// One token of one head: `S ← decay·S;  u = Sᵀk;  δ = β(v − u);  S ← S + k ⊗ δ;  o = Sᵀq` (decay folded into both
+/// passes).
+struct Step<'a> {
+    decay: f32,
+    b: f32,
+    kt: &'a [f32],
+    qt: &'a [f32],
+    vt: &'a [f32],
+    /// The next head's state, to prefetch during the second pass (the last token only).
+    next: Option<*const u8>,
+}
+
+impl Step<'_> {
+    /// Any `d_v`: `u` and `o` in memory, updated row by row.
+    #[inline(always)]
+    fn run(&self, s: &mut [f32], u: &mut [f32], o: &mut [f32]) {
+        let dv = u.len();
+        // u = (decay·S)ᵀ k
+        u.fill(0.0);
+        for (i, row) in s.chunks_exact(dv).enumerate() {
+            axpy(u, self.kt[i], row);
+        }
+        // δ = β (v − decay·u), stored in u.
+        for (ui, vi) in u.iter_mut().zip(self.vt) {
+            *ui = self.b * (vi - self.decay * *ui);
+        }
+        // S ← decay·S + k ⊗ δ ;  o = Sᵀ q
+        for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+            self.prefetch_row(i, dv);
+            scale_axpy(row, self.decay, self.kt[i], u);
+            axpy(o, self.qt[i], row);
+        }
+    }
+
+    /// `d_v = 128`: the same operations in the same order (so the same bits), with `u` and `o` in fixed-size arrays
+    /// that the compiler keeps in registers across the rows, instead of a load and a store of each per row (the
+    /// bench model's and Qwen3.5's head size).
+    #[inline(always)]
+    fn run_128(&self, s: &mut [f32], o: &mut [f32]) {
+        const DV: usize = 128;
+        let mut u = [0.0f32; DV];
+        for (i, row) in s.chunks_exact(DV).enumerate() {
+            let (a, row): (f32, &[f32; DV]) = (self.kt[i], row.try_into().expect("a row of 128"));
+            for c in 0..DV {
+                u[c] += a * row[c];
+            }
+        }
+        for (ui, vi) in u.iter_mut().zip(self.vt) {
+            *ui = self.b * (vi - self.decay * *ui);
+        }
+        let mut acc = [0.0f32; DV];
+        for (i, row) in s.chunks_exact_mut(DV).enumerate() {
+            self.prefetch_row(i, DV);
+            let (a, q) = (self.kt[i], self.qt[i]);
+            let row: &mut [f32; DV] = row.try_into().expect("a row of 128");
+            for c in 0..DV {
+                row[c] = self.decay * row[c] + a * u[c];
+                acc[c] += q * row[c];
+            }
+        }
+        // o was 0: 0 + x is x, as the in-memory form's first add.
+        o.copy_from_slice(&acc);
+    }
+
+    /// Prefetches row `i` of the next head's state (`dv` f32), when this is the last token.
+    #[inline(always)]
+    fn prefetch_row(&self, i: usize, dv: usize) {
+        if let Some(next) = self.next {
+            for line in (0..dv * 4).step_by(64) {
+                prefetch_l2(next.wrapping_add(i * dv * 4 + line));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn the_128_wide_step_gives_the_bits_of_the_general_one() {
+        let (dk, dv) = (64, 128);
+        let mut r = StdRng::seed_from_u64(11);
+        let mut v =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect() };
+        let (kt, qt, vt, s0) = (v(dk), v(dk), v(dv), v(dk * dv));
+        for (decay, b) in [(0.97f32, 0.3f32), (1.0, 1.0), (1e-30, 0.999)] {
+            let step = Step {
+                decay,
+                b,
+                kt: &kt,
+                qt: &qt,
+                vt: &vt,
+                next: None,
+            };
+            let (mut s1, mut o1, mut u) = (s0.clone(), vec![0.0f32; dv], vec![0.0f32; dv]);
+            step.run(&mut s1, &mut u, &mut o1);
+            let (mut s2, mut o2) = (s0.clone(), vec![f32::NAN; dv]);
+            step.run_128(&mut s2, &mut o2);
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&s1), bits(&s2), "state, decay {decay}");
+            assert_eq!(bits(&o1), bits(&o2), "output, decay {decay}");
+            assert_ne!(bits(&s1), bits(&s0));
+        }
     }
 }
