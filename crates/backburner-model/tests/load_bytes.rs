@@ -39,3 +39,39 @@ fn load_bytes_refuses_a_gguf_without_its_final_norm_or_a_layer_vector_as_the_loa
         assert_eq!(e.to_string(), loaded.to_string(), "{missing}");
     }
 }
+
+#[test]
+fn weight_storage_is_every_matrix_once_the_weights_less_their_f32_vectors() {
+    use backburner_model::LayerKind;
+    for name in [
+        "gguf/tiny-q-q4_k.gguf",
+        "gguf/tiny-q-q8_0.gguf",
+        "gguf/tiny-bf16.gguf",
+    ] {
+        let m = Model::load(&fixture(name)).unwrap();
+        let c = m.config().clone();
+        let storage: usize = m.weight_storage().iter().map(|s| s.len()).sum();
+        // the f32 vectors: every layer's two norms and its mixer's vectors, and the final norm
+        let (h, hv, dv, d) = (
+            c.hidden_size,
+            c.linear_num_value_heads,
+            c.linear_value_head_dim,
+            c.head_dim,
+        );
+        let vectors: usize = h + c
+            .layer_types
+            .iter()
+            .map(|k| {
+                2 * h
+                    + match k {
+                        LayerKind::LinearAttention => {
+                            c.conv_dim() * c.linear_conv_kernel_dim + 2 * hv + dv
+                        }
+                        LayerKind::FullAttention => 2 * d,
+                    }
+            })
+            .sum::<usize>();
+        assert_eq!(storage + 4 * vectors, m.weight_bytes(), "{name}");
+        assert!(storage > 0);
+    }
+}
