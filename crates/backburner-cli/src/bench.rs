@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use backburner_engine::{argmax, ComputePool, Logits, Session};
-use backburner_kernels::profile::{self, Op};
+use backburner_engine::{ComputePool, Logits, Session};
+use backburner_kernels::profile;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -115,7 +115,7 @@ struct DepthResult {
     /// All the bytes a decode step must read per second: the weights, the KV cache at this depth and the Gated
     /// DeltaNet states (conv + recurrent, f32), GB/s.
     decode_read_gb_s: f64,
-    /// The decode's share of the read bandwidth measured in alternation with read passes (null with
+    /// The decode's share of the read bandwidth measured in alternation with reads of the weights (null with
     /// --no-bandwidth); see `bench_share`.
     paired: Option<PairedShare>,
 }
@@ -276,28 +276,17 @@ fn run_threads(
         let prefill_s = prefill.seconds;
         // Decode from this depth, then rewind. Any id will do as the first input; then follow the greedy choice.
         let snap = s.snapshot();
-        let mut tok = prompt[depth - 1];
-        let td = Instant::now();
-        // the token loop on a compute thread, as `generate` runs it
-        s.in_pool(|s| -> Result<()> {
-            for _ in 0..a.decode_tokens {
-                let l = s.decode(tok)?;
-                let _g = profile::scope(Op::Sampling);
-                tok = argmax(&l);
-            }
-            Ok(())
-        })?;
-        let dec_s = td.elapsed().as_secs_f64();
+        let dec_s = bench_share::decode_greedy(&mut s, prompt[depth - 1], a.decode_tokens)?;
         decode.seconds += dec_s;
         decode.tokens += a.decode_tokens;
         s.rewind(&snap);
         let decode_tok_s = a.decode_tokens as f64 / dec_s;
         let read_bytes = decode_read_bytes(model.config(), margs, depth, weight_bytes);
         let paired = match &reads {
-            Some(buf) => Some(bench_share::decode_share(
+            Some(reads) => Some(bench_share::decode_share(
                 &mut s,
                 pool,
-                buf,
+                reads,
                 prompt[depth - 1],
                 &snap,
                 (read_bytes, weight_bytes as u64),

@@ -15,14 +15,21 @@ const BW_BYTES: usize = 1 << 30;
 pub fn read_bandwidth(pool: &ComputePool) -> f64 {
     let words = BW_BYTES / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
+    fastest_rate(BW_BYTES, 5, || {
+        pool.install(|| backburner_kernels::parallel::read_sum(&buf))
+    })
+}
+
+/// `bytes` over the fastest of `repeats` back-to-back timed runs of `read` (whose result is kept from the
+/// optimizer), bytes per second.
+pub fn fastest_rate(bytes: usize, repeats: usize, mut read: impl FnMut() -> u64) -> f64 {
     let mut best = f64::INFINITY;
-    for _ in 0..5 {
+    for _ in 0..repeats.max(1) {
         let t = Instant::now();
-        let total = pool.install(|| backburner_kernels::parallel::read_sum(&buf));
-        std::hint::black_box(total);
+        std::hint::black_box(read());
         best = best.min(t.elapsed().as_secs_f64());
     }
-    BW_BYTES as f64 / best
+    bytes as f64 / best.max(1e-9)
 }
 
 /// Peak resident set size of this process so far (`VmHWM`, bytes), where the OS reports it (Linux).

@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::Result;
 use backburner_engine::{argmax, ComputePool, Session};
 use backburner_kernels::parallel::read_sum_slices;
-use backburner_kernels::profile;
+use backburner_kernels::profile::{self, Op};
 use backburner_model::Model;
 use serde::Serialize;
 
@@ -85,14 +85,9 @@ impl<'m> WeightPass<'m> {
     /// The fastest of [`PASS_REPEATS`] back-to-back reads of every weight byte with `pool`'s threads (each reading
     /// a contiguous share of every matrix: [`read_sum_slices`]), bytes per second.
     pub fn pass(&self, pool: &ComputePool) -> f64 {
-        let mut best = f64::INFINITY;
-        for _ in 0..PASS_REPEATS {
-            let t = Instant::now();
-            let total = pool.install(|| read_sum_slices(&self.slices));
-            std::hint::black_box(total);
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        self.bytes as f64 / best.max(1e-9)
+        crate::bench_report::fastest_rate(self.bytes, PASS_REPEATS, || {
+            pool.install(|| read_sum_slices(&self.slices))
+        })
     }
 }
 
@@ -159,21 +154,31 @@ pub fn decode_share(
         bytes_per_token,
         weight_bytes_per_token,
         |n| {
-            let mut tok = first;
-            let t = Instant::now();
-            s.in_pool(|s| -> Result<()> {
-                for _ in 0..n {
-                    tok = argmax(&s.decode(tok)?);
-                }
-                Ok(())
-            })?;
-            let secs = t.elapsed().as_secs_f64();
+            let secs = decode_greedy(s, first, n)?;
             s.rewind(snap);
             Ok(secs)
         },
     );
     profile::set_enabled(was);
     r
+}
+
+/// Decodes `n` greedy tokens from `first` on the session's compute pool (as `generate` runs the token loop) and
+/// returns the seconds they took; the argmax is charged to [`Op::Sampling`] when profiling.
+///
+/// Errors: a decode step's.
+pub fn decode_greedy(s: &mut Session, first: u32, n: usize) -> Result<f64> {
+    let mut tok = first;
+    let t = Instant::now();
+    s.in_pool(|s| -> Result<()> {
+        for _ in 0..n {
+            let l = s.decode(tok)?;
+            let _g = profile::scope(Op::Sampling);
+            tok = argmax(&l);
+        }
+        Ok(())
+    })?;
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// Median of `xs` (the mean of the middle two for an even count; NaN for none).
