@@ -261,7 +261,7 @@ impl Fmt for Q40 {
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, _: usize, h: usize, _: ()) -> (I::W, I::W) {
         // SAFETY: the unit holds 4 nibble vectors.
-        unsafe { nibbles(isa, u.add(64 * h)) }
+        unsafe { nibbles(isa, u.add(Self::LAY.codes.at(0) + 64 * h)) }
     }
     #[inline(always)]
     fn offset<I: QIsa>() -> i32 {
@@ -283,8 +283,8 @@ unsafe fn k_scales<I: QIsa>(
 ) -> (I::F, I::F) {
     // SAFETY: block b's scales and mins.
     unsafe {
-        let ds = isa.mul(ud.0, isa.load_u8f(u.add(lay.sc + 16 * b)));
-        let dm = isa.mul(ud.1, isa.load_u8f(u.add(lay.m + 16 * b)));
+        let ds = isa.mul(ud.0, isa.load_u8f(u.add(lay.sc.at(b))));
+        let dm = isa.mul(ud.1, isa.load_u8f(u.add(lay.m.at(b))));
         (ds, dm)
     }
 }
@@ -300,7 +300,7 @@ impl Fmt for Q4K {
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        unsafe { nibbles(isa, u.add(256 * b + 64 * h)) }
+        unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) }
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
@@ -329,12 +329,12 @@ impl Fmt for Q5K {
     #[inline(always)]
     unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> I::W {
         // SAFETY: block b's fifth-bit plane.
-        unsafe { isa.load_w(u.add(Self::LAY.hb + 64 * b)) }
+        unsafe { isa.load_w(u.add(Self::LAY.hb.at(b))) }
     }
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, hb: I::W) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        let (lo, hi) = unsafe { nibbles(isa, u.add(256 * b + 64 * h)) };
+        let (lo, hi) = unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) };
         let bit = isa.splat_w(0x10);
         let h = h as u32;
         (
@@ -369,7 +369,7 @@ impl Fmt for Q6K {
     }
     #[inline(always)]
     unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> (I::W, I::W) {
-        let p = Self::LAY.hb + 128 * b;
+        let p = Self::LAY.hb.at(b);
         // SAFETY: block b's two bit-pair planes.
         unsafe { (isa.load_w(u.add(p)), isa.load_w(u.add(p + 64))) }
     }
@@ -382,7 +382,7 @@ impl Fmt for Q6K {
         hb: (I::W, I::W),
     ) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        let (lo, hi) = unsafe { nibbles(isa, u.add(256 * b + 64 * h)) };
+        let (lo, hi) = unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) };
         let bits = isa.splat_w(0x30);
         let from = 2 * h as u32;
         (
@@ -392,7 +392,7 @@ impl Fmt for Q6K {
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
-        let p = Self::LAY.sc + 32 * at.b;
+        let p = Self::LAY.sc.at(at.b);
         // SAFETY: block b's two rows of scales.
         unsafe {
             (
@@ -441,14 +441,14 @@ impl Fmt for Iq4Xs {
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        let (lo, hi) = unsafe { nibbles(isa, u.add(256 * b + 64 * h)) };
+        let (lo, hi) = unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) };
         let t = iq4_table::<I>();
         (isa.lut16(t, lo), isa.lut16(t, hi))
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
         // SAFETY: block b's scales.
-        let ds = unsafe { isa.mul(at.ud.0, isa.load_i8f(at.u.add(Self::LAY.sc + 16 * at.b))) };
+        let ds = unsafe { isa.mul(at.ud.0, isa.load_i8f(at.u.add(Self::LAY.sc.at(at.b)))) };
         (ds, isa.f_zero())
     }
 }

@@ -230,3 +230,64 @@ fn q8_0_prefetches_one_line_per_unit_only_when_read_upwards_by_a_single_task() {
         assert_eq!(got, [one, EveryLine, EveryLine, EveryLine], "{isa}");
     }
 }
+
+/// The byte ranges of a panel unit's fields in `lay`, in the order the decode kernel reads them (the unit's `d`,
+/// `dmin`, then per 32-block its high-bit planes, codes, scales and mins), each `(start, end, name)`.
+fn unit_fields(fmt: QuantFormat, lay: Lay) -> Vec<(usize, usize, String)> {
+    let blocks = lay.unit / 32;
+    let (codes, planes, scales) = match fmt {
+        QuantFormat::Q8_0 => (512, 0, 0),
+        QuantFormat::Q4_0 => (256, 0, 0),
+        QuantFormat::Q4K | QuantFormat::Iq4Xs => (256, 0, 16),
+        QuantFormat::Q5K => (256, 64, 16),
+        QuantFormat::Q6K => (256, 128, 32),
+    };
+    let mins = if lay.dmin != 0 { 16 } else { 0 };
+    let mut f = vec![(lay.d, lay.d + 32, "d".to_string())];
+    if lay.dmin != 0 {
+        f.push((lay.dmin, lay.dmin + 32, "dmin".into()));
+    }
+    for b in 0..blocks {
+        for (len, field, name) in [
+            (planes, lay.hb, "planes"),
+            (codes, lay.codes, "codes"),
+            (scales, lay.sc, "scales"),
+            (mins, lay.m, "mins"),
+        ] {
+            if len > 0 {
+                f.push((field.at(b), field.at(b) + len, format!("{name} {b}")));
+            }
+        }
+    }
+    f
+}
+
+#[test]
+fn panel_units_tile_their_bytes_and_k_quant_units_read_upwards() {
+    for fmt in QuantFormat::ALL {
+        let lay = Lay::of(fmt);
+        let fields = unit_fields(fmt, lay);
+        // Every byte of the unit belongs to exactly one field.
+        let mut owner = vec![0u8; lay.bytes];
+        for &(s, e, ref name) in &fields {
+            assert!(
+                e <= lay.bytes,
+                "{fmt}: {name} ends at {e} past {}",
+                lay.bytes
+            );
+            owner[s..e].iter_mut().for_each(|o| *o += 1);
+        }
+        assert!(owner.iter().all(|&o| o == 1), "{fmt}: {owner:?}");
+        // Q4_0 and the K-quants: read in the kernel's order, each field starts where the previous one ends.
+        if matches!(
+            fmt,
+            QuantFormat::Q4_0 | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K
+        ) {
+            let mut at = 0;
+            for (s, e, name) in fields {
+                assert_eq!(s, at, "{fmt}: {name} is not next in reading order");
+                at = e;
+            }
+        }
+    }
+}

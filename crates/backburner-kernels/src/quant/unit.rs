@@ -3,37 +3,66 @@
 
 use super::format::{k_pack_scale_min, k_scale_min, QuantFormat};
 
-/// Byte offsets of the fields of one panel unit (16 rows × one GGUF block); 0 where a format has no such field
-/// (codes always start at 0).
+/// Where a field of each 32-block of a panel unit lies: at `base + stride·b` for block `b`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Field {
+    /// Offset of block 0's field in the unit.
+    pub base: usize,
+    /// Bytes from one block's field to the next.
+    pub stride: usize,
+}
+
+impl Field {
+    const NONE: Field = Field { base: 0, stride: 0 };
+
+    /// Offset of block `b`'s field.
+    #[inline(always)]
+    pub const fn at(self, b: usize) -> usize {
+        self.base + self.stride * b
+    }
+}
+
+/// Where the fields of one panel unit (16 rows × one GGUF block) lie. The K-quants and Q4_0 are laid out in the
+/// order the decode kernel reads them: the unit's `d` (and `dmin`) first, then its 32-blocks one after the other,
+/// each block's high-bit planes, nibble vectors and sub-block scales (and mins) together, so that a unit streams
+/// upwards. Q8_0 keeps its `d` after its codes (the asm load of [`super::isa::QIsa::load8_w`] orders them) and
+/// IQ4_XS its codes first, on whole cache lines, then `d` and the block scales (measured faster at 1 thread than
+/// in reading order with its codes off the line boundaries, docs/BENCHMARKS.md).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lay {
     /// Elements of a row per unit (the GGUF block: 32 or 256).
     pub unit: usize,
     /// Bytes of the unit for the 16 rows of a panel.
     pub bytes: usize,
-    /// High-bit planes (Q5_K: one 64-byte plane per 32-block; Q6_K: two).
-    pub hb: usize,
     /// 16 × f16 `d`.
     pub d: usize,
-    /// 16 × f16 `dmin`.
+    /// 16 × f16 `dmin`; 0 for the formats without mins.
     pub dmin: usize,
-    /// Sub-block scales, `[sub-block][row]` bytes.
-    pub sc: usize,
-    /// Sub-block mins, `[sub-block][row]` bytes.
-    pub m: usize,
+    /// Code vectors (512 bytes for Q8_0, 4 nibble vectors of 64 for the others).
+    pub codes: Field,
+    /// High-bit planes (Q5_K: one 64-byte plane per 32-block; Q6_K: two).
+    pub hb: Field,
+    /// Sub-block scales, `[sub-block][row]` bytes (Q6_K: two sub-blocks of 16 per 32-block).
+    pub sc: Field,
+    /// Sub-block mins, `[row]` bytes.
+    pub m: Field,
 }
 
 impl Lay {
     /// The panel layout of `fmt`.
     pub const fn of(fmt: QuantFormat) -> Lay {
+        const fn f(base: usize, stride: usize) -> Field {
+            Field { base, stride }
+        }
         let z = Lay {
             unit: 256,
             bytes: 0,
-            hb: 0,
             d: 0,
             dmin: 0,
-            sc: 0,
-            m: 0,
+            codes: Field::NONE,
+            hb: Field::NONE,
+            sc: Field::NONE,
+            m: Field::NONE,
         };
         match fmt {
             QuantFormat::Q8_0 => Lay {
@@ -42,40 +71,46 @@ impl Lay {
                 d: 512,
                 ..z
             },
+            // d; nibbles.
             QuantFormat::Q4_0 => Lay {
                 unit: 32,
                 bytes: 288,
-                d: 256,
+                codes: f(32, 0),
                 ..z
             },
+            // d, dmin; 8 × (nibbles 256, scales 16, mins 16).
             QuantFormat::Q4K => Lay {
                 bytes: 2368,
-                d: 2048,
-                dmin: 2080,
-                sc: 2112,
-                m: 2240,
+                dmin: 32,
+                codes: f(64, 288),
+                sc: f(64 + 256, 288),
+                m: f(64 + 272, 288),
                 ..z
             },
+            // d, dmin; 8 × (fifth-bit plane 64, nibbles 256, scales 16, mins 16).
             QuantFormat::Q5K => Lay {
                 bytes: 2880,
-                hb: 2048,
-                d: 2560,
-                dmin: 2592,
-                sc: 2624,
-                m: 2752,
+                dmin: 32,
+                hb: f(64, 352),
+                codes: f(64 + 64, 352),
+                sc: f(64 + 320, 352),
+                m: f(64 + 336, 352),
                 ..z
             },
+            // d; 8 × (two bit-pair planes 128, nibbles 256, two rows of 16 scales 32).
             QuantFormat::Q6K => Lay {
                 bytes: 3360,
-                hb: 2048,
-                sc: 3072,
-                d: 3328,
+                hb: f(32, 416),
+                codes: f(32 + 128, 416),
+                sc: f(32 + 384, 416),
                 ..z
             },
+            // 8 × nibbles 256; d; 8 × scales 16.
             QuantFormat::Iq4Xs => Lay {
                 bytes: 2208,
                 d: 2048,
-                sc: 2080,
+                codes: f(0, 256),
+                sc: f(2080, 16),
                 ..z
             },
         }
@@ -263,14 +298,15 @@ impl Unit {
         for e in 0..lay.unit {
             let c = self.code[e];
             let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
+            let (cv, hb) = (lay.codes.at(b), lay.hb.at(b));
             match fmt {
-                QuantFormat::Q8_0 => p[64 * g + 4 * l + t] = c,
-                _ => p[256 * b + 64 * (g % 4) + 4 * l + t] |= (c & 0xF) << (4 * (g / 4)),
+                QuantFormat::Q8_0 => p[cv + 64 * g + 4 * l + t] = c,
+                _ => p[cv + 64 * (g % 4) + 4 * l + t] |= (c & 0xF) << (4 * (g / 4)),
             }
             if fmt == QuantFormat::Q5K {
-                p[lay.hb + 64 * b + 4 * l + t] |= ((c >> 4) & 1) << g;
+                p[hb + 4 * l + t] |= ((c >> 4) & 1) << g;
             } else if fmt == QuantFormat::Q6K {
-                p[lay.hb + 128 * b + 64 * (g / 4) + 4 * l + t] |= ((c >> 4) & 3) << (2 * (g % 4));
+                p[hb + 64 * (g / 4) + 4 * l + t] |= ((c >> 4) & 3) << (2 * (g % 4));
             }
         }
         p[lay.d + 2 * l..lay.d + 2 * l + 2].copy_from_slice(&self.d.to_le_bytes());
@@ -278,12 +314,14 @@ impl Unit {
             QuantFormat::Q4K | QuantFormat::Q5K => {
                 p[lay.dmin + 2 * l..lay.dmin + 2 * l + 2].copy_from_slice(&self.dmin.to_le_bytes());
                 for b in 0..8 {
-                    p[lay.sc + 16 * b + l] = self.sc[b];
-                    p[lay.m + 16 * b + l] = self.m[b];
+                    p[lay.sc.at(b) + l] = self.sc[b];
+                    p[lay.m.at(b) + l] = self.m[b];
                 }
             }
-            QuantFormat::Q6K => (0..16).for_each(|s| p[lay.sc + 16 * s + l] = self.sc[s]),
-            QuantFormat::Iq4Xs => (0..8).for_each(|b| p[lay.sc + 16 * b + l] = self.sc[b]),
+            QuantFormat::Q6K => {
+                (0..16).for_each(|s| p[lay.sc.at(s / 2) + 16 * (s % 2) + l] = self.sc[s])
+            }
+            QuantFormat::Iq4Xs => (0..8).for_each(|b| p[lay.sc.at(b) + l] = self.sc[b]),
             QuantFormat::Q8_0 | QuantFormat::Q4_0 => {}
         }
     }
@@ -294,14 +332,15 @@ impl Unit {
         let mut u = Unit::zero();
         for e in 0..lay.unit {
             let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
+            let (cv, hb) = (lay.codes.at(b), lay.hb.at(b));
             let mut c = match fmt {
-                QuantFormat::Q8_0 => p[64 * g + 4 * l + t],
-                _ => (p[256 * b + 64 * (g % 4) + 4 * l + t] >> (4 * (g / 4))) & 0xF,
+                QuantFormat::Q8_0 => p[cv + 64 * g + 4 * l + t],
+                _ => (p[cv + 64 * (g % 4) + 4 * l + t] >> (4 * (g / 4))) & 0xF,
             };
             if fmt == QuantFormat::Q5K {
-                c |= ((p[lay.hb + 64 * b + 4 * l + t] >> g) & 1) << 4;
+                c |= ((p[hb + 4 * l + t] >> g) & 1) << 4;
             } else if fmt == QuantFormat::Q6K {
-                c |= ((p[lay.hb + 128 * b + 64 * (g / 4) + 4 * l + t] >> (2 * (g % 4))) & 3) << 4;
+                c |= ((p[hb + 64 * (g / 4) + 4 * l + t] >> (2 * (g % 4))) & 3) << 4;
             }
             u.code[e] = c;
         }
@@ -310,12 +349,14 @@ impl Unit {
             QuantFormat::Q4K | QuantFormat::Q5K => {
                 u.dmin = le16(p, lay.dmin + 2 * l);
                 for b in 0..8 {
-                    u.sc[b] = p[lay.sc + 16 * b + l];
-                    u.m[b] = p[lay.m + 16 * b + l];
+                    u.sc[b] = p[lay.sc.at(b) + l];
+                    u.m[b] = p[lay.m.at(b) + l];
                 }
             }
-            QuantFormat::Q6K => (0..16).for_each(|s| u.sc[s] = p[lay.sc + 16 * s + l]),
-            QuantFormat::Iq4Xs => (0..8).for_each(|b| u.sc[b] = p[lay.sc + 16 * b + l]),
+            QuantFormat::Q6K => {
+                (0..16).for_each(|s| u.sc[s] = p[lay.sc.at(s / 2) + 16 * (s % 2) + l])
+            }
+            QuantFormat::Iq4Xs => (0..8).for_each(|b| u.sc[b] = p[lay.sc.at(b) + l]),
             QuantFormat::Q8_0 | QuantFormat::Q4_0 => {}
         }
         u
