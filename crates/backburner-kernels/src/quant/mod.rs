@@ -16,10 +16,10 @@
 //! | format | codes (value)                  | unit bytes (per 16 rows) | vs GGUF |
 //! |--------|--------------------------------|--------------------------|---------|
 //! | Q8_0   | 8 vectors of `q + 128` (q)      | 512 + 16 f16 d = 544      | 1.000 |
-//! | Q4_0   | 4 nibble vectors (`q − 8`)      | 256 + 32 = 288            | 1.000 |
-//! | Q4_K   | 8 × 4 nibble vectors (q)        | 2048 + d, dmin + 8×16 scales, 8×16 mins = 2368 | 1.028 |
-//! | Q5_K   | nibbles + 8 fifth-bit planes    | 2880                      | 1.023 |
-//! | Q6_K   | nibbles + 16 bit-pair planes (`q − 32`) | 2048 + 1024 + 16×16 i8 scales + d = 3360 | 1.000 |
+//! | Q4_0   | 4 nibble vectors (`q − 8`)      | 32 d + 256 = 288          | 1.000 |
+//! | Q4_K   | 8 × 4 nibble vectors (q)        | d, dmin + 8 × (256 + 16 scales + 16 mins) = 2368 | 1.028 |
+//! | Q5_K   | nibbles + 8 fifth-bit planes    | d, dmin + 8 × (64 + 256 + 16 + 16) = 2880 | 1.023 |
+//! | Q6_K   | nibbles + 16 bit-pair planes (`q − 32`) | d + 8 × (128 + 256 + 2×16 i8 scales) = 3360 | 1.000 |
 //! | IQ4_XS | nibble indices (`IQ4_VALUES[i]`) | 2048 + d + 8×16 i8 `ls − 32` = 2208 | 1.015 |
 //!
 //! A nibble vector `h` (`0..4`) of a 32-block holds group `h` in its low nibbles and group `h + 4` in its high
@@ -28,11 +28,13 @@
 //! the stored precision (f16 `d`, `dmin`; 6-bit sub-scales unpacked to bytes at pack time), so resident memory is
 //! about the GGUF bytes.
 //!
-//! The fields of a unit lie in the order decode reads them for Q4_0 and the K-quants: `d` (and `dmin`), then each
+//! The fields of a unit lie in the order decode uses them for Q4_0 and the K-quants: `d` (and `dmin`), then each
 //! 32-block's planes, nibble vectors, scales and mins together, so that the unit streams upwards (Q4_K_M decode
-//! 7–14 % faster than with each field gathered in one run per unit, docs/BENCHMARKS.md). Q8_0 keeps its codes
-//! before its `d` (read in that order, see Kernels), and IQ4_XS its codes first, on whole cache lines, then `d` and
-//! the scales: its reading-order layout put most code vectors across two lines and was slower at 1 thread.
+//! 8–14 % faster than with each field gathered in one run per unit, docs/BENCHMARKS.md); with block strides of 288,
+//! 352 and 416 bytes, half of their vectors straddle two cache lines (the loads are unaligned ones). Q8_0 keeps its
+//! codes before its `d` (read in that order, see Kernels), and IQ4_XS its codes together ahead of `d` and its
+//! scales, as before: in reading order its 272-byte blocks put three code vectors in four across two lines, and it
+//! decoded slower at 1 thread.
 //!
 //! # Arithmetic
 //! [`QuantizedActs`] holds `x` as `xq·dx` per block of 32 (see its docs). For output `(i, j)`, every 32-block of

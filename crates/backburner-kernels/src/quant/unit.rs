@@ -23,11 +23,11 @@ impl Field {
 }
 
 /// Where the fields of one panel unit (16 rows × one GGUF block) lie. The K-quants and Q4_0 are laid out in the
-/// order the decode kernel reads them: the unit's `d` (and `dmin`) first, then its 32-blocks one after the other,
+/// order the decode kernel uses them: the unit's `d` (and `dmin`) first, then its 32-blocks one after the other,
 /// each block's high-bit planes, nibble vectors and sub-block scales (and mins) together, so that a unit streams
 /// upwards. Q8_0 keeps its `d` after its codes (the asm load of [`super::isa::QIsa::load8_w`] orders them) and
-/// IQ4_XS its codes first, on whole cache lines, then `d` and the block scales (measured faster at 1 thread than
-/// in reading order with its codes off the line boundaries, docs/BENCHMARKS.md).
+/// IQ4_XS its codes together ahead of `d` and the block scales (measured faster at 1 thread than in reading order,
+/// where three of its code vectors in four straddle two cache lines; docs/BENCHMARKS.md).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lay {
     /// Elements of a row per unit (the GGUF block: 32 or 256).
@@ -65,10 +65,12 @@ impl Lay {
             m: Field::NONE,
         };
         match fmt {
+            // codes; d.
             QuantFormat::Q8_0 => Lay {
                 unit: 32,
                 bytes: 544,
                 d: 512,
+                codes: f(0, 0),
                 ..z
             },
             // d; nibbles.
