@@ -124,17 +124,31 @@ impl std::fmt::Debug for Sampler {
     }
 }
 
-/// Index of the largest value; the lowest index wins ties; NaN never wins.
+/// Index of the largest value; the lowest index wins ties (`-0.0` ties `+0.0`); NaN never wins; 0 when no value is
+/// above `-inf` (an empty slice included).
+///
+/// Two passes: the maximum over 16 interleaved lanes (`f32::max` skips NaN; the loop vectorizes, where a running
+/// index does not), then the first index holding it. Over a 32k vocabulary about twice as fast as one branchy scan
+/// (`bench local --profile`, sampling 24–26 → 12–13 µs per token, 3 alternations); a one-pass form keeping each
+/// lane's first index was no faster (13–17 µs).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > bv {
-            bv = v;
-            best = i;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = logits.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
         }
     }
-    best as u32
+    let top = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if top == f32::NEG_INFINITY {
+        return 0;
+    }
+    logits.iter().position(|&v| v == top).unwrap_or(0) as u32
 }
 
 /// The finite logits as candidates, in ascending id order, tempered in f64 (a tiny temperature must sharpen towards
@@ -422,6 +436,44 @@ mod tests {
     fn greedy_takes_the_argmax_and_the_lowest_id_on_ties() {
         let mut s = Sampler::new(SamplingParams::default());
         assert_eq!(s.sample(&[0.0, 3.0, -1.0, 3.0]), 1);
+    }
+
+    /// The one-pass definition: the first index whose value is above every earlier one's.
+    fn argmax_by_scan(logits: &[f32]) -> u32 {
+        let (mut best, mut bv) = (0usize, f32::NEG_INFINITY);
+        for (i, &v) in logits.iter().enumerate() {
+            if v > bv {
+                (best, bv) = (i, v);
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn argmax_matches_the_scan_on_ties_nan_infinities_signed_zeros_and_every_length() {
+        let cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![f32::NAN],
+            vec![f32::NAN, f32::NEG_INFINITY, 2.0],
+            vec![f32::NEG_INFINITY; 40],
+            vec![-0.0, 0.0, -1.0],
+            vec![0.0, -0.0],
+            vec![1.0, f32::INFINITY, f32::NAN, f32::INFINITY],
+        ];
+        for c in &cases {
+            assert_eq!(argmax(c), argmax_by_scan(c), "{c:?}");
+        }
+        // Every length around the 16 lanes, the maximum (repeated, with NaN around it) at every position.
+        let mut r = StdRng::seed_from_u64(3);
+        for n in 1..70usize {
+            for at in 0..n {
+                let mut v: Vec<f32> = (0..n).map(|_| r.random_range(-5.0f32..5.0)).collect();
+                v[at] = 9.0;
+                v[(at * 7 + 3) % n] = 9.0;
+                v[(at * 5 + 1) % n] = f32::NAN;
+                assert_eq!(argmax(&v), argmax_by_scan(&v), "n {n} at {at}");
+            }
+        }
     }
 
     #[test]
