@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 use crate::attention::attend_page;
 use crate::gdn::{delta_rule_chunked, delta_rule_recurrent, GdnDims};
 use crate::kv::{KvDtype, KvPage};
-use crate::simd::ISA_CAP;
+use crate::simd::{ISA_CAP, ISA_MAX};
 
 fn uniform(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
@@ -28,7 +28,7 @@ fn at_every_level<T>(f: impl Fn() -> T) -> Vec<T> {
             f()
         })
         .collect();
-    ISA_CAP.store(2, Ordering::SeqCst);
+    ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
     out
 }
 

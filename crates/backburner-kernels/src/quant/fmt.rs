@@ -443,9 +443,7 @@ impl Fmt for Iq4Xs {
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        let (lo, hi) = unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) };
-        let t = iq4_table::<I>();
-        (isa.lut16(t, lo), isa.lut16(t, hi))
+        unsafe { isa.nibble_lut(iq4_table::<I>(), u.add(Self::LAY.codes.at(b) + 64 * h)) }
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {

@@ -1,5 +1,5 @@
 //! The integer-dot vector abstraction of the quantized kernels ([`QIsa`]), its plain-Rust implementation and the
-//! dispatch to the best one the CPU has (AVX-512 VNNI, AVX2 — in `x86.rs` — or plain Rust).
+//! dispatch to the best one the CPU has (AVX-512 VNNI with or without VBMI, AVX2 — in `x86.rs` — or plain Rust).
 //!
 //! A [`QIsa::W`] is 64 bytes of codes read as 16 lanes of 4 bytes (lane `l` = output row `l` of a panel, its 4
 //! bytes = 4 consecutive inputs); [`QIsa::dot_u`] adds, per lane, the dot product of those 4 unsigned codes with 4
@@ -67,6 +67,16 @@ pub(crate) trait QIsa: Copy {
     fn shr16(self, a: Self::W, n: u32) -> Self::W;
     /// Each byte `i` (in `0..16`) replaced by `table[i]`.
     fn lut16(self, table: [u8; 16], idx: Self::W) -> Self::W;
+    /// The 64 bytes at `p` split into their low and high nibbles (as [`QIsa::W`]s of values `0..16`, byte for byte),
+    /// each then replaced by `table[nibble]`: (low, high). The default: masks, a shift and [`QIsa::lut16`].
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 64 bytes (no alignment needed).
+    #[inline(always)]
+    unsafe fn nibble_lut(self, table: [u8; 16], p: *const u8) -> (Self::W, Self::W) {
+        // SAFETY: forwarded from the caller.
+        unsafe { masked_nibble_lut(self, table, p) }
+    }
 
     /// An accumulator of zeros.
     fn a_zero(self) -> Self::A;
@@ -349,6 +359,25 @@ impl QIsa for Scalar {
     fn prefetch(self, _: *const u8) {}
 }
 
+/// [`QIsa::nibble_lut`] by masks: `lut16(v & 0x0F)` and `lut16((v >> 4) & 0x0F)`.
+///
+/// # Safety
+/// `p` must be valid for reading 64 bytes (no alignment needed).
+#[inline(always)]
+pub(crate) unsafe fn masked_nibble_lut<I: QIsa>(
+    isa: I,
+    table: [u8; 16],
+    p: *const u8,
+) -> (I::W, I::W) {
+    // SAFETY: forwarded from the caller.
+    let v = unsafe { isa.load_w(p) };
+    let mask = isa.splat_w(0x0F);
+    (
+        isa.lut16(table, isa.and_w(v, mask)),
+        isa.lut16(table, isa.and_w(isa.shr16(v, 4), mask)),
+    )
+}
+
 /// Applies `f` to each little-endian 16-bit lane of `a`.
 #[inline(always)]
 fn map16(a: [u8; 64], f: impl Fn(u16) -> u16) -> [u8; 64] {
@@ -369,16 +398,19 @@ pub(crate) trait QKernel {
     fn run<I: QIsa>(self, isa: I) -> Self::Out;
 }
 
-/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 2 = AVX-512 (F, BW, VNNI),
-/// 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's test-only dispatch cap.
+/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 3 = AVX-512 (F, BW, VNNI) with VBMI (byte permutes for the
+/// nibble lookups), 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's
+/// test-only dispatch cap.
 pub(crate) fn qisa_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::simd::allowed(2)
-            && std::arch::is_x86_feature_detected!("avx512f")
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-        {
+            && std::arch::is_x86_feature_detected!("avx512vnni");
+        if crate::simd::allowed(3) && avx512 && std::arch::is_x86_feature_detected!("avx512vbmi") {
+            return 3;
+        }
+        if crate::simd::allowed(2) && avx512 {
             return 2;
         }
         if crate::simd::allowed(1)
@@ -399,7 +431,9 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
     #[cfg(target_arch = "x86_64")]
     {
         match qisa_level() {
-            // SAFETY: level 2 means the CPU supports AVX-512F, BW and VNNI (checked by `qisa_level`).
+            // SAFETY: level 3 means the CPU supports AVX-512F, BW, VNNI and VBMI (checked by `qisa_level`).
+            3 => return unsafe { with_avx512_vbmi(k) },
+            // SAFETY: level 2 means the CPU supports AVX-512F, BW and VNNI.
             2 => return unsafe { with_avx512(k) },
             // SAFETY: level 1 means the CPU supports AVX2, FMA and F16C.
             1 => return unsafe { with_avx2(k) },
@@ -410,11 +444,19 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
 }
 
 /// # Safety
+/// The CPU must support AVX-512F, AVX-512BW, AVX-512 VNNI and AVX-512 VBMI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+unsafe fn with_avx512_vbmi<K: QKernel>(k: K) -> K::Out {
+    k.run(super::x86::Avx512Vnni::<true>(()))
+}
+
+/// # Safety
 /// The CPU must support AVX-512F, AVX-512BW and AVX-512 VNNI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn with_avx512<K: QKernel>(k: K) -> K::Out {
-    k.run(super::x86::Avx512Vnni(()))
+    k.run(super::x86::Avx512Vnni::<false>(()))
 }
 
 /// # Safety

@@ -95,10 +95,11 @@ pub use kernel::qmatmul;
 pub use pack::QuantMatrix;
 pub use reference::qmatmul_reference;
 
-/// The integer-dot instruction set [`qmatmul`] uses on this CPU: `"avx512-vnni"`, `"avx2"` or `"scalar"` (for
-/// benches and logs).
+/// The integer-dot instruction set [`qmatmul`] uses on this CPU: `"avx512-vnni-vbmi"`, `"avx512-vnni"`, `"avx2"` or
+/// `"scalar"` (for benches and logs).
 pub fn kernel_isa() -> &'static str {
     match isa::qisa_level() {
+        3 => "avx512-vnni-vbmi",
         2 => "avx512-vnni",
         1 => "avx2",
         _ => "scalar",

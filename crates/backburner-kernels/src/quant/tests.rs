@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 use super::unit::{Lay, Unit};
 use super::*;
-use crate::simd::ISA_CAP;
+use crate::simd::{ISA_CAP, ISA_MAX};
 
 /// One random GGUF block with finite f16 scales.
 fn random_block(r: &mut StdRng, fmt: QuantFormat) -> Vec<u8> {
@@ -92,12 +92,12 @@ fn products_give_the_same_bits_on_every_instruction_set() {
             x.quantize(&xf, m, k);
             let mut want = vec![0.0f32; m * n];
             qmatmul_reference(&x, &w, &mut want, n);
-            for cap in (0..=2u8).rev() {
+            for cap in (0..=ISA_MAX).rev() {
                 ISA_CAP.store(cap, Ordering::SeqCst);
                 let mut y = vec![0.0f32; m * n];
                 qmatmul(&x, &w, &mut y, n);
                 let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                ISA_CAP.store(2, Ordering::SeqCst);
+                ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
                 assert!(same, "{fmt} m={m} cap={cap} ({})", kernel_isa());
             }
         }
@@ -145,11 +145,11 @@ fn extreme_codes_against_full_scale_inputs_give_the_reference_bits() {
                         "{fmt} {v} vs {exact}"
                     );
                 }
-                for cap in (0..=2u8).rev() {
+                for cap in (0..=ISA_MAX).rev() {
                     ISA_CAP.store(cap, Ordering::SeqCst);
                     let mut y = vec![0.0f32; m * n];
                     qmatmul(&x, &w, &mut y, n);
-                    ISA_CAP.store(2, Ordering::SeqCst);
+                    ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
                     let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{fmt} m={m} sign {sign} cap={cap} ({})", kernel_isa());
                 }
@@ -188,10 +188,10 @@ fn the_ordered_unit_load_reads_eight_vectors_upwards_and_returns_its_address() {
     let bytes: Vec<u8> = (0..600).map(|_| r.random()).collect();
     // Offset 32: the Q8_0 units of odd index start half-way into a cache line.
     let src = &bytes[32..];
-    for cap in (0..=2u8).rev() {
+    for cap in (0..=ISA_MAX).rev() {
         ISA_CAP.store(cap, Ordering::SeqCst);
         let (got, moved) = isa::qdispatch(Load8(src));
-        ISA_CAP.store(2, Ordering::SeqCst);
+        ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
         assert_eq!(got, &src[..512], "cap={cap} ({})", kernel_isa());
         assert_eq!(moved, 0, "cap={cap} ({})", kernel_isa());
     }
@@ -217,12 +217,12 @@ impl isa::QKernel for PrefetchPolicy {
 #[test]
 fn q8_0_prefetches_one_line_per_unit_only_when_read_upwards_by_a_single_task() {
     use fmt::Prefetch::{EveryLine, OneLine};
-    for cap in (0..=2u8).rev() {
+    for cap in (0..=ISA_MAX).rev() {
         ISA_CAP.store(cap, Ordering::SeqCst);
         let isa = kernel_isa();
         let got = isa::qdispatch(PrefetchPolicy);
-        ISA_CAP.store(2, Ordering::SeqCst);
-        let one = if isa == "avx512-vnni" {
+        ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
+        let one = if isa.starts_with("avx512-vnni") {
             OneLine
         } else {
             EveryLine
@@ -288,6 +288,48 @@ fn panel_units_tile_their_bytes_and_k_quant_units_read_upwards() {
                 assert_eq!(s, at, "{fmt}: {name} is not next in reading order");
                 at = e;
             }
+        }
+    }
+}
+
+/// [`isa::QIsa::nibble_lut`] of 64 bytes, as plain bytes (low nibbles' entries, then high nibbles').
+struct NibbleLut<'a>(&'a [u8; 64], [u8; 16]);
+
+impl isa::QKernel for NibbleLut<'_> {
+    type Out = [u8; 128];
+    #[inline(always)]
+    fn run<I: isa::QIsa>(self, isa: I) -> Self::Out {
+        let mut out = [0u8; 128];
+        // SAFETY: 64 readable bytes in, 2 × 64 writable bytes out.
+        unsafe {
+            let (lo, hi) = isa.nibble_lut(self.1, self.0.as_ptr());
+            isa.store_w(lo, out.as_mut_ptr());
+            isa.store_w(hi, out.as_mut_ptr().add(64));
+        }
+        out
+    }
+}
+
+#[test]
+fn nibble_lookups_give_each_nibbles_table_entry_on_every_instruction_set() {
+    // Every byte value occurs (high bits set included), and the table's entries are all distinct, so a lookup by a
+    // wrong or unmasked index cannot pass.
+    let mut table = [0u8; 16];
+    for (i, t) in table.iter_mut().enumerate() {
+        *t = (i as u8).wrapping_mul(37).wrapping_add(129);
+    }
+    for start in [0u8, 64, 128, 192] {
+        let bytes: [u8; 64] = std::array::from_fn(|i| start.wrapping_add(i as u8).rotate_left(3));
+        let mut want = [0u8; 128];
+        for (i, b) in bytes.iter().enumerate() {
+            want[i] = table[usize::from(b & 0xF)];
+            want[64 + i] = table[usize::from(b >> 4)];
+        }
+        for cap in (0..=ISA_MAX).rev() {
+            ISA_CAP.store(cap, Ordering::SeqCst);
+            let got = isa::qdispatch(NibbleLut(&bytes, table));
+            ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
+            assert_eq!(got, want, "cap={cap} ({})", kernel_isa());
         }
     }
 }

@@ -7,14 +7,15 @@
 
 use std::arch::x86_64::*;
 
-use super::isa::{codes8_by_address, QIsa, LANES};
+use super::isa::{codes8_by_address, masked_nibble_lut, QIsa, LANES};
 use super::x86_asm::{load8_avx512, signed_quad_avx2, small_quad_avx2};
 
-/// AVX-512F + BW + VNNI lanes (one 512-bit register each).
+/// AVX-512F + BW + VNNI lanes (one 512-bit register each); with `VBMI` (AVX-512 VBMI too), the nibble lookups of
+/// [`QIsa::nibble_lut`] are byte permutes (`vpermb`) over the table repeated four times, which need no masks.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx512Vnni(pub(super) ());
+pub(crate) struct Avx512Vnni<const VBMI: bool>(pub(super) ());
 
-impl QIsa for Avx512Vnni {
+impl<const VBMI: bool> QIsa for Avx512Vnni<VBMI> {
     type W = __m512i;
     type A = __m512i;
     type I = __m512i;
@@ -69,6 +70,24 @@ impl QIsa for Avx512Vnni {
         unsafe {
             let t = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr().cast()));
             _mm512_shuffle_epi8(t, idx)
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibble_lut(self, table: [u8; 16], p: *const u8) -> (Self::W, Self::W) {
+        if !VBMI {
+            // SAFETY: forwarded from the caller.
+            return unsafe { masked_nibble_lut(self, table, p) };
+        }
+        // SAFETY: the caller guarantees 64 readable bytes; a `VBMI` token is only made on a CPU with AVX-512 VBMI.
+        // `vpermb` reads the low 6 bits of each index byte, and the table is repeated in all four 16-byte quarters,
+        // so bits 4 and 5 (the other nibble's, or a shifted-in neighbour's) pick the same entry.
+        unsafe {
+            let v = _mm512_loadu_si512(p.cast());
+            let t = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr().cast()));
+            (
+                _mm512_permutexvar_epi8(v, t),
+                _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(v), t),
+            )
         }
     }
     #[inline(always)]

@@ -229,10 +229,15 @@ pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Out {
     k.run(Scalar)
 }
 
-/// Highest dispatch level tests allow: 2 = AVX-512F, 1 = AVX2 or NEON, 0 = plain Rust (test builds only; lets
-/// the crate's tests check that every path gives the same bits on one machine).
+/// Highest dispatch level tests allow: 3 = AVX-512 VBMI (the quantized kernels only), 2 = AVX-512F, 1 = AVX2 or
+/// NEON, 0 = plain Rust (test builds only; lets the crate's tests check that every path gives the same bits on one
+/// machine).
 #[cfg(test)]
-pub(crate) static ISA_CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
+pub(crate) static ISA_CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(ISA_MAX);
+
+/// The highest dispatch level ([`ISA_CAP`]'s value when uncapped).
+#[cfg(test)]
+pub(crate) const ISA_MAX: u8 = 3;
 
 #[inline(always)]
 #[allow(dead_code)]

@@ -17,9 +17,9 @@
 mod arch;
 mod isa;
 
-#[cfg(test)]
-pub(crate) use isa::ISA_CAP;
 pub(crate) use isa::{allowed, dispatch, dot, dots, Isa, Kernel};
+#[cfg(test)]
+pub(crate) use isa::{ISA_CAP, ISA_MAX};
 
 /// Number of interleaved partial sums of every reduction (one AVX-512 register of f32).
 pub(crate) const LANES: usize = 16;
