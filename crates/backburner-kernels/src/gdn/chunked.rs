@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::flush::FlushSubnormals;
 use super::linalg::{forward_subst, gemm_acc, gemm_acc_lower, gram_lower, View};
 use super::{gather_head, scatter_heads, GdnDims};
 use crate::simd::{dispatch, scale, Isa, Kernel};
@@ -61,6 +62,7 @@ pub fn delta_rule_chunked(
         .par_chunks_mut(d.d_k * d.d_v)
         .enumerate()
         .map(|(j, s)| {
+            let _flush = FlushSubnormals::new();
             dispatch(HeadJob {
                 d,
                 chunk,

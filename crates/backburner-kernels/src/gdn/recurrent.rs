@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::flush::FlushSubnormals;
 use super::{gather_head, scatter_heads, GdnDims};
 use crate::simd::{axpy, dispatch, prefetch_l2, scale_axpy, Isa, Kernel};
 
@@ -49,6 +50,7 @@ pub fn delta_rule_recurrent(
         .par_chunks_mut(dk * dv)
         .enumerate()
         .map(|(j, s)| {
+            let _flush = FlushSubnormals::new();
             dispatch(HeadJob {
                 d,
                 j,
