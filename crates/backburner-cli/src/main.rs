@@ -86,7 +86,7 @@ pub struct ModelArgs {
     /// KV cache dtype: f16 or f32.
     #[arg(long, default_value = "f16")]
     pub kv_dtype: KvDtype,
-    /// Context length in tokens (default: the model's max_position_embeddings).
+    /// Context length in tokens (default, or 0 as in llama.cpp: the model's max_position_embeddings).
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
     /// Most bytes this command may allocate for weights, KV cache, recurrent state and buffers, checked before
@@ -97,6 +97,11 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// `--ctx-size` as a limit: `None` when it is not given or 0 (llama.cpp's "the model's own context").
+    pub fn ctx_limit(&self) -> Option<usize> {
+        self.ctx_size.filter(|&c| c > 0)
+    }
+
     /// The session options these flags give, computing on `pool`.
     pub fn session_options(&self, pool: &ComputePool) -> SessionOptions {
         SessionOptions {
@@ -105,7 +110,7 @@ impl ModelArgs {
                 page_size: self.kv_page_size,
                 dtype: self.kv_dtype,
             },
-            context_length: self.ctx_size,
+            context_length: self.ctx_limit(),
             pool: pool.clone(),
             kv_budget: None,
             interleave: true,

@@ -74,7 +74,7 @@ pub fn plan_run(
         .positions
         .div_ceil(64)
         .saturating_mul(64)
-        .min(args.ctx_size.unwrap_or(usize::MAX))
+        .min(args.ctx_limit().unwrap_or(usize::MAX))
         .min(config.max_position_embeddings)
         .max(1);
     let req = PlanRequest {

@@ -408,7 +408,7 @@ fn check_session_memory(a: &RunArgs, model: &backburner_model::Model, prompt: us
         page_size: a.model.kv_page_size,
         dtype: a.model.kv_dtype,
     };
-    let ctx = a.model.ctx_size.unwrap_or(cfg.max_position_embeddings);
+    let ctx = a.model.ctx_limit().unwrap_or(cfg.max_position_embeddings);
     let mut positions = prompt.saturating_add(a.max_tokens).min(ctx);
     if let (Some(b), false) = (a.link.kv_budget, a.link.worker.is_empty()) {
         positions = positions.min(b.positions(cfg, kv));

@@ -65,9 +65,6 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel must be in 1..=256");
     }
-    if a.model.ctx_size == Some(0) {
-        bail!("--ctx-size must be ≥ 1");
-    }
     if !a.grace.is_finite() || a.grace < 0.0 {
         bail!("--grace must be a number of seconds ≥ 0");
     }

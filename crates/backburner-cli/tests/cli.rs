@@ -210,6 +210,30 @@ fn generation_stops_when_the_context_is_full() {
 }
 
 #[test]
+fn ctx_size_0_means_the_models_own_context_as_in_llama_cpp() {
+    let m = fixture("tiny-f32");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-tokens",
+            "1,2,3",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend(extra);
+        json_out(&bb(&args))
+    };
+    let (zero, default) = (run(&["-c", "0"]), run(&[]));
+    assert_eq!(zero["stop_reason"], "max_tokens");
+    assert_eq!(zero["tokens"].as_array().unwrap().len(), 12);
+    assert_eq!(zero["tokens"], default["tokens"]);
+}
+
+#[test]
 fn no_think_closes_the_thinking_block_of_the_qwen35_template() {
     // The bundled default model carries the real Qwen3.5 template; with --no-think it renders an empty think block.
     let with = json_out(&bb(&[

@@ -7,7 +7,7 @@ pub enum EngineError {
     #[error(transparent)]
     Model(#[from] backburner_model::ModelError),
     /// The request does not fit the context window.
-    #[error("context overflow: {add} new tokens after the {have} already in context exceed the context length of {limit} tokens (shorten the prompt or raise --ctx-size)")]
+    #[error("context overflow: {add} new token(s) after the {have} already in context exceed the context length of {limit} tokens (shorten the prompt or raise --ctx-size)")]
     ContextOverflow {
         /// Tokens already in the session.
         have: usize,
