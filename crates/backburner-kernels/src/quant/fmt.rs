@@ -3,7 +3,7 @@
 
 use super::acts::ActBlock;
 use super::format::{QuantFormat, IQ4_VALUES};
-use super::isa::QIsa;
+use super::isa::{nibbles, QIsa};
 use super::unit::Lay;
 
 /// A format as the kernel sees it: how a 32-block's codes and scales are read from a panel unit and how the
@@ -128,18 +128,6 @@ fn to_bit4<I: QIsa>(isa: I, v: I::W, from: u32) -> I::W {
     } else {
         v
     }
-}
-
-/// Low and high nibbles of the 64 bytes at `p`.
-///
-/// # Safety
-/// `p` must be valid for reading 64 bytes.
-#[inline(always)]
-unsafe fn nibbles<I: QIsa>(isa: I, p: *const u8) -> (I::W, I::W) {
-    // SAFETY: forwarded from the caller.
-    let v = unsafe { isa.load_w(p) };
-    let mask = isa.splat_w(0x0F);
-    (isa.and_w(v, mask), isa.and_w(isa.shr16(v, 4), mask))
 }
 
 /// Where a 32-block lives: its panel unit, its index in the unit and the unit's [`Fmt::unit_scales`].

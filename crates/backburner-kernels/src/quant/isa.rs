@@ -370,12 +370,20 @@ pub(crate) unsafe fn masked_nibble_lut<I: QIsa>(
     p: *const u8,
 ) -> (I::W, I::W) {
     // SAFETY: forwarded from the caller.
+    let (lo, hi) = unsafe { nibbles(isa, p) };
+    (isa.lut16(table, lo), isa.lut16(table, hi))
+}
+
+/// Low and high nibbles of the 64 bytes at `p` (values `0..16`, byte for byte).
+///
+/// # Safety
+/// `p` must be valid for reading 64 bytes.
+#[inline(always)]
+pub(crate) unsafe fn nibbles<I: QIsa>(isa: I, p: *const u8) -> (I::W, I::W) {
+    // SAFETY: forwarded from the caller.
     let v = unsafe { isa.load_w(p) };
     let mask = isa.splat_w(0x0F);
-    (
-        isa.lut16(table, isa.and_w(v, mask)),
-        isa.lut16(table, isa.and_w(isa.shr16(v, 4), mask)),
-    )
+    (isa.and_w(v, mask), isa.and_w(isa.shr16(v, 4), mask))
 }
 
 /// Applies `f` to each little-endian 16-bit lane of `a`.
