@@ -5,8 +5,10 @@ mod common;
 
 mod attention;
 mod gdn;
+mod gdn_decode;
 mod kv;
 mod matmul;
 mod merge;
 mod packed;
 mod quant;
+mod quant_parts;

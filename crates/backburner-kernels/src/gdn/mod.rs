@@ -11,6 +11,8 @@
 //! * [`causal_conv1d_silu`]: the depthwise causal conv + SiLU applied to the raw `in_proj_qkv` output.
 //! * [`delta_rule_recurrent`]: the recurrence token by token (decode path).
 //! * [`delta_rule_chunked`]: the same result through the chunked WY/UT form (prefill path).
+//! * [`delta_rule_decode_step`]: one decode token of the whole core (conv, q/k norms, recurrence, gated norm) in one
+//!   parallel region, bit-identical to the separate kernels.
 //!
 //! Both delta rules run each head with subnormals flushed to zero on x86-64 (`flush.rs`: several times faster for
 //! fast-forgetting heads on Intel cores; only values below 2^-126 change).
@@ -19,12 +21,14 @@
 
 mod chunked;
 mod conv;
+mod decode;
 mod flush;
 mod linalg;
 mod recurrent;
 
 pub use chunked::delta_rule_chunked;
 pub use conv::causal_conv1d_silu;
+pub use decode::{delta_rule_decode_step, DecodeInputs};
 pub use recurrent::delta_rule_recurrent;
 
 /// Shapes of one Gated DeltaNet call.

@@ -119,6 +119,57 @@ impl Kernel for HeadJob<'_> {
     }
 }
 
+/// One token of one v head (the decode step of [`super::delta_rule_decode_step`]): the operations of
+/// [`delta_rule_recurrent`] for that head and token, subnormals flushed likewise. `q`, `k`: `[Dk]` (normalised);
+/// `v`: `[Dv]`; `decay = exp(g)`; `s`: `[Dk, Dv]` state, advanced; `o`: `[Dv]`, written; `next`: an address to
+/// prefetch into L2 during the second pass (the next head's state; a hint only).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_head(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    s: &mut [f32],
+    o: &mut [f32],
+    next: Option<*const u8>,
+) {
+    let _flush = FlushSubnormals::new();
+    let step = Step {
+        decay,
+        b: beta,
+        kt: k,
+        qt: q,
+        vt: v,
+        next,
+    };
+    dispatch(OneStep { step, s, o });
+}
+
+/// [`decode_head`]'s step as a [`Kernel`] for [`dispatch`].
+struct OneStep<'a> {
+    step: Step<'a>,
+    s: &'a mut [f32],
+    o: &'a mut [f32],
+}
+
+impl Kernel for OneStep<'_> {
+    type Out = ();
+
+    #[inline(always)]
+    fn run<I: Isa>(self, _isa: I) {
+        let dv = self.o.len();
+        if dv == 128 {
+            self.step.run_128(self.s, self.o);
+        } else {
+            // `run` adds into `o`, which starts at 0 as in `HeadJob`.
+            self.o.fill(0.0);
+            let mut u = vec![0.0f32; dv];
+            self.step.run(self.s, &mut u, self.o);
+        }
+    }
+}
+
 /// One token of one head: `S ← decay·S;  u = Sᵀk;  δ = β(v − u);  S ← S + k ⊗ δ;  o = Sᵀq` (decay folded into both
 /// passes).
 struct Step<'a> {

@@ -40,8 +40,6 @@ impl Model {
         st: &mut LinearState,
         m: &mut MixerBufs,
     ) {
-        self.gdn_conv_qkv(w, proj, t, st, m);
-        self.gdn_gates(w, proj, t, m);
         let c = &self.config;
         let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
         let dims = GdnDims {
@@ -52,6 +50,11 @@ impl Model {
             d_v: dv,
             tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
         };
+        if t == 1 {
+            return self.gdn_decode(w, proj, dims, st, m);
+        }
+        self.gdn_conv_qkv(w, proj, t, st, m);
+        self.gdn_gates(w, proj, t, m);
         let o = sized(&mut m.o, t * hv * dv);
         let st = &mut st.recurrent;
         if t == 1 {
@@ -63,6 +66,35 @@ impl Model {
         }
         let _p = profile::scope(Op::Norm);
         rowops::gated_rms_norm(&mut m.o, &m.z, &w.norm, c.rms_norm_eps as f32);
+    }
+
+    /// [`Model::gdn_core`] for one token: the gates here, then conv, norms and recurrence as one parallel step
+    /// ([`gdn::delta_rule_decode_step`], the same bits as the separate kernels of the many-token path).
+    fn gdn_decode(
+        &self,
+        w: &GdnWeights,
+        proj: &[f32],
+        dims: GdnDims,
+        st: &mut LinearState,
+        m: &mut MixerBufs,
+    ) {
+        self.gdn_gates(w, proj, 1, m);
+        let c = &self.config;
+        let conv_dim = c.conv_dim();
+        let hvdv = dims.n_v_heads * dims.d_v;
+        let inp = gdn::DecodeInputs {
+            qkv: &proj[..conv_dim],
+            z: &proj[conv_dim..conv_dim + hvdv],
+            g: &m.g,
+            beta: &m.beta,
+            conv_weight: &w.conv_weight,
+            norm_weight: &w.norm,
+            eps: c.rms_norm_eps as f32,
+        };
+        let o = sized(&mut m.o, hvdv);
+        let _p = profile::scope(Op::DeltaRecurrent);
+        let kernel = c.linear_conv_kernel_dim;
+        gdn::delta_rule_decode_step(dims, kernel, &inp, &mut st.conv, &mut st.recurrent, o);
     }
 
     /// The GDN causal conv (advancing `st.conv`) and its output split into L2-normed q, k (`m.q`, `m.k`) and v
