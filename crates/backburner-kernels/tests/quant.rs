@@ -19,7 +19,7 @@ fn bits(x: &[f32]) -> Vec<u32> {
 }
 
 /// Random GGUF rows of `fmt`: random code and scale bytes, f16 `d` (and `dmin`) random finite in ±[2^-10, 2^-4].
-fn random_rows(r: &mut StdRng, fmt: QuantFormat, rows: usize, k: usize) -> Vec<u8> {
+pub(crate) fn random_rows(r: &mut StdRng, fmt: QuantFormat, rows: usize, k: usize) -> Vec<u8> {
     let mut b: Vec<u8> = (0..rows * fmt.row_bytes(k).unwrap())
         .map(|_| r.random())
         .collect();
@@ -41,7 +41,7 @@ fn random_rows(r: &mut StdRng, fmt: QuantFormat, rows: usize, k: usize) -> Vec<u
 }
 
 /// Activations with some structure: mostly uniform, one all-zero block, one row of large values.
-fn activations(r: &mut StdRng, m: usize, k: usize) -> Vec<f32> {
+pub(crate) fn activations(r: &mut StdRng, m: usize, k: usize) -> Vec<f32> {
     let mut x: Vec<f32> = (0..m * k).map(|_| r.random_range(-1.0f32..1.0)).collect();
     if k >= 64 {
         x[32..64].fill(0.0);

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use backburner_kernels::matmul::{matmul, PackedMatrix, RowMajor, WeightDtype};
 use backburner_kernels::profile::{self, Op};
-use backburner_kernels::quant::{qmatmul, QuantFormat, QuantMatrix, QuantizedActs};
+use backburner_kernels::quant::{qmatmul_parts, QuantFormat, QuantMatrix, QuantizedActs};
 
 use crate::checkpoint::{Checkpoint, WeightPart};
 use crate::error::{ModelError, Result};
@@ -207,9 +207,22 @@ impl Linear {
         {
             acts.quantize(x, n_rows, self.k);
         }
+        // The parts in block formats in one parallel region (one per format otherwise: a region costs a fork, a
+        // join and the imbalance of its split).
+        let quant: Vec<(&QuantMatrix, usize)> = self
+            .segs
+            .iter()
+            .filter_map(|(first, s)| match s {
+                Segment::Quant(w) => Some((w, *first)),
+                Segment::Dense(_) => None,
+            })
+            .collect();
+        if !quant.is_empty() {
+            qmatmul_parts(&acts, &quant, y, n);
+        }
         for (first, seg) in &self.segs {
             match seg {
-                Segment::Quant(w) => qmatmul(&acts, w, &mut y[*first..], n),
+                Segment::Quant(_) => {}
                 Segment::Dense(w) => {
                     let mut part = vec![0.0f32; n_rows * w.n()];
                     matmul(x, n_rows, w, &mut part);

@@ -91,7 +91,7 @@ mod tests;
 
 pub use acts::{QuantizedActs, ACT_BLOCK};
 pub use format::{dequantize, k_pack_scale_min, k_scale_min, QuantError, QuantFormat, IQ4_VALUES};
-pub use kernel::qmatmul;
+pub use kernel::{qmatmul, qmatmul_parts};
 pub use pack::QuantMatrix;
 pub use reference::qmatmul_reference;
 
