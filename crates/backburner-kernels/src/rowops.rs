@@ -259,6 +259,33 @@ impl Kernel for L2Norm<'_> {
     }
 }
 
+/// `out = silu(g) ⊙ u` element-wise (the per-element operation of [`silu_mul_halves`], so the same bits).
+///
+/// Panics if the lengths differ.
+pub(crate) fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+    assert!(
+        g.len() == out.len() && u.len() == out.len(),
+        "silu_mul_into: lengths differ"
+    );
+    dispatch(SiluMulInto { g, u, out });
+}
+
+struct SiluMulInto<'a> {
+    g: &'a [f32],
+    u: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl Kernel for SiluMulInto<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run<I: Isa>(self, _: I) {
+        for ((y, g), u) in self.out.iter_mut().zip(self.g).zip(self.u) {
+            *y = silu_exact(*g) * u;
+        }
+    }
+}
+
 struct SiluMul<'a> {
     gu: &'a [f32],
     inter: usize,

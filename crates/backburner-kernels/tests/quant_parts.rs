@@ -1,7 +1,11 @@
-//! Several quantized matrices on the same activations in one parallel region (`qmatmul_parts`, a fused projection
-//! whose parts are stored in different formats): the bits of one `qmatmul` per part.
+//! Products run as one parallel region: several quantized matrices on the same activations (`qmatmul_parts`, a
+//! fused projection whose parts are stored in different formats) give the bits of one `qmatmul` per part; the
+//! gate/up product with its SwiGLU (`qmatmul_swiglu`) the bits of `qmatmul` then `silu_mul_halves`.
 
-use backburner_kernels::quant::{qmatmul, qmatmul_parts, QuantFormat, QuantMatrix, QuantizedActs};
+use backburner_kernels::quant::{
+    qmatmul, qmatmul_parts, qmatmul_swiglu, QuantFormat, QuantMatrix, QuantizedActs,
+};
+use backburner_kernels::rowops::silu_mul_halves;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -65,4 +69,51 @@ fn overlapping_parts_are_refused() {
     x.quantize(&activations(&mut r, 1, 32), 1, 32);
     let mut y = vec![0.0f32; 40];
     qmatmul_parts(&x, &[(&w, 0), (&w, 8)], &mut y, 40);
+}
+
+#[test]
+fn the_swiglu_in_the_region_gives_the_bits_of_the_product_then_the_swiglu() {
+    let mut r = StdRng::seed_from_u64(23);
+    let k = 256;
+    // inter = 80: five panels per half, split 2 + 3 or 4 + 1 over two tasks (groups of four panels)
+    for (fmt, inter) in [
+        (QuantFormat::Iq4Xs, 80),
+        (QuantFormat::Q4K, 48),
+        (QuantFormat::Q8_0, 16),
+    ] {
+        let n = 2 * inter;
+        let w = QuantMatrix::pack(fmt, k, &[(&random_rows(&mut r, fmt, n, k), n)]).unwrap();
+        for m in [1, 3, 9] {
+            let mut x = QuantizedActs::new();
+            x.quantize(&activations(&mut r, m, k), m, k);
+            let mut gu_want = vec![0.0f32; m * n];
+            qmatmul(&x, &w, &mut gu_want, n);
+            let mut want = vec![0.0f32; m * inter];
+            silu_mul_halves(&gu_want, inter, &mut want);
+            assert!(want.iter().any(|&v| v != 0.0));
+            for t in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .unwrap();
+                let (mut gu, mut act) = (vec![f32::NAN; m * n], vec![f32::NAN; m * inter]);
+                pool.install(|| qmatmul_swiglu(&x, &w, &mut gu, &mut act));
+                let what = format!("{fmt} inter={inter} m={m}, {t} threads");
+                assert_eq!(bits(&gu), bits(&gu_want), "{what}: gate/up");
+                assert_eq!(bits(&act), bits(&want), "{what}: SwiGLU");
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "multiple of 32")]
+fn a_swiglu_half_off_a_panel_boundary_is_refused() {
+    let mut r = StdRng::seed_from_u64(24);
+    let f = QuantFormat::Q8_0;
+    let w = QuantMatrix::pack(f, 32, &[(&random_rows(&mut r, f, 40, 32), 40)]).unwrap();
+    let mut x = QuantizedActs::new();
+    x.quantize(&activations(&mut r, 1, 32), 1, 32);
+    let (mut gu, mut act) = (vec![0.0f32; 40], vec![0.0f32; 20]);
+    qmatmul_swiglu(&x, &w, &mut gu, &mut act);
 }

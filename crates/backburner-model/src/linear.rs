@@ -12,7 +12,10 @@ use std::ops::Range;
 
 use backburner_kernels::matmul::{matmul, PackedMatrix, RowMajor, WeightDtype};
 use backburner_kernels::profile::{self, Op};
-use backburner_kernels::quant::{qmatmul_parts, QuantFormat, QuantMatrix, QuantizedActs};
+use backburner_kernels::quant::{
+    qmatmul_parts, qmatmul_swiglu, QuantFormat, QuantMatrix, QuantizedActs,
+};
+use backburner_kernels::rowops;
 
 use crate::checkpoint::{Checkpoint, WeightPart};
 use crate::error::{ModelError, Result};
@@ -174,6 +177,60 @@ impl Linear {
     /// As [`Linear::forward`], into `y` (resized to `[n_rows, out]`; its capacity is reused).
     pub fn forward_into(&self, x: &[f32], n_rows: usize, y: &mut Vec<f32>) {
         self.forward_into_as(Op::Matmul, x, n_rows, y);
+    }
+
+    /// The SwiGLU MLP's input from this fused `[gate; up]` projection (`out_features = 2·inter`): `gu = x·Wᵀ`
+    /// (`[n_rows, 2·inter]`, resized) and `act = silu(gate)·up` (`[n_rows, inter]`, resized; as
+    /// [`rowops::silu_mul_halves`]). Held in one block format with `inter` a multiple of 16, both run in one parallel
+    /// region ([`qmatmul_swiglu`]: each thread takes the SwiGLU of the columns it computed); otherwise the product,
+    /// then the SwiGLU. The same bits either way.
+    ///
+    /// Panics if `x.len() != n_rows · in_features` or `out_features` is odd.
+    pub fn forward_swiglu(&self, x: &[f32], n_rows: usize, gu: &mut Vec<f32>, act: &mut Vec<f32>) {
+        let n = self.out_features();
+        assert!(
+            n.is_multiple_of(2),
+            "Linear::forward_swiglu: {n} outputs are not [gate | up]"
+        );
+        let inter = n / 2;
+        act.resize(n_rows * inter, 0.0);
+        let [(_, Segment::Quant(w))] = self.segs.as_slice() else {
+            return self.forward_then_swiglu(x, n_rows, gu, act, inter);
+        };
+        if !inter.is_multiple_of(16) {
+            return self.forward_then_swiglu(x, n_rows, gu, act, inter);
+        }
+        let _s = profile::scope(Op::Matmul);
+        assert_eq!(
+            x.len(),
+            n_rows * self.k,
+            "Linear: x is not [{n_rows}, {}]",
+            self.k
+        );
+        gu.resize(n_rows * n, 0.0);
+        let mut acts = ACTS.with(|a| a.take());
+        acts.quantize(x, n_rows, self.k);
+        qmatmul_swiglu(&acts, w, gu, act);
+        ACTS.with(|a| a.replace(acts));
+        profile::add_work(
+            Op::Matmul,
+            2 * (n_rows * n * self.k) as u64,
+            self.bytes() as u64,
+        );
+    }
+
+    /// [`Linear::forward_swiglu`] as two steps: the product, then the SwiGLU on one pass.
+    fn forward_then_swiglu(
+        &self,
+        x: &[f32],
+        n_rows: usize,
+        gu: &mut Vec<f32>,
+        act: &mut [f32],
+        inter: usize,
+    ) {
+        self.forward_into(x, n_rows, gu);
+        let _p = profile::scope(Op::Activation);
+        rowops::silu_mul_halves(gu, inter, act);
     }
 
     fn forward_into_as(&self, op: Op, x: &[f32], n_rows: usize, y: &mut Vec<f32>) {

@@ -3,12 +3,11 @@
 use super::acts::{ActBlock, QuantizedActs, ACT_BLOCK};
 use super::fmt::{At, Fmt, Iq4Xs, Prefetch, Q40, Q4K, Q5K, Q6K, Q80};
 use super::format::QuantFormat;
-use super::isa::{qdispatch, QIsa, QKernel, LANES};
-use super::pack::{QuantMatrix, PANEL_GROUP};
-use crate::parallel::{for_each_task, split_range, threads};
+use super::isa::{QIsa, QKernel, LANES};
+use super::pack::QuantMatrix;
 
 /// Below this many multiply-adds a product runs on the calling thread alone.
-const SERIAL_WORK: usize = 1 << 18;
+pub(super) const SERIAL_WORK: usize = 1 << 18;
 /// How far ahead of the block being read the kernels prefetch a panel's bytes (the decode path streams each panel
 /// once from memory, as one sequential stream per thread), for [`Prefetch::EveryLine`].
 const PREFETCH_BYTES: usize = 6 << 10;
@@ -28,72 +27,7 @@ const SPARSE_PREFETCH_BYTES: usize = 16 << 10;
 ///
 /// Panics if `x.k() != w.k()`, `ldy < n` or `y` is shorter than `(m − 1)·ldy + n`.
 pub fn qmatmul(x: &QuantizedActs, w: &QuantMatrix, y: &mut [f32], ldy: usize) {
-    qmatmul_parts(x, &[(w, 0)], y, ldy);
-}
-
-/// [`qmatmul`] of several matrices on the same activations in one parallel region (a fused projection whose parts
-/// are stored in different formats): part `(w, first)` writes columns `first..first + w.n()` of each output row
-/// (`y` row-major with row stride `ldy`), exactly as `qmatmul(x, w, &mut y[first..], ldy)` would. Each part is split
-/// over the tasks as `qmatmul` splits it, so every thread streams its share of every part; the bits are
-/// `qmatmul`'s.
-///
-/// Panics as [`qmatmul`] for each part, or if the parts' column ranges overlap or pass `ldy`.
-pub fn qmatmul_parts(
-    x: &QuantizedActs,
-    parts: &[(&QuantMatrix, usize)],
-    y: &mut [f32],
-    ldy: usize,
-) {
-    let mut cols: Vec<(usize, usize)> = parts.iter().map(|(w, f)| (*f, *f + w.n())).collect();
-    cols.sort_unstable();
-    assert!(
-        cols.windows(2).all(|c| c[0].1 <= c[1].0) && cols.last().is_none_or(|c| c.1 <= ldy),
-        "qmatmul_parts: the parts' columns {cols:?} overlap or pass the row stride {ldy}"
-    );
-    let m = x.rows();
-    let mut live_parts = Vec::with_capacity(parts.len());
-    let mut work = 0usize;
-    for &(w, first) in parts {
-        assert!(
-            first <= y.len(),
-            "qmatmul_parts: part at column {first} lies past y"
-        );
-        if !check_shapes("qmatmul", x, w, &y[first..], ldy) {
-            continue;
-        }
-        if w.k() == 0 {
-            for i in 0..m {
-                y[first + i * ldy..first + i * ldy + w.n()].fill(0.0);
-            }
-            continue;
-        }
-        work = work.saturating_add(m.saturating_mul(w.n()).saturating_mul(w.k()));
-        live_parts.push((w, OutPtr(y[first..].as_mut_ptr())));
-    }
-    let max_groups = live_parts
-        .iter()
-        .map(|(w, _)| w.n_panels() / PANEL_GROUP)
-        .max();
-    let n_tasks = match max_groups {
-        None => return,
-        Some(_) if work < SERIAL_WORK => 1,
-        Some(g) => threads().min(g),
-    };
-    for_each_task(n_tasks, |t| {
-        for (w, out) in &live_parts {
-            let groups = w.n_panels() / PANEL_GROUP;
-            let live = w.n().div_ceil(LANES);
-            let g = split_range(groups, n_tasks, t);
-            qdispatch(Task {
-                x,
-                w,
-                out,
-                ldy,
-                panels: (g.start * PANEL_GROUP).min(live)..(g.end * PANEL_GROUP).min(live),
-                streams: n_tasks,
-            });
-        }
-    });
+    super::regions::qmatmul_parts(x, &[(w, 0)], y, ldy);
 }
 
 /// Checks the shapes shared by [`qmatmul`] and its reference; `false` when there is nothing to compute.
@@ -126,7 +60,7 @@ pub(crate) fn check_shapes(
 }
 
 /// The output shared by the tasks, which write disjoint columns.
-pub(super) struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: tasks write disjoint elements (their own panels' columns) of one live `&mut [f32]`, and `qmatmul` returns
 // only after every task has finished.
 unsafe impl Sync for OutPtr {}

@@ -80,6 +80,7 @@ mod kernel;
 mod pack;
 mod prefill;
 mod reference;
+mod regions;
 mod unit;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -91,9 +92,10 @@ mod tests;
 
 pub use acts::{QuantizedActs, ACT_BLOCK};
 pub use format::{dequantize, k_pack_scale_min, k_scale_min, QuantError, QuantFormat, IQ4_VALUES};
-pub use kernel::{qmatmul, qmatmul_parts};
+pub use kernel::qmatmul;
 pub use pack::QuantMatrix;
 pub use reference::qmatmul_reference;
+pub use regions::{qmatmul_parts, qmatmul_swiglu};
 
 /// The integer-dot instruction set [`qmatmul`] uses on this CPU: `"avx512-vnni-vbmi"`, `"avx512-vnni"`, `"avx2"` or
 /// `"scalar"` (for benches and logs).

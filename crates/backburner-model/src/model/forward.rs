@@ -92,7 +92,8 @@ impl Model {
         rowops::rms_norm(x, &layer.input_norm, eps, sized(&mut r.h, x.len()));
     }
 
-    /// Residual add of the mixer's output (`r.out`), then the MLP block, on `t` rows of `x` (`[t, H]`).
+    /// Residual add of the mixer's output (`r.out`), then the MLP block (its SwiGLU inside the gate/up product's
+    /// region where the weights allow: [`crate::linear::Linear::forward_swiglu`]), on `t` rows of `x` (`[t, H]`).
     pub(super) fn layer_rest(&self, layer: &Layer, x: &mut [f32], t: usize, r: &mut RowBufs) {
         let eps = self.config.rms_norm_eps as f32;
         residual_add(x, &r.out);
@@ -100,12 +101,7 @@ impl Model {
             let _p = profile::scope(Op::Norm);
             rowops::rms_norm(x, &layer.post_norm, eps, sized(&mut r.h, x.len()));
         }
-        layer.gate_up.forward_into(&r.h, t, &mut r.gu);
-        {
-            let _p = profile::scope(Op::Activation);
-            let inter = self.config.intermediate_size;
-            rowops::silu_mul_halves(&r.gu, inter, sized(&mut r.act, t * inter));
-        }
+        layer.gate_up.forward_swiglu(&r.h, t, &mut r.gu, &mut r.act);
         layer.down.forward_into(&r.act, t, &mut r.out);
         residual_add(x, &r.out);
     }
