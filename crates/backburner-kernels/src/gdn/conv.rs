@@ -37,36 +37,19 @@ pub fn causal_conv1d_silu(
 ) {
     assert!(kernel > 0, "causal_conv1d_silu: kernel must be positive");
     let h = kernel - 1;
-    let check = |name: &str, len: usize, want: usize, shape: String| {
+    // The shape text is built only on a failure (this runs once per q/k/v head per decode token).
+    let check = |name: &str, len: usize, rows: usize, cols: usize| {
         assert_eq!(
-            len, want,
-            "causal_conv1d_silu: `{name}` must have shape {shape} ({want} values), got {len} values"
+            len,
+            rows * cols,
+            "causal_conv1d_silu: `{name}` must have shape [{rows}, {cols}] ({} values), got {len} values",
+            rows * cols
         );
     };
-    check(
-        "x",
-        x.len(),
-        n_tokens * conv_dim,
-        format!("[{n_tokens}, {conv_dim}]"),
-    );
-    check(
-        "weight",
-        weight.len(),
-        conv_dim * kernel,
-        format!("[{conv_dim}, {kernel}]"),
-    );
-    check(
-        "state",
-        state.len(),
-        conv_dim * h,
-        format!("[{conv_dim}, {h}]"),
-    );
-    check(
-        "out",
-        out.len(),
-        n_tokens * conv_dim,
-        format!("[{n_tokens}, {conv_dim}]"),
-    );
+    check("x", x.len(), n_tokens, conv_dim);
+    check("weight", weight.len(), conv_dim, kernel);
+    check("state", state.len(), conv_dim, h);
+    check("out", out.len(), n_tokens, conv_dim);
     if conv_dim == 0 {
         return;
     }
