@@ -178,8 +178,28 @@ pub(crate) enum Prefetch {
     /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–13 %
     /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
     /// Only while one thread streams: with two, each core's hardware prefetcher falls behind and every line is
-    /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations).
+    /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations). And only on AMD cores,
+    /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 24 % slower than
+    /// every line (decode 102.9 against 133.5 tok/s, 5 alternating rounds; [`lone_stream_prefetcher`]).
     OneLine,
+}
+
+/// Whether the core's hardware stream prefetcher keeps up with one Q8_0 stream read upwards with only
+/// [`Prefetch::OneLine`]'s hint: AMD's (CPUID vendor `AuthenticAMD`), measured so; not an Intel Xeon's.
+pub(crate) fn lone_stream_prefetcher() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[allow(unused_unsafe)]
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+            let r = unsafe { std::arch::x86_64::__cpuid(0) };
+            let vendor = [r.ebx, r.edx, r.ecx].map(u32::to_le_bytes).concat();
+            vendor == b"AuthenticAMD"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 /// Q8_0: codes `q + 128` as bytes.
@@ -205,7 +225,7 @@ impl Fmt for Q80 {
     }
     #[inline(always)]
     fn prefetch<I: QIsa>(streams: usize) -> Prefetch {
-        if I::ORDERED_LOAD8 && streams == 1 {
+        if I::ORDERED_LOAD8 && streams == 1 && lone_stream_prefetcher() {
             Prefetch::OneLine
         } else {
             Prefetch::EveryLine

@@ -60,8 +60,9 @@
 //! Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread
 //! streams its panels once over the whole `k`, with a software prefetch into L2 of every line 6 KiB ahead in the panel;
 //! Q8_0 on AVX-512 instead reads each 544-byte unit's lines strictly upwards (one asm block for its 8 code vectors,
-//! then its scales) and, when it is the product's only task, prefetches one line per unit 16 KiB ahead, leaving the
-//! rest to the hardware stream prefetcher (with two or more tasks streaming at once, every line, as the others).
+//! then its scales) and, when it is the product's only task on an AMD core, prefetches one line per unit 16 KiB ahead,
+//! leaving the rest to the hardware stream prefetcher (with two or more tasks streaming at once, or on Intel cores,
+//! every line, as the others).
 //! More rows (prefill, and decode batches past a tile): cache blocks of 16 panels × `k` ranges of 24 blocks are decoded
 //! once into a per-thread buffer (code vectors ready for the dot products, block scales in f32, 240 KiB: L2), then
 //! every row tile runs against it; the accumulators pass through `y` between `k` ranges, which keeps each output's
