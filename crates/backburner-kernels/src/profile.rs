@@ -27,7 +27,9 @@ pub enum Op {
     GdnConv,
     /// Gated DeltaNet chunked delta rule (prefill).
     DeltaChunked,
-    /// Gated DeltaNet recurrence (decode).
+    /// Gated DeltaNet recurrence (decode). One token's step runs the conv, the q/k and gated norms with it in one
+    /// parallel region (`gdn::delta_rule_decode_step`), so they are charged here, not to [`Op::GdnConv`] and
+    /// [`Op::Norm`].
     DeltaRecurrent,
     /// Full attention over the KV pages (partials and their merge).
     Attention,
@@ -74,7 +76,7 @@ impl Op {
             Op::Embed => "embedding",
             Op::GdnConv => "GDN conv",
             Op::DeltaChunked => "GDN chunked delta rule",
-            Op::DeltaRecurrent => "GDN recurrence",
+            Op::DeltaRecurrent => "GDN decode step",
             Op::Attention => "attention",
             Op::KvAppend => "KV append",
             Op::Norm => "norms",
