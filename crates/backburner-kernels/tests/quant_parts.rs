@@ -9,11 +9,8 @@ use backburner_kernels::rowops::silu_mul_halves;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::common::bits;
 use crate::quant::{activations, random_rows};
-
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
-}
 
 #[test]
 fn parts_in_one_region_give_the_bits_of_one_product_per_part() {
