@@ -32,7 +32,7 @@ pub fn qmatmul_parts(
         "qmatmul_parts: the parts' columns {cols:?} overlap or pass the row stride {ldy}"
     );
     let m = x.rows();
-    let mut live_parts = Vec::with_capacity(parts.len());
+    let mut live = Vec::with_capacity(parts.len());
     let mut work = 0usize;
     for &(w, first) in parts {
         assert!(
@@ -49,8 +49,14 @@ pub fn qmatmul_parts(
             continue;
         }
         work = work.saturating_add(m.saturating_mul(w.n()).saturating_mul(w.k()));
-        live_parts.push((w, OutPtr(y[first..].as_mut_ptr())));
+        live.push((w, first));
     }
+    // Checked above: each part's columns lie in `y` (`first ≤ y.len()`).
+    let base = y.as_mut_ptr();
+    let live_parts: Vec<(&QuantMatrix, OutPtr)> = live
+        .into_iter()
+        .map(|(w, first)| (w, OutPtr(base.wrapping_add(first))))
+        .collect();
     let max_groups = live_parts
         .iter()
         .map(|(w, _)| w.n_panels() / PANEL_GROUP)
