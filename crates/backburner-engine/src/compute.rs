@@ -64,6 +64,15 @@ impl ComputePool {
         self.pool.install(f)
     }
 
+    /// Whether [`ComputePool::install_hot`] keeps this pool's other threads spinning: with 2 or more threads, and no
+    /// more than the machine's cores (`std::thread::available_parallelism`). With more, the spinners take the cores
+    /// that the threads with work need: decode on a 2-core VM fell from 250 to 8–19 tok/s at 3 threads (Q8_0 bench
+    /// file), where a plain install costs a thread wake-up per region instead.
+    pub fn spins(&self) -> bool {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (2..=cores).contains(&self.threads())
+    }
+
     /// Like [`ComputePool::install`], with the pool's other threads kept awake while `f` runs: each spins, taking
     /// any work of the pool as soon as it is queued (`rayon::yield_now`), instead of sleeping between parallel
     /// regions. For a token loop, whose step has ~45 short parallel regions: a parked rayon thread picks up its half
@@ -76,8 +85,10 @@ impl ComputePool {
     /// section per pool at a time: while one runs, another (nested, or from another thread) is a plain `install`
     /// (a thread waiting inside a parallel region may run another section's spinner, which returns only when that
     /// section ends: a second set would hold up the first).
+    ///
+    /// A pool with more threads than the machine has cores ([`ComputePool::spins`] false) never spins.
     pub fn install_hot<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads() < 2 || self.hot.swap(true, Ordering::AcqRel) {
+        if !self.spins() || self.hot.swap(true, Ordering::AcqRel) {
             return self.install(f);
         }
         let hot = self.hot.clone();
@@ -195,6 +206,17 @@ mod tests {
                 "{threads} threads: a spinner outlived a panic"
             );
         }
+    }
+
+    #[test]
+    fn only_a_pool_within_the_cores_spins() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(!ComputePool::new(1).unwrap().spins());
+        assert!(!ComputePool::new(cores + 1).unwrap().spins());
+        assert_eq!(ComputePool::new(cores).unwrap().spins(), cores >= 2);
+        // a pool past the cores still runs its work on its own threads, as a plain install
+        let p = ComputePool::new(cores + 1).unwrap();
+        assert_eq!(p.install_hot(rayon::current_num_threads), cores + 1);
     }
 
     #[test]
