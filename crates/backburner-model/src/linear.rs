@@ -201,22 +201,10 @@ impl Linear {
             return self.forward_then_swiglu(x, n_rows, gu, act, inter);
         }
         let _s = profile::scope(Op::Matmul);
-        assert_eq!(
-            x.len(),
-            n_rows * self.k,
-            "Linear: x is not [{n_rows}, {}]",
-            self.k
-        );
+        self.check_rows(x, n_rows);
         gu.resize(n_rows * n, 0.0);
-        let mut acts = ACTS.with(|a| a.take());
-        acts.quantize(x, n_rows, self.k);
-        qmatmul_swiglu(&acts, w, gu, act);
-        ACTS.with(|a| a.replace(acts));
-        profile::add_work(
-            Op::Matmul,
-            2 * (n_rows * n * self.k) as u64,
-            self.bytes() as u64,
-        );
+        with_acts(x, n_rows, self.k, |acts| qmatmul_swiglu(acts, w, gu, act));
+        self.add_work(Op::Matmul, n_rows);
     }
 
     /// [`Linear::forward_swiglu`] as two steps: the product, then the SwiGLU on one pass.
@@ -235,35 +223,34 @@ impl Linear {
 
     fn forward_into_as(&self, op: Op, x: &[f32], n_rows: usize, y: &mut Vec<f32>) {
         let _s = profile::scope(op);
-        let n = self.out_features();
+        self.check_rows(x, n_rows);
+        y.resize(n_rows * self.out_features(), 0.0);
+        if let [(_, Segment::Dense(w))] = self.segs.as_slice() {
+            matmul(x, n_rows, w, y);
+        } else {
+            self.forward_segments(x, n_rows, y);
+        }
+        self.add_work(op, n_rows);
+    }
+
+    /// Panics unless `x` is `[n_rows, in_features]`.
+    fn check_rows(&self, x: &[f32], n_rows: usize) {
         assert_eq!(
             x.len(),
             n_rows * self.k,
             "Linear: x is not [{n_rows}, {}]",
             self.k
         );
-        y.resize(n_rows * n, 0.0);
-        if let [(_, Segment::Dense(w))] = self.segs.as_slice() {
-            matmul(x, n_rows, w, y);
-        } else {
-            self.forward_segments(x, n_rows, y);
-        }
-        let macs = (n_rows * n * self.k) as u64;
+    }
+
+    /// Charges a product of `n_rows` rows to `op` in the profile: its flops and the weights' bytes.
+    fn add_work(&self, op: Op, n_rows: usize) {
+        let macs = (n_rows * self.out_features() * self.k) as u64;
         profile::add_work(op, 2 * macs, self.bytes() as u64);
     }
 
     fn forward_segments(&self, x: &[f32], n_rows: usize, y: &mut [f32]) {
         let n = self.out_features();
-        // Taken out of the thread-local rather than borrowed: while `qmatmul` waits for its tasks, rayon may run
-        // another product on this thread, which then finds an empty buffer (and allocates) instead of a borrow error.
-        let mut acts = ACTS.with(|a| a.take());
-        if self
-            .segs
-            .iter()
-            .any(|(_, s)| matches!(s, Segment::Quant(_)))
-        {
-            acts.quantize(x, n_rows, self.k);
-        }
         // The parts in block formats in one parallel region (one per format otherwise: a region costs a fork, a
         // join and the imbalance of its split).
         let quant: Vec<(&QuantMatrix, usize)> = self
@@ -275,21 +262,17 @@ impl Linear {
             })
             .collect();
         if !quant.is_empty() {
-            qmatmul_parts(&acts, &quant, y, n);
+            with_acts(x, n_rows, self.k, |acts| qmatmul_parts(acts, &quant, y, n));
         }
         for (first, seg) in &self.segs {
-            match seg {
-                Segment::Quant(_) => {}
-                Segment::Dense(w) => {
-                    let mut part = vec![0.0f32; n_rows * w.n()];
-                    matmul(x, n_rows, w, &mut part);
-                    for (dst, src) in y.chunks_mut(n).zip(part.chunks(w.n())) {
-                        dst[*first..*first + w.n()].copy_from_slice(src);
-                    }
+            if let Segment::Dense(w) = seg {
+                let mut part = vec![0.0f32; n_rows * w.n()];
+                matmul(x, n_rows, w, &mut part);
+                for (dst, src) in y.chunks_mut(n).zip(part.chunks(w.n())) {
+                    dst[*first..*first + w.n()].copy_from_slice(src);
                 }
             }
         }
-        ACTS.with(|a| a.replace(acts));
     }
 
     /// Row `r` of `W` as f32 (the embedding lookup when the table is tied to the head); for a block format, the
@@ -308,6 +291,17 @@ impl Linear {
             Segment::Quant(w) => w.row_into(r - first, out),
         }
     }
+}
+
+/// Runs `f` on `x` (`[n_rows, k]` f32) quantized per row in blocks of 32, in this thread's reused buffer. The buffer
+/// is taken out of the thread-local rather than borrowed: while a product waits for its tasks, rayon may run another
+/// product on this thread, which then finds an empty buffer (and allocates) instead of a borrow error.
+fn with_acts<R>(x: &[f32], n_rows: usize, k: usize, f: impl FnOnce(&QuantizedActs) -> R) -> R {
+    let mut acts = ACTS.with(|a| a.take());
+    acts.quantize(x, n_rows, k);
+    let r = f(&acts);
+    ACTS.with(|a| a.replace(acts));
+    r
 }
 
 /// Ranges of consecutive parts that pack into one segment: all dense parts together when every part is dense

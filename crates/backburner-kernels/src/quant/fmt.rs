@@ -179,7 +179,7 @@ pub(crate) enum Prefetch {
     /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
     /// Only while one thread streams: with two, each core's hardware prefetcher falls behind and every line is
     /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations). And only on AMD cores,
-    /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 24 % slower than
+    /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 23 % slower than
     /// every line (decode 102.9 against 133.5 tok/s, 5 alternating rounds; [`lone_stream_prefetcher`]).
     OneLine,
 }

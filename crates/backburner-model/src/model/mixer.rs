@@ -31,7 +31,8 @@ pub(crate) struct AwaitRemote {
 impl Model {
     /// Gated DeltaNet core (HF `Qwen3_5GatedDeltaNet` between `in_proj` and `out_proj`) of one sequence's `t` tokens:
     /// `proj` is their fused input projection `[t, conv_dim + Hv·Dv + 2·Hv]` (`[qkv | z | b | a]`, f32); the causal
-    /// conv and the delta rule advance `st`; the gated-normed output `[t, Hv·Dv]` is left in `m.o`.
+    /// conv and the delta rule advance `st`; the gated-normed output `[t, Hv·Dv]` is left in `m.o`. One token runs as one
+    /// parallel step ([`Model::gdn_decode`]), more through the chunked delta rule.
     pub(super) fn gdn_core(
         &self,
         w: &GdnWeights,
@@ -56,11 +57,8 @@ impl Model {
         self.gdn_conv_qkv(w, proj, t, st, m);
         self.gdn_gates(w, proj, t, m);
         let o = sized(&mut m.o, t * hv * dv);
-        let st = &mut st.recurrent;
-        if t == 1 {
-            let _p = profile::scope(Op::DeltaRecurrent);
-            gdn::delta_rule_recurrent(dims, &m.q, &m.k, &m.v, &m.g, &m.beta, st, o);
-        } else {
+        {
+            let st = &mut st.recurrent;
             let _p = profile::scope(Op::DeltaChunked);
             gdn::delta_rule_chunked(dims, GDN_CHUNK, &m.q, &m.k, &m.v, &m.g, &m.beta, st, o);
         }
