@@ -8,6 +8,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use backburner_kernels::team::{self, Team};
+
 use crate::error::{EngineError, Result};
 
 /// A pool of compute threads (rayon), shared by cloning.
@@ -93,42 +95,39 @@ impl ComputePool {
         }
         let hot = self.hot.clone();
         self.pool.install(move || {
-            let _keep = KeepAwake::start(hot);
-            f()
+            let keep = KeepAwake::start(hot);
+            team::enter(&keep.0, f)
         })
     }
 }
 
-/// The spinners of [`ComputePool::install_hot`] on every thread of the current pool but this one, and the pool's
-/// hot flag; dropping it (also when unwinding) lets the spinners go and the flag down.
-struct KeepAwake(Arc<AtomicBool>, Arc<AtomicBool>);
+/// The spinners of [`ComputePool::install_hot`] on every thread of the current pool but this one, serving the
+/// section's [`Team`], and the pool's hot flag; dropping it (also when unwinding) lets the spinners go and the flag
+/// down.
+struct KeepAwake(Arc<Team>, Arc<AtomicBool>);
 
 impl KeepAwake {
     fn start(pool_hot: Arc<AtomicBool>) -> Self {
-        let on = Arc::new(AtomicBool::new(true));
+        let team = Team::new();
         let here = rayon::current_thread_index();
-        let flag = on.clone();
+        let members = team.clone();
         rayon::spawn_broadcast(move |ctx| {
             if Some(ctx.index()) == here {
                 return;
             }
             #[cfg(test)]
             tests::SPINNERS.fetch_add(1, Ordering::SeqCst);
-            while flag.load(Ordering::Acquire) {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
-                    std::hint::spin_loop();
-                }
-            }
+            members.serve();
             #[cfg(test)]
             tests::SPINNERS.fetch_sub(1, Ordering::SeqCst);
         });
-        KeepAwake(on, pool_hot)
+        KeepAwake(team, pool_hot)
     }
 }
 
 impl Drop for KeepAwake {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.stop();
         self.1.store(false, Ordering::Release);
     }
 }

@@ -32,6 +32,7 @@ pub mod profile;
 pub mod quant;
 pub mod reference;
 pub mod rowops;
+pub mod team;
 
 mod simd;
 

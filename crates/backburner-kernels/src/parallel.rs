@@ -3,7 +3,9 @@
 //! Kernels run on whatever rayon pool the caller installed (the engine owns one per role: host, worker, server;
 //! see `backburner_engine::Compute`). They split their work into a fixed number of equal tasks, usually one per
 //! pool thread, so that each thread streams a disjoint, contiguous part of the data (for the bandwidth-bound
-//! decode path) and the result never depends on how tasks are scheduled.
+//! decode path) and the result never depends on how tasks are scheduled. Inside the engine's hot section (a token
+//! loop, `ComputePool::install_hot`) the regions run on its spinning [`Team`](crate::team::Team) instead of rayon's
+//! fork/join: the same tasks, claimed by whichever thread is free first.
 //!
 //! With profiling on, [`for_each_task`] charges the time the region waits for its slowest task to
 //! [`Op::Sync`](crate::profile::Op::Sync).
@@ -34,6 +36,9 @@ pub fn for_each_task(n_tasks: usize, f: impl Fn(usize) + Sync) {
         return;
     }
     let meter = SyncMeter::start(width);
+    if crate::team::run_on_team(n_tasks, &|i| meter.task(|| f(i))) {
+        return meter.finish();
+    }
     (0..n_tasks)
         .into_par_iter()
         .with_max_len(1)
@@ -59,11 +64,37 @@ pub fn for_each_chunk_mut<T: Send>(
         return;
     }
     let meter = SyncMeter::start(width);
+    let n_chunks = data.len().div_ceil(chunk);
+    if n_chunks <= crate::team::MAX_TEAM_TASKS {
+        let (base, len) = (SendPtr(data.as_mut_ptr()), data.len());
+        let task = |i: usize| {
+            let start = i * chunk;
+            let n = chunk.min(len - start);
+            // SAFETY: chunk `i` is `[i·chunk, i·chunk + n)` of `data` (n ≥ 1: i < n_chunks), disjoint from every
+            // other task's; `data` is borrowed mutably for the whole region.
+            let c = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), n) };
+            meter.task(|| f(i, c))
+        };
+        if crate::team::run_on_team(n_chunks, &task) {
+            return meter.finish();
+        }
+    }
     data.par_chunks_mut(chunk)
         .with_max_len(1)
         .enumerate()
         .for_each(|(i, c)| meter.task(|| f(i, c)));
     meter.finish();
+}
+
+/// A raw pointer that may cross threads (for the disjoint chunks of [`for_each_chunk_mut`]).
+struct SendPtr<T>(*mut T);
+// SAFETY: used only to hand out disjoint chunks of a slice of `T: Send` borrowed mutably for the region.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
 }
 
 /// With profiling on, the busy time of a parallel region's tasks, to charge what the region waited beyond their mean

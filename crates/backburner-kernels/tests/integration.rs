@@ -12,3 +12,4 @@ mod merge;
 mod packed;
 mod quant;
 mod quant_parts;
+mod team;

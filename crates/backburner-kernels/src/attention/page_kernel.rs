@@ -1,12 +1,11 @@
 //! Causal attention of a batch of queries over one KV page, as a [`Partial`].
 
-use rayon::prelude::*;
-
 use super::online::RowState;
 use super::Partial;
 use half::f16;
 
 use crate::kv::{PageView, RowsRef, KV_BLOCK, KV_LANES};
+use crate::parallel::{for_each_chunk_mut, threads};
 use crate::simd::{dispatch, f16_to_f32, prefetch_l2, scale, Isa, Kernel, LANES};
 
 /// Keys per block: the page's storage block ([`KV_BLOCK`]).
@@ -81,25 +80,20 @@ pub fn attend_page<'p>(
         }
     }
     let n_seg = ctx.visible(n_tokens - 1).div_ceil(KEY_SEGMENT);
-    let results: Vec<RowState> = if n_seg == 1 || tasks.len() >= 2 * rayon::current_num_threads() {
-        tasks
-            .par_iter()
-            .map(|&(g, t0, t1)| {
-                let mut st = ctx.run_segment(g, t0, t1, 0);
-                for s in 1..n_seg {
-                    st.merge(&ctx.run_segment(g, t0, t1, s));
-                }
-                st
-            })
-            .collect()
+    let results: Vec<RowState> = if n_seg == 1 || tasks.len() >= 2 * threads() {
+        each_state(tasks.len(), |i| {
+            let (g, t0, t1) = tasks[i];
+            let mut st = ctx.run_segment(g, t0, t1, 0);
+            for s in 1..n_seg {
+                st.merge(&ctx.run_segment(g, t0, t1, s));
+            }
+            st
+        })
     } else {
-        let parts: Vec<RowState> = (0..tasks.len() * n_seg)
-            .into_par_iter()
-            .map(|i| {
-                let (g, t0, t1) = tasks[i / n_seg];
-                ctx.run_segment(g, t0, t1, i % n_seg)
-            })
-            .collect();
+        let parts = each_state(tasks.len() * n_seg, |i| {
+            let (g, t0, t1) = tasks[i / n_seg];
+            ctx.run_segment(g, t0, t1, i % n_seg)
+        });
         let mut it = parts.into_iter();
         let mut merged = Vec::with_capacity(tasks.len());
         for _ in 0..tasks.len() {
@@ -115,6 +109,16 @@ pub fn attend_page<'p>(
         st.finalize(&mut out, g, t0, ctx.group);
     }
     out
+}
+
+/// `[f(0), f(1), …, f(n - 1)]`, each computed as a task of the current pool ([`for_each_chunk_mut`]).
+fn each_state(n: usize, f: impl Fn(usize) -> RowState + Sync) -> Vec<RowState> {
+    let mut slots: Vec<Option<RowState>> = (0..n).map(|_| None).collect();
+    for_each_chunk_mut(&mut slots, 1, |i, slot| slot[0] = Some(f(i)));
+    slots
+        .into_iter()
+        .map(|s| s.expect("every task fills its slot"))
+        .collect()
 }
 
 /// The arguments of one `attend_page` call.
