@@ -157,7 +157,8 @@ impl Team {
     }
 }
 
-/// Runs `f` with `team` as this thread's team: [`run_on_team`] then runs regions on it, until `f` returns or panics.
+/// Runs `f` with `team` as this thread's team: the regions of [`for_each_task`](crate::parallel::for_each_task) and
+/// [`for_each_chunk_mut`](crate::parallel::for_each_chunk_mut) on this thread run on it until `f` returns or panics.
 pub fn enter<R>(team: &Arc<Team>, f: impl FnOnce() -> R) -> R {
     struct Restore((Option<*const Team>, bool));
     impl Drop for Restore {
