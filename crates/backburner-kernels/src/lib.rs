@@ -25,6 +25,7 @@
 
 pub mod attention;
 pub mod gdn;
+pub mod hugebuf;
 pub mod kv;
 pub mod matmul;
 pub mod parallel;

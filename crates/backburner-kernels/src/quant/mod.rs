@@ -26,7 +26,8 @@
 //! nibbles. Q5_K's plane for a 32-block has the fifth bit of group `g` in bit `g` of the byte at the code's position;
 //! Q6_K's two planes (groups 0–3, 4–7) have the high bit pair of group `g` in bits `2(g mod 4)..`. Scales stay in
 //! the stored precision (f16 `d`, `dmin`; 6-bit sub-scales unpacked to bytes at pack time), so resident memory is
-//! about the GGUF bytes.
+//! about the GGUF bytes. The panels live in [`HugeBuf`](crate::hugebuf::HugeBuf)s: on Linux, transparent huge pages
+//! shared by consecutive matrices (decode streams them; IQ4_XS at 2 threads ×1.05 over base pages).
 //!
 //! The fields of a unit lie in the order decode uses them for Q4_0 and the K-quants: `d` (and `dmin`), then each
 //! 32-block's planes, nibble vectors, scales and mins together, so that the unit streams upwards (Q4_K_M decode

@@ -4,14 +4,14 @@ use rayon::prelude::*;
 
 use super::format::{dequantize, QuantError, QuantFormat};
 use super::unit::{Lay, Unit};
+use crate::hugebuf::HugeBuf;
 use crate::matmul::PANEL;
 
 /// Panels are allocated in groups of this many (the zero rows of the last group cost nothing but memory), so that
 /// threads split whole groups, as in [`crate::matmul`].
 pub(crate) const PANEL_GROUP: usize = 4;
 
-/// One 64-byte aligned line of storage (so that the 64-byte code vectors of a unit start on cache-line bounds where
-/// the unit size allows).
+/// One 64-byte aligned line of storage (the prefill kernel's decode buffer).
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(C, align(64))]
 pub(crate) struct Line(pub(crate) [u8; 64]);
@@ -27,7 +27,7 @@ pub struct QuantMatrix {
     k: usize,
     n_panels: usize,
     panel_bytes: usize,
-    data: Vec<Line>,
+    data: HugeBuf,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -89,7 +89,7 @@ impl QuantMatrix {
             k,
             n_panels,
             panel_bytes,
-            data: vec![Line([0; 64]); total / 64],
+            data: HugeBuf::zeroed(total),
         };
         if panel_bytes == 0 {
             return Ok(m);
@@ -139,7 +139,7 @@ impl QuantMatrix {
 
     /// Bytes of storage held (including the zero rows of the last panel group).
     pub fn bytes(&self) -> usize {
-        64 * self.data.len()
+        self.data.len()
     }
 
     /// Panels allocated (a multiple of 4).
@@ -155,18 +155,11 @@ impl QuantMatrix {
     /// The storage as bytes ([`QuantMatrix::bytes`] of them, in the panel layout): what a decode product streams, for
     /// a plain read of the same memory (e.g. a read-bandwidth pass).
     pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is 64 plain bytes with no padding; the slice covers exactly the vector's elements.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), 64 * self.data.len()) }
+        self.data.as_slice()
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_bytes`, uniquely borrowed.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.data.as_mut_ptr().cast::<u8>(),
-                64 * self.data.len(),
-            )
-        }
+        self.data.as_mut_slice()
     }
 
     /// Row `r` as the GGUF bytes it was packed from (`fmt.row_bytes(k)` bytes) into `out`.
