@@ -26,6 +26,20 @@ pub const SLAB: usize = 16 * HUGE_PAGE;
 /// Alignment of every buffer: one cache line.
 const LINE: usize = 64;
 
+/// Element types a [`HugeBuf`] can be viewed as: plain numbers whose every bit pattern is valid, aligned to at
+/// most 64 bytes.
+pub trait Plain: Copy + sealed::Sealed {}
+impl Plain for u8 {}
+impl Plain for u16 {}
+impl Plain for f32 {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for u16 {}
+    impl Sealed for f32 {}
+}
+
 /// One anonymous mapping, unmapped on drop.
 struct Slab {
     ptr: NonNull<u8>,
@@ -132,6 +146,23 @@ impl HugeBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as `as_slice`, uniquely borrowed; no other buffer covers these bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes as elements of `T` (`len / size_of::<T>()` of them; a trailing part of one is left out).
+    pub fn view<T: Plain>(&self) -> &[T] {
+        // SAFETY: the buffer is 64-byte aligned (≥ align_of::<T>() for every `Plain` type), initialised, and every bit
+        // pattern is a valid `T`; the slice stays within `len` bytes.
+        unsafe {
+            std::slice::from_raw_parts(self.ptr.as_ptr().cast::<T>(), self.len / size_of::<T>())
+        }
+    }
+
+    /// The bytes as elements of `T`, mutably (see [`HugeBuf::view`]).
+    pub fn view_mut<T: Plain>(&mut self) -> &mut [T] {
+        // SAFETY: as `view`, uniquely borrowed.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<T>(), self.len / size_of::<T>())
+        }
     }
 
     /// Length in bytes.

@@ -145,21 +145,21 @@ impl Kernel for Task<'_> {
         match (&self.w.data, self.w.dtype()) {
             (Storage::F32(d), _) => {
                 let src = F32Src {
-                    base: d.as_ptr(),
+                    base: d.view::<f32>().as_ptr(),
                     stride,
                 };
                 self.run_with(isa, src);
             }
             (Storage::Half(d), WeightDtype::Bf16) => {
                 let src = Bf16Src {
-                    base: d.as_ptr(),
+                    base: d.view::<u16>().as_ptr(),
                     stride,
                 };
                 self.run_with(isa, src);
             }
             (Storage::Half(d), _) => {
                 let src = F16Src {
-                    base: d.as_ptr(),
+                    base: d.view::<u16>().as_ptr(),
                     stride,
                 };
                 self.run_with(isa, src);

@@ -4,6 +4,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::PANEL;
+use crate::hugebuf::HugeBuf;
 
 /// Panels are allocated in groups of this many, so a kernel reading up to 4 panels at once stays in bounds.
 pub(crate) const PANEL_GROUP: usize = 4;
@@ -81,11 +82,13 @@ pub enum PackError {
     Overflow,
 }
 
+/// The panels' elements, in [`HugeBuf`]s (huge pages on Linux: decode streams them).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Storage {
-    F32(Vec<f32>),
+    /// f32 elements.
+    F32(HugeBuf),
     /// bf16 or f16 bit patterns (see [`PackedMatrix::dtype`]).
-    Half(Vec<u16>),
+    Half(HugeBuf),
 }
 
 /// A weight matrix `W: [n, k]` in panels of 16 outputs, in its dtype (see the [module docs](super)).
@@ -141,13 +144,13 @@ impl PackedMatrix {
         };
         let data = match dtype {
             WeightDtype::F32 => {
-                let mut d = vec![0.0f32; len];
-                fill_panels(&mut d, k, parts, &locate, read_f32);
+                let mut d = HugeBuf::zeroed(len.checked_mul(4).ok_or(PackError::Overflow)?);
+                fill_panels(d.view_mut::<f32>(), k, parts, &locate, read_f32);
                 Storage::F32(d)
             }
             WeightDtype::Bf16 | WeightDtype::F16 => {
-                let mut d = vec![0u16; len];
-                fill_panels(&mut d, k, parts, &locate, |from, b| {
+                let mut d = HugeBuf::zeroed(len.checked_mul(2).ok_or(PackError::Overflow)?);
+                fill_panels(d.view_mut::<u16>(), k, parts, &locate, |from, b| {
                     read_half(from, b, dtype)
                 });
                 Storage::Half(d)
@@ -211,8 +214,7 @@ impl PackedMatrix {
     /// Bytes of storage held (including the zero padding of the last panels).
     pub fn bytes(&self) -> usize {
         match &self.data {
-            Storage::F32(d) => 4 * d.len(),
-            Storage::Half(d) => 2 * d.len(),
+            Storage::F32(d) | Storage::Half(d) => d.len(),
         }
     }
 
@@ -220,14 +222,7 @@ impl PackedMatrix {
     /// product streams, for a plain read of the same memory (e.g. a read-bandwidth pass).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
-            // SAFETY: f32 and u16 are plain data with no padding; the slice covers exactly the vector's elements.
-            Storage::F32(d) => unsafe {
-                std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), 4 * d.len())
-            },
-            // SAFETY: as above.
-            Storage::Half(d) => unsafe {
-                std::slice::from_raw_parts(d.as_ptr().cast::<u8>(), 2 * d.len())
-            },
+            Storage::F32(d) | Storage::Half(d) => d.as_slice(),
         }
     }
 
@@ -240,12 +235,13 @@ impl PackedMatrix {
         let base = (r / PANEL) * self.k * PANEL + r % PANEL;
         match &self.data {
             Storage::F32(d) => {
+                let d = d.view::<f32>();
                 for (kk, o) in out.iter_mut().enumerate() {
                     *o = d[base + kk * PANEL];
                 }
             }
             Storage::Half(d) => {
-                let widen = half_to_f32(self.dtype);
+                let (d, widen) = (d.view::<u16>(), half_to_f32(self.dtype));
                 for (kk, o) in out.iter_mut().enumerate() {
                     *o = widen(d[base + kk * PANEL]);
                 }
@@ -333,6 +329,7 @@ mod tests {
         let m = PackedMatrix::from_f32(n, k, &w, WeightDtype::F32);
         assert_eq!(m.n_panels(), 4); // 37 rows → 3 panels → padded to 4
         let Storage::F32(d) = &m.data else { panic!() };
+        let d = d.view::<f32>();
         assert_eq!(d.len(), 4 * k * PANEL);
         // element (r = 17, kk = 3): panel 1, l = 1
         assert_eq!(d[k * PANEL + 3 * PANEL + 1], (17 * k + 3) as f32);
