@@ -75,13 +75,15 @@ impl ComputePool {
         (2..=cores).contains(&self.threads())
     }
 
-    /// Like [`ComputePool::install`], with the pool's other threads kept awake while `f` runs: each spins, taking
-    /// any work of the pool as soon as it is queued (`rayon::yield_now`), instead of sleeping between parallel
-    /// regions. For a token loop, whose step has ~45 short parallel regions: a parked rayon thread picks up its half
-    /// of a region 35–60 µs late on a 2-vCPU VM (a thread wake-up each time), a spinning one within 1 µs (one run
-    /// of a micro-benchmark of `rayon::join` over two 100 µs halves; docs/BENCHMARKS.md). The cost: those cores
+    /// Like [`ComputePool::install`], with the pool's other threads kept awake while `f` runs, as the members of a
+    /// spinning fork/join ([`Team`]): the parallel regions of the kernels that `f` runs on this thread are published
+    /// in one atomic word and their tasks claimed by whichever thread is free first, and between regions the members
+    /// run any other work queued on the pool (`rayon::yield_now`). For a token loop, whose step has ~40 short
+    /// parallel regions: a parked rayon thread picks up its half of a region 35–60 µs late on a 2-vCPU VM (a thread
+    /// wake-up each time), a spinning one within 1 µs (docs/BENCHMARKS.md), and the team spares rayon's steal and
+    /// latch per region (IQ4_XS decode at 2 threads ×1.01–1.05 over a spinning rayon pool). The cost: those cores
     /// stay busy until `f` returns, as llama.cpp's threads do while it generates. Results and bits are those of
-    /// [`ComputePool::install`].
+    /// [`ComputePool::install`] (a task's result never depends on the thread that runs it).
     ///
     /// The spinning stops when `f` returns or panics; a spinner that had not started yet exits at once. One hot
     /// section per pool at a time: while one runs, another (nested, or from another thread) is a plain `install`
