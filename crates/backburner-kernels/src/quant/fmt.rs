@@ -168,7 +168,7 @@ fn with_min<I: QIsa>(
 /// How the decode kernel prefetches a panel in software while it streams it from memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Prefetch {
-    /// Every 64-byte line of each 32-block, 6 KiB ahead: for the formats whose units the compiler's load order reads
+    /// Every 64-byte line of each 32-block, 12 KiB ahead: for the formats whose units the compiler's load order reads
     /// out of address order, which the hardware stream prefetcher does not follow (IQ4_XS's scale fields at the
     /// unit's end; the K-quants too, though their units are laid out in reading order: one line per block still gave
     /// them a 25–30 % lower share of the read bandwidth, docs/BENCHMARKS.md).

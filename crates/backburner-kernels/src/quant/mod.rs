@@ -59,7 +59,7 @@
 //! planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`,
 //! or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term.
 //! Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread
-//! streams its panels once over the whole `k`, with a software prefetch into L2 of every line 6 KiB ahead in the panel;
+//! streams its panels once over the whole `k`, with a software prefetch into L2 of every line 12 KiB ahead in the panel;
 //! Q8_0 on AVX-512 instead reads each 544-byte unit's lines strictly upwards (one asm block for its 8 code vectors,
 //! then its scales) and, when it is the product's only task on an AMD core, prefetches one line per unit 16 KiB ahead,
 //! leaving the rest to the hardware stream prefetcher (with two or more tasks streaming at once, or on Intel cores,
