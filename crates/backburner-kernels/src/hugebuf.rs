@@ -9,13 +9,15 @@
 //! touched already, and is not 2 MiB aligned): [`HugeBuf::zeroed`] carves them, 64-byte aligned, one after the
 //! other from slabs of [`SLAB`] bytes, each a fresh anonymous mapping on a 2 MiB boundary advised so before any
 //! write (the first of a few open slabs with room takes a buffer), and a buffer larger than half a slab gets a
-//! mapping of its own. A small matrix then shares huge pages with
-//! its neighbours instead of sitting in base pages. A slab is unmapped when the last buffer carved from it is
-//! dropped (bytes of a dropped buffer are not handed out again before that). The cost in resident memory is the
-//! unused part of each slab's last touched huge page, which is resident whole: on the bench model, +12 MB (+3.7 %)
-//! for the bf16 safetensors weights and +2.6 MB (+2 %) for the IQ4_XS file; a matrix of its own mapping keeps
-//! its last partial huge page in base pages and costs nothing. Off Linux, or when a mapping fails, buffers come from the global allocator: the advice is a hint, never
-//! an error (the kernel may still decline it and use base pages).
+//! mapping of its own. A small matrix then shares huge pages with its neighbours instead of sitting in base pages.
+//!
+//! A slab is unmapped when the last buffer carved from it is dropped; until then the bytes of its dropped buffers
+//! stay mapped (they are not handed out again), which matters only to a process that loads and drops weights again
+//! and again (a worker's sessions). The other cost in resident memory is the unused part of each slab's last touched
+//! huge page, which is resident whole: on the bench model, +12 MB (+3.7 %) for the bf16 safetensors weights and
+//! +2.6 MB (+2 %) for the IQ4_XS file; a matrix of its own mapping keeps its last partial huge page in base pages and
+//! costs nothing. Off Linux, or when a mapping fails, buffers come from the global allocator: the advice is a hint,
+//! never an error (the kernel may still decline it and use base pages).
 
 use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::ptr::NonNull;
