@@ -264,11 +264,7 @@ fn map_huge(len: usize) -> Option<Slab> {
         if base + span > end {
             libc::munmap(end as *mut libc::c_void, base + span - end);
         }
-        libc::madvise(
-            start as *mut libc::c_void,
-            len.next_multiple_of(HUGE_PAGE).min(end - start),
-            libc::MADV_HUGEPAGE,
-        );
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
     }
     Some(Slab {
         ptr: NonNull::new(start as *mut u8)?,

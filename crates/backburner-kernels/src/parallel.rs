@@ -56,7 +56,8 @@ pub fn for_each_chunk_mut<T: Send>(
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
     assert!(chunk > 0, "for_each_chunk_mut: chunk must be positive");
-    let width = data.len().div_ceil(chunk).min(threads());
+    let n_chunks = data.len().div_ceil(chunk);
+    let width = n_chunks.min(threads());
     if width <= 1 {
         for (i, c) in data.chunks_mut(chunk).enumerate() {
             f(i, c);
@@ -64,7 +65,6 @@ pub fn for_each_chunk_mut<T: Send>(
         return;
     }
     let meter = SyncMeter::start(width);
-    let n_chunks = data.len().div_ceil(chunk);
     if n_chunks <= crate::team::MAX_TEAM_TASKS {
         let (base, len) = (SendPtr(data.as_mut_ptr()), data.len());
         let task = |i: usize| {

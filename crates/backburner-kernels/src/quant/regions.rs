@@ -12,11 +12,11 @@ use super::pack::{QuantMatrix, PANEL_GROUP};
 use crate::parallel::{for_each_task, split_range, threads};
 use crate::rowops;
 
-/// [`qmatmul`](super::qmatmul) of several matrices on the same activations in one parallel region (a fused projection whose parts
-/// are stored in different formats): part `(w, first)` writes columns `first..first + w.n()` of each output row
-/// (`y` row-major with row stride `ldy`), exactly as `qmatmul(x, w, &mut y[first..], ldy)` would. Each part is split
-/// over the tasks as `qmatmul` splits it, so every thread streams its share of every part; the bits are
-/// `qmatmul`'s.
+/// [`qmatmul`](super::qmatmul) of several matrices on the same activations in one parallel region (a fused
+/// projection whose parts are stored in different formats): part `(w, first)` writes columns `first..first + w.n()`
+/// of each output row (`y` row-major with row stride `ldy`), exactly as `qmatmul(x, w, &mut y[first..], ldy)`
+/// would. Each part is split over the tasks as `qmatmul` splits it, so every thread streams its share of every part;
+/// the bits are `qmatmul`'s.
 ///
 /// Panics as [`qmatmul`](super::qmatmul) for each part, or if the parts' column ranges overlap or pass `ldy`.
 pub fn qmatmul_parts(
