@@ -133,6 +133,11 @@ pub struct StateSnapshot {
 }
 
 impl StateSnapshot {
+    /// A snapshot at position `n_tokens` holding `linear` (layer index, state), increasing layer.
+    pub(crate) fn from_parts(n_tokens: usize, linear: Vec<(usize, LinearState)>) -> Self {
+        StateSnapshot { n_tokens, linear }
+    }
+
     /// Positions covered by the snapshot.
     pub fn n_tokens(&self) -> usize {
         self.n_tokens
@@ -260,6 +265,11 @@ impl ModelState {
     /// The forward pass's activation buffers.
     pub(crate) fn scratch_mut(&mut self) -> &mut Scratch {
         &mut self.scratch
+    }
+
+    /// Both sets of activation buffers (the second serves interleaved sub-ubatches).
+    pub(crate) fn scratches_mut(&mut self) -> [&mut Scratch; 2] {
+        [&mut self.scratch, &mut self.scratch_b]
     }
 
     /// Layers `a` and `b = a - 1` (both held, a caller bug otherwise), both sets of activation buffers and the

@@ -6,5 +6,6 @@ mod chat_parse;
 mod chat_pycompat;
 mod chat_request;
 mod chat_template;
+mod checkpoints;
 mod load_bytes;
 mod loading;

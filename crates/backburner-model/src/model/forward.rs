@@ -10,9 +10,9 @@ use backburner_kernels::kv::PagedKvCache;
 use backburner_kernels::profile::{self, Op};
 use backburner_kernels::rowops;
 
-use super::mixer::AwaitRemote;
+use super::mixer::{AwaitRemote, Checkpoints};
 use super::scratch::{sized, RowBufs, Scratch};
-use super::{AttnWeights, GdnWeights, Layer, Mixer, Model};
+use super::{AttnWeights, GdnWeights, Layer, Mixer, Model, GDN_CHUNK};
 use crate::remote::RemoteSlot;
 use crate::state::{LayerState, LinearState};
 
@@ -52,7 +52,7 @@ impl Model {
     ) -> Option<AwaitRemote> {
         self.input_norm(layer, x, &mut s.rows);
         match (&layer.mixer, state) {
-            (Mixer::Linear(w), LayerState::Linear(st)) => self.gdn(w, t, st, s),
+            (Mixer::Linear(w), LayerState::Linear(st)) => self.gdn(idx, w, t, pos0, st, s),
             (Mixer::Attention(w), LayerState::Attention(c)) => {
                 if let Some(a) = self.attention_begin(idx, w, t, pos0, c, s, remote) {
                     return Some(a);
@@ -106,10 +106,29 @@ impl Model {
         residual_add(x, &r.out);
     }
 
-    /// Gated DeltaNet mixer (HF `Qwen3_5GatedDeltaNet`) on `s.rows.h`, output in `s.rows.out`.
-    fn gdn(&self, w: &GdnWeights, t: usize, st: &mut LinearState, s: &mut Scratch) {
+    /// Gated DeltaNet mixer (HF `Qwen3_5GatedDeltaNet`) of layer `idx` on `s.rows.h` (tokens at `pos0..pos0 + t`),
+    /// output in `s.rows.out`, taking the checkpoints requested inside the call (`capture.rs`).
+    fn gdn(
+        &self,
+        idx: usize,
+        w: &GdnWeights,
+        t: usize,
+        pos0: usize,
+        st: &mut LinearState,
+        s: &mut Scratch,
+    ) {
         w.in_proj.forward_into(&s.rows.h, t, &mut s.rows.proj); // [T, width] = [qkv | z | b | a]
-        self.gdn_core(w, &s.rows.proj, t, st, &mut s.mix);
+        let rows = s.capture.rows(pos0, t, GDN_CHUNK);
+        if rows.is_empty() {
+            self.gdn_core(w, &s.rows.proj, t, st, &mut s.mix);
+        } else {
+            let at = Checkpoints {
+                layer: idx,
+                pos0,
+                rows: &rows,
+            };
+            self.gdn_core_capturing(w, &s.rows.proj, t, st, &mut s.mix, at, &mut s.capture);
+        }
         w.out_proj.forward_into(&s.mix.o, t, &mut s.rows.out);
     }
 

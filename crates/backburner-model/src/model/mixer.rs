@@ -10,6 +10,7 @@ use backburner_kernels::kv::PagedKvCache;
 use backburner_kernels::profile::{self, Op};
 use backburner_kernels::rowops;
 
+use super::capture::{conv_window, Capture};
 use super::scratch::{sized, take_cols_into, MixerBufs};
 use super::{AttnWeights, GdnWeights, Model, GDN_CHUNK};
 use crate::ops;
@@ -19,6 +20,13 @@ use crate::state::{LinearState, PageStore};
 /// Most bytes of the host's own page partials computed while the pages held elsewhere are attended (KV offload):
 /// all of them for decode, a bounded part of a long prefill ubatch's.
 const AHEAD_BYTES: usize = 64 << 20;
+
+/// Where the checkpoints of one Gated DeltaNet call go: its layer, its first position and the rows to take.
+pub(super) struct Checkpoints<'a> {
+    pub(super) layer: usize,
+    pub(super) pos0: usize,
+    pub(super) rows: &'a [usize],
+}
 
 /// An attention op waiting for the partial over the pages held elsewhere (KV offload): the host's own first pages'
 /// partials computed meanwhile, and what the op needs to finish.
@@ -61,6 +69,65 @@ impl Model {
             let st = &mut st.recurrent;
             let _p = profile::scope(Op::DeltaChunked);
             gdn::delta_rule_chunked(dims, GDN_CHUNK, &m.q, &m.k, &m.v, &m.g, &m.beta, st, o);
+        }
+        let _p = profile::scope(Op::Norm);
+        rowops::gated_rms_norm(&mut m.o, &m.z, &w.norm, c.rms_norm_eps as f32);
+    }
+
+    /// [`Model::gdn_core`] taking exact checkpoints at `at.rows` (each a multiple of [`GDN_CHUNK`] or `t`, increasing,
+    /// from [`super::capture::Capture::rows`]) into `cap`: the delta rule runs as consecutive calls split at those rows
+    /// (the same chunks, so the same bits as one call) with the state copied between them.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gdn_core_capturing(
+        &self,
+        w: &GdnWeights,
+        proj: &[f32],
+        t: usize,
+        st: &mut LinearState,
+        m: &mut MixerBufs,
+        at: Checkpoints<'_>,
+        cap: &mut Capture,
+    ) {
+        if t == 1 {
+            // one token: the decode step, whose only checkpoint is its end
+            self.gdn_core(w, proj, t, st, m);
+            cap.keep(at.pos0 + 1, at.layer, st.clone());
+            return;
+        }
+        let c = &self.config;
+        let (hk, dk) = (c.linear_num_key_heads, c.linear_key_head_dim);
+        let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
+        let (conv_dim, kc) = (c.conv_dim(), c.linear_conv_kernel_dim - 1);
+        assert!(
+            at.rows.windows(2).all(|w| w[0] < w[1]) && at.rows.iter().all(|&r| r > 0 && r <= t),
+            "checkpoint rows must increase inside 1..={t}"
+        );
+        let before = st.conv.clone();
+        self.gdn_conv_qkv(w, proj, t, st, m);
+        self.gdn_gates(w, proj, t, m);
+        let dims = GdnDims {
+            n_tokens: t,
+            n_k_heads: hk,
+            n_v_heads: hv,
+            d_k: dk,
+            d_v: dv,
+            tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
+        };
+        sized(&mut m.o, t * hv * dv);
+        let mut a = 0;
+        for &b in at.rows {
+            delta_rule_rows(dims, m, a..b, &mut st.recurrent);
+            let conv = if b == t {
+                st.conv.clone()
+            } else {
+                conv_window(&before, &m.a, conv_dim, kc, b)
+            };
+            let recurrent = st.recurrent.clone();
+            cap.keep(at.pos0 + b, at.layer, LinearState { conv, recurrent });
+            a = b;
+        }
+        if a < t {
+            delta_rule_rows(dims, m, a..t, &mut st.recurrent);
         }
         let _p = profile::scope(Op::Norm);
         rowops::gated_rms_norm(&mut m.o, &m.z, &w.norm, c.rms_norm_eps as f32);
@@ -279,4 +346,28 @@ fn attention_gate(part: Partial, m: &mut MixerBufs) {
     m.o = part.o;
     let _p = profile::scope(Op::Activation);
     rowops::sigmoid_mul(&mut m.o, &m.b);
+}
+
+/// The chunked delta rule on rows `r` of a call whose inputs sit in `m` (`q`, `k` `[t, Hk·Dk]`, `v` `[t, Hv·Dv]`,
+/// `g`, `beta` `[t, Hv]`), advancing `state` and writing rows `r` of `m.o` (`[t, Hv·Dv]`). `d.n_tokens` is the call's
+/// `t`; `r.start` must be a chunk boundary of the call for the result to equal the whole call's.
+fn delta_rule_rows(d: GdnDims, m: &mut MixerBufs, r: std::ops::Range<usize>, state: &mut [f32]) {
+    let (qk, vv, g) = (d.n_k_heads * d.d_k, d.n_v_heads * d.d_v, d.n_v_heads);
+    let dims = GdnDims {
+        n_tokens: r.len(),
+        ..d
+    };
+    let (a, b) = (r.start, r.end);
+    let _p = profile::scope(Op::DeltaChunked);
+    gdn::delta_rule_chunked(
+        dims,
+        GDN_CHUNK,
+        &m.q[a * qk..b * qk],
+        &m.k[a * qk..b * qk],
+        &m.v[a * vv..b * vv],
+        &m.g[a * g..b * g],
+        &m.beta[a * g..b * g],
+        state,
+        &mut m.o[a * vv..b * vv],
+    );
 }

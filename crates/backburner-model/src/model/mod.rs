@@ -17,6 +17,7 @@ use crate::ops::Rope;
 use crate::state::ModelState;
 
 mod batch;
+mod capture;
 mod forward;
 mod interleave;
 mod load;

@@ -1,5 +1,8 @@
 //! Reusable activation buffers of the forward pass (f32), grown to the largest ubatch seen and then reused (no
-//! allocation per op). They hold no state: they are never snapshotted or transferred.
+//! allocation per op), and the checkpoints requested of a call. They hold no state: they are never snapshotted or
+//! transferred.
+
+use super::capture::Capture;
 
 /// Row-wise buffers of a layer: the norms, the projections and the MLP on `[rows, ·]` activations (`rows` = the
 /// ubatch's tokens, or one token per sequence in a batched decode step).
@@ -49,6 +52,8 @@ pub(crate) struct MixerBufs {
 pub struct Scratch {
     pub(super) rows: RowBufs,
     pub(super) mix: MixerBufs,
+    /// The exact checkpoints requested of the coming calls and those taken ([`crate::ModelState::request_checkpoints`]).
+    pub(super) capture: Capture,
 }
 
 impl Scratch {
