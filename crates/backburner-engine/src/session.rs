@@ -7,6 +7,8 @@ use backburner_model::{KvOptions, Model, ModelState, StateSnapshot};
 
 use crate::compute::ComputePool;
 use crate::error::{EngineError, Result};
+use crate::grid::Grid;
+use crate::history::History;
 use crate::offload::{KvBudget, Placement, Workers};
 use crate::split::{LinkStats, WorkerClient};
 
@@ -57,8 +59,13 @@ pub enum Logits {
 pub struct Session {
     pub(crate) model: Arc<Model>,
     pub(crate) state: ModelState,
-    /// The token history. While `rebuild` is set the state is empty and these wait to be re-ingested.
-    pub(crate) tokens: Vec<u32>,
+    /// The token history and how it was computed. While `rebuild` is set the state is empty and these wait to be
+    /// re-ingested (replaying the same calls: [`History::calls`]).
+    pub(crate) history: History,
+    /// Positions at which prefills keep exact checkpoints ([`Session::keep_checkpoints_at`]).
+    pub(crate) marks: Vec<usize>,
+    /// Checkpoints taken at `marks` and not yet collected.
+    pub(crate) taken: Vec<StateSnapshot>,
     pub(crate) opts: SessionOptions,
     pub(crate) workers: Workers,
     /// Where the offloaded pages live.
@@ -103,7 +110,9 @@ impl Session {
         Ok(Session {
             model,
             state,
-            tokens: Vec::new(),
+            history: History::default(),
+            marks: Vec::new(),
+            taken: Vec::new(),
             opts,
             workers: Default::default(),
             placement: Placement::default(),
@@ -158,7 +167,17 @@ impl Session {
 
     /// Tokens processed so far.
     pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+        self.history.tokens()
+    }
+
+    /// The token history with how each position was computed (prefill calls or decode steps).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// The prefill grid: where ubatches end and where a prefill may resume with the same bits ([`crate::grid`]).
+    pub fn grid(&self) -> Grid {
+        Grid::new(self.opts.ubatch)
     }
 
     /// The model state.
@@ -181,9 +200,9 @@ impl Session {
     /// Checks that `add` more tokens fit. Errors: [`EngineError::ContextOverflow`].
     pub fn check_fits(&self, add: usize) -> Result<()> {
         let limit = self.context_length();
-        if self.tokens.len() + add > limit {
+        if self.history.len() + add > limit {
             return Err(EngineError::ContextOverflow {
-                have: self.tokens.len(),
+                have: self.history.len(),
                 add,
                 limit,
             });
@@ -191,9 +210,9 @@ impl Session {
         Ok(())
     }
 
-    /// Runs `ids` through the model in ubatches of `ubatch` tokens, appending them to the session, and returns the
-    /// logits per `which` (`[vocab]` or `[ids.len(), vocab]`, f32). `progress(done, total)` is called after each
-    /// ubatch.
+    /// Runs `ids` through the model in ubatches that end at absolute multiples of `ubatch` ([`Grid::ubatches`]),
+    /// appending them to the session, and returns the logits per `which` (`[vocab]` or `[ids.len(), vocab]`, f32).
+    /// `progress(done, total)` is called after each ubatch. A call of one token is a decode step.
     ///
     /// Every input is checked before the state changes, and the local forward pass cannot fail after that, so an
     /// error leaves the session as it was. A split prefill that fails on the worker's side is undone (from a
@@ -224,20 +243,28 @@ impl Session {
             if let Some(w) = ws.first_mut() {
                 if w.wants(ids.len(), self.opts.ubatch) {
                     let snap = self.state.snapshot();
+                    let grid = self.grid();
+                    let capture = self.capture_begin(ids.len());
                     match w.prefill(
                         &self.model,
                         &mut self.state,
                         ids,
-                        self.opts.ubatch,
+                        grid,
                         &self.opts.pool,
                         &mut progress,
                     ) {
                         Ok(logits) => {
-                            self.tokens.extend_from_slice(ids);
+                            let pos = self.history.len();
+                            for r in grid.ubatches(pos, ids.len()) {
+                                self.history
+                                    .push_call(&ids[r.start - pos..r.end - pos], grid);
+                            }
+                            self.capture_end(capture);
                             return Ok(logits);
                         }
                         Err(e) => {
                             // Undo whatever the split call changed, then run the batch here.
+                            self.capture_discard(capture);
                             self.state.restore(&snap);
                             w.fail(&e);
                         }
@@ -261,23 +288,25 @@ impl Session {
             Phase::Prefill
         });
         let vocab = self.model.config().vocab_size;
+        let pos = self.history.len();
         let mut out = Vec::new();
-        let mut done = 0;
-        for chunk in ids.chunks(self.opts.ubatch) {
-            let t = chunk.len();
-            done += t;
+        for r in self.grid().ubatches(pos, ids.len()) {
+            let chunk = &ids[r.start - pos..r.end - pos];
+            let (t, done) = (chunk.len(), r.end - pos);
             let want = match which {
                 Logits::All => Some(0..t),
                 Logits::Last if done == ids.len() => Some(t - 1..t),
                 Logits::Last => None,
             };
+            let capture = self.capture_begin(t);
             let (model, state) = (&self.model, &mut self.state);
             let logits = self
                 .opts
                 .pool
                 .install(|| model.forward_tokens(chunk, state, want));
             out.extend(logits);
-            self.tokens.extend_from_slice(chunk);
+            self.history.push_call(chunk, self.grid());
+            self.capture_end(capture);
             progress(done, ids.len());
         }
         debug_assert!(out.len() == vocab || out.len() == vocab * ids.len());
@@ -347,7 +376,10 @@ impl Session {
         }
         let end = self.state.n_tokens() + n;
         self.state.set_position(end);
-        self.tokens.resize(end, 0);
+        // as decode steps: no exact resume point inside
+        for _ in 0..n {
+            self.history.push_call(&[0], self.grid());
+        }
         Ok(())
     }
 
@@ -361,16 +393,17 @@ impl Session {
     /// state; the next prefill re-ingests the tokens kept.
     pub fn rewind(&mut self, snap: &StateSnapshot) {
         let n = snap.n_tokens();
+        self.taken.retain(|c| c.n_tokens() <= n);
         if self.rebuild || n < self.state.offloaded() || self.chain.is_some() {
             // the workers of a layer split cannot rewind their linear states: rebuild from the tokens kept
-            self.tokens.truncate(n);
+            self.history.truncate(n);
             self.drop_state_for_rebuild();
             if let Some(c) = &mut self.chain {
                 c.reset();
             }
         } else {
             self.state.restore(snap);
-            self.tokens.truncate(n);
+            self.history.truncate(n);
         }
         for w in self.lock_workers().iter_mut() {
             w.on_truncate(n);
@@ -381,7 +414,8 @@ impl Session {
     pub fn clear(&mut self) {
         self.drop_state_for_rebuild();
         self.rebuild = false;
-        self.tokens.clear();
+        self.history.clear();
+        self.taken.clear();
         if let Some(c) = &mut self.chain {
             c.reset();
         }

@@ -83,7 +83,9 @@ fn a_second_turn_reuses_the_mirror_and_a_regenerate_below_the_watermark_stays_ex
         * (cfg.conv_dim() * 3
             + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim);
     let sync_payload = (split.tokens().len() - turn2.len() - 4 - wm) * row * 2 + 3 * lin; // K,V of 1 attention + 3 linear layers in 4..8
-    let residuals = (3 * UBATCH) * cfg.hidden_size * 4;
+                                                                                          // ubatches end at absolute multiples: the worker runs every one of turn 2's but the last (which ends the prefill)
+    let pre_end = split.tokens().len() - 4;
+    let residuals = (turn2.len() - pre_end % UBATCH) * cfg.hidden_size * 4;
     let sent = (after2.bytes_sent - after1.bytes_sent) as usize;
     assert!(
         sent >= sync_payload + residuals && sent < sync_payload + residuals + 1024,

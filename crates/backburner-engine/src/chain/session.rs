@@ -9,6 +9,7 @@ use backburner_model::Model;
 use super::{LayerSplit, StageError};
 use crate::connection::SessionShape;
 use crate::error::{EngineError, Result};
+use crate::grid::Grid;
 use crate::session::{Logits, Session, SessionOptions};
 
 impl Session {
@@ -58,14 +59,22 @@ impl Session {
         };
         let pos = self.state.n_tokens();
         let chain = self.chain.as_mut().expect("a layer-split session");
-        let rebuild = self.rebuild || !chain.in_step(pos) || pos != self.tokens.len();
+        let rebuild = self.rebuild || !chain.in_step(pos) || pos != self.history.len();
+        let grid = Grid::new(self.opts.ubatch);
         let r = (|| {
             if rebuild {
                 chain.reset();
                 self.state.clear();
                 chain.connect(self.model.config(), shape)?;
-                if !self.tokens.is_empty() {
-                    let hist: Vec<&[u32]> = self.tokens.chunks(self.opts.ubatch).collect();
+                if !self.history.is_empty() {
+                    // the history's own calls again: the same bits as when they first ran
+                    let toks = self.history.tokens();
+                    let hist: Vec<&[u32]> = self
+                        .history
+                        .calls(grid)
+                        .into_iter()
+                        .map(|r| &toks[r])
+                        .collect();
                     chain.run(
                         &self.model,
                         &mut self.state,
@@ -79,7 +88,12 @@ impl Session {
             } else {
                 chain.connect(self.model.config(), shape)?;
             }
-            let chunks: Vec<&[u32]> = ids.chunks(self.opts.ubatch).collect();
+            let n0 = self.history.len();
+            let calls = grid.ubatches(n0, ids.len());
+            let chunks: Vec<&[u32]> = calls
+                .iter()
+                .map(|r| &ids[r.start - n0..r.end - n0])
+                .collect();
             let last = chunks.len() - 1;
             let (model, pool) = (&self.model, &self.opts.pool);
             let hidden = model.config().hidden_size;
@@ -108,7 +122,10 @@ impl Session {
         })();
         match r {
             Ok(logits) => {
-                self.tokens.extend_from_slice(ids);
+                let n0 = self.history.len();
+                for r in grid.ubatches(n0, ids.len()) {
+                    self.history.push_call(&ids[r.start - n0..r.end - n0], grid);
+                }
                 self.rebuild = false;
                 Ok(logits)
             }
@@ -125,7 +142,7 @@ impl Session {
         let (addr, layers) = (stage.addr().to_string(), stage.range());
         chain.fail(&e);
         self.state.clear();
-        self.rebuild = !self.tokens.is_empty();
+        self.rebuild = !self.history.is_empty();
         let layers = format!("{}..{}", layers.start, layers.end);
         let reason = e.error.to_string();
         if e.connecting {
@@ -139,7 +156,7 @@ impl Session {
                 addr,
                 layers,
                 reason,
-                kept: self.tokens.len(),
+                kept: self.history.len(),
             }
         }
     }

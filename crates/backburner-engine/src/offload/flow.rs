@@ -7,6 +7,7 @@ use backburner_model::{KvOptions, GDN_CHUNK};
 
 use super::{attention_layers, LinkPages, PutOutcome};
 use crate::error::{EngineError, Result};
+use crate::history::History;
 use crate::session::{Logits, Session};
 use crate::worker::pages::{page_bytes, PageShape};
 
@@ -34,7 +35,7 @@ impl Session {
             || self.state.offloaded() > 0
             || self
                 .budget_positions()
-                .is_some_and(|b| self.tokens.len().saturating_add(add) > b)
+                .is_some_and(|b| self.history.len().saturating_add(add) > b)
     }
 
     /// Drops the state and the pages on workers (best effort); the tokens are kept for a rebuild.
@@ -55,7 +56,7 @@ impl Session {
         self.placement.clear();
         self.state.clear();
         let _ = self.state.take_remote_error();
-        self.rebuild = !self.tokens.is_empty();
+        self.rebuild = !self.history.is_empty();
     }
 
     /// Prefill of validated `ids` under the KV budget, re-ingesting the history first when a rebuild is pending.
@@ -69,7 +70,7 @@ impl Session {
         progress: &mut impl FnMut(usize, usize),
     ) -> Result<Vec<f32>> {
         if let Some(b) = self.budget_positions() {
-            let need = self.tokens.len().saturating_add(ids.len());
+            let need = self.history.len().saturating_add(ids.len());
             if need > b && self.lock_workers().is_empty() {
                 let why = "no worker is attached to hold the oldest pages (--worker)";
                 return Err(self.budget_error(need, why.into()));
@@ -77,23 +78,27 @@ impl Session {
         }
         let mut attempts = 0usize;
         loop {
-            let history = self.rebuild.then(|| std::mem::take(&mut self.tokens));
+            let history = self.rebuild.then(|| self.history.take());
             if history.is_some() {
                 self.placement.clear();
                 self.state.clear();
             }
-            let skip = history.as_ref().map_or(0, Vec::len);
+            let skip = history.as_ref().map_or(0, History::len);
             let input: Vec<u32> = match &history {
-                Some(h) => h.iter().chain(ids).copied().collect(),
+                Some(h) => h.tokens().iter().chain(ids).copied().collect(),
                 None => ids.to_vec(),
             };
-            let start = self.tokens.len();
+            // the history's own calls again (the same bits), then the new ids on the grid
+            let grid = self.grid();
+            let start = self.history.len();
+            let mut calls = history.as_ref().map_or_else(Vec::new, |h| h.calls(grid));
+            calls.extend(grid.ubatches(start + skip, ids.len()));
             // a refusal is raised before a ubatch runs: a call of one ubatch changes nothing before it, so only a
             // longer one needs a snapshot (a copy of every linear state: not on the decode path)
-            let multi = input.len() > self.opts.ubatch;
+            let multi = calls.len() > 1;
             let snap = multi.then(|| self.state.snapshot());
             let off0 = self.state.offloaded();
-            let failure = match self.run_budgeted(&input, which, skip, progress) {
+            let failure = match self.run_budgeted(&input, &calls, which, skip, progress) {
                 Ok(logits) => {
                     self.rebuild = false;
                     return Ok(logits);
@@ -101,9 +106,9 @@ impl Session {
                 Err(f) => f,
             };
             // the tokens before this call
-            self.tokens.truncate(start);
+            self.history.truncate(start);
             if let Some(h) = history {
-                self.tokens = h;
+                self.history = h;
             }
             match failure {
                 Failure::Refused(e) if self.state.offloaded() == off0 && !self.rebuild => {
@@ -120,12 +125,12 @@ impl Session {
                     self.offload_stats.offload_failures += 1;
                     tracing::warn!(
                         "KV pages on a worker were lost ({why}); re-ingesting {} tokens",
-                        self.tokens.len()
+                        self.history.len()
                     );
                     self.drop_state_for_rebuild();
                     attempts += 1;
                     if attempts > self.lock_workers().len() {
-                        let need = self.tokens.len() + ids.len();
+                        let need = self.history.len() + ids.len();
                         return Err(
                             self.budget_error(need, format!("workers kept failing ({why})"))
                         );
@@ -135,11 +140,13 @@ impl Session {
         }
     }
 
-    /// Runs `input` in ubatches, moving pages to workers as the budget requires; returns the logits of `which`
-    /// for the tokens past the first `skip` (re-ingested history).
+    /// Runs `input` (the tokens at the end of the history) as the forward `calls` (consecutive absolute position
+    /// ranges covering it), moving pages to workers as the budget requires; returns the logits of `which` for the
+    /// tokens past the first `skip` (re-ingested history).
     fn run_budgeted(
         &mut self,
         input: &[u32],
+        calls: &[std::ops::Range<usize>],
         which: Logits,
         skip: usize,
         progress: &mut impl FnMut(usize, usize),
@@ -153,7 +160,9 @@ impl Session {
         let mut done = 0;
         let head_dim = self.model.config().head_dim;
         let ps = self.opts.kv.page_size;
-        for chunk in input.chunks(self.opts.ubatch) {
+        let base = self.history.len();
+        for r in calls {
+            let chunk = &input[r.start - base..r.end - base];
             let t = chunk.len();
             self.make_room(t)?;
             let decode_bytes =
@@ -168,6 +177,7 @@ impl Session {
                 Logits::Last if done + t == input.len() => Some(t - 1..t),
                 Logits::Last => None,
             };
+            let capture = self.capture_begin(t);
             let (model, state) = (&self.model, &mut self.state);
             // two halves on GDN-chunk boundaries, so each half's arithmetic is that of the whole ubatch
             let split = (t / 2) / GDN_CHUNK * GDN_CHUNK;
@@ -182,6 +192,7 @@ impl Session {
             self.state.take_remote();
             self.offload_stats.interleaved_ubatches += u64::from(interleave);
             if let Some(e) = self.state.take_remote_error() {
+                self.capture_discard(capture);
                 return Err(Failure::Lost(e.to_string()));
             }
             if let Some(before) = decode_bytes {
@@ -189,7 +200,8 @@ impl Session {
                 self.offload_stats.offload_decode_bytes += self.link_bytes().saturating_sub(before);
             }
             out.extend(logits);
-            self.tokens.extend_from_slice(chunk);
+            self.history.push_call(chunk, self.grid());
+            self.capture_end(capture);
             done += t;
             if done > skip {
                 progress(done - skip, input.len() - skip);

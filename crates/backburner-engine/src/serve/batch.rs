@@ -72,7 +72,8 @@ fn forward_batch(
         .collect();
     let logits = pool.install(|| model.forward_decode_batch(&bids, &mut states));
     for (&i, &id) in batch.iter().zip(&bids) {
-        sessions[i].tokens.push(id);
+        let grid = sessions[i].grid();
+        sessions[i].history.push_call(&[id], grid);
     }
     let vocab = model.config().vocab_size;
     logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()

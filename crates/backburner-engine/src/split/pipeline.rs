@@ -11,6 +11,7 @@ use backburner_model::{Model, ModelConfig, ModelState};
 
 use super::WorkerClient;
 use crate::compute::ComputePool;
+use crate::grid::Grid;
 use crate::wire;
 
 /// Sets `r`'s deadline to `start + budget`.
@@ -78,7 +79,7 @@ impl WorkerClient {
         Ok(())
     }
 
-    /// Runs a split prefill of `ids` (≥ 2 ubatches) on `state`, returning the last token's logits `[vocab]`.
+    /// Runs a split prefill of `ids` (≥ 2 ubatches of `grid`, ending at absolute multiples of its size) on `state`, returning the last token's logits `[vocab]`.
     /// On error the caller must restore `state` and rerun locally, then call [`WorkerClient::fail`].
     ///
     /// Every message has a deadline: `timeout + bytes / min_rate`, plus for a `LayersDone` the worker's expected
@@ -89,21 +90,25 @@ impl WorkerClient {
         model: &Model,
         state: &mut ModelState,
         ids: &[u32],
-        ubatch: usize,
+        grid: Grid,
         pool: &ComputePool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Vec<f32>, LinkError> {
         backburner_kernels::profile::set_phase(backburner_kernels::profile::Phase::Prefill);
         let cfg = model.config();
         let kv = state.kv_options();
-        self.ensure_connected(cfg, kv.dtype, kv.page_size, ubatch)?;
+        self.ensure_connected(cfg, kv.dtype, kv.page_size, grid.ubatch())?;
         let (l, n) = (self.split, cfg.num_hidden_layers);
         let hidden = cfg.hidden_size;
         let p = state.n_tokens();
         let max_rows = self.rows_per_frame(cfg, kv.dtype);
         self.sync_mirror(cfg, state, max_rows)?;
 
-        let chunks: Vec<&[u32]> = ids.chunks(ubatch).collect();
+        let chunks: Vec<&[u32]> = grid
+            .ubatches(p, ids.len())
+            .into_iter()
+            .map(|r| &ids[r.start - p..r.end - p])
+            .collect();
         let k = chunks.len();
         debug_assert!(k >= 2);
         let pos_last = p + ids.len() - chunks[k - 1].len();
