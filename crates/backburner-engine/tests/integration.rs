@@ -4,6 +4,7 @@
 mod common;
 mod worker_common;
 
+mod cache_exact;
 mod consistency;
 mod gguf;
 mod gguf_modes;

@@ -153,7 +153,7 @@ fn four_slots_give_each_sequence_its_own_tokens_and_logits() {
 }
 
 #[test]
-fn a_prompt_extending_the_history_reuses_it_and_gives_the_same_tokens() {
+fn a_prompt_extending_the_history_resumes_from_its_last_grid_point_bit_for_bit() {
     let model = load_model("tiny-f32");
     let vocab = model.config().vocab_size;
     let e = engine(&model, 1, 4, CacheLimits::default());
@@ -164,14 +164,22 @@ fn a_prompt_extending_the_history_reuses_it_and_gives_the_same_tokens() {
     let g = first.generation.unwrap();
     let mut p2 = p1.clone();
     p2.extend_from_slice(&g.tokens[..g.tokens.len() - 1]);
-    let held = p2.len();
     p2.extend(prompt(8, 20, vocab));
     let second = collect(submit(&e, p2.clone(), greedy(8)));
-    assert_eq!(second.cached, held, "the whole history is reused");
-    assert_eq!(second.tokens, alone(&model, &p2, &greedy(8)).tokens);
+    // the history ended in decode steps and its prompt mid-ubatch: it resumes from the prompt's last grid point (64,
+    // a ubatch end of 32) and runs the rest as a cold run does
+    assert_eq!(second.cached, 64);
+    let want = alone(&model, &p2, &greedy(8));
+    let g = second.generation.unwrap();
+    assert_eq!(g.tokens, want.tokens);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&g.step_logits) == bits(&want.step_logits),
+        "logits differ"
+    );
     let m = e.metrics();
     assert_eq!(m.cache_hits.load(Ordering::Relaxed), 1);
-    assert_eq!(m.cached_tokens.load(Ordering::Relaxed), held as u64);
+    assert_eq!(m.cached_tokens.load(Ordering::Relaxed), 64);
 }
 
 #[test]
@@ -223,9 +231,9 @@ fn a_request_goes_to_the_slot_holding_its_prefix() {
     for p in [&b, &a] {
         let mut next = p.clone();
         next.extend(prompt(13, 5, vocab));
-        // the history of each slot ends with the first generated token undecoded: 70 + 1 decoded − 1
+        // each slot holds an exact checkpoint at 64, the last grid point (ubatch 32) of its 70-token prompt
         let o = collect(submit(&e, next, greedy(2)));
-        assert_eq!(o.cached, 70, "routed to the slot that holds it");
+        assert_eq!(o.cached, 64, "routed to the slot that holds it");
     }
 }
 

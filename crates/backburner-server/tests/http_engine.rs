@@ -143,11 +143,13 @@ async fn chat_whole_and_streamed_equal_generate() {
         parsed.reasoning.clone().unwrap_or_default()
     );
     assert_eq!(st.delta_text("content"), opt_str(&c["message"]["content"]));
-    // the same chat again reuses the stable prefix (the history before the generation prompt)
+    // the same chat again reuses the last exact checkpoint before its last token
+    let cached = exact_reuse(&prompt, &prompt);
+    assert!(cached >= stable - stable % UBATCH && cached > 0);
     assert_eq!(
         usage_chunk["usage"],
         json!({"prompt_tokens": prompt.len(), "completion_tokens": n, "total_tokens": prompt.len() + n,
-               "prompt_tokens_details": {"cached_tokens": stable}})
+               "prompt_tokens_details": {"cached_tokens": cached}})
     );
     assert!(stable > 0);
     s.stop().await;
@@ -345,16 +347,17 @@ async fn the_prompt_cache_gives_the_tokens_of_a_fresh_server() {
         .ok();
     assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(a["usage"]["prompt_tokens"], p1.len());
-    // the same chat again: the history before the generation prompt comes from the cache
+    // the same chat again: all but the prompt's last grid points' tail comes from the cache
     let b = s
         .post("/v1/chat/completions", &body(&first, true))
         .await
         .ok();
+    let cached_b = exact_reuse(&p1, &p1);
     assert_eq!(
         b["usage"]["prompt_tokens_details"]["cached_tokens"],
-        stable1
+        cached_b
     );
-    assert!(stable1 > 0);
+    assert!(stable1 > 0 && cached_b >= stable1 - stable1 % UBATCH);
     assert_eq!(b["choices"], a["choices"]);
     // extended by a turn
     let mut second = first.clone();
@@ -370,10 +373,9 @@ async fn the_prompt_cache_gives_the_tokens_of_a_fresh_server() {
     let cached = c["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap() as usize;
-    assert!(
-        cached >= stable1,
-        "cached {cached}, stable prefix {stable1}"
-    );
+    // the history ended in decode steps: the checkpoints of the first prompt serve (its reply re-runs)
+    assert_eq!(cached, exact_reuse(&p1, &p2));
+    assert!(cached >= stable1 - stable1 % UBATCH);
     assert_eq!(c["usage"]["prompt_tokens"], p2.len());
     // a fresh server computes the whole prompt and answers the same
     let fresh = Server::engine(Setup::default()).await;
@@ -401,7 +403,7 @@ async fn the_prompt_cache_gives_the_tokens_of_a_fresh_server() {
     assert_eq!(s.metric("backburner_cache_hits_total").await, 2.0);
     assert_eq!(
         s.metric("backburner_cache_reused_tokens_total").await,
-        (stable1 + cached) as f64
+        (cached_b + cached) as f64
     );
     fresh.stop().await;
     s.stop().await;
@@ -598,10 +600,9 @@ async fn models_health_and_metrics() {
     let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap() as f64;
-    assert!(
-        cached >= 30.0,
-        "the second reuses the first's history: {cached}"
-    );
+    // the first prompt's last grid point (a multiple of the ubatch of 16 inside its 30 tokens)
+    assert_eq!(cached as usize, exact_reuse(&prompt, &p2));
+    assert_eq!(cached, 16.0);
     let page = s.get_text("/metrics").await.1;
     let n = (want.tokens.len() + want2.tokens.len()) as f64;
     let total = (prompt.len() + p2.len()) as f64;

@@ -48,15 +48,16 @@ impl Checkpoints {
         }
     }
 
-    /// Keeps `snap` (a snapshot at the end of the slot's history), dropping any at the same or a later position,
-    /// then the oldest while over the bounds. A snapshot alone larger than the byte bound is not kept.
+    /// Keeps `snap` (an exact checkpoint of the slot's history), replacing any at the same position, then drops the
+    /// oldest while over the bounds. A snapshot alone larger than the byte bound is not kept.
     pub fn push(&mut self, snap: StateSnapshot) {
         let n = snap.n_tokens();
         if n == 0 || self.limits.max_checkpoints == 0 || snap.bytes() > self.limits.max_bytes {
             return;
         }
-        self.list.retain(|c| c.n_tokens() < n);
-        self.list.push(snap);
+        self.list.retain(|c| c.n_tokens() != n);
+        let at = self.list.partition_point(|c| c.n_tokens() < n);
+        self.list.insert(at, snap);
         while self.list.len() > self.limits.max_checkpoints || self.bytes() > self.limits.max_bytes
         {
             self.list.remove(0);
@@ -68,9 +69,19 @@ impl Checkpoints {
         self.list.iter().rev().find(|c| c.n_tokens() <= n)
     }
 
+    /// The checkpoint at position `n`, if kept.
+    pub fn at(&self, n: usize) -> Option<&StateSnapshot> {
+        self.list.iter().find(|c| c.n_tokens() == n)
+    }
+
     /// Drops the checkpoints past position `n` (the history was cut to `n` tokens).
     pub fn truncate(&mut self, n: usize) {
         self.list.retain(|c| c.n_tokens() <= n);
+    }
+
+    /// The bounds.
+    pub fn limits(&self) -> CacheLimits {
+        self.limits
     }
 
     /// Drops every checkpoint.

@@ -20,7 +20,8 @@ struct Active<'t> {
     slot: usize,
     seq: Sequence<'t>,
     job: Job,
-    /// Absolute position where the next prefill chunk must end at the latest (the stable prefix), if ahead.
+    /// Absolute position where a pipelined prefill call ends at the latest (the grid point at or before the stable
+    /// prefix), if ahead.
     cut: Option<usize>,
     /// The client went away (its sink returned false): nothing more is sent.
     gone: bool,
@@ -255,7 +256,15 @@ fn admit<'t>(
         request = %job.id, slot, prompt_tokens = job.prompt.len(), cached_tokens = reused,
         "request started"
     );
-    let cut = job.stable_prefix.filter(|&p| p > reused);
+    s.plan_checkpoints(reused, job.prompt.len(), job.stable_prefix);
+    // a pipelined prefill (split prefill, layer split) ends a call at the stable prefix's grid point, where the
+    // host holds every layer's state (not where that would leave a lone last token: a decode step)
+    let grid = s.session().grid();
+    let n = job.prompt.len();
+    let cut = job
+        .stable_prefix
+        .map(|p| grid.floor(p.min(n)))
+        .filter(|&p| p > reused && grid.resumes(p, n));
     let mut a = Active {
         slot,
         seq,
@@ -314,10 +323,11 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
     decode_all(slots, active, m);
 }
 
-/// Runs one prefill chunk of the job with the least prompt left (shortest first): one ubatch (ending at an absolute multiple of the
-/// ubatch or at the stable prefix), or all of the prompt up to the stable prefix when the session pipelines
-/// ubatches across workers (split prefill that the worker would take, a layer split) and no other job is in a
-/// slot.
+/// Runs one prefill chunk of the job with the least prompt left (shortest first): one ubatch (ending at an absolute
+/// multiple of the ubatch), or, when the session pipelines ubatches across workers (split prefill that the worker
+/// would take, a layer split) and no other job is in a slot, all of the prompt up to the stable prefix's grid point.
+/// Either way every call ends at a chunk boundary of the whole prompt's prefill (or its end), so the bits are those
+/// of a cold run, and the exact checkpoints it takes go to the slot's cache.
 fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Metrics) {
     let others = active.len() > 1;
     // the job with the least prompt left goes first: a short prompt is not held behind a long one's ingest
@@ -341,16 +351,14 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
             .is_some_and(|w| w.wants(left, ubatch));
     let whole = !others && pipelined;
     let mut n = if whole { left } else { ubatch - pos % ubatch };
-    if let Some(c) = a.cut.filter(|&c| c > pos) {
+    if let Some(c) = a.cut.filter(|&c| whole && c > pos) {
         n = n.min(c - pos);
     }
     let t0 = Instant::now();
     let r = a.seq.prefill_step(session, n, |_, _| {});
     Metrics::add(&m.prefill_us, t0.elapsed().as_micros() as u64);
-    let r = r.map(|()| {
-        Metrics::add(&m.prefill_tokens, n.min(left) as u64);
-        slot.checkpoint();
-    });
+    let r = r.map(|()| Metrics::add(&m.prefill_tokens, n.min(left) as u64));
+    slot.collect_checkpoints();
     // before the job's next event: a client that reads /metrics after its answer sees this step's link use
     publish_link(slots, m);
     if let Err(e) = r {

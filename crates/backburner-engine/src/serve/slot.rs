@@ -43,36 +43,43 @@ impl Slot {
         &self.checkpoints
     }
 
-    /// Tokens of `prompt` (`[n]` ids) this slot can skip: its whole history when `prompt` extends it, else the
-    /// longest checkpoint within the common prefix; at most `n − 1` (the last prompt token must run to give logits).
+    /// Tokens of `prompt` (`[n]` ids) this slot can skip with the bits of a cold run: the largest exact resume point
+    /// inside the prefix it shares with the history from which a prefill of the rest computes what a prefill of the
+    /// whole prompt computes ([`crate::Grid::resumes`]) — a checkpoint, or the history's end when that is one (a
+    /// grid point reached by prefill alone). At most `n − 1`: the last prompt token always runs, to give logits.
     pub fn reusable(&self, prompt: &[u32]) -> usize {
-        let hist = self.session.tokens();
-        let limit = prompt.len().saturating_sub(1);
-        let lcp = common_prefix(hist, prompt);
-        if lcp == hist.len() && hist.len() <= limit {
-            return hist.len();
+        let s = &self.session;
+        let (grid, n) = (s.grid(), prompt.len());
+        let lcp = common_prefix(s.tokens(), prompt);
+        let end = s.tokens().len();
+        let end_exact = grid.is_point(end) && s.history().exact_to(end);
+        let ok = |c: usize| c <= lcp && grid.resumes(c, n);
+        if end > 0 && end_exact && ok(end) {
+            return end;
         }
         self.checkpoints
-            .best_at_most(lcp.min(limit))
-            .map_or(0, |c| c.n_tokens())
+            .positions()
+            .into_iter()
+            .rev()
+            .find(|&c| ok(c))
+            .unwrap_or(0)
     }
 
     /// Makes the session hold exactly the prefix of `prompt` that [`Slot::reusable`] gives (rewinding to a
     /// checkpoint, or clearing), and returns its length: the caller ingests `prompt[len..]`.
     pub fn prepare(&mut self, prompt: &[u32]) -> usize {
         let reuse = self.reusable(prompt);
-        if reuse == self.session.tokens().len() {
+        if reuse > 0 && reuse == self.session.tokens().len() {
             return reuse;
         }
-        match self.checkpoints.best_at_most(reuse) {
-            Some(c) if c.n_tokens() == reuse && reuse > 0 => {
+        match self.checkpoints.at(reuse) {
+            Some(c) if reuse > 0 => {
                 self.session.rewind(c);
                 self.checkpoints.truncate(reuse);
                 reuse
             }
             _ => {
-                self.session.clear();
-                self.checkpoints.clear();
+                self.clear();
                 0
             }
         }
@@ -84,10 +91,24 @@ impl Slot {
         self.checkpoints.clear();
     }
 
-    /// Keeps a checkpoint of the session's state now (at the end of its history).
-    pub fn checkpoint(&mut self) {
-        if self.session.batchable() {
-            self.checkpoints.push(self.session.snapshot());
+    /// Asks the session for the exact checkpoints a request that ingests `prompt[reused..n]` should leave for later
+    /// ones ([`crate::Grid::checkpoints`]: ubatch ends, the last grid point of the prompt and of its stable prefix),
+    /// the newest as many as the cache keeps (its count and byte bounds).
+    pub fn plan_checkpoints(&mut self, reused: usize, n: usize, stable_prefix: Option<usize>) {
+        let grid = self.session.grid();
+        let marks: Vec<usize> = stable_prefix.into_iter().collect();
+        let mut at = grid.checkpoints(reused, n, &marks);
+        let limits = self.checkpoints.limits();
+        let each = self.session.state().linear_bytes().max(1);
+        let room = limits.max_checkpoints.min(limits.max_bytes / each);
+        at.drain(..at.len().saturating_sub(room));
+        self.session.keep_checkpoints_at(at);
+    }
+
+    /// Keeps the checkpoints the session's prefills took since the last call.
+    pub fn collect_checkpoints(&mut self) {
+        for c in self.session.take_checkpoints() {
+            self.checkpoints.push(c);
         }
     }
 }

@@ -77,12 +77,34 @@ pub fn tokenizer() -> Arc<TextTokenizer> {
     .clone()
 }
 
-/// Session options of a slot: the defaults, with `context` tokens of context when given.
+/// Tokens per ubatch of the test slots: small, so that the short chats of the tests reuse exact checkpoints (every
+/// multiple of 16 is a grid point; see `backburner_engine::grid`).
+pub const UBATCH: usize = 16;
+
+/// Session options of a slot: the defaults with ubatch [`UBATCH`], and `context` tokens of context when given.
 pub fn session_options(context: Option<usize>) -> SessionOptions {
     SessionOptions {
         context_length: context,
+        ubatch: UBATCH,
         ..SessionOptions::default()
     }
+}
+
+/// The tokens a slot whose history was prefilled from `prev` (a prompt of at most 16 ubatches: every ubatch end
+/// is still a checkpoint) reuses for `next`: the largest ubatch end inside their common prefix and before `next`'s
+/// last token.
+pub fn exact_reuse(prev: &[u32], next: &[u32]) -> usize {
+    let shared = prev
+        .iter()
+        .zip(next)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(next.len() - 1);
+    assert!(
+        prev.len() <= 16 * UBATCH,
+        "a prompt past the checkpoints kept"
+    );
+    shared - shared % UBATCH
 }
 
 /// A serving engine on the tiny model: `slots` slots, `queue` places in the queue.
