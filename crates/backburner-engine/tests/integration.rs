@@ -5,6 +5,7 @@ mod common;
 mod worker_common;
 
 mod cache_exact;
+mod cache_modes;
 mod consistency;
 mod gguf;
 mod gguf_modes;
