@@ -389,25 +389,48 @@ impl Session {
     }
 
     /// Goes back to a snapshot of this session (drops the tokens after it). Regenerating a reply rewinds to the
-    /// snapshot taken after the prompt. Going back below the positions held by workers drops their pages and the
-    /// state; the next prefill re-ingests the tokens kept.
-    pub fn rewind(&mut self, snap: &StateSnapshot) {
+    /// snapshot taken after the prompt. Returns true when the state was restored in place; false when it was
+    /// dropped instead and the next prefill re-ingests the tokens kept (replaying their calls, so with the same
+    /// bits): going back below the positions held by workers (KV offload) elsewhere than at a page boundary, or a
+    /// layer split whose workers do not all hold a checkpoint at the snapshot's position.
+    pub fn rewind(&mut self, snap: &StateSnapshot) -> bool {
         let n = snap.n_tokens();
         self.taken.retain(|c| c.n_tokens() <= n);
-        if self.rebuild || n < self.state.offloaded() || self.chain.is_some() {
-            // the workers of a layer split cannot rewind their linear states: rebuild from the tokens kept
+        let from = self.history.len();
+        let in_place = if self.rebuild {
+            false
+        } else if let Some(c) = self.chain.as_mut() {
+            c.rewind(from, n)
+        } else {
+            n >= self.state.offloaded() || self.rewind_into_offload(snap)
+        };
+        if in_place {
+            self.state.restore(snap);
+            self.history.truncate(n);
+        } else {
             self.history.truncate(n);
             self.drop_state_for_rebuild();
             if let Some(c) = &mut self.chain {
                 c.reset();
             }
-        } else {
-            self.state.restore(snap);
-            self.history.truncate(n);
         }
         for w in self.lock_workers().iter_mut() {
             w.on_truncate(n);
         }
+        in_place
+    }
+
+    /// Whether [`Session::rewind`] to a checkpoint at position `n` would restore the state in place (as far as the
+    /// host can tell: a layer split's workers may have dropped the checkpoint for memory, which `rewind` then finds).
+    pub fn rewinds_in_place(&self, n: usize) -> bool {
+        let ps = self.opts.kv.page_size;
+        !self.rebuild
+            && n <= self.history.len()
+            && self
+                .chain
+                .as_ref()
+                .is_none_or(|c| c.in_step(self.history.len()))
+            && (n >= self.state.offloaded() || n.is_multiple_of(ps))
     }
 
     /// Forgets every token (and the pages on workers).

@@ -210,3 +210,47 @@ fn prefill_past_the_budget_interleaved_or_not_gives_the_local_bits() {
         assert!(st.positions_on_workers >= 8 * 128 - 320);
     }
 }
+
+#[test]
+fn a_checkpoint_at_a_page_boundary_below_the_offloaded_pages_restores_in_place() {
+    let f = model_with_layers(8, 16);
+    let w = start_worker(f.dir.path(), None, None);
+    let p = prompt(5 * 64 + 10, 7);
+    let mut off = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    off.keep_checkpoints_at(vec![100, 112, 128, 192]);
+    off.prefill(&p, Logits::Last, |_, _| {}).unwrap();
+    let cps = off.take_checkpoints();
+    let at: Vec<usize> = cps.iter().map(|c| c.n_tokens()).collect();
+    // 100 is inside a ubatch of 16 (not a chunk boundary of its call): not taken
+    assert_eq!(at, [112, 128, 192]);
+    assert_eq!(
+        off.state().offloaded(),
+        4 * 64,
+        "pages on the worker past 192"
+    );
+    // 112 is below the offloaded pages and not a page boundary: only a rebuild could go there
+    assert!(!off.rewinds_in_place(112));
+    assert!(off.rewinds_in_place(128));
+    assert!(off.rewind(&cps[1]));
+    assert_eq!(off.link_stats().positions_on_workers, 128);
+    assert_eq!(off.state().offloaded(), 128);
+    // the rest of another prompt from there: the bits of a cold local run
+    let q = [&p[..128], &prompt(90, 8)[..]].concat();
+    let got = run_rest(&mut off, &q, 128, 5);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &q, 5);
+    assert_eq!(got.1, want.1);
+    assert!(got.0 == want.0, "logits differ in bits");
+    // a snapshot past the host's pages restores as usual; one not a page boundary below them rebuilds
+    assert!(!off.rewind(&cps[0]));
+    assert_eq!(off.state().n_tokens(), 0, "the state waits for a rebuild");
+    let again = run_rest(&mut off, &q, 112, 5);
+    assert!(again.0 == want.0, "rebuilt logits differ in bits");
+}
+
+/// [`run`] of `q[from..]` on a session holding `q[..from]`.
+fn run_rest(s: &mut Session, q: &[u32], from: usize, steps: usize) -> (Vec<Vec<u32>>, Vec<u32>) {
+    assert_eq!(s.tokens(), &q[..from]);
+    run(s, &q[from..], steps)
+}

@@ -56,7 +56,14 @@ fn sync(t: u64, a: u64, payload: Vec<u8>) -> Request {
 }
 
 fn run(pos: u64, n: u32, bytes: usize) -> Request {
-    Request::RunLayers(RunLayers { pos, n_tokens: n }, vec![0; bytes])
+    Request::RunLayers(
+        RunLayers {
+            pos,
+            n_tokens: n,
+            keep: Vec::new(),
+        },
+        vec![0; bytes],
+    )
 }
 
 fn fetch(a: u64, b: u64) -> Request {
@@ -358,6 +365,7 @@ fn a_layer_split_session_returns_the_residual_of_any_range() {
                 RunLayers {
                     pos: 0,
                     n_tokens: 3,
+                    keep: Vec::new(),
                 },
                 bytes.clone(),
             ),
@@ -381,4 +389,88 @@ fn a_layer_split_session_returns_the_residual_of_any_range() {
         got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
     );
+}
+
+/// A layer-split RunLayers of `t` rows at `pos` (a deterministic residual), keeping checkpoints at `keep`.
+fn split_run(hidden: usize, pos: u64, t: u32, keep: Vec<u64>) -> Request {
+    let x: Vec<f32> = (0..t as usize * hidden)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+        .collect();
+    let r = RunLayers {
+        pos,
+        n_tokens: t,
+        keep,
+    };
+    Request::RunLayers(r, backburner_link::frame::f32_bytes(&x))
+}
+
+#[test]
+fn a_layer_split_worker_keeps_checkpoints_and_rewinds_to_them_exactly() {
+    use backburner_link::message::{Rewind, MAX_KEEP};
+    let (_d, m) = model(8, 4);
+    let pool = ComputePool::new(1).unwrap();
+    let budget = MemoryBudget::new(1 << 30);
+    let mut sp = spec(8);
+    sp.range = 4..8;
+    sp.layer_split = true;
+    sp.ubatch = 128;
+    let hidden = m.config().hidden_size;
+    let mut core = SessionCore::new(m.clone(), sp.clone(), &budget).unwrap();
+    let mut h = |r: Request| core.handle(r, Instant::now(), &pool);
+    // keep lists that are too long, unordered or outside the ubatch are refused
+    let too_many: Vec<u64> = (1..=MAX_KEEP as u64 + 1).collect();
+    for keep in [too_many, vec![64, 64], vec![0], vec![101]] {
+        assert_eq!(
+            code(h(split_run(hidden, 0, 100, keep.clone()))),
+            ErrorCode::Malformed,
+            "{keep:?}"
+        );
+    }
+    // 100 rows keeping 64 (a chunk boundary of the call), 50 (not one: not kept) and 100 (its end)
+    assert!(matches!(
+        h(split_run(hidden, 0, 100, vec![50, 64, 100])),
+        Ok(Reply::LayersDone(..))
+    ));
+    assert!(matches!(
+        h(split_run(hidden, 100, 20, vec![])),
+        Ok(Reply::LayersDone(..))
+    ));
+    let rewind = |to| Request::Rewind(Rewind { to_pos: to });
+    // past the mirror: a fault; at the mirror: a no-op; where nothing is kept: refused, nothing changes
+    assert_eq!(code(h(rewind(121))), ErrorCode::BadState);
+    let done = |r: Result<Reply, _>| match r {
+        Ok(Reply::RewindDone(d)) => (d.pos, d.restored),
+        other => panic!("expected RewindDone, got {other:?}"),
+    };
+    assert_eq!(done(h(rewind(120))), (120, true));
+    assert_eq!(done(h(rewind(50))), (120, false));
+    assert_eq!(done(h(rewind(64))), (64, true));
+    assert_eq!(
+        core.checkpoints(),
+        [64],
+        "the later one is gone with the rewind"
+    );
+    // the state at 64 is that of a session that ran 64 rows of the same residual
+    let mut fresh = SessionCore::new(m.clone(), sp.clone(), &budget).unwrap();
+    fresh
+        .handle(split_run(hidden, 0, 64, vec![]), Instant::now(), &pool)
+        .unwrap();
+    let lin = |c: &SessionCore| {
+        (4..8)
+            .filter_map(|i| {
+                c.mirror()
+                    .linear(i)
+                    .map(|l| [l.conv.clone(), l.recurrent.clone()].concat())
+            })
+            .flat_map(|v| v.into_iter().map(f32::to_bits))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lin(&core), lin(&fresh));
+    assert_eq!(core.mirror().n_tokens(), 64);
+    // the checkpoints count against the budget and leave with the session
+    let held = core.held_bytes();
+    assert!(held > core.mirror().bytes() as u64);
+    let used = budget.used();
+    drop(core);
+    assert!(budget.used() <= used - held);
 }

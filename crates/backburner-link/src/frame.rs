@@ -7,7 +7,7 @@ use crate::error::LinkError;
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BBLK";
 /// The protocol version this build speaks. Peers must match exactly (see docs/PROTOCOL.md, "Versioning").
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Header length in bytes: magic (4) | version u16 | kind u16 | control length u32 | tensor length u32 | session u64.
 pub const HEADER_LEN: usize = 24;
 /// Largest control section accepted (bytes); control structs are small.
@@ -62,6 +62,10 @@ pub enum Kind {
     Attend = 20,
     /// worker → host: the attention partials (normalized output and log-sum-exp) over the pages held.
     Partials = 21,
+    /// host → worker: go back to a position, restoring the checkpoint kept there (layer split).
+    Rewind = 22,
+    /// worker → host: whether the rewind took place.
+    RewindDone = 23,
 }
 
 impl Kind {
@@ -86,10 +90,10 @@ impl TryFrom<u16> for Kind {
     type Error = LinkError;
     fn try_from(v: u16) -> Result<Self, LinkError> {
         use Kind::*;
-        const ALL: [Kind; 21] = [
+        const ALL: [Kind; 23] = [
             Hello, Challenge, Auth, Welcome, Error, Ping, Pong, Sync, SyncDone, RunLayers,
             LayersDone, Fetch, FetchDone, Reset, ResetDone, PagesPut, PagesDone, PagesFull,
-            PagesDrop, Attend, Partials,
+            PagesDrop, Attend, Partials, Rewind, RewindDone,
         ];
         ALL.into_iter()
             .find(|k| *k as u16 == v)

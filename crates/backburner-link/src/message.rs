@@ -117,6 +117,9 @@ pub struct Sync {
     pub linear: bool,
 }
 
+/// Most positions one `RunLayers` may ask the worker to keep checkpoints at.
+pub const MAX_KEEP: usize = 16;
+
 /// `RunLayers` (host → worker). Tensor section: the residual stream entering layer L, `[n_tokens, hidden]` f32.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLayers {
@@ -124,6 +127,27 @@ pub struct RunLayers {
     pub pos: u64,
     /// Tokens in this ubatch.
     pub n_tokens: u32,
+    /// Positions in `(pos, pos + n_tokens]` at which the worker keeps an exact checkpoint of its layers' states for a
+    /// later `Rewind` (layer split; at most [`MAX_KEEP`], increasing). A position that is not a multiple of 64 rows
+    /// from `pos` nor the ubatch's end is not kept, and the worker may drop any checkpoint for memory.
+    pub keep: Vec<u64>,
+}
+
+/// `Rewind` (host → worker, layer split): go back to position `to_pos`, restoring the checkpoint kept there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rewind {
+    /// The position to go back to (at most the mirror's position).
+    pub to_pos: u64,
+}
+
+/// `RewindDone` (worker → host): whether the mirror is now at `to_pos` (its checkpoint there was restored, or it
+/// was there already); if not, nothing changed and the host rebuilds the worker's state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewindDone {
+    /// The mirror's position after the request.
+    pub pos: u64,
+    /// Whether the rewind took place (false: no checkpoint at `to_pos`; the mirror is unchanged).
+    pub restored: bool,
 }
 
 /// `LayersDone` (worker → host). Tensor section: in a layer-split session the residual stream leaving the worker's
@@ -253,6 +277,8 @@ pub enum Request {
     PagesDrop(PagesDrop),
     /// Attend queries (`[n_tokens, n_heads, head_dim]` f32 bytes) over the pages held.
     Attend(Attend, Vec<u8>),
+    /// Go back to a checkpoint (layer split).
+    Rewind(Rewind),
 }
 
 impl Request {
@@ -275,9 +301,10 @@ impl Request {
             Kind::PagesPut => Request::PagesPut(decode_control(k, &f.control)?, f.tensor),
             Kind::PagesDrop => Request::PagesDrop(decode_control(k, &f.control)?),
             Kind::Attend => Request::Attend(decode_control(k, &f.control)?, f.tensor),
+            Kind::Rewind => Request::Rewind(decode_control(k, &f.control)?),
             other => return Err(LinkError::Unexpected {
                 expected:
-                    "a request (Ping, Sync, RunLayers, Fetch, Reset, PagesPut, PagesDrop, Attend)",
+                    "a request (Ping, Sync, RunLayers, Fetch, Reset, PagesPut, PagesDrop, Attend, Rewind)",
                 got: other,
             }),
         })

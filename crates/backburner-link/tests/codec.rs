@@ -5,12 +5,13 @@ use backburner_link::codec::{decode_control, encode_control, encode_frame, Frame
 use backburner_link::crypto::{derive, Role, SessionKeys};
 use backburner_link::frame::{Header, Kind, HEADER_LEN, MAX_CONTROL, PROTOCOL_VERSION};
 use backburner_link::message::{
-    Challenge, Fetch, FetchDone, LayersDone, RunLayers, SessionParams, Sync, Welcome, WorkerLimits,
+    Challenge, Fetch, FetchDone, LayersDone, Rewind, RewindDone, RunLayers, SessionParams, Sync,
+    Welcome, WorkerLimits,
 };
 use backburner_link::{LinkError, Request, WireKvDtype};
 use proptest::prelude::*;
 
-const KINDS: [Kind; 21] = [
+const KINDS: [Kind; 23] = [
     Kind::Hello,
     Kind::Challenge,
     Kind::Auth,
@@ -32,6 +33,8 @@ const KINDS: [Kind; 21] = [
     Kind::PagesDrop,
     Kind::Attend,
     Kind::Partials,
+    Kind::Rewind,
+    Kind::RewindDone,
 ];
 
 fn keys() -> (SessionKeys, SessionKeys) {
@@ -188,12 +191,12 @@ fn header_fields_at_zero_max_and_past_max() {
     assert!(too_large(err(header(10, PROTOCOL_VERSION, u32::MAX, 0))));
     assert!(too_large(err(header(10, PROTOCOL_VERSION, 0, 1001))));
     assert!(too_large(err(header(10, PROTOCOL_VERSION, 0, u32::MAX))));
-    for k in [0u16, 22, u16::MAX] {
+    for k in [0u16, 24, u16::MAX] {
         assert!(
             matches!(err(header(k, PROTOCOL_VERSION, 0, 0)), LinkError::UnknownKind(v) if v == k)
         );
     }
-    for v in [0u16, 1, 3, 4, 6, u16::MAX] {
+    for v in [0u16, 1, 3, 4, 5, 7, u16::MAX] {
         assert!(
             matches!(err(header(1, v, 0, 0)), LinkError::VersionMismatch { theirs, .. } if theirs == v)
         );
@@ -244,8 +247,15 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
             &RunLayers {
                 pos: x,
                 n_tokens: y,
+                keep: vec![x; usize::from(x % 3 == 0) * 2],
             },
         );
+        control_round_trip(Kind::Rewind, &Rewind { to_pos: x });
+        let rd = RewindDone {
+            pos: x,
+            restored: x % 2 == 0,
+        };
+        control_round_trip(Kind::RewindDone, &rd);
         let done = LayersDone {
             pos_after: x,
             compute_us: x,
@@ -300,8 +310,11 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
         }
     }
     // a value past u32 in a u32 field, a bool other than 0/1 and an unknown dtype index are refused
-    let big = encode_control(&(0u64, u64::from(u32::MAX) + 1)).unwrap();
+    let big = encode_control(&(0u64, u64::from(u32::MAX) + 1, Vec::<u64>::new())).unwrap();
     assert!(decode_control::<RunLayers>(Kind::RunLayers, &big).is_err());
+    // a RunLayers of version 5 (no `keep`) is refused, not read with defaults
+    let v5 = encode_control(&(64u64, 2u32)).unwrap();
+    assert!(decode_control::<RunLayers>(Kind::RunLayers, &v5).is_err());
     assert!(decode_control::<Fetch>(Kind::Fetch, &[0, 0, 2]).is_err());
     assert!(decode_control::<WireKvDtype>(Kind::Auth, &[2]).is_err());
 }
@@ -314,6 +327,7 @@ fn requests_decode_to_typed_values_and_replies_are_not_requests() {
     let c = encode_control(&RunLayers {
         pos: 64,
         n_tokens: 2,
+        keep: vec![66],
     })
     .unwrap();
     encode_frame(
@@ -331,7 +345,8 @@ fn requests_decode_to_typed_values_and_replies_are_not_requests() {
         Request::RunLayers(
             RunLayers {
                 pos: 64,
-                n_tokens: 2
+                n_tokens: 2,
+                keep: vec![66],
             },
             vec![0; 8]
         )
@@ -415,7 +430,12 @@ fn page_messages_decode_to_typed_requests_and_malformed_controls_are_refused() {
         Err(LinkError::Malformed(_))
     ));
     // replies are not requests
-    for k in [Kind::PagesDone, Kind::PagesFull, Kind::Partials] {
+    for k in [
+        Kind::PagesDone,
+        Kind::PagesFull,
+        Kind::Partials,
+        Kind::RewindDone,
+    ] {
         assert!(matches!(
             roundtrip(k, vec![0, 0, 0], &[]),
             Err(LinkError::Unexpected { .. })

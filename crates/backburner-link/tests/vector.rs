@@ -94,15 +94,15 @@ fn the_documented_handshake_and_sealed_frames() {
     };
     let welcome = handshake_frame(&mut t, Kind::Welcome, &encode_control(&w).unwrap());
 
-    assert_eq!(hello, hex("42 42 4c 4b 05 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
-    assert_eq!(challenge, hex("42 42 4c 4b 05 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(th2.to_vec(), hex("f5 3c e7 99 74 2f ba 9c 98 d6 47 8a ce 3a b5 8f dc 57 ae a8 ce 3e af ca cf a0 0e af 9e e7 8f 33"));
-    assert_eq!(mac_h.to_vec(), hex("f5 60 95 b6 fb 72 27 94 98 c3 82 44 8a 01 4e 9e e7 03 b8 7c 41 c4 e4 25 33 80 2c f5 49 c5 db db"));
-    assert_eq!(auth_frame, hex("42 42 4c 4b 05 00 03 00 4b 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 f5 60 95 b6 fb 72 27 94 98 c3 82 44 8a 01 4e 9e e7 03 b8 7c 41 c4 e4 25 33 80 2c f5 49 c5 db db aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00"));
-    assert_eq!(th3.to_vec(), hex("89 14 60 d0 c6 13 53 c8 7b 0d da a5 fb 4d 72 fd f9 ca 58 36 51 76 7c e7 8c ee 2a 2b 25 2d bd 27"));
-    assert_eq!(mac_w.to_vec(), hex("68 1b 42 e7 ee 16 69 55 d1 cf 42 cc 7d 6f cd f5 e8 48 69 d4 43 6e 8c af 2b 64 d7 33 a7 db 2d f1"));
-    assert_eq!(welcome, hex("42 42 4c 4b 05 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 68 1b 42 e7 ee 16 69 55 d1 cf 42 cc 7d 6f cd f5 e8 48 69 d4 43 6e 8c af 2b 64 d7 33 a7 db 2d f1 ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(t.hash().to_vec(), hex("d8 0f 6e 1a 14 5b c2 f4 46 21 ec 2c b5 40 ad a6 5e 8e 3a 14 be bf 83 a7 f1 b0 fa 62 ed cd be f0"));
+    assert_eq!(hello, hex("42 42 4c 4b 06 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
+    assert_eq!(challenge, hex("42 42 4c 4b 06 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(th2.to_vec(), hex("2a 93 3f 78 7f 54 9c 04 3c c6 9e e0 10 c2 e1 bc 98 0f f4 33 ae 45 3d ed c0 b0 4c 88 ea 23 d5 96"));
+    assert_eq!(mac_h.to_vec(), hex("81 4a 21 f7 13 50 4f 71 2b b5 fd 82 e6 11 c0 de 5a d6 a0 b4 28 4f a8 17 a8 1b 61 8f da 56 a6 6f"));
+    assert_eq!(auth_frame, hex("42 42 4c 4b 06 00 03 00 4b 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 81 4a 21 f7 13 50 4f 71 2b b5 fd 82 e6 11 c0 de 5a d6 a0 b4 28 4f a8 17 a8 1b 61 8f da 56 a6 6f aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00"));
+    assert_eq!(th3.to_vec(), hex("9a cf 0e ed 7f 91 20 48 c5 7b 21 4e 44 d9 c1 89 4e 27 f8 c9 16 74 8f da 9f 9b 24 dc 5e b4 f6 14"));
+    assert_eq!(mac_w.to_vec(), hex("dc 46 ab 70 4d 37 b3 a8 ee 1d 50 b6 40 37 ff a8 3a 92 2c 15 13 98 fc 82 3e 99 99 b1 68 0f 99 9a"));
+    assert_eq!(welcome, hex("42 42 4c 4b 06 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 dc 46 ab 70 4d 37 b3 a8 ee 1d 50 b6 40 37 ff a8 3a 92 2c 15 13 98 fc 82 3e 99 99 b1 68 0f 99 9a ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(t.hash().to_vec(), hex("e5 7e da 3b ea a7 a0 a3 b9 19 c1 95 54 bc 53 a9 00 e5 b8 ca c4 18 27 c1 73 69 3d 70 46 01 54 ac"));
 
     let th4 = t.hash();
     let mut host = derive(secret, &th4, Role::Host);
@@ -117,7 +117,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 05 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 12 2c a6 57 | 8a 23 c2 8e ab 09 2c 38 7c 11 76 b4 68 e3 7d be"));
+    assert_eq!(out, hex("42 42 4c 4b 06 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | b7 95 b0 1e | e0 9b 8d 47 e9 5d 97 98 a3 75 9d 8e bc ae 03 b9"));
     encode_frame(
         &mut out,
         Kind::Pong,
@@ -127,7 +127,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut worker.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 05 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 79 f1 3d d6 | 01 e8 e7 44 6d b5 94 f0 e6 93 bd 92 eb 7b 4d 5b"));
+    assert_eq!(out, hex("42 42 4c 4b 06 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 97 6c 88 fd | fa 06 b6 fb 51 5a 58 34 35 18 37 8a cc 8e 55 14"));
     let fetch = encode_control(&Fetch {
         from_pos: 0,
         to_pos: 3,
@@ -144,5 +144,5 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 05 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | 5c fa ac | 8a 33 53 9b 83 9c 98 27 29 60 74 e3 89 bd 22 8a"));
+    assert_eq!(out, hex("42 42 4c 4b 06 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | e4 bc 4a | 97 53 1a cc 6c 4d 0a 83 b3 ee c9 fa 48 fd 64 0c"));
 }

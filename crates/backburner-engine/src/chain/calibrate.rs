@@ -118,6 +118,7 @@ pub fn time_worker(
         stages: vec![stage],
         stats: Default::default(),
         host_end: 0,
+        keep: Vec::new(),
     };
     let lost = |chain: &LayerSplit, e: super::StageError| {
         let (addr, layers) = (

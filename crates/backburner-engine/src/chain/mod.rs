@@ -14,6 +14,7 @@
 //! fresh worker sessions (once the worker is back).
 
 pub mod calibrate;
+mod rewind;
 mod run;
 mod session;
 
@@ -88,6 +89,8 @@ pub struct ChainStats {
     pub failures: u64,
     /// Times the workers' state was rebuilt by re-ingesting the history.
     pub rebuilds: u64,
+    /// Times the workers went back to a checkpoint they kept (the prompt cache).
+    pub rewinds: u64,
 }
 
 /// The workers of a layer split, in chain order, and what their calls cost.
@@ -97,6 +100,8 @@ pub struct LayerSplit {
     pub(crate) stats: ChainStats,
     /// The host runs layers `[0, host_end)` (the first worker's first layer; fixed when the chain is made).
     pub(crate) host_end: usize,
+    /// Positions at which the workers keep exact checkpoints in the coming calls.
+    pub(crate) keep: Vec<usize>,
 }
 
 /// A stage's failure: which worker, and why.
@@ -137,6 +142,7 @@ impl LayerSplit {
             host_end: stages[0].range.start,
             stages,
             stats: ChainStats::default(),
+            keep: Vec::new(),
         })
     }
 

@@ -210,6 +210,7 @@ impl LayerSplit {
         let (mut x, host_us) = Self::host_layers(model, state, chunk, pool, l1);
         self.stats.host_us += th.elapsed().as_micros() as u64;
         let host_threads = pool.threads();
+        let keep = self.keep_in(pos, t);
         for (i, s) in self.stages.iter_mut().enumerate() {
             let fail = |error| StageError {
                 stage: i,
@@ -231,6 +232,7 @@ impl LayerSplit {
             let msg = RunLayers {
                 pos: pos as u64,
                 n_tokens: u32_tokens(t),
+                keep: keep.clone(),
             };
             if let Err(e) = c.writer.send(Kind::RunLayers, &msg, &bytes) {
                 return Err(fail(why(c, e)));

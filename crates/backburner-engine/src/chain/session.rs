@@ -58,7 +58,11 @@ impl Session {
             ubatch: self.opts.ubatch,
         };
         let pos = self.state.n_tokens();
+        // exact checkpoints: the host's layers here, the workers' on the workers (`RunLayers.keep`)
+        let capture = self.capture_begin(ids.len());
+        let keep: Vec<usize> = self.marks.clone();
         let chain = self.chain.as_mut().expect("a layer-split session");
+        chain.set_keep(&keep);
         let rebuild = self.rebuild || !chain.in_step(pos) || pos != self.history.len();
         let grid = Grid::new(self.opts.ubatch);
         let r = (|| {
@@ -126,10 +130,14 @@ impl Session {
                 for r in grid.ubatches(n0, ids.len()) {
                     self.history.push_call(&ids[r.start - n0..r.end - n0], grid);
                 }
+                self.capture_end(capture);
                 self.rebuild = false;
                 Ok(logits)
             }
-            Err(e) => Err(self.chain_lost(e)),
+            Err(e) => {
+                self.capture_discard(capture);
+                Err(self.chain_lost(e))
+            }
         }
     }
 

@@ -12,6 +12,7 @@ mod client;
 mod flow;
 mod placement;
 mod remote;
+mod rewind;
 
 pub use client::PutOutcome;
 pub use placement::{Placement, Run};

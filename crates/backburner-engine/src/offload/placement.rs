@@ -53,6 +53,14 @@ impl Placement {
         }
     }
 
+    /// Keeps positions `[0, end)`: runs past it are cut or dropped.
+    pub fn truncate(&mut self, end: usize) {
+        self.runs.retain(|r| r.start < end);
+        if let Some(r) = self.runs.last_mut() {
+            r.end = r.end.min(end);
+        }
+    }
+
     /// Forgets every run (the pages were dropped or lost).
     pub fn clear(&mut self) {
         self.runs.clear();

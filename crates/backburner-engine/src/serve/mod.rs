@@ -23,7 +23,7 @@ use backburner_model::TextTokenizer;
 pub use self::batch::decode_batch;
 pub use self::cache::{CacheLimits, Checkpoints};
 pub use self::metrics::Metrics;
-pub use self::slot::{common_prefix, Slot};
+pub use self::slot::{common_prefix, Reuse, Slot};
 use crate::error::{EngineError, Result};
 use crate::generate::{GenerateParams, Generation};
 use crate::session::Session;

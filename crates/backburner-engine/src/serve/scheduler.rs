@@ -232,11 +232,12 @@ fn admit<'t>(
         (job.events)(Event::Failed(e));
         return None;
     }
-    let reused = if job.cache_prompt {
-        s.prepare(&job.prompt)
+    let (reused, cached) = if job.cache_prompt {
+        let r = s.prepare(&job.prompt);
+        (r.kept, r.cached)
     } else {
         s.clear();
-        0
+        (0, 0)
     };
     let rest = job.prompt[reused..].to_vec();
     let seq = match Sequence::new(s.session(), rest, job.params.clone(), tok) {
@@ -248,13 +249,13 @@ fn admit<'t>(
         }
     };
     Metrics::add(&m.prompt_tokens, job.prompt.len() as u64);
-    if reused > 0 {
+    if cached > 0 {
         Metrics::add(&m.cache_hits, 1);
-        Metrics::add(&m.cached_tokens, reused as u64);
+        Metrics::add(&m.cached_tokens, cached as u64);
     }
     tracing::info!(
-        request = %job.id, slot, prompt_tokens = job.prompt.len(), cached_tokens = reused,
-        "request started"
+        request = %job.id, slot, prompt_tokens = job.prompt.len(), cached_tokens = cached,
+        rebuilt_tokens = reused - cached, "request started"
     );
     s.plan_checkpoints(reused, job.prompt.len(), job.stable_prefix);
     // a pipelined prefill (split prefill, layer split) ends a call at the stable prefix's grid point, where the
@@ -276,7 +277,7 @@ fn admit<'t>(
     let started = Event::Started {
         slot,
         prompt_tokens: a.job.prompt.len(),
-        cached_tokens: reused,
+        cached_tokens: cached,
         queue_ms: queued.elapsed().as_secs_f64() * 1e3,
     };
     a.send(started);

@@ -13,6 +13,17 @@ pub struct Slot {
     pub(crate) last_used: u64,
 }
 
+/// What a slot kept of a request's prompt ([`Slot::prepare`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reuse {
+    /// Prompt tokens the session holds: the request ingests the rest.
+    pub kept: usize,
+    /// Of those, the tokens whose state is there (`kept`, unless the rewind had to drop the state: the next prefill
+    /// then re-ingests the kept tokens first, a layer split whose workers lost their checkpoints, or KV offload
+    /// going back below the pages on workers).
+    pub cached: usize,
+}
+
 /// Length of the common prefix of `a` and `b`.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -45,15 +56,16 @@ impl Slot {
 
     /// Tokens of `prompt` (`[n]` ids) this slot can skip with the bits of a cold run: the largest exact resume point
     /// inside the prefix it shares with the history from which a prefill of the rest computes what a prefill of the
-    /// whole prompt computes ([`crate::Grid::resumes`]) — a checkpoint, or the history's end when that is one (a
-    /// grid point reached by prefill alone). At most `n − 1`: the last prompt token always runs, to give logits.
+    /// whole prompt computes ([`crate::Grid::resumes`]) — a checkpoint the session can go back to in place
+    /// ([`Session::rewinds_in_place`]: one that needs a re-ingest saves nothing), or the history's end when that is
+    /// one (a grid point reached by prefill alone). At most `n − 1`: the last prompt token always runs.
     pub fn reusable(&self, prompt: &[u32]) -> usize {
         let s = &self.session;
         let (grid, n) = (s.grid(), prompt.len());
         let lcp = common_prefix(s.tokens(), prompt);
         let end = s.tokens().len();
         let end_exact = grid.is_point(end) && s.history().exact_to(end);
-        let ok = |c: usize| c <= lcp && grid.resumes(c, n);
+        let ok = |c: usize| c <= lcp && grid.resumes(c, n) && s.rewinds_in_place(c);
         if end > 0 && end_exact && ok(end) {
             return end;
         }
@@ -66,21 +78,27 @@ impl Slot {
     }
 
     /// Makes the session hold exactly the prefix of `prompt` that [`Slot::reusable`] gives (rewinding to a
-    /// checkpoint, or clearing), and returns its length: the caller ingests `prompt[len..]`.
-    pub fn prepare(&mut self, prompt: &[u32]) -> usize {
+    /// checkpoint, or clearing): the caller ingests `prompt[kept..]`.
+    pub fn prepare(&mut self, prompt: &[u32]) -> Reuse {
         let reuse = self.reusable(prompt);
         if reuse > 0 && reuse == self.session.tokens().len() {
-            return reuse;
+            return Reuse {
+                kept: reuse,
+                cached: reuse,
+            };
         }
         match self.checkpoints.at(reuse) {
             Some(c) if reuse > 0 => {
-                self.session.rewind(c);
+                let in_place = self.session.rewind(c);
                 self.checkpoints.truncate(reuse);
-                reuse
+                Reuse {
+                    kept: reuse,
+                    cached: if in_place { reuse } else { 0 },
+                }
             }
             _ => {
                 self.clear();
-                0
+                Reuse { kept: 0, cached: 0 }
             }
         }
     }

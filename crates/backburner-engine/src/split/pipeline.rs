@@ -203,6 +203,7 @@ impl WorkerClient {
                         pos: (pos - t) as u64,
                         n_tokens: u32::try_from(t)
                             .expect("ubatch checked to fit u32 in the handshake"),
+                        keep: Vec::new(),
                     };
                     let _ = tx.send((msg, f32_bytes(&x), compute));
                     progress(pos - p, ids.len());

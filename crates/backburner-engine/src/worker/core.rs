@@ -9,12 +9,14 @@ use std::time::Instant;
 use backburner_kernels::kv::KvDtype;
 use backburner_link::frame::bytes_f32;
 use backburner_link::message::{
-    Fetch, FetchDone, LayersDone, PagesDone, PagesFull, Partials, RunLayers, Sync,
+    Fetch, FetchDone, LayersDone, PagesDone, PagesFull, Partials, Rewind, RewindDone, RunLayers,
+    Sync,
 };
 use backburner_link::{ErrorCode, Request};
 use backburner_model::{KvOptions, LayerKind, Model, ModelConfig, ModelState};
 
 use super::budget::{MakeRoom, MemoryBudget, OverBudget, Reservation};
+use super::checkpoints::{keep_positions, Checkpoints};
 use super::page_requests::{self, PageLimits};
 use super::pages::{PageShape, SessionPages};
 use crate::compute::ComputePool;
@@ -30,7 +32,7 @@ pub struct Fault {
 }
 
 impl Fault {
-    fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Fault {
             code,
             message: message.into(),
@@ -64,6 +66,8 @@ pub enum Reply {
     PagesFull(PagesFull),
     /// Attention partials, and the reservation that covers them until they are sent.
     Partials(Partials, Vec<u8>, Reservation),
+    /// Whether a rewind took place.
+    RewindDone(RewindDone),
 }
 
 /// What a session's KV-offload requests did (for the worker's log).
@@ -111,6 +115,8 @@ pub struct SessionCore {
     pages: SessionPages,
     attn_layers: Vec<usize>,
     page_stats: PageStats,
+    /// Exact checkpoints of the mirror (layer split) for `Rewind`.
+    checkpoints: Checkpoints,
 }
 
 fn page_limits<'a>(
@@ -176,6 +182,7 @@ impl SessionCore {
             budget: budget.clone(),
             room: None,
             last_done: Instant::now(),
+            checkpoints: Checkpoints::default(),
         })
     }
 
@@ -185,9 +192,17 @@ impl SessionCore {
         self
     }
 
-    /// Bytes the session's state and offloaded pages hold against the budget.
+    /// Bytes the session's state, checkpoints and offloaded pages hold against the budget.
     pub fn held_bytes(&self) -> u64 {
-        self.held.bytes().saturating_add(self.pages.bytes())
+        self.held
+            .bytes()
+            .saturating_add(self.pages.bytes())
+            .saturating_add(self.checkpoints.bytes())
+    }
+
+    /// The positions of the exact checkpoints held (layer split).
+    pub fn checkpoints(&self) -> Vec<usize> {
+        self.checkpoints.positions()
     }
 
     /// What this session holds, in bytes: the weights of its layers (shared by every session of that range), the
@@ -290,9 +305,11 @@ impl SessionCore {
             Request::Ping(p) => Ok(Reply::Pong(p)),
             Request::Reset => {
                 self.mirror.clear();
+                self.checkpoints.clear();
                 self.settle();
                 Ok(Reply::ResetDone)
             }
+            Request::Rewind(r) => self.rewind(r),
             Request::Sync(s, payload) => self.sync(s, &payload),
             Request::RunLayers(r, x) => self.run_layers(r, &x, arrived, pool),
             Request::Fetch(f) => self.fetch(f),
@@ -347,6 +364,7 @@ impl SessionCore {
         }
         self.reserve_growth(n)?;
         let (range, to) = (self.spec.range.clone(), size(s.truncate_to, "truncate_to")?);
+        self.checkpoints.truncate(to);
         wire::truncate_kv(&mut self.mirror, range.clone(), to);
         let cfg = self.model.config().clone();
         let r = wire::apply(&mut self.mirror, &cfg, range, n, s.linear, payload);
@@ -374,6 +392,7 @@ impl SessionCore {
             )));
         }
         self.check_positions(r.pos + u64::from(r.n_tokens))?;
+        let keep = keep_positions(&r)?;
         self.reserve_growth(t)?;
         // a layer-split reply: the residual and its sealed copy in the frame buffer
         let reply_bytes = if self.spec.layer_split { x.len() } else { 0 };
@@ -386,11 +405,18 @@ impl SessionCore {
         let mut x = bytes_f32(x).map_err(|e| Fault::new(ErrorCode::Malformed, e.to_string()))?;
         let t0 = Instant::now();
         let (model, range, mirror) = (&self.model, self.spec.range.clone(), &mut self.mirror);
+        if !keep.is_empty() {
+            mirror.request_checkpoints(&keep);
+        }
         pool.install(|| {
             backburner_kernels::profile::set_phase(backburner_kernels::profile::Phase::Prefill);
             model.forward_layers(range, &mut x, t, mirror)
         });
         self.model.commit_tokens(&mut self.mirror, t);
+        if !keep.is_empty() {
+            let got = self.mirror.take_checkpoints();
+            self.checkpoints.keep(got, &self.budget);
+        }
         self.settle();
         let compute = t0.elapsed();
         self.last_done = Instant::now();
@@ -447,5 +473,35 @@ impl SessionCore {
             payload,
             hold,
         ))
+    }
+
+    /// Goes back to `to_pos` from the checkpoint kept there (or stays, when the mirror is there). Errors: a
+    /// `BadState` fault for a position past the mirror's.
+    fn rewind(&mut self, r: Rewind) -> Result<Reply, Fault> {
+        let pos = self.mirror.n_tokens();
+        if r.to_pos > pos as u64 {
+            return Err(bad(format!(
+                "Rewind to {} is past the mirror's position {pos}",
+                r.to_pos
+            )));
+        }
+        let to = size(r.to_pos, "to_pos")?;
+        let restored = to == pos
+            || match self.checkpoints.at(to) {
+                Some(c) => {
+                    self.mirror.restore(c);
+                    true
+                }
+                None => false,
+            };
+        if restored {
+            self.checkpoints.truncate(to);
+            self.settle();
+        }
+        let done = RewindDone {
+            pos: self.mirror.n_tokens() as u64,
+            restored,
+        };
+        Ok(Reply::RewindDone(done))
     }
 }

@@ -12,6 +12,7 @@
 
 mod accept;
 mod budget;
+mod checkpoints;
 mod core;
 mod packer;
 mod page_requests;
@@ -466,6 +467,7 @@ fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError
         Reply::PagesDone(d) => conn.writer.send(Kind::PagesDone, &d, &[]),
         Reply::PagesFull(d) => conn.writer.send(Kind::PagesFull, &d, &[]),
         Reply::Partials(d, p, _hold) => conn.writer.send(Kind::Partials, &d, &p),
+        Reply::RewindDone(d) => conn.writer.send(Kind::RewindDone, &d, &[]),
     }
     .map(|_| ())
 }

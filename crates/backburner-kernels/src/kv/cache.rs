@@ -253,6 +253,22 @@ impl PagedKvCache {
         Ok(())
     }
 
+    /// Goes back to position `len` inside the positions held elsewhere: a page boundary at or below
+    /// [`PagedKvCache::offloaded`], whose holder keeps `[0, len)` and drops the rest. The pages held here are
+    /// dropped; `offloaded` and the length become `len`. Errors: [`KvError::BadRestore`] for a position that is not
+    /// a page boundary or is past `offloaded`; nothing changes then.
+    pub fn truncate_offloaded(&mut self, len: usize) -> Result<(), KvError> {
+        if len > self.offloaded || !len.is_multiple_of(self.page_size) {
+            return Err(KvError::BadRestore {
+                offloaded: self.offloaded,
+            });
+        }
+        self.pages.clear();
+        self.offloaded = len;
+        self.len = len;
+        Ok(())
+    }
+
     /// Forgets every position, those held elsewhere included (their holder must drop them too).
     pub fn clear(&mut self) {
         self.pages.clear();

@@ -50,7 +50,12 @@ impl LayerSplit {
         let l1 = self.host_end();
         let total: usize = chunks.iter().map(|c| c.len()).sum();
         let host_threads = pool.threads();
-        let LayerSplit { stages, stats, .. } = self;
+        let LayerSplit {
+            stages,
+            stats,
+            keep,
+            ..
+        } = self;
         let infos: Vec<StageInfo> = stages
             .iter()
             .map(|s| StageInfo {
@@ -141,6 +146,7 @@ impl LayerSplit {
                 let msg = RunLayers {
                     pos: pos as u64,
                     n_tokens: u32_tokens(t),
+                    keep: super::super::rewind::keep_in(keep, pos, t),
                 };
                 let _ = first_tx.send((msg, f32_bytes(&x), compute(0, t)));
                 done += t;

@@ -1,0 +1,52 @@
+//! Going back to a checkpoint below the positions held by workers (KV offload): at a page boundary the workers keep
+//! the pages before it and drop the rest, the host drops its own pages, and the linear states come from the
+//! checkpoint, so the prompt cache resumes in place instead of re-ingesting the whole history.
+
+use backburner_model::StateSnapshot;
+
+use super::attention_layers;
+use crate::session::Session;
+
+impl Session {
+    /// Restores `snap` (at position `n`, below the positions held by workers) in place when `n` is a page boundary:
+    /// every worker holding pages at or past `n` drops them, the host's caches go back to `n`. True when done; false
+    /// when `n` is not a page boundary or a worker failed (the caller then drops the state for a rebuild).
+    pub(crate) fn rewind_into_offload(&mut self, snap: &StateSnapshot) -> bool {
+        let n = snap.n_tokens();
+        let ps = self.opts.kv.page_size;
+        if !n.is_multiple_of(ps) || n > self.state.offloaded() {
+            return false;
+        }
+        let holders: Vec<usize> = self
+            .placement
+            .runs()
+            .iter()
+            .filter(|r| r.end > n)
+            .map(|r| r.worker)
+            .collect();
+        {
+            let mut ws = self.lock_workers();
+            for i in holders {
+                let Some(w) = ws.get_mut(i) else {
+                    return false;
+                };
+                if let Err(e) = w.pages_drop(n as u64) {
+                    w.fail(&e);
+                    return false;
+                }
+            }
+        }
+        self.placement.truncate(n);
+        for l in attention_layers(self.model.config()) {
+            let ok = self
+                .state
+                .kv_cache_mut(l)
+                .is_none_or(|c| c.truncate_offloaded(n).is_ok());
+            if !ok {
+                return false;
+            }
+        }
+        self.state.restore(snap);
+        true
+    }
+}
