@@ -353,3 +353,40 @@ async fn the_api_key_guards_v1_but_not_health() {
     s.key = Some("sekrit".into());
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_past_the_limits_are_400s_naming_the_limit() {
+    let s = small().await;
+    let at_limit: Vec<String> = (0..16).map(|i| format!("{i:0>256}")).collect();
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let body = if path == "/v1/completions" {
+            json!({"prompt": "hi", "max_tokens": 2})
+        } else {
+            chat_body("hi", 2)
+        };
+        // 16 strings of 256 bytes are served
+        let r = s
+            .post(path, &with(body.clone(), "stop", json!(at_limit)))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+        let cases = [
+            (
+                json!(vec!["x"; 17]),
+                "stop strings: at most 16 per request, got 17",
+            ),
+            (
+                json!("y".repeat(257)),
+                "stop strings: at most 256 bytes each (UTF-8), but string 0 has 257 bytes",
+            ),
+            (
+                json!(["ok", "ü".repeat(129)]),
+                "stop strings: at most 256 bytes each (UTF-8), but string 1 has 258 bytes",
+            ),
+        ];
+        for (stop, want) in cases {
+            let r = s.post(path, &with(body.clone(), "stop", stop)).await;
+            assert_eq!(bad_request(&r, Some("stop"), None), want, "{path}");
+        }
+    }
+    s.stop().await;
+}
