@@ -46,7 +46,7 @@ impl Session {
                 if let Some(w) = ws.get_mut(i) {
                     if w.link.conn.is_some() {
                         if let Err(e) = w.pages_drop(0) {
-                            w.fail(&e);
+                            w.fail_offload(&e);
                         }
                     }
                 }
@@ -340,7 +340,7 @@ impl Session {
                 continue;
             }
             if let Err(e) = w.ensure_connected(&cfg, kv.dtype, kv.page_size, ubatch) {
-                w.fail(&e);
+                w.fail_offload(&e);
                 why.push(format!("{}: {e}", w.link.settings.addr));
                 continue;
             }
@@ -363,7 +363,7 @@ impl Session {
                 }
                 Err(e) => {
                     let addr = w.link.settings.addr.clone();
-                    w.fail(&e);
+                    w.fail_offload(&e);
                     if holds {
                         return Err(Failure::Lost(format!("worker {wi} ({addr}): {e}")));
                     }
