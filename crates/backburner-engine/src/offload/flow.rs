@@ -356,10 +356,7 @@ impl Session {
                     return Ok(());
                 }
                 Ok(PutOutcome::Full(f)) => {
-                    why.push(format!(
-                        "{} is full ({} bytes needed, {} free)",
-                        w.link.settings.addr, f.needed, f.free
-                    ));
+                    why.push(full_reason(&w.link.settings.addr, &f, bytes.len()))
                 }
                 Err(e) => {
                     let addr = w.link.settings.addr.clone();
@@ -375,5 +372,21 @@ impl Session {
             need,
             format!("no worker took the oldest pages: {}", why.join("; ")),
         ))
+    }
+}
+
+/// Why a worker answered `PagesFull` to a put of `pages` bytes: what it needed — the pages and the headroom it keeps
+/// for answering attention once it holds any — against what it had free.
+fn full_reason(addr: &str, f: &backburner_link::message::PagesFull, pages: usize) -> String {
+    let pages = pages as u64;
+    match f.needed.checked_sub(pages).filter(|&kept| kept > 0) {
+        Some(kept) => format!(
+            "{addr} is full ({} bytes needed: {pages} of pages and {kept} it keeps for answering attention; {} free)",
+            f.needed, f.free
+        ),
+        None => format!(
+            "{addr} is full ({} bytes of pages needed, {} free)",
+            f.needed, f.free
+        ),
     }
 }
