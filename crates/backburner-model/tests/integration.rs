@@ -8,3 +8,4 @@ mod chat_request;
 mod chat_template;
 mod load_bytes;
 mod loading;
+mod unused_tensors;
