@@ -64,7 +64,8 @@ pub(crate) struct RunArgs {
     /// RNG seed for sampling (default: random; the seed used is printed in the stats line and --json).
     #[arg(short = 's', long)]
     seed: Option<u64>,
-    /// Stop when the output contains this text (repeatable; needs a tokenizer).
+    /// Stop when the output contains this text (repeatable, up to 16 strings of up to 256 bytes each; needs a
+    /// tokenizer).
     #[arg(long)]
     stop: Vec<String>,
     /// Do not stop at the model's eos ids.
@@ -105,9 +106,22 @@ fn check_sampling(a: &RunArgs) -> Result<()> {
     })
 }
 
+/// Rejects `--stop` values past the engine's limits ([`backburner_engine::check_stop_strings`]), before the model
+/// loads.
+fn check_stop(a: &RunArgs) -> Result<()> {
+    backburner_engine::check_stop_strings(&a.stop).map_err(|e| {
+        let m = e.to_string();
+        let m = m
+            .strip_prefix("invalid input: stop strings: ")
+            .unwrap_or(&m);
+        anyhow::anyhow!("--stop: {m}")
+    })
+}
+
 /// Runs `backburner run`.
 pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     check_sampling(&a)?;
+    check_stop(&a)?;
     let pool = compute_pool(a.model.threads)?;
     let dir = match &a.model.model {
         Some(d) => d.clone(),

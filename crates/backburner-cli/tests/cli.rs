@@ -441,7 +441,22 @@ fn text_options_without_a_tokenizer_say_they_need_one() {
 fn bad_inputs_fail_with_a_clear_message() {
     let m = fixture("tiny-f32");
     let ms = m.to_str().unwrap();
+    let mut many_stops = vec!["run", "--model", ms, "--prompt", "x"];
+    for _ in 0..17 {
+        many_stops.extend(["--stop", "s"]);
+    }
+    let long_stop = "é".repeat(129);
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            many_stops,
+            "error: --stop: at most 16 per request, got 17\n",
+        ),
+        (
+            vec![
+                "run", "--model", ms, "--prompt", "x", "--stop", "a", "--stop", &long_stop,
+            ],
+            "error: --stop: at most 256 bytes each (UTF-8), but string 1 has 258 bytes\n",
+        ),
         (
             vec!["run", "--model", "/nonexistent/dir", "--prompt", "x"],
             "cannot read",

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::sampling::SamplingParams;
 use crate::sequence::{Phase, Sequence};
 use crate::session::Session;
+use crate::stop::StopMatcher;
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]
@@ -107,7 +108,8 @@ pub struct Generation {
 /// decoded again as context; the decoding of `ids[prefix..]` extends it, and the difference is the new text. `prefix`
 /// always sits where the text so far ended in a complete character, so for byte-level BPE tokenizers (Qwen) the result
 /// is exactly that of decoding every id each time; a window whose decoding does not extend its context falls back to
-/// decoding everything. Stop strings are searched only where the text changed.
+/// decoding everything. Stop strings are matched incrementally ([`StopMatcher`]): a token costs one step per new byte
+/// and stop string, whatever the length of the text or of the stop strings.
 pub struct TextStream<'a> {
     tok: &'a TextTokenizer,
     ids: Vec<u32>,
@@ -117,9 +119,7 @@ pub struct TextStream<'a> {
     read: usize,
     text: String,
     emitted: usize,
-    stop: Vec<String>,
-    /// Bytes of the longest stop string.
-    longest_stop: usize,
+    stop: StopMatcher,
 }
 
 impl<'a> TextStream<'a> {
@@ -132,8 +132,7 @@ impl<'a> TextStream<'a> {
             read: 0,
             text: String::new(),
             emitted: 0,
-            stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            longest_stop: stop.iter().map(String::len).max().unwrap_or(0),
+            stop: StopMatcher::new(stop),
         }
     }
 
@@ -182,33 +181,16 @@ impl<'a> TextStream<'a> {
         self.text.push_str(&new);
         self.prefix = self.read;
         self.read = self.ids.len();
-        // The text before `from` held no stop string, so a new one ends after `from`.
-        let mut search = from.saturating_sub(self.longest_stop.saturating_sub(1));
-        while !self.text.is_char_boundary(search) {
-            search -= 1;
-        }
-        if let Some(pos) = self
-            .stop
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text[search..].find(s.as_str()).map(|p| search + p))
-            .min()
-        {
+        // The text before `from` held no stop string, so a new one ends after `from`: the matcher reads only the
+        // new bytes (see `crate::stop`).
+        if let Some(pos) = self.stop.advance(&self.text, from) {
             self.text.truncate(pos);
             let out = self.text.get(self.emitted..).unwrap_or("").to_string();
             self.emitted = self.text.len();
             return Ok((out, true));
         }
         // hold back the longest suffix that is a prefix of a stop string
-        let mut hold = 0;
-        for s in &self.stop {
-            for k in (1..s.len()).rev() {
-                if k > hold && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
-                    hold = k;
-                    break;
-                }
-            }
-        }
+        let hold = self.stop.held();
         let upto = self.text.len() - hold;
         let out = if upto > self.emitted && self.text.is_char_boundary(upto) {
             let o = self.text[self.emitted..upto].to_string();

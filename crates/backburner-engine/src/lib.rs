@@ -20,6 +20,7 @@ pub mod session;
 mod session_checkpoints;
 mod session_memory;
 pub mod split;
+pub mod stop;
 pub mod wire;
 pub mod worker;
 
@@ -34,4 +35,5 @@ pub use sampling::{argmax, Sampler, SamplingParams};
 pub use sequence::{Phase, Sampled, Sequence};
 pub use session::{Logits, Session, SessionOptions};
 pub use split::{balanced_split, LinkStats, WorkerClient, WorkerSettings};
+pub use stop::{check_stop_strings, StopMatcher, MAX_STOP_BYTES, MAX_STOP_STRINGS};
 pub use worker::{valid_split_layers, Worker, WorkerError, WorkerOptions};

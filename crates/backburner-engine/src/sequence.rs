@@ -80,8 +80,8 @@ impl<'t> Sequence<'t> {
     /// with `tokenizer` when given.
     ///
     /// Everything is checked before anything runs. Errors: [`EngineError::EmptyPrompt`]; [`EngineError::InvalidInput`]
-    /// for sampling values without a meaning ([`crate::SamplingParams::validate`]) or a token id outside the
-    /// vocabulary; [`EngineError::ContextOverflow`] if the prompt does not fit after the session's tokens.
+    /// for sampling values without a meaning ([`crate::SamplingParams::validate`]), stop strings past the limits
+    /// ([`crate::check_stop_strings`]) or a token id outside the vocabulary; [`EngineError::ContextOverflow`] if the prompt does not fit after the session's tokens.
     pub fn new(
         session: &Session,
         prompt: Vec<u32>,
@@ -89,6 +89,7 @@ impl<'t> Sequence<'t> {
         tokenizer: Option<&'t TextTokenizer>,
     ) -> Result<Self> {
         params.sampling.validate()?;
+        crate::stop::check_stop_strings(&params.stop)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }

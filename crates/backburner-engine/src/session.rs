@@ -126,7 +126,8 @@ impl Session {
     /// `split_min_tokens` (and more than one ubatch) that ask only for the last logits run split while no page is
     /// offloaded; everything else, and any call where the worker fails, runs locally with the same result. With a
     /// KV budget every worker may take pages (KV offload), the first ones the oldest.
-    pub fn attach_worker(&mut self, w: WorkerClient) {
+    pub fn attach_worker(&mut self, mut w: WorkerClient) {
+        w.set_model(self.model.config());
         self.lock_workers().push(w);
     }
 

@@ -4,7 +4,8 @@
 //!
 //! `tiny-q-<fmt>.gguf` is one 4-layer cycle, which leaves no split point for split prefill (the only seam is the
 //! model's end), so the split-prefill and KV-offload tests use it restacked to 8 layers (its blocks twice, bytes
-//! unchanged) beside `tiny-f32.gguf`; layer split takes the fixture itself (any layer boundary).
+//! unchanged) beside `tiny-f32.gguf`; layer split takes the fixture itself (any layer boundary), and so does KV offload
+//! on a worker session that holds pages only.
 
 use crate::worker_common;
 
@@ -193,6 +194,46 @@ fn kv_offload_to_a_gguf_worker_keeps_the_local_bits() {
             2 * per_layer
         );
     }
+}
+
+#[test]
+fn kv_offload_on_a_gguf_without_a_split_point_keeps_the_local_bits() {
+    // one 4-layer cycle: no split point, so the worker's session holds KV pages only (layers 4..4)
+    let path = gguf("tiny-q-q8_0.gguf");
+    let model = load(&path);
+    assert!(backburner_engine::valid_split_layers(model.config()).is_empty());
+    let w = start_worker(&path, None, None);
+    let p = prompt(5 * 64 + 7, 6);
+    let steps = 20;
+    let mut local = Session::new(model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, steps);
+    let budgeted = SessionOptions {
+        kv_budget: Some(KvBudget::Positions(192)),
+        ..opts()
+    };
+    let mut off = Session::new(model.clone(), budgeted).unwrap();
+    off.attach_worker(client(&path, &w.addr, None, b""));
+    let got = run(&mut off, &p, steps);
+    assert_eq!(got.1, want.1, "tokens");
+    assert!(got.0 == want.0, "logits differ in bits");
+    let st = off.link_stats();
+    // 347 positions at the end, at most 192 on the host: 3 whole pages of 64 away, of the model's one attention
+    // layer
+    let n = p.len() + steps;
+    assert_eq!(n, 347);
+    assert_eq!(st.positions_on_workers, 192);
+    assert_eq!(st.pages_on_workers, 3);
+    // no split prefill ran or fell back (the prompt is 21 ubatches, past the client's 32-token minimum)
+    assert_eq!(
+        (
+            st.fallbacks,
+            st.offload_failures,
+            st.split_calls,
+            st.worker_tokens
+        ),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(off.workers()[0].split_layer(), 4, "a session of no layers");
 }
 
 fn host_model(path: &Path, held: usize) -> Arc<Model> {

@@ -230,3 +230,45 @@ fn a_worker_short_of_memory_evicts_an_idle_mirror_before_an_older_session_holdin
         "the idle mirror should have been evicted"
     );
 }
+
+#[test]
+fn a_full_workers_message_counts_the_headroom_it_keeps_beside_the_pages() {
+    // 4 layers (one cycle: a session of pages only, so nothing else holds the worker's memory); a budget below one
+    // page (16 KiB of the model's one attention layer): its first put cannot even be received
+    let f = model_with_layers(4, 31);
+    let w = start_worker_with(f.dir.path(), |o| o.max_memory = 16_000);
+    let mut s = Session::new(
+        f.model.clone(),
+        SessionOptions {
+            kv_budget: Some(KvBudget::Positions(128)),
+            ..opts()
+        },
+    )
+    .unwrap();
+    s.attach_worker(client(f.dir.path(), &w.addr, None, b""));
+    let why = match s.prefill(&prompt(3 * 64 + 5, 9), Logits::Last, |_, _| {}) {
+        Err(EngineError::KvBudget {
+            budget: 128, why, ..
+        }) => why,
+        other => panic!(
+            "expected a KV budget error, got {:?}",
+            other.map(|l| l.len())
+        ),
+    };
+    // the oldest page of the model's one attention layer; the headroom for an Attend of a 16-token ubatch over 4
+    // heads of 32: its partial (output and an LSE per head, f32) three times, its queries twice (with 64 bytes of
+    // control each)
+    let (heads, d, t) = (4, 32, UBATCH);
+    let headroom = 3 * (t * heads * (d + 1) * 4) + 2 * (t * heads * d * 4 + 64);
+    assert_eq!(headroom, 41_856);
+    assert_eq!(
+        why,
+        format!(
+            "no worker took the oldest pages: {} is full ({} bytes needed: {PAGE} of pages and {headroom} it keeps \
+             for answering attention; 16000 free)",
+            w.addr,
+            PAGE + headroom
+        )
+    );
+    assert_eq!(s.link_stats().fallbacks, 0);
+}

@@ -271,3 +271,75 @@ fn random_ids_stream_like_a_full_decode() {
         }
     }
 }
+
+/// Streams `bytes` one byte-level token each with `stops` (checked against the full-decode reference too) and
+/// asserts the pieces (the finish last unless a stop string was hit) and whether one was.
+fn byte_stream(
+    tok: &TextTokenizer,
+    b: &[u32; 256],
+    bytes: &str,
+    stops: &[&str],
+    want: &[&str],
+    hit: bool,
+) {
+    let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+    let got = assert_same_stream(tok, &byte_tokens(b, bytes.as_bytes()), &stops);
+    assert_eq!(got.0, want, "{bytes:?} with {stops:?}");
+    assert_eq!(got.1, hit, "{bytes:?} with {stops:?}");
+}
+
+#[test]
+fn stop_strings_stream_exact_pieces_one_byte_per_token() {
+    let (_d, tok, json) = qwen35();
+    let b = &byte_ids(&json);
+    let tok = &tok;
+    // at the very start: nothing is ever emitted
+    byte_stream(tok, b, "STOP rest", &["STOP"], &["", "", "", ""], true);
+    // a possible start is held back across tokens, then released when it turns out not to be one
+    byte_stream(
+        tok,
+        b,
+        "abXYc",
+        &["XYZ"],
+        &["a", "b", "", "", "XYc", ""],
+        false,
+    );
+    // multi-byte characters: "é" arrives in two byte tokens, is held as the start of "é!", then cut or released
+    byte_stream(tok, b, "aé!b", &["é!"], &["a", "", "", ""], true);
+    byte_stream(tok, b, "aé?", &["é!"], &["a", "", "", "é?", ""], false);
+    // a 4-byte character at the end of a stop string, and a stop string made of one
+    byte_stream(tok, b, "x🦀y", &["x🦀"], &["", "", "", "", ""], true);
+    byte_stream(tok, b, "ab🦀", &["🦀"], &["a", "b", "", "", "", ""], true);
+    // overlapping stop strings: the one that begins first wins when both end at the same token
+    byte_stream(tok, b, "abcdz", &["cd", "bcd"], &["a", "", "", ""], true);
+    // ... and the one that ends first otherwise, even if a longer one began earlier: the "a" held back as the start
+    // of "abcd" comes out with the cut
+    byte_stream(tok, b, "xabce", &["abcd", "bc"], &["x", "", "", "a"], true);
+    // a stop string overlapping itself ("aab" in "aaab") and one whose prefix recurs before it completes
+    byte_stream(tok, b, "aaab", &["aab"], &["", "", "a", ""], true);
+    byte_stream(
+        tok,
+        b,
+        "abababc!",
+        &["ababc"],
+        &["", "", "", "", "ab", "", ""],
+        true,
+    );
+}
+
+#[test]
+fn a_stop_string_inside_one_token_cuts_that_token() {
+    let (_d, tok, _) = qwen35();
+    let ids = tok.encode("Hello world, hello again").unwrap();
+    // " world" is one token of this tokenizer: the stop string "wor" ends inside it
+    let world = tok.encode(" world").unwrap();
+    assert_eq!(world.len(), 1);
+    assert!(ids.contains(&world[0]));
+    let (pieces, hit) = assert_same_stream(&tok, &ids, &["wor".to_string()]);
+    assert!(hit);
+    assert_eq!(pieces.concat(), "Hello ");
+    // the stop string spans the end of one token and the start of the next
+    let (pieces, hit) = assert_same_stream(&tok, &ids, &["lo wo".to_string()]);
+    assert!(hit);
+    assert_eq!(pieces.concat(), "Hel");
+}

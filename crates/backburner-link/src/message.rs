@@ -213,9 +213,10 @@ pub struct PagesDone {
 /// the session goes on (the host keeps the pages or places them elsewhere).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PagesFull {
-    /// Bytes the put needed.
+    /// Bytes the put needed: its pages and, when the session held no page yet, the headroom the worker keeps beside
+    /// them for answering `Attend` (docs/PROTOCOL.md §6.4).
     pub needed: u64,
-    /// Bytes the worker's budget had free.
+    /// Bytes the worker's budget had free (beside the request's own buffer, when that was reserved).
     pub free: u64,
 }
 

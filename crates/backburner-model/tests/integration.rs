@@ -9,3 +9,4 @@ mod chat_template;
 mod checkpoints;
 mod load_bytes;
 mod loading;
+mod unused_tensors;

@@ -134,7 +134,7 @@ impl From<EngineError> for ApiError {
                     .with_code("context_length_exceeded")
             }
             EngineError::InvalidInput(m) => {
-                let param = ["temperature", "top_p", "min_p", "top_k", "token id"]
+                let param = ["temperature", "top_p", "min_p", "top_k", "stop", "token id"]
                     .into_iter()
                     .find(|p| m.starts_with(p))
                     .map(|p| if p == "token id" { "prompt" } else { p });

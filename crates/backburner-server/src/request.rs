@@ -1,13 +1,10 @@
 //! Reading OpenAI request bodies field by field, so every malformed value is a 400 naming the field (serde's derive
 //! would answer 422 with a generic message), and the generation settings both endpoints share.
 
-use backburner_engine::SamplingParams;
+use backburner_engine::{EngineError, SamplingParams};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-
-/// Most stop strings per request.
-pub const MAX_STOP: usize = 16;
 
 /// A request body: a JSON object.
 pub struct Body<'a>(pub &'a Map<String, Value>);
@@ -155,7 +152,7 @@ impl GenSettings {
         let stop = match b.get("stop") {
             None => Vec::new(),
             Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(a)) if a.len() <= MAX_STOP => a
+            Some(Value::Array(a)) => a
                 .iter()
                 .map(|v| {
                     v.as_str()
@@ -163,14 +160,13 @@ impl GenSettings {
                         .ok_or_else(|| wrong("stop", "a string or an array of strings", v))
                 })
                 .collect::<Result<_, _>>()?,
-            Some(Value::Array(_)) => {
-                return Err(ApiError::invalid(
-                    Some("stop"),
-                    format!("at most {MAX_STOP} stop strings"),
-                ))
-            }
             Some(v) => return Err(wrong("stop", "a string or an array of strings", v)),
         };
+        // the engine's limits (count and length), as a 400 naming `stop`
+        backburner_engine::check_stop_strings(&stop).map_err(|e| match e {
+            EngineError::InvalidInput(m) => ApiError::invalid(Some("stop"), m),
+            other => ApiError::internal(other.to_string()),
+        })?;
         let stream = b.bool("stream")?.unwrap_or(false);
         let include_usage = match b.object("stream_options")? {
             Some(o) => Body(o)

@@ -3,6 +3,7 @@
 
 use crate::common;
 
+use backburner_model::TextTokenizer;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -351,5 +352,95 @@ async fn the_api_key_guards_v1_but_not_health() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     s.key = Some("sekrit".into());
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_past_the_limits_are_400s_naming_the_limit() {
+    let s = small().await;
+    let at_limit: Vec<String> = (0..16).map(|i| format!("{i:0>256}")).collect();
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let body = if path == "/v1/completions" {
+            json!({"prompt": "hi", "max_tokens": 2})
+        } else {
+            chat_body("hi", 2)
+        };
+        // 16 strings of 256 bytes are served
+        let r = s
+            .post(path, &with(body.clone(), "stop", json!(at_limit)))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.json);
+        let cases = [
+            (
+                json!(vec!["x"; 17]),
+                "stop strings: at most 16 per request, got 17",
+            ),
+            (
+                json!("y".repeat(257)),
+                "stop strings: at most 256 bytes each (UTF-8), but string 0 has 257 bytes",
+            ),
+            (
+                json!(["ok", "ü".repeat(129)]),
+                "stop strings: at most 256 bytes each (UTF-8), but string 1 has 258 bytes",
+            ),
+        ];
+        for (stop, want) in cases {
+            let r = s.post(path, &with(body.clone(), "stop", stop)).await;
+            assert_eq!(bad_request(&r, Some("stop"), None), want, "{path}");
+        }
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_content_that_the_template_cannot_render_is_a_400_naming_it() {
+    // the fixture's own minimal template concatenates `message['content']`, which a null content cannot take
+    let model = model();
+    let tok = TextTokenizer::from_dir(
+        &fixture("tiny-hub"),
+        model.config().vocab_size,
+        &model.config().eos_token_ids,
+    )
+    .unwrap()
+    .unwrap();
+    let tok = std::sync::Arc::new(tok);
+    let e = engine_with(1, 8, Some(64), Some(tok.clone()));
+    let st = backburner_server::AppState::new(e, Some(tok), MODEL_ID.into(), 64, vec![], None);
+    let s = Server::start(st, std::time::Duration::from_secs(5)).await;
+    let conversation = |content: Value| {
+        json!({"messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": content},
+        ], "max_tokens": 2, "temperature": 0})
+    };
+    let r = s
+        .post("/v1/chat/completions", &conversation(json!(null)))
+        .await;
+    let m = bad_request(&r, Some("messages[1].content"), None);
+    assert!(
+        m.starts_with(
+            "invalid chat request: messages[1].content: the model's chat template cannot render this user \
+             message without content (null or absent): "
+        ) && m.ends_with("; send a string (\"\" for none)"),
+        "{m}"
+    );
+    // absent is the same; an empty string renders
+    let mut absent = conversation(json!(null));
+    absent["messages"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("content");
+    let r = s.post("/v1/chat/completions", &absent).await;
+    assert_eq!(bad_request(&r, Some("messages[1].content"), None), m);
+    let r = s
+        .post("/v1/chat/completions", &conversation(json!("")))
+        .await;
+    assert_eq!(r.ok()["object"], "chat.completion");
+    // nothing counted as a server failure
+    assert_eq!(
+        s.metric("backburner_requests_total{outcome=\"failed\"}")
+            .await,
+        0.0
+    );
     s.stop().await;
 }

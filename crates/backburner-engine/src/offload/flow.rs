@@ -47,7 +47,7 @@ impl Session {
                 if let Some(w) = ws.get_mut(i) {
                     if w.link.conn.is_some() {
                         if let Err(e) = w.pages_drop(0) {
-                            w.fail(&e);
+                            w.fail_offload(&e);
                         }
                     }
                 }
@@ -352,7 +352,7 @@ impl Session {
                 continue;
             }
             if let Err(e) = w.ensure_connected(&cfg, kv.dtype, kv.page_size, ubatch) {
-                w.fail(&e);
+                w.fail_offload(&e);
                 why.push(format!("{}: {e}", w.link.settings.addr));
                 continue;
             }
@@ -368,14 +368,11 @@ impl Session {
                     return Ok(());
                 }
                 Ok(PutOutcome::Full(f)) => {
-                    why.push(format!(
-                        "{} is full ({} bytes needed, {} free)",
-                        w.link.settings.addr, f.needed, f.free
-                    ));
+                    why.push(full_reason(&w.link.settings.addr, &f, bytes.len()))
                 }
                 Err(e) => {
                     let addr = w.link.settings.addr.clone();
-                    w.fail(&e);
+                    w.fail_offload(&e);
                     if holds {
                         return Err(Failure::Lost(format!("worker {wi} ({addr}): {e}")));
                     }
@@ -387,5 +384,21 @@ impl Session {
             need,
             format!("no worker took the oldest pages: {}", why.join("; ")),
         ))
+    }
+}
+
+/// Why a worker answered `PagesFull` to a put of `pages` bytes: what it needed — the pages and the headroom it keeps
+/// for answering attention once it holds any — against what it had free.
+fn full_reason(addr: &str, f: &backburner_link::message::PagesFull, pages: usize) -> String {
+    let pages = pages as u64;
+    match f.needed.checked_sub(pages).filter(|&kept| kept > 0) {
+        Some(kept) => format!(
+            "{addr} is full ({} bytes needed: {pages} of pages and {kept} it keeps for answering attention; {} free)",
+            f.needed, f.free
+        ),
+        None => format!(
+            "{addr} is full ({} bytes of pages needed, {} free)",
+            f.needed, f.free
+        ),
     }
 }

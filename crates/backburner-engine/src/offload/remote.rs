@@ -80,7 +80,7 @@ fn drain(
         let w = &mut ws[*worker];
         if w.link.conn.is_some() {
             if let Err(e) = w.attend_recv(c.len(), n_heads, d) {
-                w.fail(&e);
+                w.fail_offload(&e);
             }
         }
     }
@@ -190,7 +190,7 @@ impl RemotePages for LinkPages {
                         }
                     }
                     Err(e) => {
-                        w.fail(&e);
+                        w.fail_offload(&e);
                         let err = self.fail(run.worker, e);
                         first_err.get_or_insert(err);
                     }

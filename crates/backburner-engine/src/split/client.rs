@@ -23,6 +23,8 @@ pub struct WorkerClient {
     pub(super) mirror_linear_at: Option<usize>,
     /// The worker's observed compute time per token and layer (µs), for deadlines.
     pub(super) us_per_token_layer: Option<f64>,
+    /// The model has a split point (false: the worker only holds KV pages, split prefill never runs).
+    splittable: bool,
 }
 
 impl std::fmt::Debug for WorkerClient {
@@ -50,7 +52,15 @@ impl WorkerClient {
             mirror_kv: 0,
             mirror_linear_at: None,
             us_per_token_layer: None,
+            splittable: true,
         }
+    }
+
+    /// Tells the client the host's model ([`crate::Session::attach_worker`] does): a model without a split point
+    /// (its layer cycle is as long as the model, as in a 4-layer one) never runs split prefill, and its worker
+    /// sessions hold KV pages only.
+    pub fn set_model(&mut self, cfg: &ModelConfig) {
+        self.splittable = balanced_split(cfg, 1, 1).is_some();
     }
 
     /// Settings.
@@ -63,7 +73,8 @@ impl WorkerClient {
         self.link.stats()
     }
 
-    /// The split layer L of the current connection (0 before the first connection).
+    /// The split layer L of the current connection (0 before the first connection; the model's layer count for a
+    /// session that holds KV pages only).
     pub fn split_layer(&self) -> usize {
         self.split
     }
@@ -88,9 +99,10 @@ impl WorkerClient {
         self.link.failing()
     }
 
-    /// Whether a batch of `n_tokens` should try the worker now.
+    /// Whether a batch of `n_tokens` should try the worker now (never for a model without a split point).
     pub fn wants(&self, n_tokens: usize, ubatch: usize) -> bool {
-        n_tokens >= self.link.settings.split_min_tokens.max(1)
+        self.splittable
+            && n_tokens >= self.link.settings.split_min_tokens.max(1)
             && n_tokens > ubatch
             && self.link.available()
     }
@@ -127,10 +139,12 @@ impl WorkerClient {
         Ok(dt)
     }
 
-    /// Connects and runs the handshake if there is no connection.
+    /// Connects and runs the handshake if there is no connection: a mirror of the tail layers `[L, n)`, or, for a
+    /// model without a split point, a session of no layers (`[n, n)`) that holds KV pages only.
     ///
-    /// Errors: [`LinkError::Refused`] when this host cannot use the worker (no split point, a ubatch above the
-    /// worker's limit, no fingerprint), the worker's typed errors, and transport errors and deadlines.
+    /// Errors: [`LinkError::Refused`] when this host cannot use the worker (a split layer given for a model without
+    /// a split point, a ubatch above the worker's limit, no fingerprint), the worker's typed errors, and transport
+    /// errors and deadlines.
     pub(crate) fn ensure_connected(
         &mut self,
         cfg: &ModelConfig,
@@ -144,9 +158,7 @@ impl WorkerClient {
         let n = cfg.num_hidden_layers;
         let cyc = cfg.full_attention_interval.max(1);
         let Some(first) = balanced_split(cfg, 1, 1) else {
-            return Err(LinkError::Refused(format!(
-                "this {n}-layer model has no split point on its {cyc}-layer cycle"
-            )));
+            return self.connect_pages_only(cfg, SessionShape { kv, page, ubatch });
         };
         // Warm the fingerprint cache before connecting, for every range the handshake may choose (from the given
         // split layer, or from the first split point): the worker bounds the whole handshake.
@@ -186,6 +198,42 @@ impl WorkerClient {
         self.mirror_kv = 0;
         self.mirror_linear_at = Some(0);
         Ok(())
+    }
+
+    /// The session of a model without a split point: no layers, KV pages only (docs/PROTOCOL.md §5.1).
+    fn connect_pages_only(
+        &mut self,
+        cfg: &ModelConfig,
+        shape: SessionShape,
+    ) -> Result<(), LinkError> {
+        let n = cfg.num_hidden_layers;
+        let cyc = cfg.full_attention_interval.max(1);
+        if let Some(l) = self.link.settings.split_layer {
+            return Err(LinkError::Refused(format!(
+                "split layer {l} was given, but this {n}-layer model has no split point on its {cyc}-layer cycle"
+            )));
+        }
+        self.link.fingerprint(n..n)?;
+        let ubatch = shape.ubatch;
+        self.link.connect_with(cfg, shape, false, |ch| {
+            if ubatch as u64 > u64::from(ch.limits.max_ubatch) {
+                return Err(LinkError::Refused(format!(
+                    "the host's ubatch {ubatch} is above the worker's limit of {} tokens",
+                    ch.limits.max_ubatch
+                )));
+            }
+            Ok(n..n)
+        })?;
+        self.split = n;
+        self.mirror_kv = 0;
+        self.mirror_linear_at = Some(0);
+        Ok(())
+    }
+
+    /// The connection failed while the worker held or took KV pages (not in a split prefill): backoff, and no
+    /// split-prefill fallback is counted or reported.
+    pub(crate) fn fail_offload(&mut self, err: &LinkError) {
+        self.lost(err);
     }
 
     /// Drops the connection after a failure and schedules a retry (backoff doubles up to 60 s); the mirror is

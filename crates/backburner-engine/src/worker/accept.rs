@@ -16,7 +16,8 @@ use super::registry::SessionGuard;
 use super::{Loaded, SessionCore, SessionSpec, Shared, WorkerError, MAX_POSITIONS};
 
 /// Checks a session's layer range: a split-prefill mirror needs a tail range `[L, n)` with L on a layer-cycle seam
-/// strictly inside the model; a layer-split session (`layer_split`) any non-empty range inside `0..n`.
+/// strictly inside the model, or the empty range `[n, n)` for a session that only holds KV pages (a model without
+/// such a seam, e.g. one layer cycle); a layer-split session (`layer_split`) any non-empty range inside `0..n`.
 pub(super) fn check_range(
     c: &ModelConfig,
     r: &Range<usize>,
@@ -36,6 +37,9 @@ pub(super) fn check_range(
         return Ok(());
     }
     let cyc = c.full_attention_interval;
+    if r.start == n && r.end == n {
+        return Ok(()); // KV pages only
+    }
     if r.end != n || r.start == 0 || r.start >= r.end || !r.start.is_multiple_of(cyc) {
         let valid = valid_split_layers(c);
         let valid = if valid.is_empty() {

@@ -420,7 +420,7 @@ fn session_loop(
                 // as long as it takes) and say so; the session and its pages go on
                 conn.reader.recv_body(h)?;
                 *frames += 1;
-                let full = page_requests::full(&shared.budget, h.body_len(), false);
+                let full = page_requests::full(core.pages(), &shared.budget, h.tensor_len as usize);
                 send_reply(conn, o.pace, full)?;
                 continue;
             }

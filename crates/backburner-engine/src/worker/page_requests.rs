@@ -65,23 +65,18 @@ pub(super) fn put(
     }
     match store.put_layers(lim.attn_layers, p.first_pos, n_pages, bytes) {
         Ok(()) => Ok(done(store, lim.attn_layers.first().copied().unwrap_or(0))),
-        Err(f) if f.code == ErrorCode::OutOfMemory => Ok(full(budget, bytes.len(), true)),
+        Err(f) if f.code == ErrorCode::OutOfMemory => Ok(full(store, budget, bytes.len())),
         Err(f) => Err(f),
     }
 }
 
-/// The `PagesFull` answer to a put of `body` bytes: what the worker will have free once the request's own buffer
-/// (reserved or not: `body_reserved`) is released.
-pub(super) fn full(budget: &MemoryBudget, body: usize, body_reserved: bool) -> Reply {
-    let body = body as u64;
-    let free = budget.limit().saturating_sub(budget.used());
+/// The `PagesFull` answer to a put of `pages` bytes of pages into `store`: `needed` counts the pages and, while the
+/// store holds none, the headroom it starts reserving with them (see [`attend_headroom`]), so that it always exceeds
+/// `free`, the bytes the budget has free now (beside the request's own buffer when that could be reserved).
+pub(super) fn full(store: &SessionPages, budget: &MemoryBudget, pages: usize) -> Reply {
     Reply::PagesFull(PagesFull {
-        needed: body,
-        free: if body_reserved {
-            free.saturating_add(body).min(budget.limit())
-        } else {
-            free
-        },
+        needed: (pages as u64).saturating_add(store.put_headroom()),
+        free: budget.limit().saturating_sub(budget.used()),
     })
 }
 

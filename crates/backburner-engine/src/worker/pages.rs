@@ -111,6 +111,15 @@ impl SessionPages {
         self
     }
 
+    /// Bytes a put reserves beside its pages: the headroom while the store holds no page yet, else 0.
+    pub fn put_headroom(&self) -> u64 {
+        if self.pages() == 0 {
+            self.headroom
+        } else {
+            0
+        }
+    }
+
     /// The standing reservation for answering an `Attend` (0 while no page is held).
     pub fn headroom(&self) -> u64 {
         if self.pages() > 0 {
@@ -224,7 +233,7 @@ impl SessionPages {
             )));
         }
         let grow = u64::try_from(bytes.len()).map_err(|_| malformed("size"))?;
-        let headroom = if self.pages() == 0 { self.headroom } else { 0 };
+        let headroom = self.put_headroom();
         self.held.resize(
             self.held
                 .bytes()

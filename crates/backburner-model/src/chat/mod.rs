@@ -17,7 +17,7 @@ pub use pyvalue::{float_repr, str_repr};
 pub use request::{json_kind, normalize_messages, normalize_tools};
 pub use template::ChatTemplate;
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 /// One chat completion request as the server received it, to render into a prompt.
 #[derive(Clone, Copy, Debug)]
@@ -40,10 +40,51 @@ impl ChatTemplate {
     /// tokenize=False, **special_tokens, **kwargs)` does, after normalizing the messages
     /// ([`normalize_messages`]: null keys dropped, reasoning aliased, string tool-call arguments parsed).
     ///
-    /// Errors: [`crate::ModelError::InvalidChatRequest`] for a malformed request or one the template rejects
-    /// (`raise_exception`), [`crate::ModelError::ChatTemplate`] when rendering fails otherwise.
+    /// Errors: [`crate::ModelError::InvalidChatRequest`] for a malformed request, one the template rejects
+    /// (`raise_exception`), or one whose message without content (`content` null or absent) the template cannot
+    /// render (field `messages[i].content`: it renders once that content is `""`);
+    /// [`crate::ModelError::ChatTemplate`] when rendering fails otherwise.
     pub fn render(&self, req: &ChatRequest<'_>, special_tokens: &[(&str, &str)]) -> Result<String> {
         let ctx = request::build_context(req, special_tokens)?;
-        self.render_json(&ctx)
+        match self.render_json(&ctx) {
+            Err(ModelError::ChatTemplate(why)) => Err(self.blame_missing_content(ctx, why)),
+            other => other,
+        }
+    }
+
+    /// The error of a render that failed with `why`: [`ModelError::InvalidChatRequest`] naming the first message
+    /// without content (a `user` one first) when the conversation renders with every such content set to `""`, so
+    /// that the client's null is what the template could not take; else `why` as it was. One more render at most.
+    fn blame_missing_content(&self, mut ctx: serde_json::Value, why: String) -> ModelError {
+        let Some(messages) = ctx.get_mut("messages").and_then(|m| m.as_array_mut()) else {
+            return ModelError::ChatTemplate(why);
+        };
+        let mut empty: Vec<(usize, String)> = Vec::new();
+        for (i, m) in messages.iter_mut().enumerate() {
+            if let Some(obj) = m.as_object_mut().filter(|o| !o.contains_key("content")) {
+                let role = obj.get("role").and_then(|r| r.as_str()).unwrap_or("");
+                empty.push((i, role.to_string()));
+                obj.insert("content".into(), serde_json::Value::String(String::new()));
+            }
+        }
+        let Some((i, role)) = empty
+            .iter()
+            .find(|(_, r)| r == "user")
+            .or(empty.first())
+            .cloned()
+        else {
+            return ModelError::ChatTemplate(why);
+        };
+        if self.render_json(&ctx).is_err() {
+            return ModelError::ChatTemplate(why);
+        }
+        let first_line = why.lines().next().unwrap_or_default();
+        ModelError::InvalidChatRequest {
+            field: format!("messages[{i}].content"),
+            message: format!(
+                "the model's chat template cannot render this {role} message without content (null or absent): \
+                 {first_line}; send a string (\"\" for none)"
+            ),
+        }
     }
 }

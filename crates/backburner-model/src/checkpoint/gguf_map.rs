@@ -64,7 +64,7 @@ fn gguf_name(hf: &str) -> Option<String> {
 }
 
 /// The Hugging Face name of a GGUF tensor name, if the model reads it (MTP and vision tensors map to none).
-fn hf_name(gguf: &str) -> Option<String> {
+pub(super) fn hf_name(gguf: &str) -> Option<String> {
     if let Some((h, _)) = END_NAMES.iter().find(|(_, g)| *g == gguf) {
         return Some((*h).to_string());
     }
@@ -125,6 +125,11 @@ impl GgufCheckpoint {
 
     pub(crate) fn names(&self) -> Vec<&str> {
         self.names.iter().map(String::as_str).collect()
+    }
+
+    /// Every tensor's name as the file stores it.
+    pub(crate) fn stored_names(&self) -> Vec<&str> {
+        self.file.tensor_names()
     }
 
     /// Hugging Face's shape: the GGUF dims reversed, with the conv kernel's middle 1 restored.

@@ -9,6 +9,7 @@
 
 mod gguf_map;
 mod safetensors;
+mod unused;
 
 use std::path::Path;
 
@@ -16,6 +17,7 @@ use backburner_kernels::matmul::{RowMajor, WeightDtype};
 use backburner_kernels::quant::QuantFormat;
 
 pub use self::safetensors::SafetensorsCheckpoint;
+pub use self::unused::{log_unused_tensors, unused_tensors, UnusedTensors};
 use crate::error::{ModelError, Result};
 use gguf_map::GgufCheckpoint;
 

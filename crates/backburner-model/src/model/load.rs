@@ -87,6 +87,26 @@ fn layer_vectors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>, VectorKi
     out
 }
 
+/// Hugging Face names of every tensor a load of the whole model reads: the ends (embedding, final norm and, unless
+/// tied, the head) and each layer's projections and vectors.
+pub(crate) fn read_names(c: &ModelConfig) -> Vec<String> {
+    let pre = c.layout.prefix();
+    let mut out = vec![
+        format!("{pre}embed_tokens.weight"),
+        format!("{pre}norm.weight"),
+    ];
+    if !c.tie_word_embeddings {
+        out.push("lm_head.weight".to_string());
+    }
+    for i in 0..c.num_hidden_layers {
+        for (parts, _) in layer_linears(c, i) {
+            out.extend(parts.into_iter().map(|(name, _)| name));
+        }
+        out.extend(layer_vectors(c, i).into_iter().map(|(name, _, _)| name));
+    }
+    out
+}
+
 pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
     let [gate_up, down, mix_in, mix_out] =
         layer_linears(c, i).map(|(parts, k)| Linear::load(ck, k, &parts));

@@ -25,6 +25,7 @@ mod mixer;
 mod scratch;
 pub use load::load_bytes;
 use load::load_layer;
+pub(crate) use load::read_names;
 pub use scratch::Scratch;
 
 /// Chunk length of the chunked delta rule (HF uses 64).
@@ -123,6 +124,8 @@ impl Model {
     }
 
     /// Loads the parts named by `opts` from an opened checkpoint; `progress(done, total)` is called after each layer.
+    /// A load of the ends (a host's) first logs the file's tensors that the architecture does not use
+    /// ([`crate::checkpoint::log_unused_tensors`]).
     pub fn from_checkpoint(
         config: ModelConfig,
         ckpt: &Checkpoint,
@@ -134,6 +137,9 @@ impl Model {
                 "layer range {:?} is outside 0..{}",
                 opts.layers, config.num_hidden_layers
             )));
+        }
+        if opts.ends {
+            crate::checkpoint::log_unused_tensors(ckpt, &config);
         }
         let p = config.layout.prefix();
         let h = config.hidden_size;
