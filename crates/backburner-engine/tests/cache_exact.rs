@@ -1,7 +1,7 @@
 //! The prompt cache is exact: every answer the serving engine gives from a slot's cached state — the next turn of
 //! a chat, an agent's extension of the history (which ended in decode steps), a regenerate, an edit of an earlier
 //! turn — has the logits, bit for bit, of a cold run of the same prompt in a fresh session. Randomized conversations
-//! on every weight format (f32, bf16, Q8_0, Q4_K, IQ4_XS) and several ubatch sizes, including sizes that are not a
+//! on every weight format (f32, bf16, f16, Q8_0, Q4_0, Q4_K, Q6_K, IQ4_XS) and several ubatch sizes, including sizes that are not a
 //! multiple of the Gated DeltaNet chunk.
 
 use crate::common;
@@ -170,8 +170,11 @@ fn cached_answers_equal_cold_runs_on_every_format_and_ubatch() {
     let models = [
         "tiny-f32",
         "tiny-bf16",
+        "gguf/tiny-f16-split-00001-of-00002.gguf",
         "gguf/tiny-q-q8_0.gguf",
+        "gguf/tiny-q-q4_0.gguf",
         "gguf/tiny-q-q4_k.gguf",
+        "gguf/tiny-q-q6_k.gguf",
         "gguf/tiny-q-iq4_xs.gguf",
     ];
     for (mi, name) in models.iter().enumerate() {
