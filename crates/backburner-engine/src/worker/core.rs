@@ -485,17 +485,10 @@ impl SessionCore {
                 r.to_pos
             )));
         }
-        let to = size(r.to_pos, "to_pos")?;
-        let restored = to == pos
-            || match self.checkpoints.at(to) {
-                Some(c) => {
-                    self.mirror.restore(c);
-                    true
-                }
-                None => false,
-            };
+        let restored = self
+            .checkpoints
+            .rewind(&mut self.mirror, size(r.to_pos, "to_pos")?);
         if restored {
-            self.checkpoints.truncate(to);
             self.settle();
         }
         let done = RewindDone {
