@@ -49,16 +49,11 @@ impl Model {
         st: &mut LinearState,
         m: &mut MixerBufs,
     ) {
-        let c = &self.config;
-        let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
-        let dims = GdnDims {
-            n_tokens: t,
-            n_k_heads: c.linear_num_key_heads,
-            n_v_heads: hv,
-            d_k: c.linear_key_head_dim,
-            d_v: dv,
-            tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
-        };
+        let (hv, dv) = (
+            self.config.linear_num_value_heads,
+            self.config.linear_value_head_dim,
+        );
+        let dims = self.gdn_dims(t);
         if t == 1 {
             return self.gdn_decode(w, proj, dims, st, m);
         }
@@ -71,7 +66,20 @@ impl Model {
             gdn::delta_rule_chunked(dims, GDN_CHUNK, &m.q, &m.k, &m.v, &m.g, &m.beta, st, o);
         }
         let _p = profile::scope(Op::Norm);
-        rowops::gated_rms_norm(&mut m.o, &m.z, &w.norm, c.rms_norm_eps as f32);
+        rowops::gated_rms_norm(&mut m.o, &m.z, &w.norm, self.config.rms_norm_eps as f32);
+    }
+
+    /// The Gated DeltaNet's dimensions for a call of `t` tokens.
+    fn gdn_dims(&self, t: usize) -> GdnDims {
+        let c = &self.config;
+        GdnDims {
+            n_tokens: t,
+            n_k_heads: c.linear_num_key_heads,
+            n_v_heads: c.linear_num_value_heads,
+            d_k: c.linear_key_head_dim,
+            d_v: c.linear_value_head_dim,
+            tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
+        }
     }
 
     /// [`Model::gdn_core`] taking exact checkpoints at `at.rows` (each a multiple of [`GDN_CHUNK`] or `t`, increasing,
@@ -95,7 +103,6 @@ impl Model {
             return;
         }
         let c = &self.config;
-        let (hk, dk) = (c.linear_num_key_heads, c.linear_key_head_dim);
         let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
         let (conv_dim, kc) = (c.conv_dim(), c.linear_conv_kernel_dim - 1);
         assert!(
@@ -105,14 +112,7 @@ impl Model {
         let before = st.conv.clone();
         self.gdn_conv_qkv(w, proj, t, st, m);
         self.gdn_gates(w, proj, t, m);
-        let dims = GdnDims {
-            n_tokens: t,
-            n_k_heads: hk,
-            n_v_heads: hv,
-            d_k: dk,
-            d_v: dv,
-            tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
-        };
+        let dims = self.gdn_dims(t);
         sized(&mut m.o, t * hv * dv);
         let mut a = 0;
         for &b in at.rows {
