@@ -31,7 +31,7 @@ impl Session {
                     return false;
                 };
                 if let Err(e) = w.pages_drop(n as u64) {
-                    w.fail(&e);
+                    w.fail_offload(&e);
                     return false;
                 }
             }
