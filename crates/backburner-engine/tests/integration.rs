@@ -7,6 +7,7 @@ mod worker_common;
 mod cache_exact;
 mod cache_modes;
 mod consistency;
+mod faults;
 mod gguf;
 mod gguf_modes;
 mod layer_split;
