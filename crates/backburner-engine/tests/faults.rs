@@ -1,5 +1,7 @@
 //! Transient worker faults do not fail requests that could be served: a layer-split worker that evicted the idle
-//! session for another host is reconnected within the next request, and the answers keep the bits of a local run.
+//! session for another host is reconnected within the next request, and a KV-offload connection dropped mid-request
+//! is retried once on a fresh connection; either way the answers keep the bits of a local run. A worker that is
+//! really gone still fails each request once, with its typed error.
 
 use crate::worker_common;
 
@@ -9,7 +11,9 @@ use std::time::Duration;
 
 use backburner_engine::chain::LayerSplit;
 use backburner_engine::connection::Connection;
-use backburner_engine::{Session, WorkerSettings};
+use backburner_engine::offload::KvBudget;
+use backburner_engine::{EngineError, Session, SessionOptions, WorkerSettings};
+use backburner_link::relay::{Dir, Fault, Relay};
 use backburner_model::{Checkpoint, LoadOptions, Model, ModelConfig};
 use worker_common::*;
 
@@ -39,6 +43,14 @@ pub fn layer_split(
     );
     let chain = LayerSplit::from_parts(host.config(), vec![(conn, range)]).unwrap();
     Session::with_layer_split(host.clone(), opts(), chain).unwrap()
+}
+
+/// Session options with a KV budget of `positions`.
+pub fn budgeted(positions: usize) -> SessionOptions {
+    SessionOptions {
+        kv_budget: Some(KvBudget::Positions(positions)),
+        ..opts()
+    }
 }
 
 #[test]
@@ -83,4 +95,152 @@ fn a_layer_split_worker_that_evicted_the_idle_session_is_reconnected_within_the_
             "{name}: {st:?}"
         );
     }
+}
+
+/// Runs `p` and `steps` greedy decode steps through a budgeted session on one worker reached at `addr`; the bits of
+/// every logits vector and the tokens, and the session.
+fn offload_run(
+    f: &Fixture,
+    addr: &str,
+    p: &[u32],
+    steps: usize,
+) -> ((Vec<Vec<u32>>, Vec<u32>), Session) {
+    let mut s = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    s.attach_worker(client(f.dir.path(), addr, Some(4), b""));
+    let got = run(&mut s, p, steps);
+    (got, s)
+}
+
+#[test]
+fn a_kv_offload_connection_dropped_mid_request_is_retried_once_on_a_fresh_one_with_the_local_bits()
+{
+    let f = model_with_layers(8, 52);
+    let w = start_worker(f.dir.path(), None, None);
+    let upstream = w.addr.parse().unwrap();
+    let p = prompt(5 * 64 + 3, 7);
+    let steps = 12;
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, steps);
+    // a clean relay first: how many bytes each direction carries through the prompt, and through the whole run
+    let clean = Relay::start(upstream, Fault::None, 0).unwrap();
+    let mut s = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    s.attach_worker(client(
+        f.dir.path(),
+        &clean.addr().to_string(),
+        Some(4),
+        b"",
+    ));
+    s.prefill(&p, backburner_engine::Logits::Last, |_, _| {})
+        .unwrap();
+    let after_prompt = [clean.bytes(Dir::ToWorker), clean.bytes(Dir::ToHost)];
+    drop(s);
+    let (got, _) = offload_run(&f, &clean.addr().to_string(), &p, steps);
+    assert!(got == want, "the clean relay changed the output");
+    let whole = [
+        clean.bytes(Dir::ToWorker) - after_prompt[0],
+        clean.bytes(Dir::ToHost) - after_prompt[1],
+    ];
+    for (i, dir) in [Dir::ToWorker, Dir::ToHost].into_iter().enumerate() {
+        // the first connection closes halfway through the decode steps' traffic; the next one passes cleanly
+        let after = after_prompt[i] + (whole[i] - after_prompt[i]) / 2;
+        let relay = Relay::start(upstream, Fault::CloseAfter { dir, after }, 1).unwrap();
+        let (got, s) = offload_run(&f, &relay.addr().to_string(), &p, steps);
+        assert!(got == want, "{dir:?}: the output changed");
+        let st = s.link_stats();
+        assert_eq!(
+            (st.offload_failures, st.offload_retries, st.backoff_waits),
+            (1, 1, 0),
+            "{dir:?}: {st:?}"
+        );
+        assert_eq!(
+            st.fallbacks, 0,
+            "{dir:?}: an offload failure is no split fallback"
+        );
+        assert_eq!(
+            relay.connections(),
+            2,
+            "{dir:?}: one retry, on a fresh connection"
+        );
+        assert!(st.positions_on_workers > 0);
+    }
+}
+
+#[test]
+fn a_worker_that_is_really_gone_fails_each_request_once_with_its_typed_error() {
+    let f = model_with_layers(8, 53);
+    let w = start_worker(f.dir.path(), None, None);
+    let addr = w.addr.clone();
+    let p = prompt(5 * 64 + 3, 8);
+    let host = host_model(f.dir.path(), 4);
+    let mut split = layer_split(f.dir.path(), &host, &addr, 4..8);
+    let mut off = Session::new(f.model.clone(), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &addr, Some(4), b""));
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 1);
+    assert!(run(&mut split, &p, 1) == want);
+    assert!(run(&mut off, &p, 1) == want);
+    // the worker stops for good: its sessions answer what they wait for, then refuse; nothing listens any more
+    drop(w);
+    let t = want.1[0];
+    // the layer-split session was idle, waiting for a request: it answers that one
+    let mut served = 0;
+    let mut errors = vec![loop {
+        match split.decode(t) {
+            Ok(_) => served += 1,
+            Err(e) => break e,
+        }
+        assert!(served < 2, "the stopped worker kept serving");
+    }];
+    for _ in 0..2 {
+        errors.push(split.decode(t).unwrap_err());
+    }
+    // the first request lost the session and its one retry found nothing listening; the next ones cannot connect
+    match &errors[0] {
+        EngineError::WorkerLost {
+            addr: a,
+            layers,
+            reason,
+            kept,
+        } => {
+            let k = p.len() + 1 + served;
+            assert_eq!(
+                (a.as_str(), layers.as_str(), *kept),
+                (addr.as_str(), "4..8", k)
+            );
+            assert!(
+                reason.contains("retried once on a fresh session after"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected WorkerLost, got {other}"),
+    }
+    for e in &errors[1..] {
+        assert!(
+            matches!(e, EngineError::WorkerUnavailable { addr: a, layers, .. } if *a == addr && layers == "4..8"),
+            "{e}"
+        );
+    }
+    assert_eq!(split.tokens().len(), p.len() + 1 + served);
+    // KV offload: the request that lost the pages fails after its retry; the next one waits out the backoff
+    // (1 s, within the 2 s a request waits), finds nothing listening and fails too
+    for i in 0..2 {
+        match off.decode(t).unwrap_err() {
+            EngineError::KvBudget { budget, why, .. } => {
+                assert_eq!(budget, 128);
+                assert!(why.contains(&addr), "request {i}: {why}");
+            }
+            other => panic!("request {i}: expected a KV budget error, got {other}"),
+        }
+    }
+    assert_eq!(
+        off.tokens().len(),
+        p.len() + 1,
+        "the history is kept, without the failed steps' tokens"
+    );
+    let st = off.link_stats();
+    assert_eq!(
+        (st.offload_failures, st.offload_retries, st.backoff_waits),
+        (1, 1, 1),
+        "{st:?}"
+    );
 }
