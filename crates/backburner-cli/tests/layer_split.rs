@@ -231,17 +231,12 @@ fn after_a_kill_the_next_request_rebuilds_on_the_restarted_worker() {
     }
 }
 
-#[test]
-fn a_bad_link_is_retried_once_and_one_that_stays_bad_fails_within_the_deadlines_with_a_typed_error()
-{
-    use backburner_link::relay::{Dir, Fault, Relay};
-    let d = tempfile::tempdir().unwrap();
-    let local = host(&[], &d.path().join("local.bin"));
-    let w = worker(&[]);
-    let upstream = w.addr.parse().unwrap();
+/// Link faults for a layer split through a relay, each named.
+fn bad_links() -> [(&'static str, backburner_link::relay::Fault); 5] {
+    use backburner_link::relay::{Dir, Fault};
     // to the host: ~0.3 KB of handshake, 5 LayersDone of 16 KiB (64 tokens × hidden 64 × f32) and one of 4 KiB
     // (336 prompt tokens: ~86.5 KB before decode), then 256 B + framing per decode step: 88 000 is a few steps in
-    let faults = [
+    [
         (
             "stalled worker in prefill",
             Fault::Stall {
@@ -277,7 +272,17 @@ fn a_bad_link_is_retried_once_and_one_that_stays_bad_fails_within_the_deadlines_
                 after: 88_500,
             },
         ),
-    ];
+    ]
+}
+
+#[test]
+fn a_bad_link_is_retried_once_and_one_that_stays_bad_fails_within_the_deadlines_with_a_typed_error()
+{
+    use backburner_link::relay::{Fault, Relay};
+    let d = tempfile::tempdir().unwrap();
+    let local = host(&[], &d.path().join("local.bin"));
+    let w = worker(&[]);
+    let upstream = w.addr.parse().unwrap();
     let flags = |addr: &str| -> Vec<String> {
         [
             "--worker",
@@ -290,7 +295,7 @@ fn a_bad_link_is_retried_once_and_one_that_stays_bad_fails_within_the_deadlines_
         .map(String::from)
         .to_vec()
     };
-    for (i, (what, fault)) in faults.into_iter().enumerate() {
+    for (i, (what, fault)) in bad_links().into_iter().enumerate() {
         // one bad connection: the request reconnects once, re-ingests and gives the local output, bit for bit
         let relay = Relay::start(upstream, fault, 1).unwrap();
         let f = d.path().join(format!("retried{i}.bin"));
