@@ -101,6 +101,7 @@ pub fn link_json(s: &Session) -> Option<serde_json::Value> {
         "bytes_received": ls.bytes_received,
         "failures": st.failures,
         "rebuilds": st.rebuilds,
+        "retries": st.retries,
         "decode_ms_per_token": {
             "host": per_token_ms(st.decode_host_us, d),
             "workers": per_token_ms(st.decode_worker_us, d),
@@ -139,8 +140,8 @@ pub fn link_lines(s: &Session) -> Vec<String> {
     }
     if st.failures > 0 || st.rebuilds > 0 {
         out.push(format!(
-            "workers lost {} | state rebuilt {}",
-            st.failures, st.rebuilds
+            "workers lost {} | state rebuilt {} | requests retried {}",
+            st.failures, st.rebuilds, st.retries
         ));
     }
     out

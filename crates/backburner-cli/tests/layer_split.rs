@@ -1,7 +1,8 @@
 //! Layer split with real processes: the host loads layers [0, L1) and the ends, one worker or a chain of two hold
-//! the rest; tokens and logits equal the local run's. A worker killed during prefill or decode, or a stalled, cut
-//! or corrupting link, fails the request with a typed error within the deadline (no hang), and a session that lost
-//! its worker re-ingests its history once a worker is back on the same address.
+//! the rest; tokens and logits equal the local run's. A stalled, cut or corrupting link is retried once on a fresh
+//! connection (the local output again); a worker killed during prefill or decode, or a link that stays bad, fails
+//! the request with a typed error within the deadlines (no hang), and a session that lost its worker re-ingests its
+//! history once a worker is back on the same address.
 
 use crate::common;
 
@@ -46,7 +47,10 @@ fn one_worker_and_a_chain_of_two_give_the_local_tokens_and_logits() {
         assert_eq!(link["mode"], "layer_split");
         assert_eq!(link["worker_layers"], 4, "{link}");
         assert_eq!(link["host_layers"], serde_json::json!([0, 4]));
-        assert_eq!(link["failures"], 0);
+        assert_eq!(
+            (&link["failures"], &link["retries"]),
+            (&0.into(), &0.into())
+        );
     }
 }
 
@@ -227,14 +231,12 @@ fn after_a_kill_the_next_request_rebuilds_on_the_restarted_worker() {
     }
 }
 
-#[test]
-fn a_bad_link_fails_the_request_within_the_deadline_with_a_typed_error() {
-    use backburner_link::relay::{Dir, Fault, Relay};
-    let w = worker(&[]);
-    let upstream = w.addr.parse().unwrap();
+/// Link faults for a layer split through a relay, each named.
+fn bad_links() -> [(&'static str, backburner_link::relay::Fault); 5] {
+    use backburner_link::relay::{Dir, Fault};
     // to the host: ~0.3 KB of handshake, 5 LayersDone of 16 KiB (64 tokens × hidden 64 × f32) and one of 4 KiB
     // (336 prompt tokens: ~86.5 KB before decode), then 256 B + framing per decode step: 88 000 is a few steps in
-    let faults = [
+    [
         (
             "stalled worker in prefill",
             Fault::Stall {
@@ -270,31 +272,70 @@ fn a_bad_link_fails_the_request_within_the_deadline_with_a_typed_error() {
                 after: 88_500,
             },
         ),
-    ];
-    for (what, fault) in faults {
-        let relay = Relay::start(upstream, fault, 1).unwrap();
-        let addr = relay.addr().to_string();
-        let t = Instant::now();
-        let o = run_tiny(&[
+    ]
+}
+
+#[test]
+fn a_bad_link_is_retried_once_and_one_that_stays_bad_fails_within_the_deadlines_with_a_typed_error()
+{
+    use backburner_link::relay::{Fault, Relay};
+    let d = tempfile::tempdir().unwrap();
+    let local = host(&[], &d.path().join("local.bin"));
+    let w = worker(&[]);
+    let upstream = w.addr.parse().unwrap();
+    let flags = |addr: &str| -> Vec<String> {
+        [
             "--worker",
-            &addr,
+            addr,
             "--layer-split",
             "4",
             "--worker-timeout",
             "2",
-        ]);
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    for (i, (what, fault)) in bad_links().into_iter().enumerate() {
+        // one bad connection: the request reconnects once, re-ingests and gives the local output, bit for bit
+        let relay = Relay::start(upstream, fault, 1).unwrap();
+        let f = d.path().join(format!("retried{i}.bin"));
+        let out = host(&refs(&flags(&relay.addr().to_string())), &f);
+        assert_eq!(out["tokens"], local["tokens"], "{what}");
+        assert!(
+            std::fs::read(&f).unwrap() == std::fs::read(d.path().join("local.bin")).unwrap(),
+            "{what}: logits differ"
+        );
+        let link = &out["link"];
+        assert_eq!(
+            (&link["failures"], &link["retries"]),
+            (&1.into(), &1.into()),
+            "{what}: {link}"
+        );
+        assert_eq!(relay.connections(), 2, "{what}");
+        if !matches!(
+            fault,
+            Fault::Stall { after: 88_000, .. } | Fault::CloseAfter { .. }
+        ) {
+            continue;
+        }
+        // every connection bad: the retry fails too, and the request fails with the typed error
+        let relay = Relay::start(upstream, fault, usize::MAX).unwrap();
+        let t = Instant::now();
+        let o = run_tiny(&refs(&flags(&relay.addr().to_string())));
         let took = t.elapsed();
         let err = String::from_utf8_lossy(&o.stderr);
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(
-            o.status.code(),
-            Some(1),
-            "{what}: {err} {out} relay: {} connections, {} bytes to host",
-            relay.connections(),
-            relay.bytes(Dir::ToHost)
-        );
+        assert_eq!(o.status.code(), Some(1), "{what}: {err}");
         assert!(err.contains("holding layers 4..8 is lost"), "{what}: {err}");
-        // the deadline is 2 s plus transfer and compute allowances; never the 60 s default or a hang
-        assert!(took < Duration::from_secs(8), "{what}: took {took:?}");
+        assert!(
+            err.contains("retried once on a fresh session"),
+            "{what}: {err}"
+        );
+        assert_eq!(relay.connections(), 2, "{what}");
+        // two tries, each within its deadline of 2 s plus transfer and compute allowances; never a hang
+        assert!(took < Duration::from_secs(16), "{what}: took {took:?}");
     }
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }

@@ -34,9 +34,10 @@ pub enum EngineError {
         /// Why no worker took the pages.
         why: String,
     },
-    /// A layer-split worker, which holds the only copy of its layers, failed or could not be reached: the request
-    /// fails (nothing else can run those layers). The session keeps its tokens (without this request's) and the
-    /// next request re-ingests them through the worker once it is back.
+    /// A layer-split worker, which holds the only copy of its layers, lost its session during the request and the
+    /// request's one retry on fresh sessions failed too (the worker could not be reached again, or failed again):
+    /// the request fails (nothing else can run those layers). The session keeps its tokens (without this request's)
+    /// and the next request re-ingests them through the worker once it is back.
     #[error("worker {addr} holding layers {layers} is lost ({reason}){}", kept_note(*kept))]
     WorkerLost {
         /// The worker's address.

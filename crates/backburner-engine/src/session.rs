@@ -76,6 +76,8 @@ pub struct Session {
     pub(crate) offload_stats: LinkStats,
     /// Layer split: the workers holding the layers past the host's (`None`: the host holds every layer).
     pub(crate) chain: Option<crate::chain::LayerSplit>,
+    /// KV offload: the current request already waited once for a worker's backoff ([`Session::worker_wait`]).
+    pub(crate) backoff_waited: bool,
 }
 
 impl Session {
@@ -119,6 +121,7 @@ impl Session {
             rebuild: false,
             offload_stats: LinkStats::default(),
             chain: None,
+            backoff_waited: false,
         })
     }
 

@@ -7,6 +7,8 @@ mod worker_common;
 mod cache_exact;
 mod cache_modes;
 mod consistency;
+mod faults;
+mod faults_serve;
 mod gguf;
 mod gguf_modes;
 mod layer_split;

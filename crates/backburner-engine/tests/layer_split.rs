@@ -1,6 +1,6 @@
 //! Layer split with in-process workers: the host holds layers [0, L₁) and the ends, one or two workers the rest;
-//! logits bit-identical to a local session; a lost worker fails the request with a typed error, keeps the tokens
-//! and the next request rebuilds.
+//! logits bit-identical to a local session; a worker that is gone fails the request (after its one retry) with a
+//! typed error, keeps the tokens and the next request rebuilds.
 
 use crate::worker_common;
 
@@ -131,11 +131,16 @@ fn a_lost_worker_fails_the_request_and_the_next_one_rebuilds() {
             addr: e_addr,
             layers,
             kept: k,
-            ..
+            reason,
         } => {
             assert_eq!(
                 (e_addr.as_str(), layers.as_str(), *k),
                 (addr.as_str(), "4..8", kept)
+            );
+            // the request was retried once on a fresh session, which found nothing listening
+            assert!(
+                reason.contains("retried once on a fresh session after"),
+                "{reason}"
             );
         }
         other => panic!("expected WorkerLost, got {other}"),

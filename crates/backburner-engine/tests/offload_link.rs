@@ -161,10 +161,11 @@ fn with_its_only_worker_gone_a_request_fails_typed_and_the_next_one_rebuilds_onc
         "the history is kept, without the failed step's token"
     );
     assert_eq!(off.state().n_tokens(), 0, "the state waits for a rebuild");
-    // a worker comes back on the same address; after the client's backoff the next request rebuilds
+    // a worker comes back on the same address during the client's backoff: the next request waits it out and
+    // rebuilds
     let _w2 = start_worker_on(f.dir.path(), &addr);
-    std::thread::sleep(std::time::Duration::from_millis(1100));
     let l1 = off.decode(t0).unwrap();
+    assert_eq!(off.link_stats().backoff_waits, 1);
     let t1 = backburner_engine::argmax(&l1);
     let l2 = off.decode(t1).unwrap();
     assert_eq!(

@@ -161,6 +161,13 @@ pub fn render(m: &Metrics, slots: usize) -> String {
     );
     family(
         &mut o,
+        "requests_delayed_total",
+        "counter",
+        "Requests that waited for a worker's backoff to end (KV offload) instead of failing.",
+        &[("", g(&m.requests_delayed))],
+    );
+    family(
+        &mut o,
         "split_prefill_calls_total",
         "counter",
         "Prefills run split with a worker.",
@@ -186,6 +193,13 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         "counter",
         "KV offload requests that failed on a worker.",
         &[("", l.offload_failures as f64)],
+    );
+    family(
+        &mut o,
+        "offload_retries_total",
+        "counter",
+        "KV offload requests retried once on a fresh connection after a worker lost their session.",
+        &[("", l.offload_retries as f64)],
     );
     family(
         &mut o,
@@ -223,6 +237,7 @@ mod tests {
         let m = Metrics::default();
         Metrics::set(&m.link_rtt_us, 1500);
         Metrics::add(&m.ping_failures, 2);
+        Metrics::add(&m.requests_delayed, 3);
         let page = render(&m, 1);
         assert!(
             page.contains("\nbackburner_link_rtt_seconds 0.0015\n"),
@@ -230,6 +245,10 @@ mod tests {
         );
         assert!(
             page.contains("\nbackburner_worker_ping_failures_total 2\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("\nbackburner_requests_delayed_total 3\n"),
             "{page}"
         );
     }

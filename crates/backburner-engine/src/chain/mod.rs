@@ -9,9 +9,11 @@
 //! the others (one sender and one receiver thread per worker connection). Decode sends one residual row per worker
 //! and gets one back.
 //!
-//! A worker holds the only copy of its layers' state, so a lost worker fails the request with
-//! [`crate::EngineError::WorkerLost`]; the session keeps its tokens and the next request re-ingests them through
-//! fresh worker sessions (once the worker is back).
+//! A worker holds the only copy of its layers' state. A worker that loses its session mid-request (evicted for
+//! another host's memory, a dropped connection) is reconnected at once and the history re-ingested within the
+//! request, once; a worker that cannot be reached, or fails again, fails the request with
+//! [`crate::EngineError::WorkerLost`] (or [`crate::EngineError::WorkerUnavailable`]); the session keeps its tokens
+//! and the next request re-ingests them through fresh worker sessions (once the worker is back).
 
 pub mod calibrate;
 mod rewind;
@@ -91,6 +93,9 @@ pub struct ChainStats {
     pub rebuilds: u64,
     /// Times the workers went back to a checkpoint they kept (the prompt cache).
     pub rewinds: u64,
+    /// Requests served after a worker lost its session mid-request: every session re-established and the history
+    /// re-ingested within the request.
+    pub retries: u64,
 }
 
 /// The workers of a layer split, in chain order, and what their calls cost.

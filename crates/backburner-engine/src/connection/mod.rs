@@ -17,6 +17,13 @@ use tracing::{info, warn};
 
 use crate::split::{FingerprintFn, LinkStats, WorkerSettings};
 
+/// The longest a request waits for a worker's backoff to end (KV offload, when the pages must move and every worker
+/// that could take them is backing off after a failure) before it is tried again. It holds the first three backoffs
+/// (0.5, 1 and 2 s): a worker that is back within about 3.5 s of a fault serves the requests that arrive meanwhile,
+/// and no request is held longer than this; past it the worker counts as gone and requests fail at once with the
+/// typed error until its backoff ends.
+pub const MAX_BACKOFF_WAIT: Duration = Duration::from_secs(2);
+
 /// The reason a send failed: the worker's `Error` frame if it sent one before closing (a refused request), else the
 /// send's own error.
 pub(crate) fn why(c: &mut Conn, e: LinkError) -> LinkError {
@@ -51,6 +58,8 @@ pub struct Connection {
     retry_at: Option<Instant>,
     backoff: Duration,
     counted: (u64, u64),
+    /// Sessions lost on an open connection (a failure after the handshake: evicted, dropped, a deadline, ...).
+    sessions_lost: u64,
 }
 
 impl std::fmt::Debug for Connection {
@@ -81,6 +90,7 @@ impl Connection {
             retry_at: None,
             backoff: Duration::from_millis(500),
             counted: (0, 0),
+            sessions_lost: 0,
         }
     }
 
@@ -107,6 +117,27 @@ impl Connection {
     /// Whether the worker may be tried now (not waiting out a backoff after a failure).
     pub fn available(&self) -> bool {
         self.retry_at.is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// How long the backoff after the last failure still runs (`None`: the worker may be tried now).
+    pub fn retry_in(&self) -> Option<Duration> {
+        self.retry_at
+            .and_then(|t| t.checked_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Lets the next exchange reconnect at once instead of after the backoff (a request retried on a fresh
+    /// connection). The backoff keeps its length, so a failure of that retry waits twice as long, and the worker
+    /// stays [`Connection::failing`] until an exchange succeeds.
+    pub(crate) fn retry_now(&mut self) {
+        if self.retry_at.is_some() {
+            self.retry_at = Some(Instant::now());
+        }
+    }
+
+    /// Sessions lost on an open connection so far (failures after a handshake; a failed connect does not count).
+    pub fn sessions_lost(&self) -> u64 {
+        self.sessions_lost
     }
 
     /// Whether the last exchange with the worker failed (it is backing off, or was not tried again since); `false`
@@ -239,6 +270,7 @@ impl Connection {
         self.account();
         if let Some(c) = self.conn.take() {
             c.shutdown();
+            self.sessions_lost += 1;
         }
         warn!(addr = %self.settings.addr, "worker failed: {err}");
         tracing::debug!(addr = %self.settings.addr, "next try in {:?} at the earliest", self.backoff);

@@ -5,6 +5,7 @@
 use backburner_kernels::profile::{self, Phase};
 use backburner_model::{KvOptions, GDN_CHUNK};
 
+use super::recovery::backoff_reason;
 use super::{attention_layers, LinkPages, PutOutcome};
 use crate::error::{EngineError, Result};
 use crate::history::History;
@@ -61,8 +62,12 @@ impl Session {
 
     /// Prefill of validated `ids` under the KV budget, re-ingesting the history first when a rebuild is pending.
     /// A worker lost mid-call is recovered by re-ingesting everything with the workers left (or locally when the
-    /// budget allows); failing that, the request fails with [`EngineError::KvBudget`] and the session keeps its
-    /// tokens (without `ids`) for a later rebuild.
+    /// budget allows). A request that failed because a worker's session was lost (a dropped connection, an
+    /// eviction, a deadline) is retried once at once, on a fresh connection to that worker. When pages must move and
+    /// every worker that could take them is waiting out a backoff that ends within
+    /// [`crate::connection::MAX_BACKOFF_WAIT`], the request waits for it once and tries again. Failing all that,
+    /// the request fails with [`EngineError::KvBudget`] and the session keeps its tokens (without `ids`) for a later
+    /// rebuild.
     pub(crate) fn prefill_budgeted(
         &mut self,
         ids: &[u32],
@@ -76,68 +81,93 @@ impl Session {
                 return Err(self.budget_error(need, why.into()));
             }
         }
-        let mut attempts = 0usize;
+        self.backoff_waited = false;
+        let n_workers = self.lock_workers().len();
+        let (mut losses, mut retried) = (0usize, false);
         loop {
-            let history = self.rebuild.then(|| self.history.take());
-            if history.is_some() {
-                self.placement.clear();
-                self.state.clear();
-            }
-            let skip = history.as_ref().map_or(0, History::len);
-            let input: Vec<u32> = match &history {
-                Some(h) => h.tokens().iter().chain(ids).copied().collect(),
-                None => ids.to_vec(),
-            };
-            // the history's own calls again (the same bits), then the new ids on the grid
-            let grid = self.grid();
-            let start = self.history.len();
-            let mut calls = history.as_ref().map_or_else(Vec::new, |h| h.calls(grid));
-            calls.extend(grid.ubatches(start + skip, ids.len()));
-            // a refusal is raised before a ubatch runs: a call of one ubatch changes nothing before it, so only a
-            // longer one needs a snapshot (a copy of every linear state: not on the decode path)
-            let multi = calls.len() > 1;
-            let snap = multi.then(|| self.state.snapshot());
-            let off0 = self.state.offloaded();
-            let failure = match self.run_budgeted(&input, &calls, which, skip, progress) {
-                Ok(logits) => {
-                    self.rebuild = false;
-                    return Ok(logits);
-                }
+            let before = self.sessions_lost();
+            let failure = match self.attempt_budgeted(ids, which, progress) {
+                Ok(logits) => return Ok(logits),
                 Err(f) => f,
             };
-            // the tokens before this call
-            self.history.truncate(start);
-            if let Some(h) = history {
-                self.history = h;
-            }
-            match failure {
-                Failure::Refused(e) if self.state.offloaded() == off0 && !self.rebuild => {
-                    if let Some(snap) = &snap {
-                        self.state.restore(snap);
-                    }
-                    return Err(e);
-                }
-                Failure::Refused(e) => {
-                    self.drop_state_for_rebuild();
-                    return Err(e);
-                }
+            let err = match failure {
+                Failure::Refused(e) => Some(e),
                 Failure::Lost(why) => {
                     self.offload_stats.offload_failures += 1;
                     tracing::warn!(
                         "KV pages on a worker were lost ({why}); re-ingesting {} tokens",
                         self.history.len()
                     );
-                    self.drop_state_for_rebuild();
-                    attempts += 1;
-                    if attempts > self.lock_workers().len() {
+                    losses += 1;
+                    (losses > n_workers).then(|| {
                         let need = self.history.len() + ids.len();
-                        return Err(
-                            self.budget_error(need, format!("workers kept failing ({why})"))
-                        );
-                    }
+                        self.budget_error(need, format!("workers kept failing ({why})"))
+                    })
+                }
+            };
+            let lost = self.lost_since(&before);
+            if retried || lost.is_empty() {
+                if let Some(e) = err {
+                    return Err(e);
+                }
+                continue;
+            }
+            retried = true;
+            self.retry_now(&lost);
+        }
+    }
+
+    /// One try of [`Session::prefill_budgeted`]. On failure the session is as before the call, or its state is
+    /// dropped for a rebuild (its history kept, without `ids`).
+    fn attempt_budgeted(
+        &mut self,
+        ids: &[u32],
+        which: Logits,
+        progress: &mut impl FnMut(usize, usize),
+    ) -> std::result::Result<Vec<f32>, Failure> {
+        let history = self.rebuild.then(|| self.history.take());
+        if history.is_some() {
+            self.placement.clear();
+            self.state.clear();
+        }
+        let skip = history.as_ref().map_or(0, History::len);
+        let input: Vec<u32> = match &history {
+            Some(h) => h.tokens().iter().chain(ids).copied().collect(),
+            None => ids.to_vec(),
+        };
+        // the history's own calls again (the same bits), then the new ids on the grid
+        let grid = self.grid();
+        let start = self.history.len();
+        let mut calls = history.as_ref().map_or_else(Vec::new, |h| h.calls(grid));
+        calls.extend(grid.ubatches(start + skip, ids.len()));
+        // a refusal is raised before a ubatch runs: a call of one ubatch changes nothing before it, so only a
+        // longer one needs a snapshot (a copy of every linear state: not on the decode path)
+        let multi = calls.len() > 1;
+        let snap = multi.then(|| self.state.snapshot());
+        let off0 = self.state.offloaded();
+        let failure = match self.run_budgeted(&input, &calls, which, skip, progress) {
+            Ok(logits) => {
+                self.rebuild = false;
+                return Ok(logits);
+            }
+            Err(f) => f,
+        };
+        // the tokens before this call, and none of the checkpoints it took
+        self.history.truncate(start);
+        if let Some(h) = history {
+            self.history = h;
+        }
+        let kept = self.history.len();
+        self.taken.retain(|c| c.n_tokens() <= kept);
+        match failure {
+            Failure::Refused(_) if self.state.offloaded() == off0 && !self.rebuild => {
+                if let Some(snap) = &snap {
+                    self.state.restore(snap);
                 }
             }
+            _ => self.drop_state_for_rebuild(),
         }
+        Err(failure)
     }
 
     /// Runs `input` (the tokens at the end of the history) as the forward `calls` (consecutive absolute position
@@ -334,6 +364,7 @@ impl Session {
         let n_workers = self.lock_workers().len();
         let from = self.placement.open_worker().unwrap_or(0);
         let mut why = Vec::new();
+        let mut soonest: Option<std::time::Duration> = None;
         for wi in from..n_workers {
             let mut ws = self.lock_workers();
             let w = &mut ws[wi];
@@ -344,11 +375,9 @@ impl Session {
                     w.link.settings.addr
                 )));
             }
-            if !holds && !w.available() {
-                why.push(format!(
-                    "{} failed recently and is retried after its backoff",
-                    w.link.settings.addr
-                ));
+            if let Some(left) = w.retry_in().filter(|_| !holds) {
+                soonest = Some(soonest.map_or(left, |s| s.min(left)));
+                why.push(backoff_reason(&w.link.settings.addr, left));
                 continue;
             }
             if let Err(e) = w.ensure_connected(&cfg, kv.dtype, kv.page_size, ubatch) {
@@ -379,6 +408,9 @@ impl Session {
                     why.push(format!("{addr}: {e}"));
                 }
             }
+        }
+        if self.wait_for_backoff(soonest) {
+            return self.move_pages(layers, k, need);
         }
         Err(self.refuse(
             need,

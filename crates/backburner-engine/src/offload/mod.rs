@@ -11,6 +11,7 @@
 mod client;
 mod flow;
 mod placement;
+mod recovery;
 mod remote;
 mod rewind;
 

@@ -121,7 +121,7 @@ impl RemotePages for LinkPages {
                 let r = match ws.get_mut(run.worker) {
                     Some(w) => w
                         .attend_send(&a, rows, run.end - run.start, parts)
-                        .inspect_err(|e| w.fail(e)),
+                        .inspect_err(|e| w.fail_offload(e)),
                     None => Err(LinkError::Refused("no such worker".into())),
                 };
                 if let Err(e) = r {

@@ -31,7 +31,10 @@ impl Session {
                     return false;
                 };
                 if let Err(e) = w.pages_drop(n as u64) {
-                    w.fail(&e);
+                    // found between requests (an eviction, a dropped link): the rebuild that follows may reconnect
+                    // at once, as a request's retry does
+                    w.fail_offload(&e);
+                    w.link.retry_now();
                     return false;
                 }
             }

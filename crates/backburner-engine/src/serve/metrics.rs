@@ -53,6 +53,9 @@ pub struct Metrics {
     pub link_rtt_us: AtomicU64,
     /// Idle health pings that failed.
     pub ping_failures: AtomicU64,
+    /// Requests whose steps waited for a worker's backoff to end (KV offload: pages had to move and every worker
+    /// that could take them was backing off after a failure); the other slots' steps went on meanwhile.
+    pub requests_delayed: AtomicU64,
 }
 
 impl Metrics {

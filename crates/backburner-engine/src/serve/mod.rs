@@ -8,6 +8,7 @@
 
 mod batch;
 mod cache;
+mod links;
 mod metrics;
 mod scheduler;
 mod slot;

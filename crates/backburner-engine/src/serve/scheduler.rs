@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use backburner_model::TextTokenizer;
 
+use super::links::{ping_workers, publish_link, PING_EVERY};
 use super::metrics::Metrics;
 use super::{decode_batch, Event, Job, Shared, Slot};
 use crate::error::EngineError;
@@ -27,6 +28,10 @@ struct Active<'t> {
     gone: bool,
     /// The shutdown's grace period is over: cancel at the next step.
     expired: bool,
+    /// This turn its step waits for a worker's backoff to end ([`crate::Session::worker_wait`]): it sits out.
+    wait: Option<Duration>,
+    /// It waited at least once (counted in [`Metrics::requests_delayed`]).
+    waited: bool,
 }
 
 impl Active<'_> {
@@ -72,8 +77,9 @@ pub(super) fn run(
         last_ping: Instant::now(),
     };
     publish_link(&l.slots, &l.m);
+    let mut pause = Duration::ZERO;
     loop {
-        l.take_jobs();
+        l.take_jobs(pause);
         if l.active.is_empty() {
             if l.closed {
                 return;
@@ -84,19 +90,30 @@ pub(super) fn run(
             }
             continue;
         }
+        // runs turns until no job is left, or every job left waits for a worker's backoff: then the pool is let go
+        // and the scheduler waits here (a new job, a cancellation or the shutdown's deadline are seen within
+        // `WAIT_POLL`)
         let mut busy = || loop {
-            l.step();
-            if l.active.is_empty() {
-                return;
+            let wait = l.step();
+            if l.active.is_empty() || wait.is_some() {
+                return wait;
             }
-            l.take_jobs();
+            l.take_jobs(Duration::ZERO);
         };
-        match &pool {
+        let wait = match &pool {
             Some(pool) => pool.install_hot(busy),
             None => busy(),
+        };
+        pause = wait.map_or(Duration::ZERO, |w| w.min(WAIT_POLL));
+        // with no slot free (or the queue closed) no job can arrive to wake the scheduler: it sleeps instead
+        if !pause.is_zero() && (l.closed || l.active.len() >= l.slots.len()) {
+            std::thread::sleep(std::mem::take(&mut pause));
         }
     }
 }
+
+/// The longest the scheduler sleeps at once while every job waits for a worker's backoff.
+const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// The scheduler's state between turns.
 struct Turns<'t> {
@@ -112,16 +129,20 @@ struct Turns<'t> {
 }
 
 impl Turns<'_> {
-    /// Starts a turn: takes jobs while a slot is free (all of them, to refuse, once shutting down), blocking up to
-    /// 200 ms for one only when nothing runs.
-    fn take_jobs(&mut self) {
+    /// Starts a turn: takes jobs while a slot is free (all of them, to refuse, once shutting down), blocking for
+    /// the first one up to 200 ms when nothing runs, else up to `block` (while every running job waits).
+    fn take_jobs(&mut self, mut block: Duration) {
         let m = &*self.m;
         self.turn += 1;
         // shutting down, every queued job is taken (and refused below) now, not when a slot frees
         let stopping = || self.shared.stopping.load(Ordering::Relaxed);
         while !self.closed && (self.active.len() < self.slots.len() || stopping()) {
-            let got = if self.active.is_empty() {
-                self.rx.recv_timeout(Duration::from_millis(200))
+            if self.active.is_empty() {
+                block = Duration::from_millis(200);
+            }
+            let wait = std::mem::take(&mut block);
+            let got = if !wait.is_zero() {
+                self.rx.recv_timeout(wait)
             } else {
                 self.rx.try_recv().map_err(|e| match e {
                     std::sync::mpsc::TryRecvError::Empty => RecvTimeoutError::Timeout,
@@ -147,8 +168,9 @@ impl Turns<'_> {
         }
     }
 
-    /// The rest of a turn with jobs running: the shutdown deadline, one [`step`], the finished jobs leave.
-    fn step(&mut self) {
+    /// The rest of a turn with jobs running: the shutdown deadline, one [`step`], the finished jobs leave. Returns
+    /// the shortest wait when every job left waits for a worker's backoff.
+    fn step(&mut self) -> Option<Duration> {
         let m = &*self.m;
         let past_deadline = self
             .shared
@@ -161,37 +183,11 @@ impl Turns<'_> {
                 a.expired = true;
             }
         }
-        step(&mut self.slots, &mut self.active, self.turn, m);
+        let wait = step(&mut self.slots, &mut self.active, self.turn, m);
         self.active.retain_mut(|a| a.seq.phase() != Phase::Done);
         Metrics::set(&m.active, self.active.len() as u64);
+        wait
     }
-}
-
-/// How often the workers get a health ping while no job runs.
-const PING_EVERY: Duration = Duration::from_secs(10);
-
-/// Pings every slot's split-prefill / KV-offload workers (idle only, so no compute waits on it): the largest round
-/// trip goes to `link_rtt_us`, failures mark the worker unavailable (its backoff) and count in `ping_failures`.
-fn ping_workers(slots: &mut [Slot], m: &Metrics) {
-    let mut worst = None;
-    for s in slots.iter_mut() {
-        let session = s.session_mut();
-        let (cfg, o) = (session.model().config().clone(), session.options().clone());
-        for w in session.workers().iter_mut() {
-            match w.probe(&cfg, o.kv.dtype, o.kv.page_size, o.ubatch) {
-                Some(Ok(d)) => worst = worst.max(Some(d.as_micros() as u64)),
-                Some(Err(e)) => {
-                    tracing::warn!(worker = %w.settings().addr, error = %e, "worker health ping failed");
-                    Metrics::add(&m.ping_failures, 1);
-                }
-                None => {}
-            }
-        }
-    }
-    if let Some(us) = worst {
-        Metrics::set(&m.link_rtt_us, us);
-    }
-    publish_link(slots, m);
 }
 
 /// A job refused at shutdown.
@@ -272,6 +268,8 @@ fn admit<'t>(
         cut,
         gone: false,
         expired: false,
+        wait: None,
+        waited: false,
         job,
     };
     let started = Event::Started {
@@ -298,13 +296,18 @@ fn check(s: &Slot, job: &Job) -> crate::Result<()> {
     job.params.sampling.validate()
 }
 
-/// One turn: cancellations, one prefill chunk, the sampling steps, one batched decode step.
-fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
+/// One turn: cancellations, one prefill chunk, the sampling steps, one batched decode step; a job whose step would
+/// wait for a worker's backoff sits the turn out. Returns the shortest such wait when every job left waits.
+fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) -> Option<Duration> {
     for a in active.iter_mut() {
         if a.cancelled() && a.seq.phase() != Phase::Done {
             let end = a.seq.cancel();
             finish(a, end, m);
         }
+    }
+    let all_wait = mark_waiting(slots, active, m);
+    if all_wait.is_some() {
+        return all_wait;
     }
     prefill_one(slots, active, turn, m);
     for a in active.iter_mut().filter(|a| a.seq.phase() == Phase::Sample) {
@@ -322,6 +325,61 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) {
         }
     }
     decode_all(slots, active, m);
+    None
+}
+
+/// The tokens of `a`'s next step: its next prefill chunk (see [`prefill_one`]; `others`: another job is in a slot),
+/// or 1 for a decode step; 0 when it has none.
+fn next_tokens(a: &Active<'_>, session: &crate::Session, others: bool) -> usize {
+    match a.seq.phase() {
+        Phase::Prefill => {
+            let pos = session.tokens().len();
+            let ubatch = session.options().ubatch;
+            let left = a.seq.prompt_left();
+            // split prefill and a layer split pipeline the ubatches of one call across the workers
+            let pipelined = session.layer_split().is_some()
+                || session
+                    .workers()
+                    .first()
+                    .is_some_and(|w| w.wants(left, ubatch));
+            let mut n = if !others && pipelined {
+                left
+            } else {
+                ubatch - pos % ubatch
+            };
+            if let Some(c) = a.cut.filter(|&c| !others && pipelined && c > pos) {
+                n = n.min(c - pos);
+            }
+            n.min(left)
+        }
+        Phase::Decode => 1,
+        _ => 0,
+    }
+}
+
+/// Marks the jobs whose next step would wait for a worker's backoff ([`crate::Session::worker_wait`]: KV offload
+/// must move pages and every worker that could take them is backing off), so that they sit this turn out while the
+/// other slots' steps go on. Returns the shortest wait when every job waits.
+fn mark_waiting(slots: &[Slot], active: &mut [Active<'_>], m: &Metrics) -> Option<Duration> {
+    let others = active.len() > 1;
+    let mut all: Option<Duration> = None;
+    let mut every = !active.is_empty();
+    for a in active.iter_mut() {
+        let session = slots[a.slot].session();
+        let add = next_tokens(a, session, others);
+        a.wait = (add > 0).then(|| session.worker_wait(add)).flatten();
+        match a.wait {
+            Some(w) => {
+                if !std::mem::replace(&mut a.waited, true) {
+                    Metrics::add(&m.requests_delayed, 1);
+                    tracing::info!(request = %a.job.id, "waiting {w:?} for a worker's backoff to end");
+                }
+                all = Some(all.map_or(w, |x| x.min(w)));
+            }
+            None => every &= a.seq.phase() == Phase::Done,
+        }
+    }
+    all.filter(|_| every)
 }
 
 /// Runs one prefill chunk of the job with the least prompt left (shortest first): one ubatch (ending at an absolute
@@ -334,27 +392,15 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
     // the job with the least prompt left goes first: a short prompt is not held behind a long one's ingest
     let Some(a) = active
         .iter_mut()
-        .filter(|a| a.seq.phase() == Phase::Prefill)
+        .filter(|a| a.seq.phase() == Phase::Prefill && a.wait.is_none())
         .min_by_key(|a| a.seq.prompt_left())
     else {
         return;
     };
     let slot = &mut slots[a.slot];
-    let session = slot.session_mut();
-    let pos = session.tokens().len();
-    let ubatch = session.options().ubatch;
+    let n = next_tokens(a, slot.session(), others);
     let left = a.seq.prompt_left();
-    // split prefill and a layer split pipeline the ubatches of one call across the workers
-    let pipelined = session.layer_split().is_some()
-        || session
-            .workers()
-            .first()
-            .is_some_and(|w| w.wants(left, ubatch));
-    let whole = !others && pipelined;
-    let mut n = if whole { left } else { ubatch - pos % ubatch };
-    if let Some(c) = a.cut.filter(|&c| whole && c > pos) {
-        n = n.min(c - pos);
-    }
+    let session = slot.session_mut();
     let t0 = Instant::now();
     let r = a.seq.prefill_step(session, n, |_, _| {});
     Metrics::add(&m.prefill_us, t0.elapsed().as_micros() as u64);
@@ -370,7 +416,7 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
 /// One batched decode step of every job with a pending token.
 fn decode_all(slots: &mut [Slot], active: &mut [Active<'_>], m: &Metrics) {
     let mut idx: Vec<usize> = (0..active.len())
-        .filter(|&i| active[i].seq.phase() == Phase::Decode)
+        .filter(|&i| active[i].seq.phase() == Phase::Decode && active[i].wait.is_none())
         .collect();
     if idx.is_empty() {
         return;
@@ -438,23 +484,4 @@ fn fail(a: &mut Active<'_>, e: EngineError, m: &Metrics) {
     tracing::warn!(request = %a.job.id, error = %e, "request failed");
     a.seq.cancel();
     a.send(Event::Failed(e));
-}
-
-/// Publishes the slots' link statistics and worker gauges; called after every step that may use a worker (a
-/// prefill chunk, a decode step) and before that step's events go out, so that what a client reads on `/metrics`
-/// after its answer includes its request.
-fn publish_link(slots: &[Slot], m: &Metrics) {
-    let mut sum = crate::split::LinkStats::default();
-    let (mut attached, mut healthy) = (0, 0);
-    for s in slots {
-        sum.add(&s.session().link_stats());
-        for w in s.session().workers().iter() {
-            attached += 1;
-            // not `available()`: that turns true again when a backoff runs out, with nobody having tried the worker
-            healthy += !w.failing() as u64;
-        }
-    }
-    *m.link.lock().unwrap_or_else(|p| p.into_inner()) = sum;
-    Metrics::set(&m.workers_attached, attached);
-    Metrics::set(&m.workers_available, healthy);
 }

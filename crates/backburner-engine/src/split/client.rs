@@ -99,6 +99,16 @@ impl WorkerClient {
         self.link.failing()
     }
 
+    /// How long the backoff after the last failure still runs ([`crate::connection::Connection::retry_in`]).
+    pub fn retry_in(&self) -> Option<Duration> {
+        self.link.retry_in()
+    }
+
+    /// Sessions lost on an open connection so far ([`crate::connection::Connection::sessions_lost`]).
+    pub fn sessions_lost(&self) -> u64 {
+        self.link.sessions_lost()
+    }
+
     /// Whether a batch of `n_tokens` should try the worker now (never for a model without a split point).
     pub fn wants(&self, n_tokens: usize, ubatch: usize) -> bool {
         self.splittable

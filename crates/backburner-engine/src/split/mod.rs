@@ -105,6 +105,11 @@ pub struct LinkStats {
     pub offload_failures: u64,
     /// KV offload: prefill ubatches run as two interleaved halves.
     pub interleaved_ubatches: u64,
+    /// KV offload: requests retried once on a fresh connection after a worker lost their session.
+    pub offload_retries: u64,
+    /// KV offload: requests that waited for a worker's backoff to end before moving pages (inside the call; the
+    /// server defers such steps instead, see `Metrics::requests_delayed`).
+    pub backoff_waits: u64,
 }
 
 impl LinkStats {
@@ -126,6 +131,8 @@ impl LinkStats {
         self.offload_decode_bytes += o.offload_decode_bytes;
         self.offload_failures += o.offload_failures;
         self.interleaved_ubatches += o.interleaved_ubatches;
+        self.offload_retries += o.offload_retries;
+        self.backoff_waits += o.backoff_waits;
     }
 
     /// Mean link bytes per decode step with pages on workers (0 when there was none).
