@@ -295,11 +295,15 @@ pub fn run(a: OffloadArgs) -> Result<()> {
     let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
     let cfg = loaded.model.config().clone();
     let ps = margs.kv_page_size;
-    if a.depth < 4 * ps || a.decode_tokens == 0 || a.reps == 0 {
+    if a.depth < 4 * ps {
         bail!(
-            "--depth must be at least 4 KV pages ({} positions) and --decode-tokens, --reps ≥ 1",
+            "--depth {} is below 4 KV pages of --kv-page-size {ps} ({} positions): raise --depth or lower --kv-page-size",
+            a.depth,
             4 * ps
         );
+    }
+    if a.decode_tokens == 0 || a.reps == 0 {
+        bail!("--decode-tokens and --reps must be at least 1");
     }
     if a.ingest_tokens > 0 && a.ingest_tokens / 4 < margs.ubatch + 2 * a.ingest_page_size {
         bail!("--ingest-tokens / 4 (the host's budget in the ingestion run) must hold a ubatch and two pages of --ingest-page-size (or --ingest-tokens 0 skips it)");

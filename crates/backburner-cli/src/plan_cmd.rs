@@ -17,9 +17,9 @@ use crate::run_cmd::out_line;
 #[derive(Args)]
 pub struct PlanArgs {
     /// Model: a directory with config.json, with or without weights (without, sizes come from the config's shapes and
-    /// dtype), or a GGUF file (or a directory holding one).
+    /// dtype), or a GGUF file (or a directory holding one). Default: the bundled model.
     #[arg(short = 'm', long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Memory the host may use: bytes with a unit, `24GiB` (2^30) or `24GB` (10^9).
     #[arg(long, value_parser = parse_bytes)]
     host_memory: u64,
@@ -51,8 +51,12 @@ pub struct PlanArgs {
 
 /// Runs `backburner plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
-    let (config, costs) = ModelCosts::from_dir(&a.model, a.kv_dtype)
-        .with_context(|| format!("read the model in {}", a.model.display()))?;
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => crate::default_model::ensure()?,
+    };
+    let (config, costs) = ModelCosts::from_dir(&model, a.kv_dtype)
+        .with_context(|| format!("read the model in {}", model.display()))?;
     let calibration = match &a.calibration {
         Some(p) => {
             let text =

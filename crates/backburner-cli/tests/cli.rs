@@ -449,7 +449,7 @@ fn bad_inputs_fail_with_a_clear_message() {
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
             many_stops,
-            "error: --stop: at most 16 per request, got 17\n",
+            "error: --stop: at most 16 non-empty per request, got 17\n",
         ),
         (
             vec![

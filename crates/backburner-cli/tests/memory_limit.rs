@@ -299,9 +299,52 @@ fn a_gguf_tokenizer_too_big_for_the_data_limit_is_named_before_it_is_built() {
     assert_eq!(o.status.signal(), None, "killed by a signal: {e}");
     assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(
-        e.contains("loading the tokenizer (")
+        e.contains("the tokenizer's tables (")
             && e.contains("of the GGUF file's tokenizer as JSON")
             && e.contains("RLIMIT_DATA"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_qwen35_tokenizer_under_a_data_limit_it_cannot_be_parsed_in_is_named_not_an_abort() {
+    // the real Qwen3.5 tokenizer.json (10 MB) beside a tiny model: parsing it needs a data limit of about 291 MB
+    // (measured); at 270 MB the check before parsing must refuse it (the old estimate, 22 times the JSON, let it
+    // through to an allocator abort)
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let src = common::fixture("tiny-f32");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let gz = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../assets/qwen3.5/tokenizer.json.gz"),
+    )
+    .unwrap();
+    let mut json = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut json)
+        .unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), &json).unwrap();
+    let o = under_data_limit(270 * 1000, common::bin())
+        .args([
+            "run",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.signal(), None, "killed by a signal: {e}");
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("the tokenizer's tables (10.1 MB of tokenizer.json, about 30 times that while they are built)")
+            && e.contains("raise the limit: the tokenizer is loaded whatever the placement"),
         "{e}"
     );
 }

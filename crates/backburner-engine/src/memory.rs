@@ -219,10 +219,13 @@ pub fn host_limits(max_memory: Option<u64>) -> Vec<MemoryLimit> {
 /// Something to allocate, named for the error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryNeed {
-    /// What it is, e.g. `weights of layers 0..8 and the ends`.
+    /// What it is, a plural noun phrase for the error's "… need N" (e.g. `weights of layers 0..8 and the ends`).
     pub what: String,
     /// Bytes.
     pub bytes: u64,
+    /// What the user can do when it does not fit (default: raise the limit, or load fewer layers or a shorter
+    /// context).
+    pub advice: Option<&'static str>,
 }
 
 impl MemoryNeed {
@@ -231,7 +234,14 @@ impl MemoryNeed {
         MemoryNeed {
             what: what.into(),
             bytes,
+            advice: None,
         }
+    }
+
+    /// The same need, with `advice` instead of the default in its error.
+    pub fn with_advice(mut self, advice: &'static str) -> Self {
+        self.advice = Some(advice);
+        self
     }
 }
 
@@ -246,6 +256,8 @@ pub struct OverMemory {
     pub before: u64,
     /// The limit it did not fit.
     pub limit: MemoryLimit,
+    /// The need's own advice, if any ([`MemoryNeed::with_advice`]).
+    pub advice: Option<&'static str>,
 }
 
 impl fmt::Display for OverMemory {
@@ -261,6 +273,9 @@ impl fmt::Display for OverMemory {
                 ", of which {} are in use",
                 human(self.limit.used.min(self.limit.bytes))
             )?;
+        }
+        if let Some(a) = self.advice {
+            return write!(f, " ({a})");
         }
         f.write_str(match self.limit.source {
             LimitSource::Flag => " (raise --max-memory, load fewer layers or shorten the context)",
@@ -286,6 +301,7 @@ pub fn check_fits(needs: &[MemoryNeed], limits: &[MemoryLimit]) -> Result<(), Ov
                 need: n.bytes,
                 before,
                 limit: l.clone(),
+                advice: n.advice,
             });
         }
         before = after;

@@ -20,14 +20,15 @@ pub const MAX_STOP_STRINGS: usize = 16;
 /// bytes holds 64 characters of any script. The stream holds back at most this much text minus one byte.
 pub const MAX_STOP_BYTES: usize = 256;
 
-/// Checks stop strings against [`MAX_STOP_STRINGS`] and [`MAX_STOP_BYTES`].
+/// Checks stop strings against [`MAX_STOP_STRINGS`] and [`MAX_STOP_BYTES`]. Empty strings are ignored (they stop
+/// nothing) and do not count.
 ///
 /// Errors: [`EngineError::InvalidInput`] naming the limit passed (the message starts with `stop`).
 pub fn check_stop_strings(stop: &[String]) -> Result<()> {
-    if stop.len() > MAX_STOP_STRINGS {
+    let n = stop.iter().filter(|s| !s.is_empty()).count();
+    if n > MAX_STOP_STRINGS {
         return Err(EngineError::InvalidInput(format!(
-            "stop strings: at most {MAX_STOP_STRINGS} per request, got {}",
-            stop.len()
+            "stop strings: at most {MAX_STOP_STRINGS} non-empty per request, got {n}"
         )));
     }
     if let Some((i, s)) = stop
@@ -242,8 +243,12 @@ mod tests {
         let many: Vec<String> = vec!["x".into(); MAX_STOP_STRINGS + 1];
         assert_eq!(
             check_stop_strings(&many).unwrap_err().to_string(),
-            "invalid input: stop strings: at most 16 per request, got 17"
+            "invalid input: stop strings: at most 16 non-empty per request, got 17"
         );
+        // empty strings stop nothing and do not count
+        let mut with_empty = ok.clone();
+        with_empty.extend(vec![String::new(); 20]);
+        check_stop_strings(&with_empty).unwrap();
         let long = vec!["a".into(), "é".repeat(129)];
         assert_eq!(
             check_stop_strings(&long).unwrap_err().to_string(),

@@ -166,6 +166,7 @@ where
     use tracing::Instrument;
     let id = st.request_id(prefix);
     let span = tracing::info_span!("request", id = %id, endpoint);
+    let engine = st.engine.clone();
     async move {
         st.authorize(&headers)?;
         let map = request::parse(&body)?;
@@ -174,7 +175,12 @@ where
     }
     .instrument(span)
     .await
-    .unwrap_or_else(IntoResponse::into_response)
+    .unwrap_or_else(|e| {
+        if e.status == axum::http::StatusCode::BAD_REQUEST {
+            backburner_engine::serve::Metrics::add(&engine.metrics().bad_requests, 1);
+        }
+        e.into_response()
+    })
 }
 
 /// Compares without an early exit on the first differing byte.

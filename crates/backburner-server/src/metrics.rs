@@ -32,6 +32,13 @@ pub fn render(m: &Metrics, slots: usize) -> String {
     );
     family(
         &mut o,
+        "bad_requests_total",
+        "counter",
+        "Requests answered 400, whatever refused them (the body's parsing and fields, or the engine's checks).",
+        &[("", g(&m.bad_requests))],
+    );
+    family(
+        &mut o,
         "requests_running",
         "gauge",
         "Requests in slots.",

@@ -373,7 +373,7 @@ async fn stop_strings_past_the_limits_are_400s_naming_the_limit() {
         let cases = [
             (
                 json!(vec!["x"; 17]),
-                "stop strings: at most 16 per request, got 17",
+                "stop strings: at most 16 non-empty per request, got 17",
             ),
             (
                 json!("y".repeat(257)),
@@ -389,6 +389,13 @@ async fn stop_strings_past_the_limits_are_400s_naming_the_limit() {
             assert_eq!(bad_request(&r, Some("stop"), None), want, "{path}");
         }
     }
+    // refused while parsing: counted as 400s, not by the engine
+    assert_eq!(s.metric("backburner_bad_requests_total").await, 6.0);
+    assert_eq!(
+        s.metric("backburner_requests_total{outcome=\"invalid\"}")
+            .await,
+        0.0
+    );
     s.stop().await;
 }
 

@@ -69,8 +69,10 @@ impl Session {
         );
         let lost = self.chain_lost(first, None);
         tracing::warn!(
-            "{lost}: re-establishing the workers' sessions and re-ingesting {} tokens within this request",
-            self.history.len()
+            "{lost}: re-establishing the workers' sessions and re-ingesting {} tokens of history, then the {} of \
+             this step, within this request",
+            self.history.len(),
+            ids.len()
         );
         match self.chain_attempt(ids, which, progress) {
             Ok(logits) => {

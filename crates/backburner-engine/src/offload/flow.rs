@@ -95,8 +95,10 @@ impl Session {
                 Failure::Lost(why) => {
                     self.offload_stats.offload_failures += 1;
                     tracing::warn!(
-                        "KV pages on a worker were lost ({why}); re-ingesting {} tokens",
-                        self.history.len()
+                        "KV pages on a worker were lost ({why}); re-ingesting {} tokens of history, then the {} of \
+                         this step",
+                        self.history.len(),
+                        ids.len()
                     );
                     losses += 1;
                     (losses > n_workers).then(|| {

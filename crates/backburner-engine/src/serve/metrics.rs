@@ -17,6 +17,9 @@ pub struct Metrics {
     pub requests_failed: AtomicU64,
     /// Requests refused by the engine's checks (invalid sampling values or token ids, a prompt over the context).
     pub requests_invalid: AtomicU64,
+    /// Requests the HTTP server answered with a 400, whatever refused them (its parsing of the body and fields, or the
+    /// engine's checks); counted by the server.
+    pub bad_requests: AtomicU64,
     /// Requests cancelled (client gone, shutdown).
     pub requests_cancelled: AtomicU64,
     /// Requests refused because the queue was full.
