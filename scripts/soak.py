@@ -232,6 +232,7 @@ class Soak:
         for t in threads[: a.clients]:
             t.join(timeout=900)
         self.sample()
+        self.metrics = self.scrape()
         for proc in (self.srv, self.ref, self.wa, self.wb):
             proc.send_signal(signal.SIGTERM)
         for proc in (self.srv, self.ref, self.wa, self.wb):
@@ -240,6 +241,22 @@ class Soak:
             except subprocess.TimeoutExpired:
                 proc.kill()
         return self.report()
+
+    def scrape(self):
+        """The server's counters that show which paths ran (split prefill, KV offload, retries, the cache)."""
+        keep = ("split_prefill_calls", "worker_tokens", "kv_pages_on_workers", "fallbacks", "offload", "delayed",
+                "cache_", "requests_total", "bad_requests", "prefill_tokens_total", "prompt_tokens_total")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['serve']}/metrics", timeout=30) as r:
+                page = r.read().decode()
+        except OSError as e:
+            return {"error": str(e)}
+        out = {}
+        for line in page.splitlines():
+            if line.startswith("backburner_") and any(k in line for k in keep):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
 
     def killer(self):
         while not self.stop.wait(self.a.kill_every):
@@ -352,6 +369,7 @@ class Soak:
             "failures_by_kind": kinds,
             "worker_b_outages": len(self.down),
             "relay_cuts": self.relay.cuts,
+            "server_metrics": getattr(self, "metrics", {}),
             "rss_kb": self.rss,
             "mismatch_details": self.mismatches[:5],
             "failure_details": self.failures[:20],
