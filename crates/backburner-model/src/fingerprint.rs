@@ -12,7 +12,8 @@ use crate::error::Result;
 /// Bytes read at a time when hashing a tensor (the only memory [`layer_digest`] holds for its bytes).
 pub const DIGEST_CHUNK: usize = 4 << 20;
 
-/// The digest of one decoder layer: SHA-256 over, for every tensor of layer `layer` (sorted by its canonical name
+/// The digest of one decoder layer: SHA-256 over, for every tensor of layer `layer` that the architecture's table
+/// lists ([`crate::arch`]; sorted by its canonical name
 /// `layers.<i>.<rest>`), the canonical name, `format!("{dtype:?}{shape:?}")` and the XXH3-128 hash of its bytes (16
 /// bytes little-endian). Cost: one pass over the layer's bytes, read from the file [`DIGEST_CHUNK`] bytes at a time
 /// with positional reads ([`Checkpoint::read_chunks`]), so a host can fingerprint layers it does not hold without
@@ -20,32 +21,25 @@ pub const DIGEST_CHUNK: usize = 4 << 20;
 ///
 /// Errors: [`crate::ModelError::Io`] when a read fails.
 pub fn layer_digest(ckpt: &Checkpoint, config: &ModelConfig, layer: usize) -> Result<[u8; 32]> {
-    let prefix = config.layout.prefix();
-    let mut names: Vec<(String, &str)> = Vec::new();
-    for name in ckpt.names() {
-        let Some(rest) = name
-            .strip_prefix(prefix)
-            .and_then(|r| r.strip_prefix("layers."))
-        else {
-            continue;
-        };
-        let Some((idx, tail)) = rest.split_once('.') else {
-            continue;
-        };
-        if idx.parse::<usize>() == Ok(layer) {
-            names.push((format!("layers.{layer}.{tail}"), name));
-        }
-    }
+    let prefix = format!("{}layers.{layer}.", config.layout.prefix());
+    let mut names: Vec<(String, String)> = crate::arch::arch_of(config)
+        .layer_tensors(config, layer)
+        .into_iter()
+        .map(|t| {
+            let tail = t.name[prefix.len()..].to_string();
+            (format!("layers.{layer}.{tail}"), t.name)
+        })
+        .collect();
     names.sort();
     let mut h = Sha256::new();
     for (canon, name) in names {
-        let dtype = ckpt.dtype(name)?;
+        let dtype = ckpt.dtype(&name)?;
         h.update(canon.as_bytes());
-        h.update(format!("{dtype:?}{:?}", ckpt.shape(name)?).as_bytes());
+        h.update(format!("{dtype:?}{:?}", ckpt.shape(&name)?).as_bytes());
         // streamed: the same value as the one-shot xxh3_128 of the bytes, read DIGEST_CHUNK at a time from the
         // file so that none of them stays resident
         let mut x = xxhash_rust::xxh3::Xxh3::new();
-        ckpt.read_chunks(name, DIGEST_CHUNK, |c| x.update(c))?;
+        ckpt.read_chunks(&name, DIGEST_CHUNK, |c| x.update(c))?;
         h.update(x.digest128().to_le_bytes());
     }
     Ok(h.finalize().into())

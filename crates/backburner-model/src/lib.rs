@@ -3,6 +3,7 @@
 //! `[n_tokens, hidden]`.
 #![warn(missing_docs)]
 
+pub mod arch;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;

@@ -9,7 +9,7 @@ use std::path::Path;
 use half::bf16;
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 /// SplitMix64.
@@ -32,9 +32,10 @@ impl SplitMix {
     }
 }
 
-/// Writes `config.json` (the given JSON) and `model.safetensors` (random bf16 weights from `seed`) into `dir`.
-/// Projections are N(0, 0.02); RMSNorm1p weights N(0, 0.1) (multiplier 1+w); the gated norm 1 + N(0, 0.1); conv
-/// weights N(0, 0.3); `A_log` and `dt_bias` N(0, 0.5). Untied configs get an `lm_head`.
+/// Writes `config.json` (the given JSON) and `model.safetensors` (random bf16 weights from `seed`) into `dir`: every
+/// tensor of the architecture's table ([`crate::arch`]) in table order, each drawn from its entry's distribution
+/// (projections N(0, 0.02); RMSNorm1p weights N(0, 0.1), multiplier 1+w; the gated norm 1 + N(0, 0.1); conv weights
+/// N(0, 0.3); `A_log` and `dt_bias` N(0, 0.5)). Untied configs get an `lm_head`.
 ///
 /// Errors: [`ModelError::InvalidConfig`] for a config that does not validate, [`ModelError::Io`] on write failure.
 pub fn write_random_checkpoint(
@@ -51,113 +52,21 @@ pub fn write_random_checkpoint(
     }
     let cfg_path = dir.join("config.json");
     std::fs::write(&cfg_path, &text).map_err(|e| ModelError::io(&cfg_path, e))?;
-    let (v, h, inter) = (c.vocab_size, c.hidden_size, c.intermediate_size);
-    let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-    let (hv, dv, kc) = (
-        c.linear_num_value_heads,
-        c.linear_value_head_dim,
-        c.linear_conv_kernel_dim,
-    );
-    let conv_dim = c.conv_dim();
+    let arch = crate::arch::arch_of(&c);
     let mut rng = SplitMix(seed);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut add = |name: String, shape: Vec<usize>, std: f64, mean: f64| {
-        let n: usize = shape.iter().product();
+    let specs = arch
+        .end_tensors(&c)
+        .into_iter()
+        .chain((0..c.num_hidden_layers).flat_map(|i| arch.layer_tensors(&c, i)));
+    for t in specs {
+        let n: usize = t.shape.iter().product();
         let mut bytes = Vec::with_capacity(n * 2);
         for _ in 0..n {
-            bytes.extend_from_slice(&bf16::from_f64(mean + std * rng.normal()).to_le_bytes());
+            let x = t.init.mean + t.init.std * rng.normal();
+            bytes.extend_from_slice(&bf16::from_f64(x).to_le_bytes());
         }
-        tensors.push((name, shape, bytes));
-    };
-    let w = 0.02;
-    add("model.embed_tokens.weight".into(), vec![v, h], w, 0.0);
-    add("model.norm.weight".into(), vec![h], 0.1, 0.0);
-    if !c.tie_word_embeddings {
-        add("lm_head.weight".into(), vec![v, h], w, 0.0);
-    }
-    for i in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{i}.");
-        add(format!("{p}input_layernorm.weight"), vec![h], 0.1, 0.0);
-        add(
-            format!("{p}post_attention_layernorm.weight"),
-            vec![h],
-            0.1,
-            0.0,
-        );
-        add(format!("{p}mlp.gate_proj.weight"), vec![inter, h], w, 0.0);
-        add(format!("{p}mlp.up_proj.weight"), vec![inter, h], w, 0.0);
-        add(format!("{p}mlp.down_proj.weight"), vec![h, inter], w, 0.0);
-        match c.layer_types[i] {
-            LayerKind::FullAttention => {
-                add(
-                    format!("{p}self_attn.q_proj.weight"),
-                    vec![hq * 2 * d, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}self_attn.k_proj.weight"),
-                    vec![hkv * d, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}self_attn.v_proj.weight"),
-                    vec![hkv * d, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}self_attn.o_proj.weight"),
-                    vec![h, hq * d],
-                    w,
-                    0.0,
-                );
-                add(format!("{p}self_attn.q_norm.weight"), vec![d], 0.1, 0.0);
-                add(format!("{p}self_attn.k_norm.weight"), vec![d], 0.1, 0.0);
-            }
-            LayerKind::LinearAttention => {
-                add(
-                    format!("{p}linear_attn.in_proj_qkv.weight"),
-                    vec![conv_dim, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}linear_attn.in_proj_z.weight"),
-                    vec![hv * dv, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}linear_attn.in_proj_b.weight"),
-                    vec![hv, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}linear_attn.in_proj_a.weight"),
-                    vec![hv, h],
-                    w,
-                    0.0,
-                );
-                add(
-                    format!("{p}linear_attn.conv1d.weight"),
-                    vec![conv_dim, 1, kc],
-                    0.3,
-                    0.0,
-                );
-                add(format!("{p}linear_attn.dt_bias"), vec![hv], 0.5, 0.0);
-                add(format!("{p}linear_attn.A_log"), vec![hv], 0.5, 0.0);
-                add(format!("{p}linear_attn.norm.weight"), vec![dv], 0.1, 1.0);
-                add(
-                    format!("{p}linear_attn.out_proj.weight"),
-                    vec![h, hv * dv],
-                    w,
-                    0.0,
-                );
-            }
-        }
+        tensors.push((t.name, t.shape, bytes));
     }
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()

@@ -70,7 +70,7 @@ fn weights_stay_in_the_checkpoint_dtype_and_hold_its_bytes() {
         let mut want = 0;
         for i in 0..m.config().num_hidden_layers {
             let layer = m.layer(i).unwrap();
-            let mut lins = vec![&layer.gate_up, &layer.down];
+            let mut lins = layer.ffn.linears();
             match &layer.mixer {
                 Mixer::Linear(w) => lins.extend([&w.in_proj, &w.out_proj]),
                 Mixer::Attention(w) => lins.extend([&w.qkv, &w.o_proj]),

@@ -192,7 +192,7 @@ impl ModelCosts {
     /// Tensor shapes are those the loader reads (gated attention: `q_proj` is `[2·n_heads·head_dim, hidden]`).
     pub fn from_config(cfg: &ModelConfig, bytes_per_param: u64, kv: KvDtype) -> Self {
         let layer_weight_bytes = (0..cfg.num_hidden_layers)
-            .map(|i| layer_params(cfg, cfg.layer_types[i]).saturating_mul(bytes_per_param))
+            .map(|i| layer_params(cfg, i).saturating_mul(bytes_per_param))
             .collect();
         let emb = mul(&[cfg.vocab_size, cfg.hidden_size]).saturating_mul(bytes_per_param);
         let ends = EndsBytes {
@@ -433,27 +433,9 @@ fn scratch_width(cfg: &ModelConfig) -> u64 {
     3 * h + 3 * i + 2 * proj + core
 }
 
-/// Parameters of one decoder layer of `kind` (every tensor the loader reads, norms and small vectors included).
-fn layer_params(c: &ModelConfig, kind: LayerKind) -> u64 {
-    let h = c.hidden_size;
-    let common = mul(&[3, h, c.intermediate_size]).saturating_add(2 * h as u64);
-    let mixer = match kind {
-        LayerKind::LinearAttention => {
-            let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
-            let proj_rows = c.conv_dim() + hv * dv + 2 * hv;
-            mul(&[h, proj_rows])
-                .saturating_add(mul(&[hv, dv, h]))
-                .saturating_add(mul(&[c.conv_dim(), c.linear_conv_kernel_dim]))
-                .saturating_add((2 * hv + dv) as u64)
-        }
-        LayerKind::FullAttention => {
-            let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-            mul(&[h, 2 * hq * d + 2 * hkv * d])
-                .saturating_add(mul(&[hq, d, h]))
-                .saturating_add(2 * d as u64)
-        }
-    };
-    common.saturating_add(mixer)
+/// Parameters of decoder layer `i`: every tensor of the architecture's table for it (norms and small vectors included).
+fn layer_params(c: &ModelConfig, i: usize) -> u64 {
+    backburner_model::arch::arch_of(c).layer_elements(c, i)
 }
 
 /// Bytes per weight named by config.json's `dtype` (transformers ≥ 4.56) or `torch_dtype`, at the top level or in

@@ -14,70 +14,15 @@ use backburner_kernels::matmul::RowMajor;
 use backburner_kernels::quant::QuantFormat;
 
 use super::{dense_dtype, unsupported, StoredDtype, WeightPart};
+use crate::arch::{arch_of_gguf, Arch};
 use crate::error::{ModelError, Result};
 use crate::gguf::{GgmlType, GgufFile, TensorInfo};
-
-/// Hugging Face name suffix (after `model.layers.N.`) → GGUF name suffix (after `blk.N.`).
-const LAYER_NAMES: &[(&str, &str)] = &[
-    ("input_layernorm.weight", "attn_norm.weight"),
-    (
-        "post_attention_layernorm.weight",
-        "post_attention_norm.weight",
-    ),
-    ("linear_attn.in_proj_qkv.weight", "attn_qkv.weight"),
-    ("linear_attn.in_proj_z.weight", "attn_gate.weight"),
-    ("linear_attn.in_proj_b.weight", "ssm_beta.weight"),
-    ("linear_attn.in_proj_a.weight", "ssm_alpha.weight"),
-    ("linear_attn.conv1d.weight", "ssm_conv1d.weight"),
-    ("linear_attn.dt_bias", "ssm_dt.bias"),
-    ("linear_attn.A_log", "ssm_a"),
-    ("linear_attn.norm.weight", "ssm_norm.weight"),
-    ("linear_attn.out_proj.weight", "ssm_out.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"),
-    ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.v_proj.weight", "attn_v.weight"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
-];
-
-/// Hugging Face name → GGUF name of the tensors outside the layers.
-const END_NAMES: &[(&str, &str)] = &[
-    ("model.embed_tokens.weight", "token_embd.weight"),
-    ("model.norm.weight", "output_norm.weight"),
-    ("lm_head.weight", "output.weight"),
-];
-
-/// The GGUF name of a Hugging Face tensor name, if the architecture has it.
-fn gguf_name(hf: &str) -> Option<String> {
-    if let Some((_, g)) = END_NAMES.iter().find(|(h, _)| *h == hf) {
-        return Some((*g).to_string());
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (idx, tail) = rest.split_once('.')?;
-    let i: usize = idx.parse().ok()?;
-    let (_, g) = LAYER_NAMES.iter().find(|(h, _)| *h == tail)?;
-    Some(format!("blk.{i}.{g}"))
-}
-
-/// The Hugging Face name of a GGUF tensor name, if the model reads it (MTP and vision tensors map to none).
-pub(super) fn hf_name(gguf: &str) -> Option<String> {
-    if let Some((h, _)) = END_NAMES.iter().find(|(_, g)| *g == gguf) {
-        return Some((*h).to_string());
-    }
-    let rest = gguf.strip_prefix("blk.")?;
-    let (idx, tail) = rest.split_once('.')?;
-    let i: usize = idx.parse().ok()?;
-    let (h, _) = LAYER_NAMES.iter().find(|(_, g)| *g == tail)?;
-    Some(format!("model.layers.{i}.{h}"))
-}
 
 /// An opened GGUF model with its name map.
 pub(crate) struct GgufCheckpoint {
     path: PathBuf,
+    /// The file's architecture: its tensor table names the tensors.
+    arch: &'static Arch,
     file: GgufFile,
     /// Hugging Face names of the tensors present, sorted.
     names: Vec<String>,
@@ -86,18 +31,26 @@ pub(crate) struct GgufCheckpoint {
 impl GgufCheckpoint {
     pub(crate) fn open(path: &Path) -> Result<Self> {
         let file = GgufFile::open(path)?;
-        crate::gguf::check_architecture(&file)?;
+        let name = crate::gguf::check_architecture(&file)?;
+        let arch = arch_of_gguf(name).ok_or_else(|| {
+            ModelError::InvalidConfig(format!("GGUF architecture {name:?} has no tensor table"))
+        })?;
         let mut names: Vec<String> = file
             .tensor_names()
             .into_iter()
-            .filter_map(hf_name)
+            .filter_map(|g| arch.hf_name(g))
             .collect();
         names.sort();
         Ok(GgufCheckpoint {
             path: path.to_path_buf(),
+            arch,
             file,
             names,
         })
+    }
+
+    pub(crate) fn arch(&self) -> &'static Arch {
+        self.arch
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -109,14 +62,16 @@ impl GgufCheckpoint {
             name: self.stored_name(name),
             dir: self.path.clone(),
         };
-        let g = gguf_name(name).ok_or_else(missing)?;
+        let g = self.arch.gguf_name(name).ok_or_else(missing)?;
         let info = self.file.tensor(&g).ok_or_else(missing)?;
         Ok((g, info))
     }
 
     /// The tensor's name in the file (for error messages).
     pub(crate) fn stored_name(&self, name: &str) -> String {
-        gguf_name(name).unwrap_or_else(|| name.to_string())
+        self.arch
+            .gguf_name(name)
+            .unwrap_or_else(|| name.to_string())
     }
 
     pub(crate) fn contains(&self, name: &str) -> bool {
@@ -258,7 +213,7 @@ impl GgufCheckpoint {
     }
 
     pub(crate) fn release(&self, name: &str) {
-        if let Some(g) = gguf_name(name) {
+        if let Some(g) = self.arch.gguf_name(name) {
             self.file.release(&g);
         }
     }
@@ -283,22 +238,36 @@ pub(crate) fn stored_dtype(t: GgmlType) -> StoredDtype {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::arch::arch_of_gguf;
 
     #[test]
     fn every_name_maps_both_ways() {
-        for (h, g) in LAYER_NAMES {
-            let hf = format!("model.layers.17.{h}");
-            let gg = format!("blk.17.{g}");
-            assert_eq!(gguf_name(&hf).as_deref(), Some(gg.as_str()));
-            assert_eq!(hf_name(&gg).as_deref(), Some(hf.as_str()));
+        let arch = arch_of_gguf("qwen35").unwrap();
+        for (h, g) in [
+            ("model.layers.17.linear_attn.A_log", "blk.17.ssm_a"),
+            (
+                "model.layers.17.mlp.down_proj.weight",
+                "blk.17.ffn_down.weight",
+            ),
+            (
+                "model.layers.17.self_attn.q_proj.weight",
+                "blk.17.attn_q.weight",
+            ),
+            ("model.embed_tokens.weight", "token_embd.weight"),
+            ("model.norm.weight", "output_norm.weight"),
+            ("lm_head.weight", "output.weight"),
+        ] {
+            assert_eq!(arch.gguf_name(h).as_deref(), Some(g));
+            assert_eq!(arch.hf_name(g).as_deref(), Some(h));
         }
-        for (h, g) in END_NAMES {
-            assert_eq!(gguf_name(h).as_deref(), Some(*g));
-            assert_eq!(hf_name(g).as_deref(), Some(*h));
+        for e in arch.table {
+            let g = format!("blk.5.{}", e.gguf);
+            let h = arch.hf_name(&g).or_else(|| arch.hf_name(e.gguf)).unwrap();
+            let back = arch.gguf_name(&h).unwrap();
+            assert!(back == g || back == e.gguf, "{g} -> {h} -> {back}");
         }
-        assert_eq!(hf_name("blk.3.nextn.eh_proj.weight"), None);
-        assert_eq!(hf_name("blk.x.attn_norm.weight"), None);
-        assert_eq!(gguf_name("model.visual.blocks.0.weight"), None);
+        assert_eq!(arch.hf_name("blk.3.nextn.eh_proj.weight"), None);
+        assert_eq!(arch.hf_name("blk.x.attn_norm.weight"), None);
+        assert_eq!(arch.gguf_name("model.visual.blocks.0.weight"), None);
     }
 }

@@ -10,7 +10,6 @@
 
 use std::collections::HashSet;
 
-use super::gguf_map::hf_name;
 use super::{Checkpoint, Inner};
 use crate::config::ModelConfig;
 
@@ -54,7 +53,7 @@ pub fn unused_tensors(ckpt: &Checkpoint, config: &ModelConfig) -> UnusedTensors 
     let read: HashSet<String> = crate::model::read_names(config).into_iter().collect();
     let mut out = UnusedTensors::default();
     for name in g.stored_names() {
-        if hf_name(name).is_some_and(|h| read.contains(&h)) {
+        if g.arch().hf_name(name).is_some_and(|h| read.contains(&h)) {
             continue;
         }
         if is_mtp(name, config.num_hidden_layers) {
@@ -76,7 +75,8 @@ pub fn log_unused_tensors(ckpt: &Checkpoint, config: &ModelConfig) {
     let file = ckpt.dir().display();
     for name in u.unknown.iter().take(MAX_NAMED) {
         tracing::warn!(
-            "{file}: tensor `{name}` is not used by the qwen35 architecture with this file's config; it is not loaded"
+            "{file}: tensor `{name}` is not used by the {} architecture with this file's config; it is not loaded",
+            crate::arch::arch_of(config).gguf_arch
         );
     }
     if u.unknown.len() > MAX_NAMED {

@@ -12,7 +12,7 @@ use backburner_kernels::rowops;
 
 use super::mixer::{AwaitRemote, Checkpoints};
 use super::scratch::{sized, RowBufs, Scratch};
-use super::{AttnWeights, GdnWeights, Layer, Mixer, Model, GDN_CHUNK};
+use super::{AttnWeights, Ffn, GdnWeights, Layer, Mixer, Model, GDN_CHUNK};
 use crate::remote::RemoteSlot;
 use crate::state::{LayerState, LinearState};
 
@@ -101,9 +101,18 @@ impl Model {
             let _p = profile::scope(Op::Norm);
             rowops::rms_norm(x, &layer.post_norm, eps, sized(&mut r.h, x.len()));
         }
-        layer.gate_up.forward_swiglu(&r.h, t, &mut r.gu, &mut r.act);
-        layer.down.forward_into(&r.act, t, &mut r.out);
+        self.ffn(&layer.ffn, t, r);
         residual_add(x, &r.out);
+    }
+
+    /// The feed-forward block on the `t` normed rows `r.h` (`[t, H]`), output in `r.out`.
+    fn ffn(&self, ffn: &Ffn, t: usize, r: &mut RowBufs) {
+        match ffn {
+            Ffn::Dense { gate_up, down } => {
+                gate_up.forward_swiglu(&r.h, t, &mut r.gu, &mut r.act);
+                down.forward_into(&r.act, t, &mut r.out);
+            }
+        }
     }
 
     /// Gated DeltaNet mixer (HF `Qwen3_5GatedDeltaNet`) of layer `idx` on `s.rows.h` (tokens at `pos0..pos0 + t`),

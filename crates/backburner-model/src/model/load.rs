@@ -1,7 +1,10 @@
-//! Loading a layer's weights from a checkpoint, and the bytes a load will allocate, from one list of the tensors
-//! each layer reads.
+//! Loading a layer's weights from a checkpoint, and the bytes a load will allocate, from the architecture's tensor
+//! table ([`crate::arch`]).
 
-use super::{AttnWeights, GdnWeights, Layer, LoadOptions, Mixer};
+use std::collections::HashMap;
+
+use super::{AttnWeights, Ffn, GdnWeights, Layer, LoadOptions, Mixer};
+use crate::arch::{arch_of, Read, Slot, TensorSpec};
 use crate::checkpoint::{dense_dtype, unsupported, Checkpoint, StoredDtype, VectorKind};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -11,141 +14,92 @@ use crate::linear::Linear;
 /// width.
 type Fused = (Vec<(String, usize)>, usize);
 
-/// The projections of layer `i` in load order: gate|up, down, the mixer's fused input projection and its output
-/// projection (shared by [`load_layer`] and [`load_bytes`], so the budget check sizes exactly what is loaded).
-fn layer_linears(c: &ModelConfig, i: usize) -> [Fused; 4] {
-    let p = format!("{}layers.{i}.", c.layout.prefix());
-    let part = |name: &str, rows: usize| (format!("{p}{name}"), rows);
-    let (h, inter) = (c.hidden_size, c.intermediate_size);
-    let gate_up = vec![
-        part("mlp.gate_proj.weight", inter),
-        part("mlp.up_proj.weight", inter),
-    ];
-    let down = vec![part("mlp.down_proj.weight", h)];
-    match c.layer_types[i] {
-        LayerKind::LinearAttention => {
-            let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
-            let in_proj = vec![
-                part("linear_attn.in_proj_qkv.weight", c.conv_dim()),
-                part("linear_attn.in_proj_z.weight", hv * dv),
-                part("linear_attn.in_proj_b.weight", hv),
-                part("linear_attn.in_proj_a.weight", hv),
-            ];
-            let out = vec![part("linear_attn.out_proj.weight", h)];
-            [(gate_up, h), (down, inter), (in_proj, h), (out, hv * dv)]
-        }
-        LayerKind::FullAttention => {
-            let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-            let qkv = vec![
-                part("self_attn.q_proj.weight", hq * 2 * d),
-                part("self_attn.k_proj.weight", hkv * d),
-                part("self_attn.v_proj.weight", hkv * d),
-            ];
-            let o = vec![part("self_attn.o_proj.weight", h)];
-            [(gate_up, h), (down, inter), (qkv, h), (o, hq * d)]
-        }
-    }
-}
-
-/// The vectors of layer `i` read as f32 (name, shape, meaning), in load order: the two layer norms' gains, then the
-/// Gated DeltaNet's conv kernel, `dt_bias`, `A` and gated norm, or the attention's q and k norm gains.
-fn layer_vectors(c: &ModelConfig, i: usize) -> Vec<(String, Vec<usize>, VectorKind)> {
-    let p = format!("{}layers.{i}.", c.layout.prefix());
-    let v = |name: &str, shape: &[usize]| (format!("{p}{name}"), shape.to_vec(), VectorKind::Plain);
-    let g =
-        |name: &str, shape: &[usize]| (format!("{p}{name}"), shape.to_vec(), VectorKind::NormGain);
-    let h = c.hidden_size;
-    let mut out = vec![
-        g("input_layernorm.weight", &[h]),
-        g("post_attention_layernorm.weight", &[h]),
-    ];
-    match c.layer_types[i] {
-        LayerKind::LinearAttention => {
-            let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);
-            out.extend([
-                v(
-                    "linear_attn.conv1d.weight",
-                    &[c.conv_dim(), 1, c.linear_conv_kernel_dim],
-                ),
-                v("linear_attn.dt_bias", &[hv]),
-                (
-                    format!("{p}linear_attn.A_log"),
-                    vec![hv],
-                    VectorKind::NegExp,
-                ),
-                v("linear_attn.norm.weight", &[dv]),
-            ]);
-        }
-        LayerKind::FullAttention => {
-            let d = c.head_dim;
-            out.extend([
-                g("self_attn.q_norm.weight", &[d]),
-                g("self_attn.k_norm.weight", &[d]),
-            ]);
+/// The matrices of `specs` fused by slot (parts in table order), in the order the slots first appear.
+fn fused(specs: &[TensorSpec]) -> Vec<(Slot, Fused)> {
+    let mut out: Vec<(Slot, Fused)> = Vec::new();
+    for t in specs.iter().filter(|t| t.read == Read::Matrix) {
+        let (rows, cols) = (t.shape[0], t.shape[1]);
+        match out.iter_mut().find(|(s, _)| *s == t.slot) {
+            Some((_, (parts, _))) => parts.push((t.name.clone(), rows)),
+            None => out.push((t.slot, (vec![(t.name.clone(), rows)], cols))),
         }
     }
     out
+}
+
+/// The vectors of `specs`: (slot, name, shape, meaning).
+fn vectors(specs: &[TensorSpec]) -> impl Iterator<Item = (Slot, &TensorSpec, VectorKind)> {
+    specs.iter().filter_map(|t| match t.read {
+        Read::Vector(k) => Some((t.slot, t, k)),
+        Read::Matrix => None,
+    })
 }
 
 /// Hugging Face names of every tensor a load of the whole model reads: the ends (embedding, final norm and, unless
 /// tied, the head) and each layer's projections and vectors.
 pub(crate) fn read_names(c: &ModelConfig) -> Vec<String> {
-    let pre = c.layout.prefix();
-    let mut out = vec![
-        format!("{pre}embed_tokens.weight"),
-        format!("{pre}norm.weight"),
-    ];
-    if !c.tie_word_embeddings {
-        out.push("lm_head.weight".to_string());
+    arch_of(c).read_names(c)
+}
+
+/// The ends: the embedding, the final norm's gain and (unless tied) the head. transformers ties the head to the
+/// embedding whenever `tie_word_embeddings` is set, even if the file also stores an `lm_head`.
+pub(super) fn load_ends(
+    c: &ModelConfig,
+    ck: &Checkpoint,
+) -> Result<(Linear, Vec<f32>, Option<Linear>)> {
+    let specs = arch_of(c).end_tensors(c);
+    let mut lin: HashMap<Slot, Linear> = HashMap::new();
+    for (slot, (parts, k)) in fused(&specs) {
+        lin.insert(slot, Linear::load(ck, k, &parts)?);
     }
-    for i in 0..c.num_hidden_layers {
-        for (parts, _) in layer_linears(c, i) {
-            out.extend(parts.into_iter().map(|(name, _)| name));
-        }
-        out.extend(layer_vectors(c, i).into_iter().map(|(name, _, _)| name));
-    }
-    out
+    let (_, t, kind) = vectors(&specs)
+        .find(|(s, _, _)| *s == Slot::FinalNorm)
+        .expect("the table lists the final norm");
+    let norm = ck.read_vector(&t.name, &t.shape, kind)?;
+    let embed = lin
+        .remove(&Slot::Embed)
+        .expect("the table lists the embedding");
+    Ok((embed, norm, lin.remove(&Slot::Head)))
 }
 
 pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
-    let [gate_up, down, mix_in, mix_out] =
-        layer_linears(c, i).map(|(parts, k)| Linear::load(ck, k, &parts));
-    let mut vecs = layer_vectors(c, i)
-        .into_iter()
-        .map(|(name, shape, kind)| ck.read_vector(&name, &shape, kind))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter();
-    let mut next = || {
-        vecs.next()
-            .expect("layer_vectors lists every vector read here")
+    let specs = arch_of(c).layer_tensors(c, i);
+    let mut lin: HashMap<Slot, Linear> = HashMap::new();
+    for (slot, (parts, k)) in fused(&specs) {
+        lin.insert(slot, Linear::load(ck, k, &parts)?);
+    }
+    let mut vec: HashMap<Slot, Vec<f32>> = HashMap::new();
+    for (slot, t, kind) in vectors(&specs) {
+        vec.insert(slot, ck.read_vector(&t.name, &t.shape, kind)?);
+    }
+    let mut m = |s: Slot| lin.remove(&s).expect("the table lists every projection");
+    let mut v = |s: Slot| vec.remove(&s).expect("the table lists every vector");
+    let (in_proj, out_proj) = (m(Slot::MixIn), m(Slot::MixOut));
+    let ffn = Ffn::Dense {
+        gate_up: m(Slot::FfnGateUp),
+        down: m(Slot::FfnDown),
     };
-    let (input_norm, post_norm) = (next(), next());
-    let (in_proj, out_proj) = (mix_in?, mix_out?);
     let mixer = match c.layer_types[i] {
-        LayerKind::LinearAttention => {
-            let (conv_weight, dt_bias, neg_a, norm) = (next(), next(), next(), next());
-            Mixer::Linear(GdnWeights {
-                in_proj,
-                conv_weight,
-                dt_bias,
-                neg_a,
-                norm,
-                out_proj,
-            })
-        }
+        LayerKind::LinearAttention => Mixer::Linear(GdnWeights {
+            in_proj,
+            conv_weight: v(Slot::Conv),
+            dt_bias: v(Slot::DtBias),
+            neg_a: v(Slot::DecayA),
+            norm: v(Slot::GatedNorm),
+            out_proj,
+        }),
         LayerKind::FullAttention => Mixer::Attention(AttnWeights {
             qkv: in_proj,
-            q_norm: next(),
-            k_norm: next(),
+            q_norm: v(Slot::QNorm),
+            k_norm: v(Slot::KNorm),
             o_proj: out_proj,
         }),
     };
     Ok(Layer {
-        input_norm,
-        post_norm,
+        input_norm: v(Slot::InputNorm),
+        post_norm: v(Slot::PostNorm),
         mixer,
-        gate_up: gate_up?,
-        down: down?,
+        ffn,
     })
 }
 
@@ -163,19 +117,57 @@ fn vector_bytes(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<u64> {
         .ok_or_else(|| ModelError::InvalidConfig("the weights' size overflows".into()))
 }
 
-/// Bytes [`Model::from_checkpoint`] will allocate for the weights `opts` names, computed from the checkpoint's tensor
-/// headers alone (nothing is read or allocated): each fused projection packed in its parts' common dtype with its
-/// panel padding ([`PackedMatrix::packed_bytes`](backburner_kernels::matmul::PackedMatrix::packed_bytes)), and 4
-/// bytes per element of every vector read as f32. Equals [`Model::weight_bytes`] of the loaded model, so a caller can
-/// check a memory budget before loading. (The load's transient memory is the file pages it reads, which it releases
-/// tensor by tensor, and a few small allocations.)
+/// Bytes of a fused projection: the parts' rows packed in their common dtype, checked as the load checks them.
+fn linear_bytes(ckpt: &Checkpoint, parts: &[(String, usize)], k: usize) -> Result<u64> {
+    use backburner_kernels::matmul::WeightDtype;
+    let formats = parts
+        .iter()
+        .map(|(name, rows)| {
+            // the shape first: a size from the config that the file does not have is named as such
+            ckpt.check_shape(name, &[*rows, k])?;
+            let d = ckpt.dtype(name)?;
+            match (&d, dense_dtype(&d)) {
+                (_, Some(dense)) => Ok((None, dense, *rows)),
+                (StoredDtype::Quant(q), None) => Ok((Some(*q), WeightDtype::F32, *rows)),
+                _ => Err(unsupported(&ckpt.stored_name(name), &d)),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    crate::linear::packed_bytes(&formats, k)
+        .map(|b| b as u64)
+        .ok_or_else(|| ModelError::InvalidConfig("the weights' size overflows".into()))
+}
+
+/// Bytes of the tensors `specs` as loaded: matrices fused by slot and packed, vectors as f32.
+fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec]) -> Result<u64> {
+    let overflow = || ModelError::InvalidConfig("the weights' size overflows".into());
+    let mut total = 0u64;
+    for (_, (parts, k)) in fused(specs) {
+        total = total
+            .checked_add(linear_bytes(ckpt, &parts, k)?)
+            .ok_or_else(overflow)?;
+    }
+    for (_, t, _) in vectors(specs) {
+        total = total
+            .checked_add(vector_bytes(ckpt, &t.name, &t.shape)?)
+            .ok_or_else(overflow)?;
+    }
+    Ok(total)
+}
+
+/// Bytes [`Model::from_checkpoint`](super::Model::from_checkpoint) will allocate for the weights `opts` names,
+/// computed from the checkpoint's tensor headers alone (nothing is read or allocated): each fused projection packed
+/// in its parts' common dtype with its panel padding
+/// ([`PackedMatrix::packed_bytes`](backburner_kernels::matmul::PackedMatrix::packed_bytes)), and 4 bytes per element
+/// of every vector read as f32. Equals [`Model::weight_bytes`](super::Model::weight_bytes) of the loaded model, so a
+/// caller can check a memory budget before loading. (The load's transient memory is the file pages it reads, which
+/// it releases tensor by tensor, and a few small allocations.)
 ///
 /// Errors: [`ModelError::InvalidConfig`] for a layer range outside the model or a size that overflows `u64`;
 /// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`] and [`ModelError::UnsupportedDtype`] for any tensor
 /// the load would read (the ends' embedding, final norm and untied head, every layer's projections and vectors), as
 /// the load itself reports them.
 pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
-    use backburner_kernels::matmul::WeightDtype;
     if opts.layers.end > c.num_hidden_layers || opts.layers.start > opts.layers.end {
         return Err(ModelError::InvalidConfig(format!(
             "layer range {:?} is outside 0..{}",
@@ -183,47 +175,15 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
         )));
     }
     let overflow = || ModelError::InvalidConfig("the weights' size overflows".into());
-    let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(overflow);
-    // a fused projection: the parts' rows packed in their common dtype
-    let linear = |parts: &[(String, usize)], k: usize| -> Result<u64> {
-        let formats = parts
-            .iter()
-            .map(|(name, rows)| {
-                // the shape first: a size from the config that the file does not have is named as such
-                ckpt.check_shape(name, &[*rows, k])?;
-                let d = ckpt.dtype(name)?;
-                match (&d, dense_dtype(&d)) {
-                    (_, Some(dense)) => Ok((None, dense, *rows)),
-                    (StoredDtype::Quant(q), None) => Ok((Some(*q), WeightDtype::F32, *rows)),
-                    _ => Err(unsupported(&ckpt.stored_name(name), &d)),
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        crate::linear::packed_bytes(&formats, k)
-            .map(|b| b as u64)
-            .ok_or_else(overflow)
-    };
-    let vector = |name: &str, shape: &[usize]| vector_bytes(ckpt, name, shape);
-    let pre = c.layout.prefix();
-    let (h, v) = (c.hidden_size, c.vocab_size);
+    let arch = arch_of(c);
     let mut total = 0u64;
     if opts.ends {
-        total = add(
-            total,
-            linear(&[(format!("{pre}embed_tokens.weight"), v)], h)?,
-        )?;
-        total = add(total, vector(&format!("{pre}norm.weight"), &[h])?)?;
-        if !c.tie_word_embeddings {
-            total = add(total, linear(&[("lm_head.weight".to_string(), v)], h)?)?;
-        }
+        total = specs_bytes(ckpt, &arch.end_tensors(c))?;
     }
     for i in opts.layers.clone() {
-        for (parts, k) in layer_linears(c, i) {
-            total = add(total, linear(&parts, k)?)?;
-        }
-        for (name, shape, _) in layer_vectors(c, i) {
-            total = add(total, vector(&name, &shape)?)?;
-        }
+        total = total
+            .checked_add(specs_bytes(ckpt, &arch.layer_tensors(c, i))?)
+            .ok_or_else(overflow)?;
     }
     Ok(total)
 }

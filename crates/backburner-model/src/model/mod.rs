@@ -24,8 +24,8 @@ mod load;
 mod mixer;
 mod scratch;
 pub use load::load_bytes;
-use load::load_layer;
 pub(crate) use load::read_names;
+use load::{load_ends, load_layer};
 pub use scratch::Scratch;
 
 /// Chunk length of the chunked delta rule (HF uses 64).
@@ -70,6 +70,27 @@ pub enum Mixer {
     Attention(AttnWeights),
 }
 
+/// The feed-forward block of one layer.
+#[derive(Debug)]
+pub enum Ffn {
+    /// A SwiGLU MLP: `down(silu(gate(x)) · up(x))`.
+    Dense {
+        /// Fused `[gate_proj; up_proj]` `[2I, H]`.
+        gate_up: Linear,
+        /// `down_proj` `[H, I]`.
+        down: Linear,
+    },
+}
+
+impl Ffn {
+    /// The projections, in the order a decode step reads them.
+    pub fn linears(&self) -> Vec<&Linear> {
+        match self {
+            Ffn::Dense { gate_up, down } => vec![gate_up, down],
+        }
+    }
+}
+
 /// One decoder layer.
 #[derive(Debug)]
 pub struct Layer {
@@ -79,10 +100,8 @@ pub struct Layer {
     pub post_norm: Vec<f32>,
     /// The mixer.
     pub mixer: Mixer,
-    /// Fused `[gate_proj; up_proj]` `[2I, H]`.
-    pub gate_up: Linear,
-    /// `down_proj` `[H, I]`.
-    pub down: Linear,
+    /// The feed-forward block.
+    pub ffn: Ffn,
 }
 
 /// Which parts of a checkpoint to load.
@@ -141,24 +160,9 @@ impl Model {
         if opts.ends {
             crate::checkpoint::log_unused_tensors(ckpt, &config);
         }
-        let p = config.layout.prefix();
-        let h = config.hidden_size;
-        let v = config.vocab_size;
         let (embed, final_norm, lm_head) = if opts.ends {
-            let emb = Linear::load(ckpt, h, &[(format!("{p}embed_tokens.weight"), v)])?;
-            let norm = ckpt.read_vector(
-                &format!("{p}norm.weight"),
-                &[h],
-                crate::checkpoint::VectorKind::NormGain,
-            )?;
-            // transformers ties the head to the embedding whenever tie_word_embeddings is set, even if the file
-            // also stores an lm_head.
-            let head = if config.tie_word_embeddings {
-                None
-            } else {
-                Some(Linear::load(ckpt, h, &[("lm_head.weight".to_string(), v)])?)
-            };
-            (Some(emb), Some(norm), head)
+            let (e, n, h) = load_ends(&config, ckpt)?;
+            (Some(e), Some(n), h)
         } else {
             (None, None, None)
         };
@@ -306,7 +310,10 @@ impl Model {
                         w.qkv.bytes() + w.o_proj.bytes() + f(&w.q_norm) + f(&w.k_norm)
                     }
                 };
-                mixer + l.gate_up.bytes() + l.down.bytes() + f(&l.input_norm) + f(&l.post_norm)
+                mixer
+                    + l.ffn.linears().iter().map(|m| m.bytes()).sum::<usize>()
+                    + f(&l.input_norm)
+                    + f(&l.post_norm)
             })
             .sum();
         let ends = self.embed.as_ref().map_or(0, Linear::bytes)
@@ -329,7 +336,7 @@ impl Model {
                 Mixer::Linear(w) => [&w.in_proj, &w.out_proj],
                 Mixer::Attention(w) => [&w.qkv, &w.o_proj],
             };
-            for m in mixer.into_iter().chain([&l.gate_up, &l.down]) {
+            for m in mixer.into_iter().chain(l.ffn.linears()) {
                 out.extend(m.storage());
             }
         }

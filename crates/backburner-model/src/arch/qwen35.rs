@@ -1,0 +1,84 @@
+//! The dense Qwen3.5 hybrid (`qwen3_5_text`, hub `qwen3_5`; GGUF `qwen35`): Hugging Face transformers 5.23
+//! `modeling_qwen3_5.py` names and shapes, and the names llama.cpp gives them (its `src/models/qwen35.cpp` and
+//! `gguf-py` tensor map).
+
+use super::{Applies, Arch, Entry, Init, Read, Slot};
+use crate::checkpoint::VectorKind;
+use crate::config::{LayerKind, ModelConfig};
+
+const W: Init = Init {
+    std: 0.02,
+    mean: 0.0,
+};
+const GAIN: Init = Init {
+    std: 0.1,
+    mean: 0.0,
+};
+
+const LIN: Applies = Applies::Mixer(LayerKind::LinearAttention);
+const ATT: Applies = Applies::Mixer(LayerKind::FullAttention);
+const MAT: Read = Read::Matrix;
+const NORM: Read = Read::Vector(VectorKind::NormGain);
+const PLAIN: Read = Read::Vector(VectorKind::Plain);
+
+const fn entry(
+    hf: &'static str,
+    gguf: &'static str,
+    applies: Applies,
+    slot: Slot,
+    read: Read,
+    shape: fn(&ModelConfig) -> Vec<usize>,
+    init: Init,
+) -> Entry {
+    Entry {
+        hf,
+        gguf,
+        applies,
+        slot,
+        read,
+        shape,
+        init,
+    }
+}
+
+fn hv_dv(c: &ModelConfig) -> usize {
+    c.linear_num_value_heads * c.linear_value_head_dim
+}
+
+/// The dense Qwen3.5 table: the ends, then per layer the two norms, the SwiGLU MLP and the mixer's tensors.
+#[rustfmt::skip]
+pub(super) static TABLE: &[Entry] = &[
+    entry("embed_tokens.weight", "token_embd.weight", Applies::Ends, Slot::Embed, MAT, |c| vec![c.vocab_size, c.hidden_size], W),
+    entry("norm.weight", "output_norm.weight", Applies::Ends, Slot::FinalNorm, NORM, |c| vec![c.hidden_size], GAIN),
+    entry("lm_head.weight", "output.weight", Applies::Ends, Slot::Head, MAT, |c| vec![c.vocab_size, c.hidden_size], W),
+    entry("input_layernorm.weight", "attn_norm.weight", Applies::EveryLayer, Slot::InputNorm, NORM, |c| vec![c.hidden_size], GAIN),
+    entry("post_attention_layernorm.weight", "post_attention_norm.weight", Applies::EveryLayer, Slot::PostNorm, NORM, |c| vec![c.hidden_size], GAIN),
+    entry("mlp.gate_proj.weight", "ffn_gate.weight", Applies::EveryLayer, Slot::FfnGateUp, MAT, |c| vec![c.intermediate_size, c.hidden_size], W),
+    entry("mlp.up_proj.weight", "ffn_up.weight", Applies::EveryLayer, Slot::FfnGateUp, MAT, |c| vec![c.intermediate_size, c.hidden_size], W),
+    entry("mlp.down_proj.weight", "ffn_down.weight", Applies::EveryLayer, Slot::FfnDown, MAT, |c| vec![c.hidden_size, c.intermediate_size], W),
+    // gated attention: q_proj holds each head's q and gate rows interleaved
+    entry("self_attn.q_proj.weight", "attn_q.weight", ATT, Slot::MixIn, MAT, |c| vec![c.num_attention_heads * 2 * c.head_dim, c.hidden_size], W),
+    entry("self_attn.k_proj.weight", "attn_k.weight", ATT, Slot::MixIn, MAT, |c| vec![c.num_key_value_heads * c.head_dim, c.hidden_size], W),
+    entry("self_attn.v_proj.weight", "attn_v.weight", ATT, Slot::MixIn, MAT, |c| vec![c.num_key_value_heads * c.head_dim, c.hidden_size], W),
+    entry("self_attn.o_proj.weight", "attn_output.weight", ATT, Slot::MixOut, MAT, |c| vec![c.hidden_size, c.num_attention_heads * c.head_dim], W),
+    entry("self_attn.q_norm.weight", "attn_q_norm.weight", ATT, Slot::QNorm, NORM, |c| vec![c.head_dim], GAIN),
+    entry("self_attn.k_norm.weight", "attn_k_norm.weight", ATT, Slot::KNorm, NORM, |c| vec![c.head_dim], GAIN),
+    // Gated DeltaNet
+    entry("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", LIN, Slot::MixIn, MAT, |c| vec![c.conv_dim(), c.hidden_size], W),
+    entry("linear_attn.in_proj_z.weight", "attn_gate.weight", LIN, Slot::MixIn, MAT, |c| vec![hv_dv(c), c.hidden_size], W),
+    entry("linear_attn.in_proj_b.weight", "ssm_beta.weight", LIN, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    entry("linear_attn.in_proj_a.weight", "ssm_alpha.weight", LIN, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    entry("linear_attn.conv1d.weight", "ssm_conv1d.weight", LIN, Slot::Conv, PLAIN, |c| vec![c.conv_dim(), 1, c.linear_conv_kernel_dim], Init { std: 0.3, mean: 0.0 }),
+    entry("linear_attn.dt_bias", "ssm_dt.bias", LIN, Slot::DtBias, PLAIN, |c| vec![c.linear_num_value_heads], Init { std: 0.5, mean: 0.0 }),
+    entry("linear_attn.A_log", "ssm_a", LIN, Slot::DecayA, Read::Vector(VectorKind::NegExp), |c| vec![c.linear_num_value_heads], Init { std: 0.5, mean: 0.0 }),
+    // the gated norm multiplies by w itself (not 1 + w)
+    entry("linear_attn.norm.weight", "ssm_norm.weight", LIN, Slot::GatedNorm, PLAIN, |c| vec![c.linear_value_head_dim], Init { std: 0.1, mean: 1.0 }),
+    entry("linear_attn.out_proj.weight", "ssm_out.weight", LIN, Slot::MixOut, MAT, |c| vec![c.hidden_size, hv_dv(c)], W),
+];
+
+/// The dense Qwen3.5 architecture.
+pub(super) static QWEN35: Arch = Arch {
+    name: "qwen3_5",
+    gguf_arch: "qwen35",
+    table: TABLE,
+};
