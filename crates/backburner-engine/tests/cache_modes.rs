@@ -91,7 +91,11 @@ fn kv_offload_keeps_the_cache_exact_and_a_lost_worker_is_replayed_exactly() {
     drop(b);
 }
 
-fn layer_split_session(dir: &std::path::Path, addr: &str) -> Session {
+/// A host holding layers `0..4` and the ends, and workers at `stages` (address, layers) holding the rest.
+fn layer_split_session(
+    dir: &std::path::Path,
+    stages: &[(&str, std::ops::Range<usize>)],
+) -> Session {
     use backburner_engine::chain::LayerSplit;
     use backburner_engine::connection::Connection;
     use backburner_model::{Checkpoint, LoadOptions, ModelConfig};
@@ -102,10 +106,15 @@ fn layer_split_session(dir: &std::path::Path, addr: &str) -> Session {
         ends: true,
     };
     let host = Arc::new(Model::from_checkpoint(cfg, &ck, &held, |_, _| {}).unwrap());
-    let mut s = backburner_engine::WorkerSettings::new(addr, 1);
-    s.timeout = std::time::Duration::from_secs(5);
-    let fp = backburner_engine::split::dir_fingerprint(dir.to_path_buf());
-    let parts = vec![(Connection::new(s, fp), 4..8)];
+    let parts = stages
+        .iter()
+        .map(|(addr, range)| {
+            let mut s = backburner_engine::WorkerSettings::new(*addr, 1);
+            s.timeout = std::time::Duration::from_secs(5);
+            let fp = backburner_engine::split::dir_fingerprint(dir.to_path_buf());
+            (Connection::new(s, fp), range.clone())
+        })
+        .collect();
     let chain = LayerSplit::from_parts(host.config(), parts).unwrap();
     Session::with_layer_split(host, opts(), chain).unwrap()
 }
@@ -114,10 +123,27 @@ fn layer_split_session(dir: &std::path::Path, addr: &str) -> Session {
 fn a_layer_split_keeps_its_prompt_cache_on_the_workers_and_stays_exact() {
     let f = model_with_layers(8, 47);
     let w = start_worker(f.dir.path(), None, None);
-    let e = serve(vec![layer_split_session(f.dir.path(), &w.addr)]);
+    let e = serve(vec![layer_split_session(f.dir.path(), &[(&w.addr, 4..8)])]);
     let vocab = f.model.config().vocab_size;
     let reused = converse(&e, &cold(&f.model), vocab, 11, 10, "layer split");
     assert!(reused >= 100, "only {reused} tokens came from the cache");
     let m = e.metrics();
     assert_eq!(m.requests_failed.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_worker_holding_only_attention_layers_keeps_the_cache_too() {
+    // layers 4..7 are Gated DeltaNet, 7 is full attention: the second worker's state has no linear layer, and its
+    // checkpoints are the positions it passed (truncating KV rows is exact anywhere)
+    let f = model_with_layers(8, 48);
+    let (a, b) = (
+        start_worker(f.dir.path(), None, None),
+        start_worker(f.dir.path(), None, None),
+    );
+    let stages = [(a.addr.as_str(), 4..7), (b.addr.as_str(), 7..8)];
+    let e = serve(vec![layer_split_session(f.dir.path(), &stages)]);
+    let vocab = f.model.config().vocab_size;
+    let reused = converse(&e, &cold(&f.model), vocab, 12, 8, "attention-only worker");
+    assert!(reused >= 100, "only {reused} tokens came from the cache");
+    assert_eq!(e.metrics().requests_failed.load(Ordering::Relaxed), 0);
 }

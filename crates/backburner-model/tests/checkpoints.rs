@@ -147,3 +147,27 @@ fn a_one_token_call_checkpoints_its_end() {
     r.restore(&cps[0]);
     assert_eq!(linear_bits(&m, &r), linear_bits(&m, &s));
 }
+
+#[test]
+fn a_state_of_attention_layers_only_checkpoints_every_position_it_passed() {
+    // a worker's range of attention layers only (layer 3 of the fixture): truncating the KV rows is exact at any
+    // position, so every requested position the calls passed is a checkpoint
+    let m = Model::load(&fixture("tiny-f32")).unwrap();
+    let c = m.config().clone();
+    let h = c.hidden_size;
+    let x: Vec<f32> = (0..100 * h)
+        .map(|i| ((i * 37) % 101) as f32 / 101.0 - 0.5)
+        .collect();
+    let mut s = ModelState::new(&c, 3..4, KV);
+    s.request_checkpoints(&[5, 50, 99, 150]);
+    let mut y = x.clone();
+    m.forward_layers(3..4, &mut y, 100, &mut s);
+    m.commit_tokens(&mut s, 100);
+    let cps = s.take_checkpoints();
+    let got: Vec<usize> = cps.iter().map(StateSnapshot::n_tokens).collect();
+    assert_eq!(got, [5, 50, 99]);
+    s.restore(&cps[1]);
+    let mut z = x[50 * h..].to_vec();
+    m.forward_layers(3..4, &mut z, 50, &mut s);
+    assert_eq!(bits(&z), bits(&y[50 * h..]));
+}

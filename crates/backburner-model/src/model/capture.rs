@@ -93,14 +93,25 @@ impl ModelState {
 
     /// The checkpoints taken since [`ModelState::request_checkpoints`] at which every Gated DeltaNet layer this
     /// state holds was copied, in increasing position; clears the request. Each restores with
-    /// [`ModelState::restore`] to the state at its position.
+    /// [`ModelState::restore`] to the state at its position. A state that holds no Gated DeltaNet layer (a
+    /// worker's range of attention layers only) is exact at any position it has passed: its checkpoints are then
+    /// the requested positions up to [`ModelState::n_tokens`] (call it after [`Model::commit_tokens`](super::Model::commit_tokens)).
     pub fn take_checkpoints(&mut self) -> Vec<StateSnapshot> {
         let mut taken = Vec::new();
+        let mut requested = Vec::new();
         for s in self.scratches_mut() {
-            s.capture.at.clear();
+            requested = std::mem::take(&mut s.capture.at);
             taken.append(&mut s.capture.taken);
         }
         let layers: Vec<usize> = self.range().filter(|&i| self.linear(i).is_some()).collect();
+        if layers.is_empty() {
+            let n = self.n_tokens();
+            return requested
+                .into_iter()
+                .filter(|&p| p <= n)
+                .map(|p| StateSnapshot::from_parts(p, Vec::new()))
+                .collect();
+        }
         let mut by_pos: BTreeMap<usize, Vec<(usize, LinearState)>> = BTreeMap::new();
         for (p, l, st) in taken {
             by_pos.entry(p).or_default().push((l, st));
