@@ -8,6 +8,7 @@ mod cache_exact;
 mod cache_modes;
 mod consistency;
 mod faults;
+mod faults_connect;
 mod faults_serve;
 mod gguf;
 mod gguf_modes;

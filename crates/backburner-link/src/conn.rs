@@ -173,9 +173,7 @@ impl FrameReader {
     fn read_exact(&mut self, b: &mut [u8]) -> Result<(), LinkError> {
         let d = self.deadline();
         self.r.read_exact(b).map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => {
-                LinkError::Malformed("the peer closed the connection inside a frame".into())
-            }
+            std::io::ErrorKind::UnexpectedEof => LinkError::Cut,
             _ => map_io(e, d),
         })
     }
@@ -183,8 +181,8 @@ impl FrameReader {
     /// Reads and validates the next header (nothing of the body is read or allocated). With a [`Pace`], the wait for
     /// the first byte is bounded by the deadline and the rest of the frame by the pace from then on.
     ///
-    /// Errors: [`LinkError::Closed`] on a clean end of stream before a frame, the header errors of
-    /// [`Header::decode`], [`LinkError::Timeout`], [`LinkError::Io`].
+    /// Errors: [`LinkError::Closed`] on a clean end of stream before a frame, [`LinkError::Cut`] inside one, the
+    /// header errors of [`Header::decode`], [`LinkError::Timeout`], [`LinkError::Io`].
     pub fn recv_header(&mut self) -> Result<Header, LinkError> {
         let mut h = [0u8; HEADER_LEN];
         let d = self.deadline();

@@ -43,6 +43,9 @@ pub enum LinkError {
     /// The peer closed the connection.
     #[error("the peer closed the connection")]
     Closed,
+    /// The peer closed the connection (or it was cut) in the middle of a frame.
+    #[error("the peer closed the connection inside a frame")]
+    Cut,
     /// Not a Backburner frame.
     #[error("bad frame magic {0:02x?}: not a Backburner link peer")]
     BadMagic([u8; 4]),

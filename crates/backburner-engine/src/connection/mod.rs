@@ -24,6 +24,16 @@ use crate::split::{FingerprintFn, LinkStats, WorkerSettings};
 /// typed error until its backoff ends.
 pub const MAX_BACKOFF_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a reconnect right after a lost session waits for a worker that refuses connections to listen again (a
+/// worker restarting: one started without `--layers` maps its file and listens within about 0.1–0.3 s), polling
+/// every [`RECONNECT_POLL`].
+pub const RECONNECT_PATIENCE: Duration = Duration::from_secs(1);
+/// The poll interval of [`RECONNECT_PATIENCE`].
+const RECONNECT_POLL: Duration = Duration::from_millis(50);
+/// How long after a lost session a refused reconnect is taken for a restart (and waited for) rather than a worker
+/// that is gone.
+const RESTART_WINDOW: Duration = Duration::from_secs(3);
+
 /// The reason a send failed: the worker's `Error` frame if it sent one before closing (a refused request), else the
 /// send's own error.
 pub(crate) fn why(c: &mut Conn, e: LinkError) -> LinkError {
@@ -60,6 +70,8 @@ pub struct Connection {
     counted: (u64, u64),
     /// Sessions lost on an open connection (a failure after the handshake: evicted, dropped, a deadline, ...).
     sessions_lost: u64,
+    /// When the last session was lost on an open connection (cleared by a success).
+    lost_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -91,6 +103,7 @@ impl Connection {
             backoff: Duration::from_millis(500),
             counted: (0, 0),
             sessions_lost: 0,
+            lost_at: None,
         }
     }
 
@@ -196,6 +209,11 @@ impl Connection {
     /// `Challenge`; it must not block: the worker bounds the whole handshake), as a layer-split session or a
     /// split-prefill mirror. Returns the worker's `Welcome`.
     ///
+    /// Transient faults do not fail it: a handshake cut by the transport (reset or closed before the `Welcome`, on a
+    /// connection the worker accepted, so it is up) is tried once more on a fresh connection, and within
+    /// 3 s of a session lost on an open connection a refused connection is taken for a restarting worker and
+    /// waited for, up to [`RECONNECT_PATIENCE`].
+    ///
     /// Errors: the worker's typed errors ([`LinkError::Remote`]), `range`'s, [`LinkError::Refused`] for values the
     /// protocol cannot carry, transport errors and deadlines.
     pub(crate) fn connect_with(
@@ -203,15 +221,53 @@ impl Connection {
         cfg: &ModelConfig,
         shape: SessionShape,
         layer_split: bool,
-        range: impl FnOnce(&Challenge) -> Result<Range<usize>, LinkError>,
+        mut range: impl FnMut(&Challenge) -> Result<Range<usize>, LinkError>,
     ) -> Result<Welcome, LinkError> {
         if let Some(c) = self.conn.take() {
             c.shutdown();
         }
+        let conn = self.dial()?;
+        match self.handshake(conn, cfg, shape, layer_split, &mut range) {
+            Err(e) if handshake_cut(&e) => {
+                warn!(addr = %self.settings.addr, "the handshake was cut ({e}); trying once more on a fresh connection");
+                let conn = self.dial()?;
+                self.handshake(conn, cfg, shape, layer_split, &mut range)
+            }
+            r => r,
+        }
+    }
+
+    /// A TCP connection to the worker; a refused one within [`RESTART_WINDOW`] of a lost session is tried again
+    /// every [`RECONNECT_POLL`] for up to [`RECONNECT_PATIENCE`].
+    fn dial(&self) -> Result<Conn, LinkError> {
         let st = &self.settings;
-        let mut conn = Conn::connect(&st.addr, st.timeout, st.shaper)?;
+        let restarting = self.lost_at.is_some_and(|t| t.elapsed() < RESTART_WINDOW);
+        let give_up = Instant::now() + RECONNECT_PATIENCE;
+        loop {
+            match Conn::connect(&st.addr, st.timeout, st.shaper) {
+                Err(LinkError::Io(e))
+                    if restarting
+                        && e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && Instant::now() < give_up =>
+                {
+                    std::thread::sleep(RECONNECT_POLL);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// The handshake on a fresh connection; on success the connection is kept.
+    fn handshake(
+        &mut self,
+        mut conn: Conn,
+        cfg: &ModelConfig,
+        shape: SessionShape,
+        layer_split: bool,
+        range: &mut dyn FnMut(&Challenge) -> Result<Range<usize>, LinkError>,
+    ) -> Result<Welcome, LinkError> {
         let this = &*self;
-        let shaken = host_handshake(&mut conn, &st.secret, |ch| {
+        let shaken = host_handshake(&mut conn, &this.settings.secret, |ch| {
             this.params(cfg, range(ch)?, shape, layer_split)
         });
         // what the handshake sent and received went over the link either way
@@ -271,6 +327,7 @@ impl Connection {
         if let Some(c) = self.conn.take() {
             c.shutdown();
             self.sessions_lost += 1;
+            self.lost_at = Some(Instant::now());
         }
         warn!(addr = %self.settings.addr, "worker failed: {err}");
         tracing::debug!(addr = %self.settings.addr, "next try in {:?} at the earliest", self.backoff);
@@ -282,6 +339,23 @@ impl Connection {
     pub(crate) fn succeeded(&mut self) {
         self.backoff = Duration::from_millis(500);
         self.retry_at = None;
+        self.lost_at = None;
         self.account();
+    }
+}
+
+/// Whether a failed handshake was cut by the transport (worth one more try on a fresh connection) rather than
+/// refused or failed by the worker.
+fn handshake_cut(e: &LinkError) -> bool {
+    match e {
+        LinkError::Closed | LinkError::Cut => true,
+        LinkError::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
     }
 }
