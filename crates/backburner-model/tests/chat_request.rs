@@ -163,3 +163,32 @@ fn a_template_that_does_not_parse_is_a_template_error() {
     let t = ChatTemplate::new("{{ 1 + }}");
     assert!(matches!(t, Err(ModelError::ChatTemplate(_))));
 }
+
+#[test]
+fn text_parts_reach_a_string_only_template_joined_and_an_array_template_as_parts() {
+    let render = |src: &str, msgs: &[Value]| {
+        let kwargs = serde_json::Map::new();
+        let req = ChatRequest {
+            messages: msgs,
+            tools: None,
+            add_generation_prompt: false,
+            kwargs: &kwargs,
+        };
+        ChatTemplate::new(src).unwrap().render(&req, &[])
+    };
+    let parts = [
+        json!({"role": "system", "content": "s"}),
+        json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+        json!({"role": "user", "content": []}),
+    ];
+    // `+` on a sequence fails: the template only takes strings
+    let strings = "{% for m in messages %}[{{ m.role + ':' + m.content }}]{% endfor %}";
+    assert_eq!(
+        render(strings, &parts).unwrap(),
+        "[system:s][user:a\nb][user:]"
+    );
+    // a template that iterates the parts itself sees them as sent
+    let arrays = "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}\
+                  {% for p in m.content %}<{{ p.text }}>{% endfor %}{% endif %}|{% endfor %}";
+    assert_eq!(render(arrays, &parts).unwrap(), "s|<a><b>||");
+}

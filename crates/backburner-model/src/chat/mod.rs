@@ -40,6 +40,10 @@ impl ChatTemplate {
     /// tokenize=False, **special_tokens, **kwargs)` does, after normalizing the messages
     /// ([`normalize_messages`]: null keys dropped, reasoning aliased, string tool-call arguments parsed).
     ///
+    /// A template that fails on content given as an array of text parts (one that only takes strings) is rendered
+    /// again with each such content as its parts' texts joined by `"\n"` (what vLLM and llama.cpp's server send
+    /// such templates); one that takes arrays (the Qwen3.5 template) renders them itself.
+    ///
     /// Errors: [`crate::ModelError::InvalidChatRequest`] for a malformed request, one the template rejects
     /// (`raise_exception`), or one whose message without content (`content` null or absent) the template cannot
     /// render (field `messages[i].content`: it renders once that content is `""`);
@@ -47,7 +51,14 @@ impl ChatTemplate {
     pub fn render(&self, req: &ChatRequest<'_>, special_tokens: &[(&str, &str)]) -> Result<String> {
         let ctx = request::build_context(req, special_tokens)?;
         match self.render_json(&ctx) {
-            Err(ModelError::ChatTemplate(why)) => Err(self.blame_missing_content(ctx, why)),
+            Err(ModelError::ChatTemplate(why)) => match flatten_text_parts(&ctx) {
+                // a template that only takes string content: the text parts joined, as vLLM and llama.cpp do
+                Some(flat) => match self.render_json(&flat) {
+                    Ok(text) => Ok(text),
+                    Err(_) => Err(self.blame_missing_content(ctx, why)),
+                },
+                None => Err(self.blame_missing_content(ctx, why)),
+            },
             other => other,
         }
     }
@@ -87,4 +98,24 @@ impl ChatTemplate {
             ),
         }
     }
+}
+
+/// `ctx` with every message content that is an array of text parts (normalized by [`normalize_messages`]) replaced by
+/// their texts joined with `"\n"`; `None` when no message has such content.
+fn flatten_text_parts(ctx: &serde_json::Value) -> Option<serde_json::Value> {
+    let mut flat = ctx.clone();
+    let mut changed = false;
+    for m in flat.get_mut("messages")?.as_array_mut()? {
+        let Some(serde_json::Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        let texts: Vec<&str> = parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
+            .collect();
+        let joined = texts.join("\n");
+        m["content"] = serde_json::Value::String(joined);
+        changed = true;
+    }
+    changed.then_some(flat)
 }
