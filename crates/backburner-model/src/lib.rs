@@ -24,7 +24,7 @@ pub use chat::{
     ParsedOutput, ToolCall,
 };
 pub use checkpoint::Checkpoint;
-pub use config::{LayerKind, ModelConfig, VHeadOrder, WeightLayout};
+pub use config::{FfnKind, LayerKind, ModelConfig, MoeConfig, VHeadOrder, WeightLayout};
 pub use error::{ModelError, Result};
 pub use fingerprint::fingerprint;
 pub use gguf::{config_from_gguf, GgufFile};

@@ -9,4 +9,5 @@ mod chat_template;
 mod checkpoints;
 mod load_bytes;
 mod loading;
+mod moe;
 mod unused_tensors;

@@ -153,15 +153,45 @@ fn unsupported_model_type_lists_the_supported_ones() {
 }
 
 #[test]
-fn moe_variants_are_not_yet_supported() {
-    for t in ["qwen3_5_moe", "qwen3_next"] {
-        let e = ModelConfig::from_json_str(&format!(r#"{{"model_type":"{t}"}}"#)).unwrap_err();
-        assert!(
-            matches!(&e, ModelError::NotYetSupported(x) if x == t),
-            "{e:?}"
-        );
-        assert!(e.to_string().contains("not yet supported"));
+fn qwen3_next_is_not_yet_supported_and_moe_configs_name_the_culprit() {
+    let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_next"}"#).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::NotYetSupported(x) if x == "qwen3_next"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("not yet supported"));
+    // a hub config without text_config, a text_config of another family, and MoE sizes that cannot work
+    let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_moe"}"#).unwrap_err();
+    assert!(e.to_string().contains("text_config"), "{e}");
+    let hub = r#"{"model_type":"qwen3_5_moe","text_config":{"model_type":"qwen3_5_text"}}"#;
+    let e = ModelConfig::from_json_str(hub).unwrap_err();
+    assert!(e.to_string().contains("qwen3_5_text"), "{e}");
+    for (field, value, says) in [
+        ("num_experts_per_tok", "300", "exceeds num_experts"),
+        ("num_experts", "0", "num_experts = 0"),
+        ("moe_intermediate_size", "0", "moe_intermediate_size = 0"),
+    ] {
+        let text = format!(r#"{{"model_type":"qwen3_5_moe_text","{field}":{value}}}"#);
+        let e = ModelConfig::from_json_str(&text).unwrap_err();
+        assert!(e.to_string().contains(says), "{field}: {e}");
     }
+    // the defaults are the 35B-A3B's
+    let c = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_moe_text"}"#).unwrap();
+    let m = c.moe.unwrap();
+    assert_eq!(
+        (
+            c.num_hidden_layers,
+            c.hidden_size,
+            m.num_experts,
+            m.num_experts_per_tok
+        ),
+        (40, 2048, 256, 8)
+    );
+    assert_eq!(
+        (m.moe_intermediate_size, m.shared_expert_intermediate_size),
+        (512, 512)
+    );
+    assert!(m.norm_topk_prob);
 }
 
 #[test]

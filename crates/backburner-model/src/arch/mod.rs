@@ -5,7 +5,7 @@
 //! all read the table, so a new architecture is one new entry and one file.
 
 use crate::checkpoint::VectorKind;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{FfnKind, LayerKind, ModelConfig};
 
 mod qwen35;
 
@@ -43,6 +43,18 @@ pub enum Slot {
     QNorm,
     /// Attention k norm `[D]`.
     KNorm,
+    /// The MoE router `[E, H]`.
+    Router,
+    /// An expert's fused gate|up projection `[2·I_e, H]` (one per expert).
+    ExpertGateUp,
+    /// An expert's down projection `[H, I_e]` (one per expert).
+    ExpertDown,
+    /// The shared expert's fused gate|up projection `[2·I_s, H]`.
+    SharedGateUp,
+    /// The shared expert's down projection `[H, I_s]`.
+    SharedDown,
+    /// The shared expert's gate `[1, H]` (its output scales by `sigmoid` of it).
+    SharedGate,
 }
 
 /// The layers a table entry belongs to.
@@ -54,6 +66,10 @@ pub enum Applies {
     EveryLayer,
     /// Layers whose mixer is of this kind.
     Mixer(LayerKind),
+    /// Layers whose feed-forward block is of this kind.
+    Ffn(FfnKind),
+    /// Layers whose feed-forward block is MoE, once per routed expert: the name holds `{e}` for its index.
+    EachExpert,
 }
 
 /// How the loader reads a tensor.
@@ -103,6 +119,8 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
     /// What it feeds.
     pub slot: Slot,
+    /// The routed expert it belongs to ([`Applies::EachExpert`]).
+    pub expert: Option<usize>,
     /// How it is read.
     pub read: Read,
     /// The synthetic draw.
@@ -130,11 +148,15 @@ pub struct Arch {
 }
 
 /// Every architecture this build runs.
-pub static ARCHITECTURES: &[&Arch] = &[&qwen35::QWEN35];
+pub static ARCHITECTURES: &[&Arch] = &[&qwen35::QWEN35, &qwen35::QWEN35_MOE];
 
-/// The architecture of a config. (One today; the config will name it when there are several.)
-pub fn arch_of(_c: &ModelConfig) -> &'static Arch {
-    &qwen35::QWEN35
+/// The architecture of a config.
+pub fn arch_of(c: &ModelConfig) -> &'static Arch {
+    if c.moe.is_some() {
+        &qwen35::QWEN35_MOE
+    } else {
+        &qwen35::QWEN35
+    }
 }
 
 /// The architecture a GGUF `general.architecture` names, if this build runs it.
@@ -153,15 +175,40 @@ impl Arch {
             Applies::Ends => false,
             Applies::EveryLayer => true,
             Applies::Mixer(k) => c.layer_types[i] == k,
+            Applies::Ffn(k) => c.ffn_types[i] == k,
+            Applies::EachExpert => c.ffn_types[i] == FfnKind::Moe,
         })
     }
 
-    /// The tensors of decoder layer `i` of `c`, in table order.
+    /// The tensors of decoder layer `i` of `c`, in table order; a run of [`Applies::EachExpert`] entries once per
+    /// routed expert (all of expert 0's, then expert 1's, …).
     pub fn layer_tensors(&self, c: &ModelConfig, i: usize) -> Vec<TensorSpec> {
         let p = format!("{}layers.{i}.", c.layout.prefix());
-        self.layer_entries(c, i)
-            .map(|e| resolve(e, c, format!("{p}{}", e.hf)))
-            .collect()
+        let entries: Vec<&Entry> = self.layer_entries(c, i).collect();
+        let n_experts = c.moe.as_ref().map_or(0, |m| m.num_experts);
+        let mut out = Vec::new();
+        let mut k = 0;
+        while k < entries.len() {
+            let run = entries[k..]
+                .iter()
+                .take_while(|e| e.applies == Applies::EachExpert)
+                .count();
+            if run == 0 {
+                out.push(resolve(entries[k], c, format!("{p}{}", entries[k].hf)));
+                k += 1;
+                continue;
+            }
+            for x in 0..n_experts {
+                for e in &entries[k..k + run] {
+                    let name = format!("{p}{}", e.hf.replace("{e}", &x.to_string()));
+                    let mut t = resolve(e, c, name);
+                    t.expert = Some(x);
+                    out.push(t);
+                }
+            }
+            k += run;
+        }
+        out
     }
 
     /// The tensors of the model's ends (the head only when not tied), in table order.
@@ -244,6 +291,7 @@ fn resolve(e: &Entry, c: &ModelConfig, name: String) -> TensorSpec {
         name,
         shape: (e.shape)(c),
         slot: e.slot,
+        expert: None,
         read: e.read,
         init: e.init,
     }

@@ -4,7 +4,7 @@
 
 use super::{Applies, Arch, Entry, Init, Read, Slot};
 use crate::checkpoint::VectorKind;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{FfnKind, LayerKind, ModelConfig};
 
 const W: Init = Init {
     std: 0.02,
@@ -15,6 +15,9 @@ const GAIN: Init = Init {
     mean: 0.0,
 };
 
+const DENSE: Applies = Applies::Ffn(FfnKind::Dense);
+const MOE: Applies = Applies::Ffn(FfnKind::Moe);
+const EXP: Applies = Applies::EachExpert;
 const LIN: Applies = Applies::Mixer(LayerKind::LinearAttention);
 const ATT: Applies = Applies::Mixer(LayerKind::FullAttention);
 const MAT: Read = Read::Matrix;
@@ -45,6 +48,12 @@ fn hv_dv(c: &ModelConfig) -> usize {
     c.linear_num_value_heads * c.linear_value_head_dim
 }
 
+fn moe(c: &ModelConfig) -> &crate::config::MoeConfig {
+    c.moe
+        .as_ref()
+        .expect("an MoE entry applies to an MoE config only")
+}
+
 /// The dense Qwen3.5 table: the ends, then per layer the two norms, the SwiGLU MLP and the mixer's tensors.
 #[rustfmt::skip]
 pub(super) static TABLE: &[Entry] = &[
@@ -53,9 +62,18 @@ pub(super) static TABLE: &[Entry] = &[
     entry("lm_head.weight", "output.weight", Applies::Ends, Slot::Head, MAT, |c| vec![c.vocab_size, c.hidden_size], W),
     entry("input_layernorm.weight", "attn_norm.weight", Applies::EveryLayer, Slot::InputNorm, NORM, |c| vec![c.hidden_size], GAIN),
     entry("post_attention_layernorm.weight", "post_attention_norm.weight", Applies::EveryLayer, Slot::PostNorm, NORM, |c| vec![c.hidden_size], GAIN),
-    entry("mlp.gate_proj.weight", "ffn_gate.weight", Applies::EveryLayer, Slot::FfnGateUp, MAT, |c| vec![c.intermediate_size, c.hidden_size], W),
-    entry("mlp.up_proj.weight", "ffn_up.weight", Applies::EveryLayer, Slot::FfnGateUp, MAT, |c| vec![c.intermediate_size, c.hidden_size], W),
-    entry("mlp.down_proj.weight", "ffn_down.weight", Applies::EveryLayer, Slot::FfnDown, MAT, |c| vec![c.hidden_size, c.intermediate_size], W),
+    entry("mlp.gate_proj.weight", "ffn_gate.weight", DENSE, Slot::FfnGateUp, MAT, |c| vec![c.intermediate_size, c.hidden_size], W),
+    entry("mlp.up_proj.weight", "ffn_up.weight", DENSE, Slot::FfnGateUp, MAT, |c| vec![c.intermediate_size, c.hidden_size], W),
+    entry("mlp.down_proj.weight", "ffn_down.weight", DENSE, Slot::FfnDown, MAT, |c| vec![c.hidden_size, c.intermediate_size], W),
+    // mixture of experts (HF `Qwen3_5MoeSparseMoeBlock`; GGUF stores each kind of expert matrix as one 3-D tensor)
+    entry("mlp.gate.weight", "ffn_gate_inp.weight", MOE, Slot::Router, MAT, |c| vec![moe(c).num_experts, c.hidden_size], W),
+    entry("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight", EXP, Slot::ExpertGateUp, MAT, |c| vec![moe(c).moe_intermediate_size, c.hidden_size], W),
+    entry("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight", EXP, Slot::ExpertGateUp, MAT, |c| vec![moe(c).moe_intermediate_size, c.hidden_size], W),
+    entry("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight", EXP, Slot::ExpertDown, MAT, |c| vec![c.hidden_size, moe(c).moe_intermediate_size], W),
+    entry("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", MOE, Slot::SharedGateUp, MAT, |c| vec![moe(c).shared_expert_intermediate_size, c.hidden_size], W),
+    entry("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", MOE, Slot::SharedGateUp, MAT, |c| vec![moe(c).shared_expert_intermediate_size, c.hidden_size], W),
+    entry("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", MOE, Slot::SharedDown, MAT, |c| vec![c.hidden_size, moe(c).shared_expert_intermediate_size], W),
+    entry("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", MOE, Slot::SharedGate, MAT, |c| vec![1, c.hidden_size], W),
     // gated attention: q_proj holds each head's q and gate rows interleaved
     entry("self_attn.q_proj.weight", "attn_q.weight", ATT, Slot::MixIn, MAT, |c| vec![c.num_attention_heads * 2 * c.head_dim, c.hidden_size], W),
     entry("self_attn.k_proj.weight", "attn_k.weight", ATT, Slot::MixIn, MAT, |c| vec![c.num_key_value_heads * c.head_dim, c.hidden_size], W),
@@ -80,5 +98,13 @@ pub(super) static TABLE: &[Entry] = &[
 pub(super) static QWEN35: Arch = Arch {
     name: "qwen3_5",
     gguf_arch: "qwen35",
+    table: TABLE,
+};
+
+/// The Qwen3.5 mixture-of-experts hybrid (`qwen3_5_moe_text`, hub `qwen3_5_moe`; GGUF `qwen35moe`): the same table,
+/// whose MoE entries apply.
+pub(super) static QWEN35_MOE: Arch = Arch {
+    name: "qwen3_5_moe",
+    gguf_arch: "qwen35moe",
     table: TABLE,
 };

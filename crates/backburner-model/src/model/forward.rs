@@ -112,6 +112,7 @@ impl Model {
                 gate_up.forward_swiglu(&r.h, t, &mut r.gu, &mut r.act);
                 down.forward_into(&r.act, t, &mut r.out);
             }
+            Ffn::Moe(w) => self.moe_ffn(w, t, r),
         }
     }
 

@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 
-use super::{AttnWeights, Ffn, GdnWeights, Layer, LoadOptions, Mixer};
+use super::{AttnWeights, Ffn, GdnWeights, Layer, LoadOptions, Mixer, MoeWeights};
 use crate::arch::{arch_of, Read, Slot, TensorSpec};
 use crate::checkpoint::{dense_dtype, unsupported, Checkpoint, StoredDtype, VectorKind};
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{FfnKind, LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
 
@@ -14,14 +14,18 @@ use crate::linear::Linear;
 /// width.
 type Fused = (Vec<(String, usize)>, usize);
 
-/// The matrices of `specs` fused by slot (parts in table order), in the order the slots first appear.
-fn fused(specs: &[TensorSpec]) -> Vec<(Slot, Fused)> {
-    let mut out: Vec<(Slot, Fused)> = Vec::new();
+/// A projection's place: its slot and, for a routed expert's, the expert.
+type Key = (Slot, Option<usize>);
+
+/// The matrices of `specs` fused by slot and expert (parts in table order), in the order they first appear.
+fn fused(specs: &[TensorSpec]) -> Vec<(Key, Fused)> {
+    let mut out: Vec<(Key, Fused)> = Vec::new();
     for t in specs.iter().filter(|t| t.read == Read::Matrix) {
         let (rows, cols) = (t.shape[0], t.shape[1]);
-        match out.iter_mut().find(|(s, _)| *s == t.slot) {
+        let key = (t.slot, t.expert);
+        match out.iter_mut().find(|(k, _)| *k == key) {
             Some((_, (parts, _))) => parts.push((t.name.clone(), rows)),
-            None => out.push((t.slot, (vec![(t.name.clone(), rows)], cols))),
+            None => out.push((key, (vec![(t.name.clone(), rows)], cols))),
         }
     }
     out
@@ -48,36 +52,64 @@ pub(super) fn load_ends(
     ck: &Checkpoint,
 ) -> Result<(Linear, Vec<f32>, Option<Linear>)> {
     let specs = arch_of(c).end_tensors(c);
-    let mut lin: HashMap<Slot, Linear> = HashMap::new();
-    for (slot, (parts, k)) in fused(&specs) {
-        lin.insert(slot, Linear::load(ck, k, &parts)?);
+    let mut lin: HashMap<Key, Linear> = HashMap::new();
+    for (key, (parts, k)) in fused(&specs) {
+        lin.insert(key, Linear::load(ck, k, &parts)?);
     }
     let (_, t, kind) = vectors(&specs)
         .find(|(s, _, _)| *s == Slot::FinalNorm)
         .expect("the table lists the final norm");
     let norm = ck.read_vector(&t.name, &t.shape, kind)?;
     let embed = lin
-        .remove(&Slot::Embed)
+        .remove(&(Slot::Embed, None))
         .expect("the table lists the embedding");
-    Ok((embed, norm, lin.remove(&Slot::Head)))
+    Ok((embed, norm, lin.remove(&(Slot::Head, None))))
 }
 
 pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
     let specs = arch_of(c).layer_tensors(c, i);
-    let mut lin: HashMap<Slot, Linear> = HashMap::new();
-    for (slot, (parts, k)) in fused(&specs) {
-        lin.insert(slot, Linear::load(ck, k, &parts)?);
+    let mut lin: HashMap<Key, Linear> = HashMap::new();
+    for (key, (parts, k)) in fused(&specs) {
+        lin.insert(key, Linear::load(ck, k, &parts)?);
     }
     let mut vec: HashMap<Slot, Vec<f32>> = HashMap::new();
     for (slot, t, kind) in vectors(&specs) {
         vec.insert(slot, ck.read_vector(&t.name, &t.shape, kind)?);
     }
-    let mut m = |s: Slot| lin.remove(&s).expect("the table lists every projection");
     let mut v = |s: Slot| vec.remove(&s).expect("the table lists every vector");
+    let mut m = |s: Slot| {
+        lin.remove(&(s, None))
+            .expect("the table lists every projection")
+    };
     let (in_proj, out_proj) = (m(Slot::MixIn), m(Slot::MixOut));
-    let ffn = Ffn::Dense {
-        gate_up: m(Slot::FfnGateUp),
-        down: m(Slot::FfnDown),
+    let ffn = match c.ffn_types[i] {
+        FfnKind::Dense => Ffn::Dense {
+            gate_up: m(Slot::FfnGateUp),
+            down: m(Slot::FfnDown),
+        },
+        FfnKind::Moe => {
+            let (router, shared_gate_up) = (m(Slot::Router), m(Slot::SharedGateUp));
+            let (shared_down, shared_gate) = (m(Slot::SharedDown), m(Slot::SharedGate));
+            let mc = c.moe.as_ref().expect("an MoE layer has MoE settings");
+            let experts = (0..mc.num_experts)
+                .map(|e| {
+                    let mut x = |s: Slot| {
+                        lin.remove(&(s, Some(e)))
+                            .expect("the table lists every expert")
+                    };
+                    (x(Slot::ExpertGateUp), x(Slot::ExpertDown))
+                })
+                .collect();
+            Ffn::Moe(Box::new(MoeWeights {
+                router,
+                experts,
+                shared_gate_up,
+                shared_down,
+                shared_gate,
+                top_k: mc.num_experts_per_tok,
+                norm_topk_prob: mc.norm_topk_prob,
+            }))
+        }
     };
     let mixer = match c.layer_types[i] {
         LayerKind::LinearAttention => Mixer::Linear(GdnWeights {

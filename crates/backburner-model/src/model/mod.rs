@@ -22,6 +22,7 @@ mod forward;
 mod interleave;
 mod load;
 mod mixer;
+mod moe;
 mod scratch;
 pub use load::load_bytes;
 pub(crate) use load::read_names;
@@ -80,13 +81,43 @@ pub enum Ffn {
         /// `down_proj` `[H, I]`.
         down: Linear,
     },
+    /// Routed experts and a shared expert (HF `Qwen3_5MoeSparseMoeBlock`).
+    Moe(Box<MoeWeights>),
+}
+
+/// A mixture-of-experts feed-forward block: `Σ_{e ∈ topk} w_e · expert_e(x) + sigmoid(g·x) · shared(x)`, each expert
+/// a SwiGLU MLP, kept per expert so that one expert's rows are read alone.
+#[derive(Debug)]
+pub struct MoeWeights {
+    /// `mlp.gate` `[E, H]`: the router's logits.
+    pub router: Linear,
+    /// Per expert: fused `[gate_proj; up_proj]` `[2·I_e, H]` and `down_proj` `[H, I_e]`.
+    pub experts: Vec<(Linear, Linear)>,
+    /// The shared expert's fused `[gate_proj; up_proj]` `[2·I_s, H]`.
+    pub shared_gate_up: Linear,
+    /// The shared expert's `down_proj` `[H, I_s]`.
+    pub shared_down: Linear,
+    /// `shared_expert_gate` `[1, H]`.
+    pub shared_gate: Linear,
+    /// k: experts per token.
+    pub top_k: usize,
+    /// Renormalize the k routing weights to sum to 1.
+    pub norm_topk_prob: bool,
 }
 
 impl Ffn {
-    /// The projections, in the order a decode step reads them.
+    /// The projections, in the order a decode step reads them (every expert's, though a step reads only the
+    /// routed ones).
     pub fn linears(&self) -> Vec<&Linear> {
         match self {
             Ffn::Dense { gate_up, down } => vec![gate_up, down],
+            Ffn::Moe(m) => {
+                let mut v = vec![&m.router, &m.shared_gate_up, &m.shared_down, &m.shared_gate];
+                for (gu, d) in &m.experts {
+                    v.extend([gu, d]);
+                }
+                v
+            }
         }
     }
 }

@@ -22,6 +22,27 @@ pub(crate) struct RowBufs {
     pub(super) o: Vec<f32>,
     /// The residual stream `[N, H]` (batched decode only).
     pub(super) x: Vec<f32>,
+    /// A mixture-of-experts block's buffers.
+    pub(super) moe: MoeBufs,
+}
+
+/// Buffers of a mixture-of-experts block on `[T, ·]` rows.
+#[derive(Debug, Default)]
+pub(crate) struct MoeBufs {
+    /// Router logits `[T, E]`.
+    pub(super) logits: Vec<f32>,
+    /// The shared expert's gate logits `[T, 1]`.
+    pub(super) gate: Vec<f32>,
+    /// The rows routed to one expert, gathered `[n_e, H]`.
+    pub(super) x: Vec<f32>,
+    /// Its `[gate | up]` `[n_e, 2·I_e]`.
+    pub(super) gu: Vec<f32>,
+    /// Its `silu(gate) ⊙ up` `[n_e, I_e]`.
+    pub(super) act: Vec<f32>,
+    /// Its output `[n_e, H]`.
+    pub(super) y: Vec<f32>,
+    /// The routed experts' weighted sum `[T, H]`.
+    pub(super) acc: Vec<f32>,
 }
 
 /// One sequence's buffers of a mixer's core (the per-sequence part between the input and output projections).
@@ -59,10 +80,10 @@ pub struct Scratch {
 impl Scratch {
     /// Bytes held by the buffers.
     pub fn bytes(&self) -> usize {
-        let (r, m) = (&self.rows, &self.mix);
+        let (r, m, e) = (&self.rows, &self.mix, &self.rows.moe);
         4 * [
             &r.h, &r.proj, &r.out, &r.gu, &r.act, &r.o, &r.x, &m.a, &m.b, &m.q, &m.k, &m.v, &m.z,
-            &m.beta, &m.g, &m.o,
+            &m.beta, &m.g, &m.o, &e.logits, &e.gate, &e.x, &e.gu, &e.act, &e.y, &e.acc,
         ]
         .iter()
         .map(|v| v.capacity())

@@ -9,11 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 
+mod moe;
+pub use moe::{FfnKind, MoeConfig};
+
 /// Model types this build runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_5_text", "qwen3_5"];
-/// Model types of the same family that a later release will run (mixture-of-experts MLPs).
-pub const NOT_YET_SUPPORTED_MODEL_TYPES: &[&str] =
-    &["qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] =
+    &["qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"];
+/// Model types of the same family that a later release will run (Qwen3-Next's fused Gated DeltaNet projections).
+pub const NOT_YET_SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_next"];
 
 /// The kind of token mixer in one decoder layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,6 +230,10 @@ pub struct ModelConfig {
     /// Order of the Gated DeltaNet v heads in the stored weights: [`VHeadOrder::Grouped`] for safetensors
     /// checkpoints, [`VHeadOrder::Tiled`] for GGUF files written by llama.cpp's converter.
     pub linear_v_head_order: VHeadOrder,
+    /// The experts' settings of a mixture-of-experts model (`None`: every layer's feed-forward block is dense).
+    pub moe: Option<MoeConfig>,
+    /// One entry per layer: its feed-forward block.
+    pub ffn_types: Vec<FfnKind>,
 }
 
 impl ModelConfig {
@@ -264,12 +271,12 @@ impl ModelConfig {
             return Err(ModelError::NotYetSupported(model_type));
         }
         let (layout, text_value) = match model_type.as_str() {
-            "qwen3_5_text" => (WeightLayout::CausalLm, top.clone()),
-            "qwen3_5" => {
+            "qwen3_5_text" | "qwen3_5_moe_text" => (WeightLayout::CausalLm, top.clone()),
+            "qwen3_5" | "qwen3_5_moe" => {
                 let tc = top.get("text_config").cloned().ok_or_else(|| {
-                    ModelError::InvalidConfig(
-                        "model_type qwen3_5 needs a \"text_config\" object".into(),
-                    )
+                    ModelError::InvalidConfig(format!(
+                        "model_type {model_type} needs a \"text_config\" object"
+                    ))
                 })?;
                 (WeightLayout::Hub, tc)
             }
@@ -288,9 +295,18 @@ impl ModelConfig {
                 obj.insert("tie_word_embeddings".into(), t.clone());
             }
         }
-        let raw: RawTextConfig = serde_json::from_value(text_value).map_err(json_err)?;
+        let is_moe = model_type.starts_with("qwen3_5_moe");
+        if is_moe {
+            moe::fill_defaults(&mut text_value, &moe::qwen3_5_moe_defaults());
+        }
+        let raw: RawTextConfig = serde_json::from_value(text_value.clone()).map_err(json_err)?;
+        let text_type = if is_moe {
+            "qwen3_5_moe_text"
+        } else {
+            "qwen3_5_text"
+        };
         if let Some(inner) = &raw.model_type {
-            if layout == WeightLayout::Hub && inner != "qwen3_5_text" {
+            if layout == WeightLayout::Hub && inner != text_type {
                 if NOT_YET_SUPPORTED_MODEL_TYPES.contains(&inner.as_str()) {
                     return Err(ModelError::NotYetSupported(inner.clone()));
                 }
@@ -305,7 +321,15 @@ impl ModelConfig {
             .eos_token_id
             .clone()
             .or_else(|| top.get("eos_token_id").cloned());
-        Self::validate(model_type, layout, raw, eos_value)
+        let n_layers = raw.num_hidden_layers;
+        let mut c = Self::validate(model_type, layout, raw, eos_value)?;
+        if is_moe {
+            // Qwen3.5 MoE's router always renormalizes its top k (`Qwen3_5MoeTopKRouter`)
+            let (m, kinds) = moe::parse(&text_value, n_layers, true)?;
+            c.moe = Some(m);
+            c.ffn_types = kinds;
+        }
+        Ok(c)
     }
 
     fn validate(
@@ -495,6 +519,8 @@ impl ModelConfig {
             rope,
             eos_token_ids,
             linear_v_head_order: VHeadOrder::Grouped,
+            moe: None,
+            ffn_types: vec![FfnKind::Dense; raw.num_hidden_layers],
         })
     }
 

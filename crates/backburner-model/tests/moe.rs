@@ -1,0 +1,78 @@
+//! The mixture-of-experts block against Hugging Face transformers: `fixtures/tiny-moe-f32` (a random
+//! `Qwen3_5MoeForCausalLM`, 4 layers, 8 experts, 2 per token, a shared expert; see scripts/make_moe_fixtures.py),
+//! prefill logits of a 100-token prompt and 16 greedy decode steps. The fixture's seed was chosen so that no router
+//! decision of the reference run is within 1e-3 (in logits) of a tie, so the same experts must be picked.
+
+use std::path::PathBuf;
+
+use backburner_model::{FfnKind, KvOptions, Model, ModelState};
+use safetensors::SafeTensors;
+
+const KV: KvOptions = KvOptions {
+    page_size: 4096,
+    dtype: backburner_kernels::kv::KvDtype::F32,
+};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny-moe-f32")
+}
+
+fn tensor(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn a_qwen3_5_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
+    let dir = fixture();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let ids: Vec<u32> = serde_json::from_value(meta["prompt_ids"].clone()).unwrap();
+    let greedy: Vec<u32> = serde_json::from_value(meta["greedy_ids"].clone()).unwrap();
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (prefill, decode) = (tensor(&st, "prefill_logits"), tensor(&st, "decode_logits"));
+
+    let m = Model::load(&dir).unwrap();
+    let c = m.config();
+    assert_eq!(c.ffn_types, vec![FfnKind::Moe; 4]);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.num_experts_per_tok), (8, 2));
+    let v = c.vocab_size;
+    let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+    let got = m.forward_tokens(&ids, &mut s, Some(0..ids.len()));
+    let d = max_diff(&got, &prefill);
+    eprintln!("prefill max |ours - hf32| = {d:.3e}");
+    assert!(d < 1e-3, "prefill logits differ by {d}");
+    let mut tok = argmax(&got[(ids.len() - 1) * v..]);
+    for (i, want) in greedy.iter().enumerate() {
+        assert_eq!(tok, *want, "greedy token {i}");
+        let l = m.forward_tokens(&[tok], &mut s, Some(0..1));
+        let d = max_diff(&l, &decode[i * v..(i + 1) * v]);
+        assert!(d < 1e-3, "decode step {i}: logits differ by {d}");
+        tok = argmax(&l);
+    }
+}

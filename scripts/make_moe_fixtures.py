@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Generate the tiny mixture-of-experts reference fixtures under fixtures/ (issue 34).
+
+Builds small random checkpoints of `qwen3_5_moe` with transformers' own classes, writes them with save_pretrained
+(which stores each expert's gate/up/down as its own 2-D tensor, `mlp.experts.{e}.gate_proj.weight`, as the hub's
+`Qwen3_5Moe*` checkpoints are read), and records float32 reference outputs of transformers 5.23: the prefill logits
+of a 100-token prompt (one chunk of 64 and a partial one) and 16 greedy decode steps with their logits.
+
+    bash scripts/make_fixtures.sh   # creates .venv-fixtures/ (torch, transformers) once
+    .venv-fixtures/bin/python scripts/make_moe_fixtures.py
+
+Seeded and single-threaded (OMP_NUM_THREADS=1). No tokenizer: the references are token ids.
+"""
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TEXT = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=24,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
+
+SPECS = [
+    dict(name="tiny-moe-f32", dtype=torch.float32, seed=3456),
+]
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter seeded and large enough that a layout or routing mistake shows; the router spread wide so
+    that no token's k-th and (k+1)-th expert come close to a tie."""
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(shape, std, mean=0.0):
+        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            shape = tuple(p.shape)
+            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+                v = normal(shape, 0.5)
+            elif name.endswith("linear_attn.norm.weight"):
+                v = normal(shape, 0.2, mean=1.0)
+            elif name.endswith("norm.weight"):
+                v = normal(shape, 0.2)
+            elif name.endswith("A_log"):
+                v = torch.log(torch.rand(shape, generator=g) * 1.9 + 0.1)
+            elif name.endswith("dt_bias"):
+                v = normal(shape, 0.5)
+            elif name.endswith("conv1d.weight"):
+                v = normal(shape, 0.5)
+            elif name.endswith("mlp.gate.weight"):
+                v = normal(shape, 4.0 / math.sqrt(shape[1]))
+            elif p.ndim == 3:  # experts: [E, out, in]
+                v = normal(shape, 1.0 / math.sqrt(shape[2]))
+            elif p.ndim == 2:
+                v = normal(shape, 1.0 / math.sqrt(shape[1]))
+            else:
+                raise RuntimeError(f"unexpected parameter {name} {shape}")
+            p.copy_(v)
+
+
+def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def watch_router(model, gaps: list[float]) -> list:
+    """Hooks recording, per router call, the smallest gap between a token's k-th and (k+1)-th router logit (the
+    softmax is monotonic: the logits decide the top k)."""
+    k = model.config.num_experts_per_tok
+
+    def hook(_m, _inp, out):
+        logits = out[0] if isinstance(out, tuple) else out
+        top = torch.topk(logits.float(), k + 1, dim=-1).values
+        gaps.append((top[:, k - 1] - top[:, k]).min().item())
+
+    return [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+
+
+def reference(model, ids: list[int], steps: int):
+    """Prefill logits, greedy tokens, decode logits, and the smallest router gap over all of it."""
+    gaps: list[float] = []
+    hooks = watch_router(model, gaps)
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        prefill = out.logits[0].float()
+        cache = out.past_key_values
+        tok = int(prefill[-1].argmax())
+        greedy, decode = [], []
+        for _ in range(steps):
+            greedy.append(tok)
+            o = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+            cache = o.past_key_values
+            row = o.logits[0, -1].float()
+            decode.append(row)
+            tok = int(row.argmax())
+    for h in hooks:
+        h.remove()
+    return prefill, greedy, torch.stack(decode), min(gaps)
+
+
+def make(spec: dict) -> None:
+    """Tries seeds from `spec["seed"]` until no router decision of the reference run is within 1e-3 (in logits) of a
+    tie (a near-tie would let f32 rounding pick another expert), then writes the fixture."""
+    d = ROOT / "fixtures" / spec["name"]
+    d.mkdir(parents=True, exist_ok=True)
+    for seed in range(spec["seed"], spec["seed"] + 200):
+        torch.manual_seed(seed)
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TEXT)).eval()
+        randomize_(model, seed)
+        model = model.to(spec["dtype"])
+        model.save_pretrained(d, safe_serialization=True)
+        # the reference: the stored weights loaded back in float32, eager attention
+        ref = Qwen3_5MoeForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        ids = prompt_ids(100, TEXT["vocab_size"], seed + 1)
+        prefill, greedy, decode, margin = reference(ref, ids, 16)
+        print(seed, margin)
+        if margin > 1e-3:
+            break
+    else:
+        raise RuntimeError("no seed gave router margins above 1e-3")
+    save_file(
+        {"prefill_logits": prefill.contiguous(), "decode_logits": decode.contiguous()},
+        str(d / "reference.safetensors"),
+        metadata={"format": "pt"},
+    )
+    meta = dict(
+        transformers=__import__("transformers").__version__,
+        torch=torch.__version__,
+        seed=seed,
+        stored_dtype=str(spec["dtype"]).replace("torch.", ""),
+        reference_dtype="float32",
+        prompt_ids=ids,
+        greedy_ids=greedy,
+        router_margin_min=margin,
+        note="prefill_logits [100, V] of prompt_ids; greedy_ids[i] is the argmax before decode_logits[i]",
+    )
+    (d / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(d, "seed", seed, "router margin", margin)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    for spec in SPECS:
+        make(spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
