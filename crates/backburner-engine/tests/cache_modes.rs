@@ -14,7 +14,7 @@ use backburner_engine::{generate, GenerateParams, Generation, Session, SessionOp
 use backburner_model::Model;
 use worker_common::*;
 
-fn serve(sessions: Vec<Session>) -> Engine {
+pub fn serve(sessions: Vec<Session>) -> Engine {
     let o = ServeOptions {
         queue: 4,
         cache: CacheLimits::default(),
@@ -22,7 +22,7 @@ fn serve(sessions: Vec<Session>) -> Engine {
     Engine::start(sessions, None, o).unwrap()
 }
 
-fn cold(model: &Arc<Model>) -> impl Fn(&[u32], &GenerateParams) -> Generation {
+pub fn cold(model: &Arc<Model>) -> impl Fn(&[u32], &GenerateParams) -> Generation {
     let model = model.clone();
     move |p, params| {
         let mut s = Session::new(model.clone(), opts()).unwrap();
@@ -45,7 +45,7 @@ fn split_prefill_keeps_the_cache_exact() {
     assert_eq!(link.fallbacks, 0);
 }
 
-fn budgeted(positions: usize) -> SessionOptions {
+pub fn budgeted(positions: usize) -> SessionOptions {
     SessionOptions {
         kv_budget: Some(KvBudget::Positions(positions)),
         ..opts()
@@ -92,7 +92,7 @@ fn kv_offload_keeps_the_cache_exact_and_a_lost_worker_is_replayed_exactly() {
 }
 
 /// A host holding layers `0..4` and the ends, and workers at `stages` (address, layers) holding the rest.
-fn layer_split_session(
+pub fn layer_split_session(
     dir: &std::path::Path,
     stages: &[(&str, std::ops::Range<usize>)],
 ) -> Session {

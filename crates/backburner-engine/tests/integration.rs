@@ -14,6 +14,7 @@ mod gguf;
 mod gguf_modes;
 mod layer_split;
 mod link_fuzz;
+mod moe_modes;
 mod offload_limits;
 mod offload_link;
 mod offload_local;

@@ -47,7 +47,7 @@ pub fn write_random_checkpoint(
     let c = ModelConfig::from_json_str(&text)?;
     if c.layout != crate::config::WeightLayout::CausalLm {
         return Err(ModelError::InvalidConfig(
-            "synthetic checkpoints use the qwen3_5_text layout".into(),
+            "synthetic checkpoints use the text layout (qwen3_5_text, qwen3_5_moe_text)".into(),
         ));
     }
     let cfg_path = dir.join("config.json");
@@ -98,4 +98,22 @@ pub fn tiny_config(n_layers: usize) -> serde_json::Value {
         "tie_word_embeddings": false, "max_position_embeddings": 65536,
         "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     })
+}
+
+/// A small Qwen3.5 mixture-of-experts config (`qwen3_5_moe_text`) for tests: [`tiny_config`]'s shapes with every
+/// layer's feed-forward block 8 experts of 32 (2 per token) and a shared expert of 48.
+pub fn tiny_moe_config(n_layers: usize) -> serde_json::Value {
+    let mut c = tiny_config(n_layers);
+    let o = c.as_object_mut().expect("an object");
+    o.insert("model_type".into(), "qwen3_5_moe_text".into());
+    o.remove("intermediate_size");
+    for (k, v) in [
+        ("num_experts", 8),
+        ("num_experts_per_tok", 2),
+        ("moe_intermediate_size", 32),
+        ("shared_expert_intermediate_size", 48),
+    ] {
+        o.insert(k.into(), v.into());
+    }
+    c
 }

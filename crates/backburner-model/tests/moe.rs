@@ -76,3 +76,31 @@ fn a_qwen3_5_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
         tok = argmax(&l);
     }
 }
+
+#[test]
+fn a_batched_decode_step_of_an_moe_model_equals_each_sequence_alone() {
+    // three sequences at different positions: each one's routed experts differ, and the batch groups their rows by
+    // expert; the logits must still be each sequence's own
+    let dir = fixture();
+    let m = Model::load(&dir).unwrap();
+    let c = m.config();
+    let prompts: [Vec<u32>; 3] = [vec![1, 2, 3], (10..80).collect(), vec![400; 9]];
+    let next = [7u32, 300, 51];
+    let mut alone = Vec::new();
+    let mut states: Vec<ModelState> = Vec::new();
+    for (p, &t) in prompts.iter().zip(&next) {
+        let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+        m.forward_tokens(p, &mut s, None);
+        let mut solo = ModelState::new(c, 0..c.num_hidden_layers, KV);
+        m.forward_tokens(p, &mut solo, None);
+        alone.push(m.forward_tokens(&[t], &mut solo, Some(0..1)));
+        states.push(s);
+    }
+    let mut refs: Vec<&mut ModelState> = states.iter_mut().collect();
+    let batch = m.forward_decode_batch(&next, &mut refs);
+    let v = c.vocab_size;
+    for (i, a) in alone.iter().enumerate() {
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&batch[i * v..(i + 1) * v]), bits(a), "sequence {i}");
+    }
+}

@@ -26,6 +26,14 @@ pub fn model_with_layers(n: usize, seed: u64) -> Fixture {
     Fixture { dir, model }
 }
 
+/// A random mixture-of-experts checkpoint of `n` layers ([`synthetic::tiny_moe_config`]).
+pub fn moe_with_layers(n: usize, seed: u64) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_random_checkpoint(dir.path(), &synthetic::tiny_moe_config(n), seed).unwrap();
+    let model = Arc::new(Model::load(dir.path()).unwrap());
+    Fixture { dir, model }
+}
+
 /// Bytes of the weights a worker serving layers `start..n` of the checkpoint in `dir` loads: what its `max_memory`
 /// holds beside session state (tests that size a worker's budget for its state add this).
 pub fn tail_weights(dir: &Path, start: usize) -> u64 {
