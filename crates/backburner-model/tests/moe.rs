@@ -104,3 +104,36 @@ fn a_batched_decode_step_of_an_moe_model_equals_each_sequence_alone() {
         assert_eq!(bits(&batch[i * v..(i + 1) * v]), bits(a), "sequence {i}");
     }
 }
+
+#[test]
+fn the_hub_layout_of_an_moe_checkpoint_loads_the_same_weights() {
+    // `Qwen3_5MoeForConditionalGeneration`'s layout: the text model under `model.language_model.`, its settings under
+    // `text_config`, the head at the top; the same tensors must give the same bits
+    let src = fixture();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| match name.strip_prefix("model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), t),
+            None => (name, t),
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    safetensors::serialize_to_file(renamed, None, &dir.path().join("model.safetensors")).unwrap();
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let hub = serde_json::json!({"model_type": "qwen3_5_moe", "text_config": text, "tie_word_embeddings": false});
+    std::fs::write(dir.path().join("config.json"), hub.to_string()).unwrap();
+    let (a, b) = (Model::load(&src).unwrap(), Model::load(dir.path()).unwrap());
+    assert_eq!(b.config().layout, backburner_model::WeightLayout::Hub);
+    let ids: Vec<u32> = (0..70).map(|i| (i * 37) % 512).collect();
+    let run = |m: &Model| {
+        let c = m.config();
+        let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+        m.forward_tokens(&ids, &mut s, Some(0..ids.len()))
+    };
+    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(run(&a)), bits(run(&b)));
+}
