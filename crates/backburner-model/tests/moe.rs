@@ -137,3 +137,62 @@ fn the_hub_layout_of_an_moe_checkpoint_loads_the_same_weights() {
     let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
     assert_eq!(bits(run(&a)), bits(run(&b)));
 }
+
+#[test]
+fn fused_expert_tensors_load_as_the_per_expert_ones() {
+    // transformers 5's in-memory layout, which some checkpoints store: `mlp.experts.gate_up_proj` [E, 2I, H] (each
+    // expert's gate rows, then its up rows) and `mlp.experts.down_proj` [E, H, I]
+    let src = fixture();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (n_exp, layers) = (8, 4);
+    let mut fused: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.mlp.experts.");
+        let data = |e: usize, m: &str| st.tensor(&format!("{p}{e}.{m}.weight")).unwrap();
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for e in 0..n_exp {
+            gu.extend_from_slice(data(e, "gate_proj").data());
+            gu.extend_from_slice(data(e, "up_proj").data());
+            down.extend_from_slice(data(e, "down_proj").data());
+        }
+        let (i, h) = (
+            data(0, "gate_proj").shape()[0],
+            data(0, "gate_proj").shape()[1],
+        );
+        fused.push((format!("{p}gate_up_proj"), vec![n_exp, 2 * i, h], gu));
+        fused.push((format!("{p}down_proj"), vec![n_exp, h, i], down));
+    }
+    let mut all: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| !n.contains(".mlp.experts."))
+        .collect();
+    for (n, shape, b) in &fused {
+        let t = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
+            .unwrap();
+        all.push((n.clone(), t));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    safetensors::serialize_to_file(all, None, &dir.path().join("model.safetensors")).unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let (a, b) = (Model::load(&src).unwrap(), Model::load(dir.path()).unwrap());
+    assert_eq!(a.weight_bytes(), b.weight_bytes());
+    let ids: Vec<u32> = (0..70).map(|i| (i * 41) % 512).collect();
+    let run = |m: &Model| {
+        let c = m.config();
+        let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+        m.forward_tokens(&ids, &mut s, Some(0..ids.len()))
+    };
+    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(run(&a)), bits(run(&b)));
+    // the fingerprints of the two layouts agree (the views hash the same bytes under the same names)
+    let (ca, cb) = (
+        backburner_model::Checkpoint::open(&src).unwrap(),
+        backburner_model::Checkpoint::open(dir.path()).unwrap(),
+    );
+    let fp = |ck: &backburner_model::Checkpoint, m: &Model| {
+        backburner_model::fingerprint(ck, m.config(), 0..layers).unwrap()
+    };
+    assert_eq!(fp(&ca, &a), fp(&cb, &b));
+}

@@ -26,7 +26,10 @@ struct Shard {
 pub struct SafetensorsCheckpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
+    /// Stored tensors and views ([`expert_views`]): a view is a stored tensor's byte range under another name.
     tensors: HashMap<String, (usize, TensorInfo)>,
+    /// The names in `tensors` that are views.
+    views: BTreeSet<String>,
 }
 
 impl SafetensorsCheckpoint {
@@ -106,10 +109,18 @@ impl SafetensorsCheckpoint {
                 data_start: 8 + n,
             });
         }
+        let mut views = BTreeSet::new();
+        for (name, v) in expert_views(&tensors) {
+            if !tensors.contains_key(&name) {
+                views.insert(name.clone());
+                tensors.insert(name, v);
+            }
+        }
         Ok(SafetensorsCheckpoint {
             dir: dir.to_path_buf(),
             shards,
             tensors,
+            views,
         })
     }
 
@@ -308,10 +319,61 @@ impl SafetensorsCheckpoint {
     /// Sum of the stored sizes of all tensors (bytes).
     pub fn total_bytes(&self) -> usize {
         self.tensors
-            .values()
-            .map(|(_, i)| i.data_offsets.1 - i.data_offsets.0)
+            .iter()
+            .filter(|(n, _)| !self.views.contains(*n))
+            .map(|(_, (_, i))| i.data_offsets.1 - i.data_offsets.0)
             .sum()
     }
+}
+
+/// Per-expert views of the fused expert tensors that transformers 5 keeps in memory and some checkpoints store:
+/// `…mlp.experts.gate_up_proj` `[E, 2·I, H]` (each expert's gate rows, then its up rows) gives
+/// `…mlp.experts.{e}.gate_proj.weight` and `….up_proj.weight` `[I, H]`, and `…mlp.experts.down_proj` `[E, H, I]`
+/// gives `…mlp.experts.{e}.down_proj.weight` `[H, I]` — the names `save_pretrained` writes and the loader reads.
+/// Each view is a byte range of the stored tensor (row-major, so one expert's rows are contiguous). Tensors of
+/// another rank, dtype size or byte length are left alone (a load then misses the per-expert names, by name).
+fn expert_views(
+    tensors: &HashMap<String, (usize, TensorInfo)>,
+) -> Vec<(String, (usize, TensorInfo))> {
+    let mut out = Vec::new();
+    for (name, (si, info)) in tensors {
+        let (prefix, parts): (&str, &[&str]) =
+            if let Some(p) = name.strip_suffix("experts.gate_up_proj") {
+                (p, &["gate_proj", "up_proj"])
+            } else if let Some(p) = name.strip_suffix("experts.down_proj") {
+                (p, &["down_proj"])
+            } else {
+                continue;
+            };
+        let elem = match info.dtype {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            _ => continue,
+        };
+        let &[n_exp, rows, cols] = info.shape.as_slice() else {
+            continue;
+        };
+        let k = parts.len();
+        let (a, b) = info.data_offsets;
+        let stride = rows.checked_mul(cols).and_then(|x| x.checked_mul(elem));
+        if rows % k != 0 || stride.and_then(|s| s.checked_mul(n_exp)) != Some(b - a) {
+            continue;
+        }
+        let stride = stride.expect("checked above");
+        let part = stride / k;
+        for e in 0..n_exp {
+            for (j, p) in parts.iter().enumerate() {
+                let start = a + e * stride + j * part;
+                let view = TensorInfo {
+                    dtype: info.dtype,
+                    shape: vec![rows / k, cols],
+                    data_offsets: (start, start + part),
+                };
+                out.push((format!("{prefix}experts.{e}.{p}.weight"), (*si, view)));
+            }
+        }
+    }
+    out
 }
 
 fn describe_st_error(e: &safetensors::SafeTensorError, file_len: usize) -> String {
