@@ -111,9 +111,9 @@ impl SafetensorsCheckpoint {
         }
         let mut views = BTreeSet::new();
         for (name, v) in expert_views(&tensors) {
-            if !tensors.contains_key(&name) {
-                views.insert(name.clone());
-                tensors.insert(name, v);
+            if let std::collections::hash_map::Entry::Vacant(slot) = tensors.entry(name.clone()) {
+                slot.insert(v);
+                views.insert(name);
             }
         }
         Ok(SafetensorsCheckpoint {
