@@ -10,4 +10,5 @@ mod checkpoints;
 mod load_bytes;
 mod loading;
 mod moe;
+mod moe_gguf;
 mod unused_tensors;

@@ -8,6 +8,7 @@
 //! - the linear-attention v heads are tiled rather than grouped by k head, in every per-v-head tensor: the model
 //!   follows the stored order ([`crate::config::VHeadOrder::Tiled`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use backburner_kernels::matmul::RowMajor;
@@ -26,6 +27,9 @@ pub(crate) struct GgufCheckpoint {
     file: GgufFile,
     /// Hugging Face names of the tensors present, sorted.
     names: Vec<String>,
+    /// Per-expert views of the 3-D expert tensors (`blk.N.ffn_gate_exps.weight` `[H, I, E]` → the Hugging Face name
+    /// of expert e's `[I, H]` matrix), by Hugging Face name.
+    views: HashMap<String, TensorInfo>,
 }
 
 impl GgufCheckpoint {
@@ -35,17 +39,14 @@ impl GgufCheckpoint {
         let arch = arch_of_gguf(name).ok_or_else(|| {
             ModelError::InvalidConfig(format!("GGUF architecture {name:?} has no tensor table"))
         })?;
-        let mut names: Vec<String> = file
-            .tensor_names()
-            .into_iter()
-            .filter_map(|g| arch.hf_name(g))
-            .collect();
+        let (mut names, views) = hf_names(arch, &file);
         names.sort();
         Ok(GgufCheckpoint {
             path: path.to_path_buf(),
             arch,
             file,
             names,
+            views,
         })
     }
 
@@ -58,6 +59,9 @@ impl GgufCheckpoint {
     }
 
     fn info(&self, name: &str) -> Result<(String, &TensorInfo)> {
+        if let Some(v) = self.views.get(name) {
+            return Ok((v.name.clone(), v));
+        }
         let missing = || ModelError::MissingTensor {
             name: self.stored_name(name),
             dir: self.path.clone(),
@@ -69,6 +73,9 @@ impl GgufCheckpoint {
 
     /// The tensor's name in the file (for error messages).
     pub(crate) fn stored_name(&self, name: &str) -> String {
+        if let Some(v) = self.views.get(name) {
+            return v.name.clone();
+        }
         self.arch
             .gguf_name(name)
             .unwrap_or_else(|| name.to_string())
@@ -106,6 +113,10 @@ impl GgufCheckpoint {
         if name.ends_with("linear_attn.conv1d.weight") && shape.len() == 2 {
             shape.insert(1, 1);
         }
+        // llama.cpp stores the shared expert's gate `[1, H]` as a vector `[H]` (the same bytes)
+        if name.ends_with("mlp.shared_expert_gate.weight") && shape.len() == 1 {
+            shape.insert(0, 1);
+        }
         Ok(shape)
     }
 
@@ -115,8 +126,8 @@ impl GgufCheckpoint {
     }
 
     pub(crate) fn raw(&self, name: &str) -> Result<&[u8]> {
-        let (g, _) = self.info(name)?;
-        self.file.data(&g)
+        let (_, info) = self.info(name)?;
+        self.file.data_of(info)
     }
 
     pub(crate) fn stored_bytes(&self, name: &str) -> Result<usize> {
@@ -132,8 +143,8 @@ impl GgufCheckpoint {
     }
 
     pub(crate) fn read_chunks(&self, name: &str, chunk: usize, f: impl FnMut(&[u8])) -> Result<()> {
-        let (g, _) = self.info(name)?;
-        self.file.read_chunks(&g, chunk, f)
+        let (_, info) = self.info(name)?;
+        self.file.read_chunks_of(info, chunk, f)
     }
 
     /// Checks a tensor's shape (Hugging Face order) against `expected`; a mismatch is reported as the file stores
@@ -213,14 +224,40 @@ impl GgufCheckpoint {
     }
 
     pub(crate) fn release(&self, name: &str) {
-        if let Some(g) = self.arch.gguf_name(name) {
-            self.file.release(&g);
+        if let Ok((_, info)) = self.info(name) {
+            self.file.release_of(info);
         }
     }
 
     pub(crate) fn total_bytes(&self) -> usize {
         usize::try_from(self.file.total_tensor_bytes()).unwrap_or(usize::MAX)
     }
+}
+
+/// The Hugging Face names of a file's tensors that `arch` reads, and the per-expert views: a 3-D expert tensor
+/// (`[cols, rows, E]`) gives one name per expert, each a view of its byte range ([`TensorInfo::expert`]).
+fn hf_names(arch: &Arch, file: &GgufFile) -> (Vec<String>, HashMap<String, TensorInfo>) {
+    let (mut names, mut views) = (Vec::new(), HashMap::new());
+    for g in file.tensor_names() {
+        let Some(h) = arch.hf_name(g) else { continue };
+        if !h.contains("{e}") {
+            names.push(h);
+            continue;
+        }
+        let info = file.tensor(g).expect("a listed tensor");
+        let n = info
+            .dims
+            .get(2)
+            .map_or(0, |&n| usize::try_from(n).unwrap_or(0));
+        for e in 0..n {
+            if let Some(v) = info.expert(e) {
+                let name = h.replace("{e}", &e.to_string());
+                names.push(name.clone());
+                views.insert(name, v);
+            }
+        }
+    }
+    (names, views)
 }
 
 /// Our name for a ggml tensor type.

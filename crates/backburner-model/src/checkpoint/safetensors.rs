@@ -356,7 +356,7 @@ fn expert_views(
         let k = parts.len();
         let (a, b) = info.data_offsets;
         let stride = rows.checked_mul(cols).and_then(|x| x.checked_mul(elem));
-        if rows % k != 0 || stride.and_then(|s| s.checked_mul(n_exp)) != Some(b - a) {
+        if !rows.is_multiple_of(k) || stride.and_then(|s| s.checked_mul(n_exp)) != Some(b - a) {
             continue;
         }
         let stride = stride.expect("checked above");

@@ -15,9 +15,9 @@ use crate::config::{ModelConfig, VHeadOrder};
 use crate::error::{ModelError, Result};
 
 /// `general.architecture` values this build loads.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen35"];
-/// Family members a later release will load (mixture-of-experts hybrids).
-const NOT_YET_SUPPORTED: &[&str] = &["qwen35moe", "qwen3next"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen35", "qwen35moe"];
+/// Family members a later release will load (Qwen3-Next's fused Gated DeltaNet projections).
+const NOT_YET_SUPPORTED: &[&str] = &["qwen3next"];
 
 /// Reads `<arch>.*` keys, with errors naming the key and the file.
 struct Keys<'a> {
@@ -220,11 +220,12 @@ fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)>
     Ok((rows, f.tensor("output.weight").is_none()))
 }
 
-/// The model config of a `qwen35` GGUF file. Its `linear_v_head_order` is [`VHeadOrder::Tiled`] (the converter's
-/// order); `model_type` is `qwen3_5_text` and `layout` the causal-LM one (the GGUF tensor names are a separate
-/// scheme, which the loader maps).
+/// The model config of a `qwen35` or `qwen35moe` GGUF file. Its `linear_v_head_order` is [`VHeadOrder::Tiled`] (the
+/// converter's order); `model_type` is `qwen3_5_text` (`qwen3_5_moe_text`) and `layout` the causal-LM one (the GGUF
+/// tensor names are a separate scheme, which the loader maps). A `qwen35moe` file adds the experts' keys (see
+/// `experts`) and may omit `feed_forward_length`.
 ///
-/// Keys (all `qwen35.` prefixed): `block_count` (minus `nextn_predict_layers`, the MTP blocks) → layers;
+/// Keys (all `<arch>.` prefixed): `block_count` (minus `nextn_predict_layers`, the MTP blocks) → layers;
 /// `context_length`; `embedding_length`; `feed_forward_length`; `attention.head_count`; `attention.head_count_kv`
 /// (default: head_count); `attention.key_length` = `attention.value_length` → head_dim (default
 /// embedding_length / head_count); `attention.layer_norm_rms_epsilon`; `rope.freq_base` (default 10000);
@@ -268,8 +269,9 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     }
     let hidden = k.req_u64("embedding_length")?;
     let (vocab, tied) = vocab_and_tie(f, &k, hidden)?;
+    let moe = arch == "qwen35moe";
     let mut cfg = json!({
-        "model_type": "qwen3_5_text",
+        "model_type": if moe { "qwen3_5_moe_text" } else { "qwen3_5_text" },
         "vocab_size": vocab,
         "hidden_size": hidden,
         "num_hidden_layers": n_layers,
@@ -279,7 +281,10 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         "hidden_act": "silu",
         "eos_token_id": super::eos_token_ids(f)?,
     });
-    let head_dim = attention(&k, n_all, n_layers, hidden, &mut cfg)?;
+    let head_dim = attention(&k, n_all, n_layers, hidden, moe, &mut cfg)?;
+    if moe {
+        experts(&k, &mut cfg)?;
+    }
     let (rope_parameters, rope_scaling, rot) = rope(&k, head_dim)?;
     cfg["rope_parameters"] = rope_parameters;
     cfg["rope_scaling"] = rope_scaling;
@@ -309,8 +314,15 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     Ok(config)
 }
 
-/// The full-attention and MLP sizes into `cfg`; returns head_dim.
-fn attention(k: &Keys<'_>, n_all: u64, n_layers: u64, hidden: u64, cfg: &mut Value) -> Result<u64> {
+/// The full-attention and MLP sizes into `cfg` (an MoE file's `feed_forward_length` is optional); returns head_dim.
+fn attention(
+    k: &Keys<'_>,
+    n_all: u64,
+    n_layers: u64,
+    hidden: u64,
+    moe: bool,
+    cfg: &mut Value,
+) -> Result<u64> {
     let missing = |key: &str| k.err(format!("{} is missing", k.name(key)));
     let n_head = k
         .uniform("attention.head_count", n_all, n_layers)?
@@ -330,18 +342,58 @@ fn attention(k: &Keys<'_>, n_all: u64, n_layers: u64, hidden: u64, cfg: &mut Val
             "attention.key_length ({key_len}) differs from attention.value_length ({value_len})"
         )));
     }
-    let ff = k
-        .uniform("feed_forward_length", n_all, n_layers)?
-        .ok_or_else(|| missing("feed_forward_length"))?;
+    let ff = k.uniform("feed_forward_length", n_all, n_layers)?;
+    let ff = match (ff, moe) {
+        (Some(ff), _) => Some(ff),
+        (None, true) => None,
+        (None, false) => return Err(missing("feed_forward_length")),
+    };
     let eps = k
         .opt_f64("attention.layer_norm_rms_epsilon")?
         .ok_or_else(|| missing("attention.layer_norm_rms_epsilon"))?;
     cfg["num_attention_heads"] = json!(n_head);
     cfg["num_key_value_heads"] = json!(n_head_kv);
     cfg["head_dim"] = json!(key_len);
-    cfg["intermediate_size"] = json!(ff);
+    if let Some(ff) = ff {
+        cfg["intermediate_size"] = json!(ff);
+    }
     cfg["rms_norm_eps"] = json!(eps);
     Ok(key_len)
+}
+
+/// The experts' sizes of a `qwen35moe` file into `cfg` (llama.cpp's `llama_model_qwen35moe::load_arch_hparams`):
+/// `expert_count`, `expert_used_count`, `expert_feed_forward_length` (default `feed_forward_length / expert_used_count`)
+/// and `expert_shared_feed_forward_length` (default `feed_forward_length`), as llama.cpp defaults them.
+fn experts(k: &Keys<'_>, cfg: &mut Value) -> Result<()> {
+    let n = k.req_u64("expert_count")?;
+    let used = k.req_u64("expert_used_count")?;
+    let ff = cfg.get("intermediate_size").and_then(Value::as_u64);
+    let need = |key: &str| {
+        k.err(format!(
+            "{} is missing (and feed_forward_length too)",
+            k.name(key)
+        ))
+    };
+    let exp_ff = match k.opt_u64("expert_feed_forward_length")? {
+        Some(x) => x,
+        None => ff
+            .zip((used > 0).then_some(used))
+            .map(|(f, u)| f / u)
+            .ok_or_else(|| need("expert_feed_forward_length"))?,
+    };
+    let shared = match k.opt_u64("expert_shared_feed_forward_length")? {
+        Some(x) => x,
+        None => ff.ok_or_else(|| need("expert_shared_feed_forward_length"))?,
+    };
+    cfg["num_experts"] = json!(n);
+    cfg["num_experts_per_tok"] = json!(used);
+    cfg["moe_intermediate_size"] = json!(exp_ff);
+    cfg["shared_expert_intermediate_size"] = json!(shared);
+    if ff.is_none() {
+        // unused by an all-MoE model, but the config needs a size
+        cfg["intermediate_size"] = json!(exp_ff);
+    }
+    Ok(())
 }
 
 /// The Gated DeltaNet sizes into `cfg` (llama.cpp's `ssm.*` names, as Mamba's: state_size is the key head dim,

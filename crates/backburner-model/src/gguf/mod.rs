@@ -52,6 +52,28 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// Expert `i` of a 3-D expert tensor (`[cols, rows, E]`, ggml order: one `[cols, rows]` matrix per expert, in
+    /// expert order): a 2-D `[cols, rows]` tensor at its byte range, named `name (expert i)`. `None` when the tensor
+    /// is not 3-D, `i` is not below E, or its bytes do not split into E equal parts.
+    pub fn expert(&self, i: usize) -> Option<TensorInfo> {
+        let &[cols, rows, n] = self.dims.as_slice() else {
+            return None;
+        };
+        let i = u64::try_from(i).ok().filter(|&i| i < n)?;
+        if n == 0 || !self.n_bytes.is_multiple_of(n) {
+            return None;
+        }
+        let per = self.n_bytes / n;
+        Some(TensorInfo {
+            name: format!("{} (expert {i})", self.name),
+            dims: vec![cols, rows],
+            ggml_type: self.ggml_type,
+            part: self.part,
+            offset: self.offset.checked_add(per.checked_mul(i)?)?,
+            n_bytes: per,
+        })
+    }
+
     /// `(rows, cols)` of a matrix stored row-major with rows of `dims[0]` elements: a 2-D tensor is
     /// `(dims[1], dims[0])`, a 1-D one `(1, dims[0])`; 3-D and 4-D tensors whose extra dims are all 1 count as 2-D.
     /// `None` for other shapes or sizes past `usize`.
@@ -294,7 +316,11 @@ impl GgufFile {
     ///
     /// Errors: [`ModelError::MissingTensor`] (naming the first part's path).
     pub fn data(&self, name: &str) -> Result<&[u8]> {
-        let info = self.info(name)?;
+        self.data_of(self.info(name)?)
+    }
+
+    /// The bytes `info` describes: one of this file's tensors, or a part of one ([`TensorInfo::expert`]).
+    pub fn data_of(&self, info: &TensorInfo) -> Result<&[u8]> {
         let (s, l) = self.range(info)?;
         Ok(&self.parts[info.part].mmap[s..s + l])
     }
@@ -303,8 +329,15 @@ impl GgufFile {
     /// the page cache), as [`crate::Checkpoint::release`] does. Unknown names and platforms without `madvise` are
     /// ignored.
     pub fn release(&self, name: &str) {
-        #[cfg(unix)]
         if let Some(info) = self.tensors.get(name) {
+            self.release_of(info);
+        }
+    }
+
+    /// [`GgufFile::release`] of the bytes `info` describes.
+    pub fn release_of(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        {
             if let Ok((s, l)) = self.range(info) {
                 // SAFETY: the map is read-only and file-backed; MADV_DONTNEED only drops its resident pages, and any
                 // later access (a slice still held elsewhere) reads the same bytes back from the file.
@@ -318,7 +351,7 @@ impl GgufFile {
             }
         }
         #[cfg(not(unix))]
-        let _ = name;
+        let _ = info;
     }
 
     /// Passes a tensor's bytes to `f` in order, in pieces of at most `chunk` bytes (at least 1), read with positional
@@ -326,8 +359,17 @@ impl GgufFile {
     /// fingerprints of tensors this process does not hold).
     ///
     /// Errors: [`ModelError::MissingTensor`]; [`ModelError::Io`] when a read fails or the file ends early.
-    pub fn read_chunks(&self, name: &str, chunk: usize, mut f: impl FnMut(&[u8])) -> Result<()> {
-        let info = self.info(name)?;
+    pub fn read_chunks(&self, name: &str, chunk: usize, f: impl FnMut(&[u8])) -> Result<()> {
+        self.read_chunks_of(self.info(name)?, chunk, f)
+    }
+
+    /// [`GgufFile::read_chunks`] of the bytes `info` describes.
+    pub fn read_chunks_of(
+        &self,
+        info: &TensorInfo,
+        chunk: usize,
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<()> {
         let (start, len) = self.range(info)?;
         let part = &self.parts[info.part];
         #[cfg(unix)]
@@ -352,7 +394,7 @@ impl GgufFile {
             for c in part.mmap[start..start + len].chunks(chunk.max(1)) {
                 f(c);
             }
-            self.release(name);
+            self.release_of(info);
         }
         Ok(())
     }

@@ -1,0 +1,173 @@
+//! A `qwen35moe` GGUF file as llama.cpp lays one out (its `llama_model_qwen35moe::load_arch_tensors`): each kind of
+//! expert matrix one 3-D tensor `blk.N.ffn_{gate,up,down}_exps.weight` (`[H, I, E]`, `[I, H, E]` in ggml order), the
+//! shared expert's gate a vector `ffn_gate_inp_shexp.weight` `[H]`, the experts' sizes in `qwen35moe.expert_*`
+//! keys, norms stored as `1 + w` and `A` as `−exp(A_log)`. Written here from a random f32 checkpoint (its v heads as
+//! many as its k heads, so the converter's v-head reordering is the identity), it must give the checkpoint's
+//! logits bit for bit.
+
+use std::path::Path;
+
+use backburner_model::arch::{arch_of, Read, Slot, TensorSpec};
+use backburner_model::gguf::writer::GgufWriter;
+use backburner_model::gguf::{GgmlType, MetaValue};
+use backburner_model::{synthetic, Checkpoint, KvOptions, Model, ModelConfig, ModelState};
+
+const KV: KvOptions = KvOptions {
+    page_size: 4096,
+    dtype: backburner_kernels::kv::KvDtype::F32,
+};
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The random MoE checkpoint rewritten as f32 safetensors (so that both files hold the same f32 weights).
+fn f32_checkpoint(dir: &Path) -> ModelConfig {
+    let mut cfg = synthetic::tiny_moe_config(4);
+    cfg["linear_num_value_heads"] = 2.into();
+    let tmp = tempfile::tempdir().unwrap();
+    synthetic::write_random_checkpoint(tmp.path(), &cfg, 71).unwrap();
+    let ck = Checkpoint::open(tmp.path()).unwrap();
+    let bufs: Vec<(String, Vec<usize>, Vec<u8>)> = ck
+        .names()
+        .into_iter()
+        .map(|n| {
+            let shape = ck.shape(n).unwrap();
+            (
+                n.to_string(),
+                shape.clone(),
+                f32_bytes(&ck.read_f32(n, &shape).unwrap()),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bufs
+        .iter()
+        .map(|(n, s, b)| {
+            let t = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                .unwrap();
+            (n.clone(), t)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    std::fs::copy(tmp.path().join("config.json"), dir.join("config.json")).unwrap();
+    ModelConfig::from_dir(dir).unwrap()
+}
+
+/// The GGUF metadata of `c` as llama.cpp's converter writes it for `qwen35moe`.
+fn metadata(w: &mut GgufWriter, c: &ModelConfig) {
+    let m = c.moe.as_ref().unwrap();
+    let u = |x: usize| MetaValue::U32(x as u32);
+    let a = |k: &str| format!("qwen35moe.{k}");
+    w.kv("general.architecture", MetaValue::Str("qwen35moe".into()));
+    for (k, v) in [
+        ("block_count", c.num_hidden_layers),
+        ("context_length", c.max_position_embeddings),
+        ("embedding_length", c.hidden_size),
+        ("attention.head_count", c.num_attention_heads),
+        ("attention.head_count_kv", c.num_key_value_heads),
+        ("attention.key_length", c.head_dim),
+        ("attention.value_length", c.head_dim),
+        ("rope.dimension_count", c.rotary_dim()),
+        ("ssm.conv_kernel", c.linear_conv_kernel_dim),
+        ("ssm.state_size", c.linear_key_head_dim),
+        ("ssm.group_count", c.linear_num_key_heads),
+        ("ssm.time_step_rank", c.linear_num_value_heads),
+        (
+            "ssm.inner_size",
+            c.linear_num_value_heads * c.linear_value_head_dim,
+        ),
+        ("full_attention_interval", c.full_attention_interval),
+        ("expert_count", m.num_experts),
+        ("expert_used_count", m.num_experts_per_tok),
+        ("expert_feed_forward_length", m.moe_intermediate_size),
+        (
+            "expert_shared_feed_forward_length",
+            m.shared_expert_intermediate_size,
+        ),
+    ] {
+        w.kv(&a(k), u(v));
+    }
+    w.kv(
+        &a("rope.freq_base"),
+        MetaValue::F32(c.rope.rope_theta as f32),
+    )
+    .kv(
+        &a("attention.layer_norm_rms_epsilon"),
+        MetaValue::F32(c.rms_norm_eps as f32),
+    );
+}
+
+/// One tensor's values as the GGUF stores them (the computed-with value of a vector) and its ggml dims.
+fn stored(ck: &Checkpoint, t: &TensorSpec) -> (Vec<f32>, Vec<u64>) {
+    let v = match t.read {
+        Read::Vector(kind) => ck.read_vector(&t.name, &t.shape, kind).unwrap(),
+        Read::Matrix => ck.read_f32(&t.name, &t.shape).unwrap(),
+    };
+    let mut dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+    if t.slot == Slot::Conv || t.slot == Slot::SharedGate {
+        dims.retain(|&d| d != 1); // [kernel, conv_dim] and [H]
+    }
+    (v, dims)
+}
+
+fn write_gguf(ck: &Checkpoint, c: &ModelConfig, path: &Path) {
+    let arch = arch_of(c);
+    let mut w = GgufWriter::new();
+    metadata(&mut w, c);
+    let n_exp = c.moe.as_ref().unwrap().num_experts;
+    let mut specs = arch.end_tensors(c);
+    for i in 0..c.num_hidden_layers {
+        specs.extend(arch.layer_tensors(c, i));
+    }
+    let mut stacks: Vec<(String, Vec<u64>, Vec<f32>)> = Vec::new();
+    for t in &specs {
+        let (v, dims) = stored(ck, t);
+        let Some(e) = t.expert else {
+            let g = arch.gguf_name(&t.name).unwrap();
+            w.tensor(&g, &dims, GgmlType::F32, f32_bytes(&v));
+            continue;
+        };
+        // blk.N.ffn_*_exps.weight: expert e's matrix at its place in the stack
+        let layer = t.name.split('.').nth(2).unwrap();
+        let kind = t.name.rsplit('.').nth(1).unwrap().trim_end_matches("_proj");
+        let g = format!("blk.{layer}.ffn_{kind}_exps.weight");
+        match stacks.iter_mut().find(|(n, _, _)| *n == g) {
+            Some((_, _, data)) => data.extend(&v),
+            None => stacks.push((g, [dims, vec![n_exp as u64]].concat(), v)),
+        }
+        assert!(e < n_exp);
+    }
+    for (g, dims, data) in stacks {
+        w.tensor(&g, &dims, GgmlType::F32, f32_bytes(&data));
+    }
+    w.write(path).unwrap();
+}
+
+#[test]
+fn a_qwen35moe_gguf_gives_its_checkpoints_logits_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = f32_checkpoint(dir.path());
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    let gguf = dir.path().join("moe.gguf");
+    write_gguf(&ck, &c, &gguf);
+    let (a, b) = (
+        Model::load(dir.path()).unwrap(),
+        Model::load(&gguf).unwrap(),
+    );
+    let gc = b.config();
+    assert_eq!(gc.moe, c.moe);
+    assert_eq!(gc.ffn_types, c.ffn_types);
+    let ids: Vec<u32> = (0..90).map(|i| (i * 53) % 512).collect();
+    let run = |m: &Model| {
+        let c = m.config();
+        let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+        m.forward_tokens(&ids, &mut s, Some(0..ids.len()))
+    };
+    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(run(&a)), bits(run(&b)));
+    // every tensor of the file is read: none is reported unused
+    let g = Checkpoint::open(&gguf).unwrap();
+    let unused = backburner_model::checkpoint::unused_tensors(&g, gc);
+    assert!(unused.unknown.is_empty(), "{:?}", unused.unknown);
+    assert_eq!(a.weight_bytes(), b.weight_bytes());
+}
