@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,11 @@ TEXT = dict(
 )
 
 SPECS = [
-    dict(name="tiny-moe-f32", dtype=torch.float32, seed=3456),
+    dict(name="tiny-moe-f32", dtype=torch.float32, seed=3456, cls=Qwen3_5MoeForCausalLM, cfg=Qwen3_5MoeTextConfig,
+         extra={}),
+    # Qwen3-Next: fused Gated DeltaNet projections, a dense layer among the MoE ones, the top k not renormalized
+    dict(name="tiny-next-f32", dtype=torch.float32, seed=4567, cls=Qwen3NextForCausalLM, cfg=Qwen3NextConfig,
+         extra=dict(intermediate_size=96, mlp_only_layers=[2], norm_topk_prob=False)),
 ]
 
 
@@ -100,7 +104,7 @@ def watch_router(model, gaps: list[float]) -> list:
         top = torch.topk(logits.float(), k + 1, dim=-1).values
         gaps.append((top[:, k - 1] - top[:, k]).min().item())
 
-    return [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    return [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers if hasattr(layer.mlp, "gate")]
 
 
 def reference(model, ids: list[int], steps: int):
@@ -132,12 +136,12 @@ def make(spec: dict) -> None:
     d.mkdir(parents=True, exist_ok=True)
     for seed in range(spec["seed"], spec["seed"] + 200):
         torch.manual_seed(seed)
-        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**TEXT)).eval()
+        model = spec["cls"](spec["cfg"](**TEXT, **spec["extra"])).eval()
         randomize_(model, seed)
         model = model.to(spec["dtype"])
         model.save_pretrained(d, safe_serialization=True)
         # the reference: the stored weights loaded back in float32, eager attention
-        ref = Qwen3_5MoeForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        ref = spec["cls"].from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
         ids = prompt_ids(100, TEXT["vocab_size"], seed + 1)
         prefill, greedy, decode, margin = reference(ref, ids, 16)
         print(seed, margin)
@@ -167,8 +171,10 @@ def make(spec: dict) -> None:
 
 def main() -> int:
     torch.set_num_threads(1)
+    only = sys.argv[1:]
     for spec in SPECS:
-        make(spec)
+        if not only or spec["name"] in only:
+            make(spec)
     return 0
 
 

@@ -1,4 +1,4 @@
-//! Every mode on a mixture-of-experts model (`qwen3_5_moe_text`, random weights from the one tensor table): split
+//! Every mode on a mixture-of-experts model (`qwen3_5_moe_text`, and `qwen3_next`; random weights from the one tensor table): split
 //! prefill, KV offload and a layer split, through the server's prompt cache, give for every answer of randomized
 //! conversations the logits of a cold local run bit for bit, as on a dense model.
 
@@ -48,4 +48,28 @@ fn a_layer_split_of_an_moe_model_is_exact() {
     let reused = converse(&e, &cold(&f.model), vocab, 33, 6, "MoE layer split");
     assert!(reused >= 60, "only {reused} tokens came from the cache");
     assert_eq!(e.metrics().requests_failed.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn qwen3_next_through_a_layer_split_and_split_prefill_is_exact() {
+    let f = with_config(&backburner_model::synthetic::tiny_next_config(8), 64);
+    let w = start_worker(f.dir.path(), None, None);
+    let e = serve(vec![layer_split_session(f.dir.path(), &[(&w.addr, 4..8)])]);
+    let vocab = f.model.config().vocab_size;
+    let reused = converse(&e, &cold(&f.model), vocab, 34, 5, "Qwen3-Next layer split");
+    assert!(reused >= 60, "only {reused} tokens came from the cache");
+    drop(e);
+    let w2 = start_worker(f.dir.path(), None, None);
+    let mut s = Session::new(f.model.clone(), opts()).unwrap();
+    s.attach_worker(client(f.dir.path(), &w2.addr, Some(4), b""));
+    let e = serve(vec![s]);
+    converse(
+        &e,
+        &cold(&f.model),
+        vocab,
+        35,
+        4,
+        "Qwen3-Next split prefill",
+    );
+    assert!(e.metrics().link.lock().unwrap().split_calls > 0);
 }

@@ -73,6 +73,10 @@ thread_local! {
     static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::new());
 }
 
+/// One stored tensor of a fused projection: its name, its rows, and the rows the projection reads from it, in
+/// order (`None`: all, as stored).
+pub type PartSpec = (String, usize, Option<Vec<Range<usize>>>);
+
 impl Linear {
     /// Wraps a packed dense matrix.
     pub fn new(w: PackedMatrix) -> Self {
@@ -90,17 +94,30 @@ impl Linear {
     ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`];
     /// [`ModelError::InvalidConfig`] if the sizes overflow or a block format's row length does not fit.
-    pub fn load(ck: &Checkpoint, in_features: usize, parts: &[(String, usize)]) -> Result<Self> {
-        let raw: Vec<WeightPart> = parts
-            .iter()
-            .map(|(name, rows)| ck.weight_part(name, *rows, in_features))
-            .collect::<Result<_>>()?;
+    pub fn load(ck: &Checkpoint, in_features: usize, parts: &[PartSpec]) -> Result<Self> {
+        let mut raw: Vec<WeightPart> = Vec::new();
+        for (name, rows, select) in parts {
+            let w = ck.weight_part(name, *rows, in_features)?;
+            match select {
+                None => raw.push(w),
+                Some(ranges) => {
+                    for r in ranges {
+                        raw.push(w.rows(r.clone()).ok_or_else(|| {
+                            ModelError::InvalidConfig(format!(
+                                "{}: rows {r:?} are outside its {rows}",
+                                ck.stored_name(name)
+                            ))
+                        })?);
+                    }
+                }
+            }
+        }
         let what = &parts[0].0;
         let segs = group_parts(&raw)
             .into_iter()
             .map(|g| pack_group(&raw[g], in_features, what))
             .collect::<Result<Vec<Segment>>>()?;
-        for (name, _) in parts {
+        for (name, _, _) in parts {
             ck.release(name);
         }
         let mut at = 0;

@@ -117,3 +117,15 @@ pub fn tiny_moe_config(n_layers: usize) -> serde_json::Value {
     }
     c
 }
+
+/// A small Qwen3-Next config (`qwen3_next`) for tests: [`tiny_moe_config`]'s shapes with the fused Gated DeltaNet
+/// projections, layer 1 dense (`mlp_only_layers`) and the top k not renormalized.
+pub fn tiny_next_config(n_layers: usize) -> serde_json::Value {
+    let mut c = tiny_moe_config(n_layers);
+    let o = c.as_object_mut().expect("an object");
+    o.insert("model_type".into(), "qwen3_next".into());
+    o.insert("intermediate_size".into(), 96.into());
+    o.insert("mlp_only_layers".into(), serde_json::json!([1]));
+    o.insert("norm_topk_prob".into(), false.into());
+    c
+}

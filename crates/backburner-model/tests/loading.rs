@@ -153,13 +153,34 @@ fn unsupported_model_type_lists_the_supported_ones() {
 }
 
 #[test]
-fn qwen3_next_is_not_yet_supported_and_moe_configs_name_the_culprit() {
-    let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_next"}"#).unwrap_err();
-    assert!(
-        matches!(&e, ModelError::NotYetSupported(x) if x == "qwen3_next"),
-        "{e:?}"
+fn moe_configs_take_their_class_defaults_and_name_the_culprit() {
+    // Qwen3-Next: the 80B-A3B's defaults; every layer MoE unless mlp_only_layers or decoder_sparse_step say
+    let c = ModelConfig::from_json_str(r#"{"model_type":"qwen3_next"}"#).unwrap();
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.num_hidden_layers,
+            m.num_experts,
+            m.num_experts_per_tok
+        ),
+        (151936, 48, 512, 10)
     );
-    assert!(e.to_string().contains("not yet supported"));
+    let c = ModelConfig::from_json_str(
+        r#"{"model_type":"qwen3_next","num_hidden_layers":4,"decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false}"#,
+    )
+    .unwrap();
+    use backburner_model::FfnKind::{Dense, Moe};
+    assert_eq!(c.ffn_types, [Dense, Moe, Dense, Dense]);
+    assert!(!c.moe.unwrap().norm_topk_prob);
+    let e = ModelConfig::from_json_str(
+        r#"{"model_type":"qwen3_next","num_hidden_layers":4,"mlp_only_layers":[4]}"#,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("mlp_only_layers names layer 4"),
+        "{e}"
+    );
     // a hub config without text_config, a text_config of another family, and MoE sizes that cannot work
     let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_moe"}"#).unwrap_err();
     assert!(e.to_string().contains("text_config"), "{e}");

@@ -14,7 +14,13 @@ const KV: KvOptions = KvOptions {
 };
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny-moe-f32")
+    fixture_named("tiny-moe-f32")
+}
+
+fn fixture_named(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
 }
 
 fn tensor(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
@@ -46,7 +52,30 @@ fn argmax(x: &[f32]) -> u32 {
 
 #[test]
 fn a_qwen3_5_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
-    let dir = fixture();
+    let m = check_reference(&fixture());
+    let c = m.config();
+    assert_eq!(c.ffn_types, vec![FfnKind::Moe; 4]);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.num_experts_per_tok), (8, 2));
+    assert!(moe.norm_topk_prob);
+}
+
+#[test]
+fn a_qwen3_next_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
+    // fused `in_proj_qkvz` / `in_proj_ba` read per k head, a dense layer (mlp_only_layers [2]) among the MoE ones,
+    // and the top k weights not renormalized (norm_topk_prob false)
+    let m = check_reference(&fixture_named("tiny-next-f32"));
+    let c = m.config();
+    assert_eq!(c.model_type, "qwen3_next");
+    assert_eq!(
+        c.ffn_types,
+        [FfnKind::Moe, FfnKind::Moe, FfnKind::Dense, FfnKind::Moe]
+    );
+    assert!(!c.moe.as_ref().unwrap().norm_topk_prob);
+}
+
+/// The model of fixture `dir` against its transformers reference (prefill logits, 16 greedy steps); the model.
+fn check_reference(dir: &std::path::Path) -> Model {
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -56,11 +85,8 @@ fn a_qwen3_5_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (prefill, decode) = (tensor(&st, "prefill_logits"), tensor(&st, "decode_logits"));
 
-    let m = Model::load(&dir).unwrap();
+    let m = Model::load(dir).unwrap();
     let c = m.config();
-    assert_eq!(c.ffn_types, vec![FfnKind::Moe; 4]);
-    let moe = c.moe.as_ref().unwrap();
-    assert_eq!((moe.num_experts, moe.num_experts_per_tok), (8, 2));
     let v = c.vocab_size;
     let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
     let got = m.forward_tokens(&ids, &mut s, Some(0..ids.len()));
@@ -75,6 +101,7 @@ fn a_qwen3_5_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
         assert!(d < 1e-3, "decode step {i}: logits differ by {d}");
         tok = argmax(&l);
     }
+    m
 }
 
 #[test]

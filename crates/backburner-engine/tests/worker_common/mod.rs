@@ -28,8 +28,13 @@ pub fn model_with_layers(n: usize, seed: u64) -> Fixture {
 
 /// A random mixture-of-experts checkpoint of `n` layers ([`synthetic::tiny_moe_config`]).
 pub fn moe_with_layers(n: usize, seed: u64) -> Fixture {
+    with_config(&synthetic::tiny_moe_config(n), seed)
+}
+
+/// A random checkpoint of `config`.
+pub fn with_config(config: &serde_json::Value, seed: u64) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    synthetic::write_random_checkpoint(dir.path(), &synthetic::tiny_moe_config(n), seed).unwrap();
+    synthetic::write_random_checkpoint(dir.path(), config, seed).unwrap();
     let model = Arc::new(Model::load(dir.path()).unwrap());
     Fixture { dir, model }
 }

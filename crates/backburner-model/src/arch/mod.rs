@@ -4,6 +4,8 @@
 //! GGUF name map, the synthetic generator, the fingerprint, the unused-tensor report and the planner's memory model
 //! all read the table, so a new architecture is one new entry and one file.
 
+use std::ops::Range;
+
 use crate::checkpoint::VectorKind;
 use crate::config::{FfnKind, LayerKind, ModelConfig};
 
@@ -70,6 +72,22 @@ pub enum Applies {
     Ffn(FfnKind),
     /// Layers whose feed-forward block is MoE, once per routed expert: the name holds `{e}` for its index.
     EachExpert,
+    /// Gated DeltaNet layers of an architecture whose input projections are stored by kind
+    /// ([`GdnProjections::Split`]).
+    LinSplit,
+    /// Gated DeltaNet layers of an architecture whose input projections are stored fused per k head
+    /// ([`GdnProjections::FusedPerKHead`]).
+    LinFused,
+}
+
+/// How an architecture stores the Gated DeltaNet's input projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnProjections {
+    /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, each all heads of one kind.
+    Split,
+    /// Qwen3-Next: `in_proj_qkvz` (per k head: its q, k, then its v heads' v and z) and `in_proj_ba` (per k head: its
+    /// v heads' b, then a); the loader gathers their rows into the split order.
+    FusedPerKHead,
 }
 
 /// How the loader reads a tensor.
@@ -97,6 +115,8 @@ pub struct Entry {
     pub read: Read,
     /// Its Hugging Face shape for a config.
     pub shape: fn(&ModelConfig) -> Vec<usize>,
+    /// The stored rows the model reads, in the order it reads them (`None`: all, as stored).
+    pub rows: Option<fn(&ModelConfig) -> Vec<Range<usize>>>,
     /// The synthetic generator's draw: N(mean, std) per element.
     pub init: Init,
 }
@@ -121,6 +141,8 @@ pub struct TensorSpec {
     pub slot: Slot,
     /// The routed expert it belongs to ([`Applies::EachExpert`]).
     pub expert: Option<usize>,
+    /// The stored rows the model reads, in order (`None`: all).
+    pub rows: Option<Vec<Range<usize>>>,
     /// How it is read.
     pub read: Read,
     /// The synthetic draw.
@@ -145,14 +167,18 @@ pub struct Arch {
     pub gguf_arch: &'static str,
     /// Its tensor table, in the synthetic generator's draw order (per layer: norms, feed-forward, mixer).
     pub table: &'static [Entry],
+    /// How its Gated DeltaNet input projections are stored.
+    pub gdn: GdnProjections,
 }
 
 /// Every architecture this build runs.
-pub static ARCHITECTURES: &[&Arch] = &[&qwen35::QWEN35, &qwen35::QWEN35_MOE];
+pub static ARCHITECTURES: &[&Arch] = &[&qwen35::QWEN35, &qwen35::QWEN35_MOE, &qwen35::QWEN3_NEXT];
 
 /// The architecture of a config.
 pub fn arch_of(c: &ModelConfig) -> &'static Arch {
-    if c.moe.is_some() {
+    if c.model_type == "qwen3_next" {
+        &qwen35::QWEN3_NEXT
+    } else if c.moe.is_some() {
         &qwen35::QWEN35_MOE
     } else {
         &qwen35::QWEN35
@@ -177,6 +203,13 @@ impl Arch {
             Applies::Mixer(k) => c.layer_types[i] == k,
             Applies::Ffn(k) => c.ffn_types[i] == k,
             Applies::EachExpert => c.ffn_types[i] == FfnKind::Moe,
+            Applies::LinSplit => {
+                c.layer_types[i] == LayerKind::LinearAttention && self.gdn == GdnProjections::Split
+            }
+            Applies::LinFused => {
+                c.layer_types[i] == LayerKind::LinearAttention
+                    && self.gdn == GdnProjections::FusedPerKHead
+            }
         })
     }
 
@@ -292,6 +325,7 @@ fn resolve(e: &Entry, c: &ModelConfig, name: String) -> TensorSpec {
         shape: (e.shape)(c),
         slot: e.slot,
         expert: None,
+        rows: e.rows.map(|f| f(c)),
         read: e.read,
         init: e.init,
     }

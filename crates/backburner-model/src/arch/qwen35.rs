@@ -2,7 +2,9 @@
 //! `modeling_qwen3_5.py` names and shapes, and the names llama.cpp gives them (its `src/models/qwen35.cpp` and
 //! `gguf-py` tensor map).
 
-use super::{Applies, Arch, Entry, Init, Read, Slot};
+use std::ops::Range;
+
+use super::{Applies, Arch, Entry, GdnProjections, Init, Read, Slot};
 use crate::checkpoint::VectorKind;
 use crate::config::{FfnKind, LayerKind, ModelConfig};
 
@@ -40,8 +42,44 @@ const fn entry(
         slot,
         read,
         shape,
+        rows: None,
         init,
     }
+}
+
+/// An [`entry`] of which the model reads the stored rows `rows` selects, in that order.
+const fn gathered(
+    hf: &'static str,
+    gguf: &'static str,
+    shape: fn(&ModelConfig) -> Vec<usize>,
+    rows: fn(&ModelConfig) -> Vec<Range<usize>>,
+) -> Entry {
+    let mut e = entry(hf, gguf, Applies::LinFused, Slot::MixIn, MAT, shape, W);
+    e.rows = Some(rows);
+    e
+}
+
+/// Qwen3-Next's `in_proj_qkvz` rows in the split order: per k head h the stored group is `[q_h (Dk), k_h (Dk),
+/// v of its r v heads (r·Dv), z of them (r·Dv)]`; the model reads every q, then every k, v and z.
+fn qkvz_rows(c: &ModelConfig) -> Vec<Range<usize>> {
+    let (hk, dk) = (c.linear_num_key_heads, c.linear_key_head_dim);
+    let rv = c.linear_num_value_heads / hk * c.linear_value_head_dim;
+    let g = 2 * dk + 2 * rv;
+    let part = |off: usize, len: usize| (0..hk).map(move |h| h * g + off..h * g + off + len);
+    part(0, dk)
+        .chain(part(dk, dk))
+        .chain(part(2 * dk, rv))
+        .chain(part(2 * dk + rv, rv))
+        .collect()
+}
+
+/// Qwen3-Next's `in_proj_ba` rows in the split order: per k head the stored group is `[b of its r v heads, a of
+/// them]`; the model reads every b, then every a.
+fn ba_rows(c: &ModelConfig) -> Vec<Range<usize>> {
+    let r = c.linear_num_value_heads / c.linear_num_key_heads;
+    let hk = c.linear_num_key_heads;
+    let part = |off: usize| (0..hk).map(move |h| h * 2 * r + off..h * 2 * r + off + r);
+    part(0).chain(part(r)).collect()
 }
 
 fn hv_dv(c: &ModelConfig) -> usize {
@@ -82,10 +120,13 @@ pub(super) static TABLE: &[Entry] = &[
     entry("self_attn.q_norm.weight", "attn_q_norm.weight", ATT, Slot::QNorm, NORM, |c| vec![c.head_dim], GAIN),
     entry("self_attn.k_norm.weight", "attn_k_norm.weight", ATT, Slot::KNorm, NORM, |c| vec![c.head_dim], GAIN),
     // Gated DeltaNet
-    entry("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", LIN, Slot::MixIn, MAT, |c| vec![c.conv_dim(), c.hidden_size], W),
-    entry("linear_attn.in_proj_z.weight", "attn_gate.weight", LIN, Slot::MixIn, MAT, |c| vec![hv_dv(c), c.hidden_size], W),
-    entry("linear_attn.in_proj_b.weight", "ssm_beta.weight", LIN, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
-    entry("linear_attn.in_proj_a.weight", "ssm_alpha.weight", LIN, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    entry("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![c.conv_dim(), c.hidden_size], W),
+    entry("linear_attn.in_proj_z.weight", "attn_gate.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![hv_dv(c), c.hidden_size], W),
+    entry("linear_attn.in_proj_b.weight", "ssm_beta.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    entry("linear_attn.in_proj_a.weight", "ssm_alpha.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    // Qwen3-Next's fused projections, read in the order above
+    gathered("linear_attn.in_proj_qkvz.weight", "ssm_in.weight", |c| vec![c.conv_dim() + hv_dv(c), c.hidden_size], qkvz_rows),
+    gathered("linear_attn.in_proj_ba.weight", "ssm_ba.weight", |c| vec![2 * c.linear_num_value_heads, c.hidden_size], ba_rows),
     entry("linear_attn.conv1d.weight", "ssm_conv1d.weight", LIN, Slot::Conv, PLAIN, |c| vec![c.conv_dim(), 1, c.linear_conv_kernel_dim], Init { std: 0.3, mean: 0.0 }),
     entry("linear_attn.dt_bias", "ssm_dt.bias", LIN, Slot::DtBias, PLAIN, |c| vec![c.linear_num_value_heads], Init { std: 0.5, mean: 0.0 }),
     entry("linear_attn.A_log", "ssm_a", LIN, Slot::DecayA, Read::Vector(VectorKind::NegExp), |c| vec![c.linear_num_value_heads], Init { std: 0.5, mean: 0.0 }),
@@ -99,6 +140,7 @@ pub(super) static QWEN35: Arch = Arch {
     name: "qwen3_5",
     gguf_arch: "qwen35",
     table: TABLE,
+    gdn: GdnProjections::Split,
 };
 
 /// The Qwen3.5 mixture-of-experts hybrid (`qwen3_5_moe_text`, hub `qwen3_5_moe`; GGUF `qwen35moe`): the same table,
@@ -107,4 +149,14 @@ pub(super) static QWEN35_MOE: Arch = Arch {
     name: "qwen3_5_moe",
     gguf_arch: "qwen35moe",
     table: TABLE,
+    gdn: GdnProjections::Split,
+};
+
+/// Qwen3-Next (`qwen3_next`; GGUF `qwen3next`, not read yet): the same table with the fused Gated DeltaNet
+/// projections, and dense or MoE feed-forward blocks by layer (`decoder_sparse_step`, `mlp_only_layers`).
+pub(super) static QWEN3_NEXT: Arch = Arch {
+    name: "qwen3_next",
+    gguf_arch: "qwen3next",
+    table: TABLE,
+    gdn: GdnProjections::FusedPerKHead,
 };

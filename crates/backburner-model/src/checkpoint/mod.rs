@@ -50,6 +50,34 @@ impl StoredDtype {
     }
 }
 
+impl<'a> WeightPart<'a> {
+    /// Rows `r` of the part (a borrowed slice of its bytes); `None` when `r` is not inside its rows.
+    pub fn rows(&self, r: std::ops::Range<usize>) -> Option<WeightPart<'a>> {
+        let (bytes, rows) = match self {
+            WeightPart::Dense(d) => (d.bytes, d.rows),
+            WeightPart::Quant { bytes, rows, .. } => (*bytes, *rows),
+        };
+        if r.start > r.end || r.end > rows || rows == 0 {
+            return None;
+        }
+        let per = bytes.len() / rows;
+        let b = &bytes[r.start * per..r.end * per];
+        let n = r.end - r.start;
+        Some(match self {
+            WeightPart::Dense(d) => WeightPart::Dense(RowMajor {
+                dtype: d.dtype,
+                bytes: b,
+                rows: n,
+            }),
+            WeightPart::Quant { format, .. } => WeightPart::Quant {
+                format: *format,
+                bytes: b,
+                rows: n,
+            },
+        })
+    }
+}
+
 /// A 2-D weight `[rows, cols]` as stored, borrowed from the mapped file.
 #[derive(Clone, Copy, Debug)]
 pub enum WeightPart<'a> {

@@ -13,10 +13,15 @@ mod moe;
 pub use moe::{FfnKind, MoeConfig};
 
 /// Model types this build runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe"];
-/// Model types of the same family that a later release will run (Qwen3-Next's fused Gated DeltaNet projections).
-pub const NOT_YET_SUPPORTED_MODEL_TYPES: &[&str] = &["qwen3_next"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "qwen3_5_text",
+    "qwen3_5",
+    "qwen3_5_moe_text",
+    "qwen3_5_moe",
+    "qwen3_next",
+];
+/// Model types of the same family that a later release will run.
+pub const NOT_YET_SUPPORTED_MODEL_TYPES: &[&str] = &[];
 
 /// The kind of token mixer in one decoder layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,7 +276,9 @@ impl ModelConfig {
             return Err(ModelError::NotYetSupported(model_type));
         }
         let (layout, text_value) = match model_type.as_str() {
-            "qwen3_5_text" | "qwen3_5_moe_text" => (WeightLayout::CausalLm, top.clone()),
+            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_next" => {
+                (WeightLayout::CausalLm, top.clone())
+            }
             "qwen3_5" | "qwen3_5_moe" => {
                 let tc = top.get("text_config").cloned().ok_or_else(|| {
                     ModelError::InvalidConfig(format!(
@@ -295,8 +302,11 @@ impl ModelConfig {
                 obj.insert("tie_word_embeddings".into(), t.clone());
             }
         }
-        let is_moe = model_type.starts_with("qwen3_5_moe");
-        if is_moe {
+        let next = model_type == "qwen3_next";
+        let is_moe = model_type.starts_with("qwen3_5_moe") || next;
+        if next {
+            moe::fill_defaults(&mut text_value, &moe::qwen3_next_defaults());
+        } else if is_moe {
             moe::fill_defaults(&mut text_value, &moe::qwen3_5_moe_defaults());
         }
         let raw: RawTextConfig = serde_json::from_value(text_value.clone()).map_err(json_err)?;
@@ -324,8 +334,9 @@ impl ModelConfig {
         let n_layers = raw.num_hidden_layers;
         let mut c = Self::validate(model_type, layout, raw, eos_value)?;
         if is_moe {
-            // Qwen3.5 MoE's router always renormalizes its top k (`Qwen3_5MoeTopKRouter`)
-            let (m, kinds) = moe::parse(&text_value, n_layers, true)?;
+            // Qwen3.5 MoE's router always renormalizes its top k (`Qwen3_5MoeTopKRouter`); Qwen3-Next's when
+            // `norm_topk_prob`
+            let (m, kinds) = moe::parse(&text_value, n_layers, !next)?;
             c.moe = Some(m);
             c.ffn_types = kinds;
         }

@@ -126,6 +126,15 @@ pub(crate) fn fill_defaults(obj: &mut serde_json::Value, defaults: &serde_json::
     }
 }
 
+/// `Qwen3NextConfig`'s defaults where they differ from the dense `Qwen3_5TextConfig`'s (the 80B-A3B).
+pub(crate) fn qwen3_next_defaults() -> serde_json::Value {
+    serde_json::json!({
+        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "num_experts": 512,
+        "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512
+    })
+}
+
 /// `Qwen3_5MoeTextConfig`'s defaults where they differ from the dense `Qwen3_5TextConfig`'s (the 35B-A3B).
 pub(crate) fn qwen3_5_moe_defaults() -> serde_json::Value {
     serde_json::json!({

@@ -8,11 +8,11 @@ use crate::arch::{arch_of, Read, Slot, TensorSpec};
 use crate::checkpoint::{dense_dtype, unsupported, Checkpoint, StoredDtype, VectorKind};
 use crate::config::{FfnKind, LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::linear::Linear;
+use crate::linear::{Linear, PartSpec};
 
-/// A fused projection as the loader reads it: its parts (tensor name, rows) concatenated by rows, and its input
-/// width.
-type Fused = (Vec<(String, usize)>, usize);
+/// A fused projection as the loader reads it: its parts (tensor name, rows, the rows read) concatenated by rows,
+/// and its input width.
+type Fused = (Vec<PartSpec>, usize);
 
 /// A projection's place: its slot and, for a routed expert's, the expert.
 type Key = (Slot, Option<usize>);
@@ -24,8 +24,8 @@ fn fused(specs: &[TensorSpec]) -> Vec<(Key, Fused)> {
         let (rows, cols) = (t.shape[0], t.shape[1]);
         let key = (t.slot, t.expert);
         match out.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, (parts, _))) => parts.push((t.name.clone(), rows)),
-            None => out.push((key, (vec![(t.name.clone(), rows)], cols))),
+            Some((_, (parts, _))) => parts.push((t.name.clone(), rows, t.rows.clone())),
+            None => out.push((key, (vec![(t.name.clone(), rows, t.rows.clone())], cols))),
         }
     }
     out
@@ -150,11 +150,11 @@ fn vector_bytes(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<u64> {
 }
 
 /// Bytes of a fused projection: the parts' rows packed in their common dtype, checked as the load checks them.
-fn linear_bytes(ckpt: &Checkpoint, parts: &[(String, usize)], k: usize) -> Result<u64> {
+fn linear_bytes(ckpt: &Checkpoint, parts: &[PartSpec], k: usize) -> Result<u64> {
     use backburner_kernels::matmul::WeightDtype;
     let formats = parts
         .iter()
-        .map(|(name, rows)| {
+        .map(|(name, rows, _)| {
             // the shape first: a size from the config that the file does not have is named as such
             ckpt.check_shape(name, &[*rows, k])?;
             let d = ckpt.dtype(name)?;
