@@ -99,6 +99,9 @@ pub enum Read {
     Vector(VectorKind),
 }
 
+/// The rows of a stored matrix a model reads, in order, for a config.
+pub type RowSelect = fn(&ModelConfig) -> Vec<Range<usize>>;
+
 /// One row of an architecture's tensor table: the name suffixes and a shape rule, independent of any config.
 #[derive(Clone, Copy, Debug)]
 pub struct Entry {
@@ -116,7 +119,7 @@ pub struct Entry {
     /// Its Hugging Face shape for a config.
     pub shape: fn(&ModelConfig) -> Vec<usize>,
     /// The stored rows the model reads, in the order it reads them (`None`: all, as stored).
-    pub rows: Option<fn(&ModelConfig) -> Vec<Range<usize>>>,
+    pub rows: Option<RowSelect>,
     /// The synthetic generator's draw: N(mean, std) per element.
     pub init: Init,
 }
