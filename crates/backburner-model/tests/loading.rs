@@ -153,69 +153,6 @@ fn unsupported_model_type_lists_the_supported_ones() {
 }
 
 #[test]
-fn moe_configs_take_their_class_defaults_and_name_the_culprit() {
-    // Qwen3-Next: the 80B-A3B's defaults; every layer MoE unless mlp_only_layers or decoder_sparse_step say
-    let c = ModelConfig::from_json_str(r#"{"model_type":"qwen3_next"}"#).unwrap();
-    let m = c.moe.as_ref().unwrap();
-    assert_eq!(
-        (
-            c.vocab_size,
-            c.num_hidden_layers,
-            m.num_experts,
-            m.num_experts_per_tok
-        ),
-        (151936, 48, 512, 10)
-    );
-    let c = ModelConfig::from_json_str(
-        r#"{"model_type":"qwen3_next","num_hidden_layers":4,"decoder_sparse_step":2,"mlp_only_layers":[3],"norm_topk_prob":false}"#,
-    )
-    .unwrap();
-    use backburner_model::FfnKind::{Dense, Moe};
-    assert_eq!(c.ffn_types, [Dense, Moe, Dense, Dense]);
-    assert!(!c.moe.unwrap().norm_topk_prob);
-    let e = ModelConfig::from_json_str(
-        r#"{"model_type":"qwen3_next","num_hidden_layers":4,"mlp_only_layers":[4]}"#,
-    )
-    .unwrap_err();
-    assert!(
-        e.to_string().contains("mlp_only_layers names layer 4"),
-        "{e}"
-    );
-    // a hub config without text_config, a text_config of another family, and MoE sizes that cannot work
-    let e = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_moe"}"#).unwrap_err();
-    assert!(e.to_string().contains("text_config"), "{e}");
-    let hub = r#"{"model_type":"qwen3_5_moe","text_config":{"model_type":"qwen3_5_text"}}"#;
-    let e = ModelConfig::from_json_str(hub).unwrap_err();
-    assert!(e.to_string().contains("qwen3_5_text"), "{e}");
-    for (field, value, says) in [
-        ("num_experts_per_tok", "300", "exceeds num_experts"),
-        ("num_experts", "0", "num_experts = 0"),
-        ("moe_intermediate_size", "0", "moe_intermediate_size = 0"),
-    ] {
-        let text = format!(r#"{{"model_type":"qwen3_5_moe_text","{field}":{value}}}"#);
-        let e = ModelConfig::from_json_str(&text).unwrap_err();
-        assert!(e.to_string().contains(says), "{field}: {e}");
-    }
-    // the defaults are the 35B-A3B's
-    let c = ModelConfig::from_json_str(r#"{"model_type":"qwen3_5_moe_text"}"#).unwrap();
-    let m = c.moe.unwrap();
-    assert_eq!(
-        (
-            c.num_hidden_layers,
-            c.hidden_size,
-            m.num_experts,
-            m.num_experts_per_tok
-        ),
-        (40, 2048, 256, 8)
-    );
-    assert_eq!(
-        (m.moe_intermediate_size, m.shared_expert_intermediate_size),
-        (512, 512)
-    );
-    assert!(m.norm_topk_prob);
-}
-
-#[test]
 fn invalid_json_names_the_file() {
     let d = copy_fixture("tiny-f32");
     std::fs::write(d.path().join("config.json"), "{\"model_type\": ").unwrap();

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ModelError, Result};
 
 mod moe;
+mod raw;
 pub use moe::{FfnKind, MoeConfig};
+use raw::RawTextConfig;
 
 /// Model types this build runs.
 pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
@@ -55,103 +57,6 @@ fn default_rope_theta() -> f64 {
 }
 fn default_partial_rotary() -> f64 {
     0.25
-}
-
-#[derive(Deserialize)]
-struct RawTextConfig {
-    #[serde(default)]
-    model_type: Option<String>,
-    #[serde(default = "d_vocab")]
-    vocab_size: usize,
-    #[serde(default = "d_hidden")]
-    hidden_size: usize,
-    #[serde(default = "d_inter")]
-    intermediate_size: usize,
-    #[serde(default = "d_layers")]
-    num_hidden_layers: usize,
-    #[serde(default = "d_heads")]
-    num_attention_heads: usize,
-    #[serde(default = "d_kv_heads")]
-    num_key_value_heads: usize,
-    #[serde(default = "d_head_dim")]
-    head_dim: usize,
-    #[serde(default = "d_lin_k_heads")]
-    linear_num_key_heads: usize,
-    #[serde(default = "d_lin_v_heads")]
-    linear_num_value_heads: usize,
-    #[serde(default = "d_lin_dim")]
-    linear_key_head_dim: usize,
-    #[serde(default = "d_lin_dim")]
-    linear_value_head_dim: usize,
-    #[serde(default = "d_conv")]
-    linear_conv_kernel_dim: usize,
-    #[serde(default = "d_eps")]
-    rms_norm_eps: f64,
-    #[serde(default)]
-    tie_word_embeddings: bool,
-    #[serde(default)]
-    attention_bias: bool,
-    #[serde(default = "d_max_pos")]
-    max_position_embeddings: usize,
-    #[serde(default)]
-    layer_types: Option<Vec<String>>,
-    #[serde(default = "d_interval")]
-    full_attention_interval: usize,
-    #[serde(default)]
-    rope_parameters: Option<RopeParameters>,
-    #[serde(default)]
-    rope_theta: Option<f64>,
-    #[serde(default)]
-    rope_scaling: Option<serde_json::Value>,
-    #[serde(default)]
-    partial_rotary_factor: Option<f64>,
-    #[serde(default)]
-    hidden_act: Option<String>,
-    #[serde(default)]
-    eos_token_id: Option<serde_json::Value>,
-}
-
-fn d_vocab() -> usize {
-    248_320
-}
-fn d_hidden() -> usize {
-    4096
-}
-fn d_inter() -> usize {
-    12_288
-}
-fn d_layers() -> usize {
-    32
-}
-fn d_heads() -> usize {
-    16
-}
-fn d_kv_heads() -> usize {
-    4
-}
-fn d_head_dim() -> usize {
-    256
-}
-fn d_lin_k_heads() -> usize {
-    16
-}
-fn d_lin_v_heads() -> usize {
-    32
-}
-fn d_lin_dim() -> usize {
-    128
-}
-fn d_conv() -> usize {
-    4
-}
-fn d_eps() -> f64 {
-    1e-6
-}
-fn d_max_pos() -> usize {
-    32_768
-}
-fn d_interval() -> usize {
-    4
 }
 
 /// Where the text model's tensors live inside the checkpoint.
