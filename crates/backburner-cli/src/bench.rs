@@ -110,7 +110,10 @@ struct DepthResult {
     decode_tok_s: f64,
     /// Milliseconds per decoded token at this depth.
     decode_ms_per_token: f64,
-    /// Weight bytes read per second in decode (every weight is read once per token), GB/s.
+    /// Weight bytes a decode step reads: every weight, except that of a mixture-of-experts model's routed experts
+    /// only those the step routed to (their bytes counted while decoding, averaged per token).
+    decode_weight_bytes_per_token: u64,
+    /// Weight bytes read per second in decode (`decode_weight_bytes_per_token` per token), GB/s.
     decode_weight_gb_s: f64,
     /// All the bytes a decode step must read per second: the weights, the KV cache at this depth and the Gated
     /// DeltaNet states (conv + recurrent, f32), GB/s.
@@ -276,11 +279,15 @@ fn run_threads(
         let prefill_s = prefill.seconds;
         // Decode from this depth, then rewind. Any id will do as the first input; then follow the greedy choice.
         let snap = s.snapshot();
+        let experts0 = model.expert_bytes_read();
         let dec_s = bench_share::decode_greedy(&mut s, prompt[depth - 1], a.decode_tokens)?;
+        let routed = (model.expert_bytes_read() - experts0) / a.decode_tokens.max(1) as u64;
         decode.seconds += dec_s;
         decode.tokens += a.decode_tokens;
         s.rewind(&snap);
         let decode_tok_s = a.decode_tokens as f64 / dec_s;
+        // a dense model reads every weight per token; an MoE model its routed experts only
+        let weight_bytes = (weight_bytes - model.expert_bytes()) as u64 + routed;
         let read_bytes = decode_read_bytes(model.config(), margs, depth, weight_bytes);
         let paired = match &reads {
             Some(reads) => Some(bench_share::decode_share(
@@ -289,7 +296,7 @@ fn run_threads(
                 reads,
                 prompt[depth - 1],
                 &snap,
-                (read_bytes, weight_bytes as u64),
+                (read_bytes, weight_bytes),
             )?),
             None => None,
         };
@@ -299,6 +306,7 @@ fn run_threads(
             prefill_s,
             decode_tok_s,
             decode_ms_per_token: dec_s * 1e3 / a.decode_tokens as f64,
+            decode_weight_bytes_per_token: weight_bytes,
             decode_weight_gb_s: weight_bytes as f64 * decode_tok_s / 1e9,
             decode_read_gb_s: read_bytes as f64 * decode_tok_s / 1e9,
             paired,
@@ -331,12 +339,7 @@ fn run_threads(
 
 /// Bytes one decode step at `depth` reads: `weight_bytes`, the KV cache of `depth` positions and the Gated DeltaNet
 /// states (saturating: a figure for a report).
-fn decode_read_bytes(
-    cfg: &ModelConfig,
-    margs: &ModelArgs,
-    depth: usize,
-    weight_bytes: usize,
-) -> u64 {
+fn decode_read_bytes(cfg: &ModelConfig, margs: &ModelArgs, depth: usize, weight_bytes: u64) -> u64 {
     let layers = 0..cfg.num_hidden_layers;
     let kv = backburner_model::KvOptions {
         page_size: margs.kv_page_size,
@@ -344,9 +347,7 @@ fn decode_read_bytes(
     };
     let kv_bytes = memory::kv_bytes(cfg, layers.clone(), kv, depth).unwrap_or(u64::MAX);
     let state = memory::recurrent_bytes(cfg, layers).unwrap_or(u64::MAX);
-    (weight_bytes as u64)
-        .saturating_add(kv_bytes)
-        .saturating_add(state)
+    weight_bytes.saturating_add(kv_bytes).saturating_add(state)
 }
 
 /// Total size of the files holding the checkpoint's tensors at `path` (safetensors shards or GGUF parts; not other

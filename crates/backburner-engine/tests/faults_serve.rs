@@ -246,15 +246,25 @@ fn through_the_server_a_gone_worker_fails_each_request_once_with_its_typed_error
                     other => panic!("layer split {i}: {other}"),
                 });
             }
-            // the first request may be answered by the session that was waiting for it
-            Some(Event::Done { .. }) if i == 0 => kinds.push("served"),
+            // the first request may be answered by the session that was waiting for it, wholly, or up to the step
+            // that found the worker gone (then its retry failed too: the tokens so far, with the WorkerLost error)
+            Some(Event::Done { generation, .. }) if i == 0 => {
+                kinds.push(match generation.stop_reason {
+                    backburner_engine::StopReason::Error => {
+                        let e = generation.error.as_ref().expect("an error stop says why");
+                        assert!(e.to_string().contains("retried once"), "{e}");
+                        "lost"
+                    }
+                    _ => "served",
+                })
+            }
             other => panic!("layer split {i}: {other:?}"),
         }
     }
     let lost = kinds
         .iter()
         .position(|k| *k == "lost")
-        .expect("no WorkerLost");
+        .unwrap_or_else(|| panic!("no WorkerLost: {kinds:?}"));
     assert!(
         lost <= 1 && kinds[lost + 1..].iter().all(|k| *k == "unavailable"),
         "{kinds:?}"

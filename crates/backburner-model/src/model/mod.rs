@@ -156,6 +156,8 @@ pub struct Model {
     /// `lm_head` `[V, H]` when not tied.
     lm_head: Option<Linear>,
     rope: Rope,
+    /// Bytes of routed experts' weights the products have read so far (each routed expert once per call).
+    expert_reads: std::sync::atomic::AtomicU64,
 }
 
 impl Model {
@@ -212,7 +214,28 @@ impl Model {
             final_norm,
             lm_head,
             rope,
+            expert_reads: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Bytes of routed experts' weights read so far: each call of a mixture-of-experts block adds the bytes of every
+    /// expert it routed a token to, once (a prefill ubatch or a batched decode step reads an expert once for all its
+    /// tokens). With [`Model::expert_bytes`], what a decode step really reads of the weights.
+    pub fn expert_bytes_read(&self) -> u64 {
+        self.expert_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes of every routed expert's weights this node holds (0 for a dense model): the part of
+    /// [`Model::weight_bytes`] a decode step reads only for the experts it routes to.
+    pub fn expert_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| match &l.ffn {
+                Ffn::Moe(m) => m.experts.iter().map(|(g, d)| g.bytes() + d.bytes()).sum(),
+                Ffn::Dense { .. } => 0,
+            })
+            .sum()
     }
 
     /// The validated config.

@@ -69,6 +69,9 @@ impl Model {
                 dst.copy_from_slice(&r.h[tok * h..(tok + 1) * h]);
             }
             let (gate_up, down) = &w.experts[e];
+            let read = (gate_up.bytes() + down.bytes()) as u64;
+            self.expert_reads
+                .fetch_add(read, std::sync::atomic::Ordering::Relaxed);
             gate_up.forward_swiglu(&m.x, n, &mut m.gu, &mut m.act);
             down.forward_into(&m.act, n, &mut m.y);
             let _p = profile::scope(Op::Activation);
