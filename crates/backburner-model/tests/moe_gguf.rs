@@ -171,3 +171,24 @@ fn a_qwen35moe_gguf_gives_its_checkpoints_logits_bit_for_bit() {
     assert!(unused.unknown.is_empty(), "{:?}", unused.unknown);
     assert_eq!(a.weight_bytes(), b.weight_bytes());
 }
+
+#[test]
+fn a_qwen35moe_gguf_with_fewer_experts_than_its_metadata_names_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = f32_checkpoint(dir.path());
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    let gguf = dir.path().join("moe.gguf");
+    write_gguf(&ck, &c, &gguf);
+    // the metadata says 9 experts; the tensors hold 8
+    let f = backburner_model::GgufFile::open(&gguf).unwrap();
+    let mut w = GgufWriter::copy_of(&f).unwrap();
+    w.remove("qwen35moe.expert_count")
+        .kv("qwen35moe.expert_count", MetaValue::U32(9));
+    let bad = dir.path().join("bad.gguf");
+    w.write(&bad).unwrap();
+    let e = Model::load(&bad).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "tensor \"blk.0.ffn_gate_inp.weight\" has shape [64, 8], expected [64, 9]"
+    );
+}

@@ -280,7 +280,8 @@ impl Arch {
             .fold(0u64, |a, t| a.saturating_add(t.elements()))
     }
 
-    /// The GGUF name of a Hugging Face name (`CausalLm` layout), if the architecture has the tensor.
+    /// The GGUF name of a Hugging Face name (`CausalLm` layout), if the architecture has the tensor (for one
+    /// expert's matrix, the 3-D tensor holding every expert's).
     pub fn gguf_name(&self, hf: &str) -> Option<String> {
         if let Some(e) = self.ends().find(|e| end_hf_name(e) == hf) {
             return Some(e.gguf.to_string());
@@ -288,7 +289,9 @@ impl Arch {
         let rest = hf.strip_prefix("model.layers.")?;
         let (idx, tail) = rest.split_once('.')?;
         let i: usize = idx.parse().ok()?;
-        let e = self.layers().find(|e| e.hf == tail)?;
+        let e = self
+            .layers()
+            .find(|e| e.hf == tail || expert_of(e.hf, tail).is_some())?;
         Some(format!("blk.{i}.{}", e.gguf))
     }
 
@@ -312,6 +315,12 @@ impl Arch {
     fn layers(&self) -> impl Iterator<Item = &Entry> {
         self.table.iter().filter(|e| e.applies != Applies::Ends)
     }
+}
+
+/// The expert index `name` gives the `{e}` of `pattern` (`mlp.experts.{e}.gate_proj.weight`), if it matches.
+fn expert_of(pattern: &str, name: &str) -> Option<usize> {
+    let (pre, post) = pattern.split_once("{e}")?;
+    name.strip_prefix(pre)?.strip_suffix(post)?.parse().ok()
 }
 
 fn end_hf_name(e: &Entry) -> String {
