@@ -22,6 +22,7 @@
 mod calib;
 mod explain;
 pub(crate) mod memory;
+pub mod moe;
 mod search;
 #[cfg(test)]
 mod tests;
@@ -257,6 +258,7 @@ pub fn plan(req: &PlanRequest) -> Result<Plan, PlanError> {
         Some(p) => p,
         None => return Err(explain::does_not_fit(req)),
     };
+    p.notes.extend(moe::note(req));
     p.link = calib::link_cost(req, &p);
     p.expected = req
         .calibration

@@ -492,3 +492,22 @@ fn a_ubatch_whose_scratch_saturates_the_sums_gets_an_answer_not_a_hang() {
     );
     assert_eq!(extra_worker_bytes, None, "{explanation}");
 }
+
+#[test]
+fn a_moe_plan_says_what_decode_reads_of_the_weights() {
+    // tiny-moe-f32 layer 0 (Gated DeltaNet): norms 128, router 512, 8 experts × 6,144, shared expert 9,216 and its
+    // gate 64, the mixer 23,712 elements: 82,784 in all, of which decode reads 2 of the 8 experts
+    let req = request("tiny-moe-f32", 10 * GB, &[]);
+    let share = moe::active_share(&req);
+    assert_eq!(share[0], 45_920.0 / 82_784.0);
+    let p = plan(&req).unwrap();
+    let note = p
+        .notes
+        .iter()
+        .find(|n| n.starts_with("mixture of experts"))
+        .expect("an MoE note");
+    assert!(note.contains("2 of 8 routed experts"), "{note}");
+    // a dense model has no such note
+    let dense = plan(&request("tiny-f32", 10 * GB, &[])).unwrap();
+    assert!(dense.notes.iter().all(|n| !n.starts_with("mixture")));
+}
