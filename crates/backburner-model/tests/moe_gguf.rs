@@ -110,7 +110,9 @@ fn stored(ck: &Checkpoint, t: &TensorSpec) -> (Vec<f32>, Vec<u64>) {
     (v, dims)
 }
 
-fn write_gguf(ck: &Checkpoint, c: &ModelConfig, path: &Path) {
+/// Writes `ck` as a `qwen35moe` GGUF at `path`; `merged`: each layer's gate and up experts as one
+/// `ffn_gate_up_exps` tensor (`[H, 2I, E]`: each expert's gate rows, then its up rows), as newer converters may.
+fn write_gguf(ck: &Checkpoint, c: &ModelConfig, path: &Path, merged: bool) {
     let arch = arch_of(c);
     let mut w = GgufWriter::new();
     metadata(&mut w, c);
@@ -137,10 +139,39 @@ fn write_gguf(ck: &Checkpoint, c: &ModelConfig, path: &Path) {
         }
         assert!(e < n_exp);
     }
+    if merged {
+        stacks = merge_gate_up(stacks, n_exp);
+    }
     for (g, dims, data) in stacks {
         w.tensor(&g, &dims, GgmlType::F32, f32_bytes(&data));
     }
     w.write(path).unwrap();
+}
+
+type Stack = (String, Vec<u64>, Vec<f32>);
+
+/// Each layer's `ffn_gate_exps` and `ffn_up_exps` stacks merged into `ffn_gate_up_exps`, expert by expert.
+fn merge_gate_up(stacks: Vec<Stack>, n_exp: usize) -> Vec<Stack> {
+    let is = |n: &str, k: &str| n.ends_with(&format!(".ffn_{k}_exps.weight"));
+    let mut out: Vec<Stack> = stacks
+        .iter()
+        .filter(|(n, _, _)| !is(n, "gate") && !is(n, "up"))
+        .cloned()
+        .collect();
+    for (n, dims, gate) in stacks.iter().filter(|(n, _, _)| is(n, "gate")) {
+        let blk = n.strip_suffix(".ffn_gate_exps.weight").unwrap();
+        let up_name = format!("{blk}.ffn_up_exps.weight");
+        let (_, _, up) = stacks.iter().find(|(n, _, _)| *n == up_name).unwrap();
+        let per = gate.len() / n_exp;
+        let mut data = Vec::with_capacity(2 * gate.len());
+        for e in 0..n_exp {
+            data.extend_from_slice(&gate[e * per..(e + 1) * per]);
+            data.extend_from_slice(&up[e * per..(e + 1) * per]);
+        }
+        let dims = vec![dims[0], 2 * dims[1], dims[2]];
+        out.push((format!("{blk}.ffn_gate_up_exps.weight"), dims, data));
+    }
+    out
 }
 
 #[test]
@@ -149,7 +180,9 @@ fn a_qwen35moe_gguf_gives_its_checkpoints_logits_bit_for_bit() {
     let c = f32_checkpoint(dir.path());
     let ck = Checkpoint::open(dir.path()).unwrap();
     let gguf = dir.path().join("moe.gguf");
-    write_gguf(&ck, &c, &gguf);
+    write_gguf(&ck, &c, &gguf, false);
+    let merged = dir.path().join("merged.gguf");
+    write_gguf(&ck, &c, &merged, true);
     let (a, b) = (
         Model::load(dir.path()).unwrap(),
         Model::load(&gguf).unwrap(),
@@ -165,10 +198,16 @@ fn a_qwen35moe_gguf_gives_its_checkpoints_logits_bit_for_bit() {
     };
     let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
     assert_eq!(bits(run(&a)), bits(run(&b)));
-    // every tensor of the file is read: none is reported unused
-    let g = Checkpoint::open(&gguf).unwrap();
-    let unused = backburner_model::checkpoint::unused_tensors(&g, gc);
-    assert!(unused.unknown.is_empty(), "{:?}", unused.unknown);
+    // the merged gate|up layout reads the same weights
+    let m = Model::load(&merged).unwrap();
+    assert_eq!(bits(run(&a)), bits(run(&m)));
+    assert_eq!(a.weight_bytes(), m.weight_bytes());
+    // every tensor of either file is read: none is reported unused
+    for f in [&gguf, &merged] {
+        let g = Checkpoint::open(f).unwrap();
+        let unused = backburner_model::checkpoint::unused_tensors(&g, gc);
+        assert!(unused.unknown.is_empty(), "{:?}", unused.unknown);
+    }
     assert_eq!(a.weight_bytes(), b.weight_bytes());
 }
 
@@ -178,7 +217,7 @@ fn a_qwen35moe_gguf_with_fewer_experts_than_its_metadata_names_the_tensor() {
     let c = f32_checkpoint(dir.path());
     let ck = Checkpoint::open(dir.path()).unwrap();
     let gguf = dir.path().join("moe.gguf");
-    write_gguf(&ck, &c, &gguf);
+    write_gguf(&ck, &c, &gguf, false);
     // the metadata says 9 experts; the tensors hold 8
     let f = backburner_model::GgufFile::open(&gguf).unwrap();
     let mut w = GgufWriter::copy_of(&f).unwrap();

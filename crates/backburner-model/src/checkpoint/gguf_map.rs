@@ -89,6 +89,19 @@ impl GgufCheckpoint {
         self.names.iter().map(String::as_str).collect()
     }
 
+    /// Whether the model reads (part of) the stored tensor `g`: it maps to a name the architecture reads, or views
+    /// of it do.
+    pub(crate) fn maps(&self, g: &str) -> bool {
+        if self.arch.hf_name(g).is_some() {
+            return true;
+        }
+        // a merged gate|up expert tensor: its views carry the gate entry's names
+        let gate = g
+            .strip_suffix(".ffn_gate_up_exps.weight")
+            .and_then(|blk| self.arch.hf_name(&format!("{blk}.ffn_gate_exps.weight")));
+        gate.is_some_and(|h| self.views.contains_key(&h.replace("{e}", "0")))
+    }
+
     /// Every tensor's name as the file stores it.
     pub(crate) fn stored_names(&self) -> Vec<&str> {
         self.file.tensor_names()
@@ -239,6 +252,10 @@ impl GgufCheckpoint {
 fn hf_names(arch: &Arch, file: &GgufFile) -> (Vec<String>, HashMap<String, TensorInfo>) {
     let (mut names, mut views) = (Vec::new(), HashMap::new());
     for g in file.tensor_names() {
+        if let Some(blk) = g.strip_suffix(".ffn_gate_up_exps.weight") {
+            merged_gate_up(arch, file, g, blk, &mut names, &mut views);
+            continue;
+        }
         let Some(h) = arch.hf_name(g) else { continue };
         if !h.contains("{e}") {
             names.push(h);
@@ -258,6 +275,37 @@ fn hf_names(arch: &Arch, file: &GgufFile) -> (Vec<String>, HashMap<String, Tenso
         }
     }
     (names, views)
+}
+
+/// Views of a merged `blk.N.ffn_gate_up_exps.weight` (`[H, 2·I, E]`: each expert's gate rows, then its up rows, as
+/// transformers' fused `gate_up_proj`): expert e's gate and up matrices under the names of the separate
+/// `ffn_gate_exps` / `ffn_up_exps` entries.
+fn merged_gate_up(
+    arch: &Arch,
+    file: &GgufFile,
+    g: &str,
+    blk: &str,
+    names: &mut Vec<String>,
+    views: &mut HashMap<String, TensorInfo>,
+) {
+    let info = file.tensor(g).expect("a listed tensor");
+    let n = info
+        .dims
+        .get(2)
+        .map_or(0, |&n| usize::try_from(n).unwrap_or(0));
+    let parts = [".ffn_gate_exps.weight", ".ffn_up_exps.weight"];
+    for e in 0..n {
+        let Some(both) = info.expert(e) else { continue };
+        for (j, p) in parts.iter().enumerate() {
+            let (Some(h), Some(v)) = (arch.hf_name(&format!("{blk}{p}")), both.rows_part(j, 2))
+            else {
+                continue;
+            };
+            let name = h.replace("{e}", &e.to_string());
+            names.push(name.clone());
+            views.insert(name, v);
+        }
+    }
 }
 
 /// Our name for a ggml tensor type.

@@ -53,10 +53,11 @@ pub fn unused_tensors(ckpt: &Checkpoint, config: &ModelConfig) -> UnusedTensors 
     let read: HashSet<String> = crate::model::read_names(config).into_iter().collect();
     let mut out = UnusedTensors::default();
     for name in g.stored_names() {
-        if g.arch()
-            .hf_name(name)
-            .is_some_and(|h| read.contains(&h.replace("{e}", "0")))
-        {
+        let used = match g.arch().hf_name(name) {
+            Some(h) => read.contains(&h.replace("{e}", "0")),
+            None => g.maps(name) && !is_mtp(name, config.num_hidden_layers),
+        };
+        if used {
             continue;
         }
         if is_mtp(name, config.num_hidden_layers) {

@@ -52,6 +52,27 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// Part `j` of `k` equal parts of a 2-D tensor's rows (`[cols, rows]` → `[cols, rows / k]`), named `name
+    /// (part j of k)`; `None` when the rows or bytes do not split into `k` equal parts.
+    pub fn rows_part(&self, j: usize, k: usize) -> Option<TensorInfo> {
+        let &[cols, rows] = self.dims.as_slice() else {
+            return None;
+        };
+        let (j, k) = (u64::try_from(j).ok()?, u64::try_from(k).ok()?);
+        if j >= k || !rows.is_multiple_of(k) || !self.n_bytes.is_multiple_of(k) {
+            return None;
+        }
+        let per = self.n_bytes / k;
+        Some(TensorInfo {
+            name: format!("{} (part {j} of {k})", self.name),
+            dims: vec![cols, rows / k],
+            ggml_type: self.ggml_type,
+            part: self.part,
+            offset: self.offset.checked_add(per.checked_mul(j)?)?,
+            n_bytes: per,
+        })
+    }
+
     /// Expert `i` of a 3-D expert tensor (`[cols, rows, E]`, ggml order: one `[cols, rows]` matrix per expert, in
     /// expert order): a 2-D `[cols, rows]` tensor at its byte range, named `name (expert i)`. `None` when the tensor
     /// is not 3-D, `i` is not below E, or its bytes do not split into E equal parts.
