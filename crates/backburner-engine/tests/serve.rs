@@ -111,7 +111,14 @@ fn alone(model: &Arc<Model>, prompt: &[u32], params: &GenerateParams) -> Generat
 
 #[test]
 fn four_slots_give_each_sequence_its_own_tokens_and_logits() {
-    let model = load_model("tiny-f32");
+    // dense, and mixture of experts (the batch groups the sequences' rows by routed expert), and Qwen3-Next
+    for name in ["tiny-f32", "tiny-moe-f32", "tiny-next-f32"] {
+        four_slots(name);
+    }
+}
+
+fn four_slots(name: &str) {
+    let model = load_model(name);
     let vocab = model.config().vocab_size;
     let e = engine(&model, 4, 8, CacheLimits::default());
     let prompts: Vec<Vec<u32>> = [(1, 5), (2, 40), (3, 77), (4, 130)]
@@ -129,14 +136,14 @@ fn four_slots_give_each_sequence_its_own_tokens_and_logits() {
         assert_eq!(
             o.tokens,
             want.tokens,
-            "tokens of the {}-token prompt",
+            "{name}: tokens of the {}-token prompt",
             p.len()
         );
         assert_eq!(g.tokens, want.tokens);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert!(
             bits(&g.step_logits) == bits(&want.step_logits),
-            "logits of the {}-token prompt",
+            "{name}: logits of the {}-token prompt",
             p.len()
         );
         assert_eq!(g.step_logits.len(), 24 * vocab);

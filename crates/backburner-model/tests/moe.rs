@@ -32,6 +32,14 @@ fn tensor(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
         .collect()
 }
 
+/// The bits of the logits of every row of `ids` from a fresh state of `m` (f32 KV).
+pub fn logit_bits(m: &Model, ids: &[u32]) -> Vec<u32> {
+    let c = m.config();
+    let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+    let l = m.forward_tokens(ids, &mut s, Some(0..ids.len()));
+    l.into_iter().map(f32::to_bits).collect()
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -156,13 +164,7 @@ fn the_hub_layout_of_an_moe_checkpoint_loads_the_same_weights() {
     let (a, b) = (Model::load(&src).unwrap(), Model::load(dir.path()).unwrap());
     assert_eq!(b.config().layout, backburner_model::WeightLayout::Hub);
     let ids: Vec<u32> = (0..70).map(|i| (i * 37) % 512).collect();
-    let run = |m: &Model| {
-        let c = m.config();
-        let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
-        m.forward_tokens(&ids, &mut s, Some(0..ids.len()))
-    };
-    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-    assert_eq!(bits(run(&a)), bits(run(&b)));
+    assert_eq!(logit_bits(&a, &ids), logit_bits(&b, &ids));
 }
 
 #[test]
@@ -206,13 +208,7 @@ fn fused_expert_tensors_load_as_the_per_expert_ones() {
     let (a, b) = (Model::load(&src).unwrap(), Model::load(dir.path()).unwrap());
     assert_eq!(a.weight_bytes(), b.weight_bytes());
     let ids: Vec<u32> = (0..70).map(|i| (i * 41) % 512).collect();
-    let run = |m: &Model| {
-        let c = m.config();
-        let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
-        m.forward_tokens(&ids, &mut s, Some(0..ids.len()))
-    };
-    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
-    assert_eq!(bits(run(&a)), bits(run(&b)));
+    assert_eq!(logit_bits(&a, &ids), logit_bits(&b, &ids));
     // the fingerprints of the two layouts agree (the views hash the same bytes under the same names)
     let (ca, cb) = (
         backburner_model::Checkpoint::open(&src).unwrap(),

@@ -18,14 +18,24 @@ type Route = Vec<(usize, f32)>;
 /// The top `k` of `logits` (`[E]`) by softmax probability, highest first, ties to the lower expert id (the softmax
 /// is monotonic, so the logits decide), with their probabilities, renormalized to sum to 1 when `norm`.
 /// The softmax is f32 over every expert with the maximum subtracted, as `torch.softmax(dtype=float)` computes it.
+/// One pass keeps the k best in order (no sort of all E per token).
 pub(crate) fn route(logits: &[f32], k: usize, norm: bool) -> Route {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    // stable: equal logits keep ascending ids
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    let mut top: Route = idx[..k].iter().map(|&e| (e, exps[e] / sum)).collect();
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    let mut top: Vec<(usize, f32)> = Vec::with_capacity(k + 1);
+    for (e, &l) in logits.iter().enumerate() {
+        // an equal logit does not displace an earlier (lower) id
+        if top.len() == k && l <= top[k - 1].1 {
+            continue;
+        }
+        let at = top.partition_point(|&(_, t)| t >= l);
+        top.insert(at, (e, l));
+        top.truncate(k);
+    }
+    let mut top: Route = top
+        .into_iter()
+        .map(|(e, l)| (e, (l - max).exp() / sum))
+        .collect();
     if norm {
         let s: f32 = top.iter().map(|&(_, p)| p).sum();
         for (_, p) in &mut top {
@@ -109,5 +119,28 @@ mod tests {
         let z = (-2.0f32).exp() + (-3.0f32).exp() + 1.0;
         assert_eq!(r[0], (2, 1.0 / z));
         assert_eq!(r[1], (0, (-2.0f32).exp() / z));
+    }
+
+    #[test]
+    fn the_one_pass_top_k_equals_a_stable_sort() {
+        // logits with many ties (values from a small set), every k
+        let mut x = 0x9E37_79B9u32;
+        for round in 0..200 {
+            let n = 1 + round % 40;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    (x % 7) as f32 * 0.5 - 1.0
+                })
+                .collect();
+            for k in 1..=n {
+                let mut idx: Vec<usize> = (0..n).collect();
+                idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+                let got: Vec<usize> = route(&logits, k, true).iter().map(|&(e, _)| e).collect();
+                assert_eq!(got, idx[..k], "{logits:?} k {k}");
+            }
+        }
     }
 }
