@@ -253,6 +253,10 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
                 v = normal(shape, 0.5)
             elif name.endswith("conv1d.weight"):
                 v = normal(shape, 0.5)
+            elif name.endswith("mlp.gate.weight"):  # an MoE router, spread wide so that routing is decisive
+                v = normal(shape, 4.0 / math.sqrt(shape[1]))
+            elif p.ndim == 3:  # MoE experts held fused in memory: [E, out, in]
+                v = normal(shape, 1.0 / math.sqrt(shape[2]))
             elif p.ndim == 2:
                 v = normal(shape, 1.0 / math.sqrt(shape[1]))
             else:

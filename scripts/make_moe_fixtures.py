@@ -13,13 +13,12 @@ Seeded and single-threaded (OMP_NUM_THREADS=1). No tokenizer: the references are
 """
 
 import json
-import math
-import os
 import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from make_fixtures import randomize_  # the dense fixtures' draws, with the router's and the experts'
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,40 +52,6 @@ SPECS = [
     dict(name="tiny-next-f32", dtype=torch.float32, seed=4567, cls=Qwen3NextForCausalLM, cfg=Qwen3NextConfig,
          extra=dict(intermediate_size=96, mlp_only_layers=[2], norm_topk_prob=False)),
 ]
-
-
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Every parameter seeded and large enough that a layout or routing mistake shows; the router spread wide so
-    that no token's k-th and (k+1)-th expert come close to a tie."""
-    g = torch.Generator().manual_seed(seed)
-
-    def normal(shape, std, mean=0.0):
-        return torch.randn(shape, generator=g, dtype=torch.float32) * std + mean
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            shape = tuple(p.shape)
-            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-                v = normal(shape, 0.5)
-            elif name.endswith("linear_attn.norm.weight"):
-                v = normal(shape, 0.2, mean=1.0)
-            elif name.endswith("norm.weight"):
-                v = normal(shape, 0.2)
-            elif name.endswith("A_log"):
-                v = torch.log(torch.rand(shape, generator=g) * 1.9 + 0.1)
-            elif name.endswith("dt_bias"):
-                v = normal(shape, 0.5)
-            elif name.endswith("conv1d.weight"):
-                v = normal(shape, 0.5)
-            elif name.endswith("mlp.gate.weight"):
-                v = normal(shape, 4.0 / math.sqrt(shape[1]))
-            elif p.ndim == 3:  # experts: [E, out, in]
-                v = normal(shape, 1.0 / math.sqrt(shape[2]))
-            elif p.ndim == 2:
-                v = normal(shape, 1.0 / math.sqrt(shape[1]))
-            else:
-                raise RuntimeError(f"unexpected parameter {name} {shape}")
-            p.copy_(v)
 
 
 def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
