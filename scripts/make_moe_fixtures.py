@@ -19,7 +19,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from make_fixtures import randomize_  # the dense fixtures' draws, with the router's and the experts'
-from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import (
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3_5MoeTextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,8 +52,27 @@ TEXT = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
 )
 
+# Tiny vision tower for the hub layout (skipped by a text engine). out_hidden_size must equal the text hidden size.
+VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, in_channels=3, patch_size=2,
+              temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=TEXT["hidden_size"],
+              num_position_embeddings=16)
+
+
+def hub_config(**text):
+    """The hub layout's config: the text settings under text_config, a vision tower beside them."""
+    return Qwen3_5MoeConfig(text_config=text, vision_config=dict(VISION), tie_word_embeddings=False,
+                            image_token_id=508, video_token_id=509, vision_start_token_id=510,
+                            vision_end_token_id=511)
+
+
 SPECS = [
     dict(name="tiny-moe-f32", dtype=torch.float32, seed=3456, cls=Qwen3_5MoeForCausalLM, cfg=Qwen3_5MoeTextConfig,
+         extra={}),
+    # bf16 storage: the reference computes in f32 on the stored weights upcast exactly
+    dict(name="tiny-moe-bf16", dtype=torch.bfloat16, seed=5678, cls=Qwen3_5MoeForCausalLM, cfg=Qwen3_5MoeTextConfig,
+         extra={}),
+    # the hub layout (`Qwen3_5MoeForConditionalGeneration`: model.language_model.*, a vision tower), bf16
+    dict(name="tiny-moe-hub", dtype=torch.bfloat16, seed=6789, cls=Qwen3_5MoeForConditionalGeneration, cfg=hub_config,
          extra={}),
     # Qwen3-Next: fused Gated DeltaNet projections, a dense layer among the MoE ones, the top k not renormalized
     dict(name="tiny-next-f32", dtype=torch.float32, seed=4567, cls=Qwen3NextForCausalLM, cfg=Qwen3NextConfig,
@@ -62,14 +88,15 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
 def watch_router(model, gaps: list[float]) -> list:
     """Hooks recording, per router call, the smallest gap between a token's k-th and (k+1)-th router logit (the
     softmax is monotonic: the logits decide the top k)."""
-    k = model.config.num_experts_per_tok
+    k = model.config.get_text_config().num_experts_per_tok
 
     def hook(_m, _inp, out):
         logits = out[0] if isinstance(out, tuple) else out
         top = torch.topk(logits.float(), k + 1, dim=-1).values
         gaps.append((top[:, k - 1] - top[:, k]).min().item())
 
-    return [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+    text = getattr(model.model, "language_model", model.model)  # the hub layout nests the text model
+    return [layer.mlp.gate.register_forward_hook(hook) for layer in text.layers if hasattr(layer.mlp, "gate")]
 
 
 def reference(model, ids: list[int], steps: int):

@@ -69,6 +69,20 @@ fn a_qwen3_5_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
 }
 
 #[test]
+fn a_bf16_moe_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
+    // bf16 storage, read in its stored format (the reference upcasts the same weights to f32)
+    let m = check_reference(&fixture_named("tiny-moe-bf16"));
+    assert!(m.weight_bytes() < Model::load(&fixture()).unwrap().weight_bytes());
+}
+
+#[test]
+fn a_hub_layout_moe_checkpoint_of_transformers_gives_its_reference() {
+    // Qwen3_5MoeForConditionalGeneration's own file: model.language_model.*, a vision tower skipped, bf16
+    let m = check_reference(&fixture_named("tiny-moe-hub"));
+    assert_eq!(m.config().model_type, "qwen3_5_moe");
+}
+
+#[test]
 fn a_qwen3_next_checkpoint_gives_the_reference_logits_and_greedy_tokens() {
     // fused `in_proj_qkvz` / `in_proj_ba` read per k head, a dense layer (mlp_only_layers [2]) among the MoE ones,
     // and the top k weights not renormalized (norm_topk_prob false)
