@@ -7,7 +7,7 @@ use crate::error::LinkError;
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BBLK";
 /// The protocol version this build speaks. Peers must match exactly (see docs/PROTOCOL.md, "Versioning").
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 /// Header length in bytes: magic (4) | version u16 | kind u16 | control length u32 | tensor length u32 | session u64.
 pub const HEADER_LEN: usize = 24;
 /// Largest control section accepted (bytes); control structs are small.
@@ -66,6 +66,10 @@ pub enum Kind {
     Rewind = 22,
     /// worker → host: whether the rewind took place.
     RewindDone = 23,
+    /// host → worker: rows and segments of one MoE layer for the routed experts the worker holds.
+    Experts = 24,
+    /// worker → host: one vector per segment.
+    ExpertsDone = 25,
 }
 
 impl Kind {
@@ -82,6 +86,8 @@ impl Kind {
                 | Kind::PagesPut
                 | Kind::Attend
                 | Kind::Partials
+                | Kind::Experts
+                | Kind::ExpertsDone
         )
     }
 }
@@ -90,10 +96,32 @@ impl TryFrom<u16> for Kind {
     type Error = LinkError;
     fn try_from(v: u16) -> Result<Self, LinkError> {
         use Kind::*;
-        const ALL: [Kind; 23] = [
-            Hello, Challenge, Auth, Welcome, Error, Ping, Pong, Sync, SyncDone, RunLayers,
-            LayersDone, Fetch, FetchDone, Reset, ResetDone, PagesPut, PagesDone, PagesFull,
-            PagesDrop, Attend, Partials, Rewind, RewindDone,
+        const ALL: [Kind; 25] = [
+            Hello,
+            Challenge,
+            Auth,
+            Welcome,
+            Error,
+            Ping,
+            Pong,
+            Sync,
+            SyncDone,
+            RunLayers,
+            LayersDone,
+            Fetch,
+            FetchDone,
+            Reset,
+            ResetDone,
+            PagesPut,
+            PagesDone,
+            PagesFull,
+            PagesDrop,
+            Attend,
+            Partials,
+            Rewind,
+            RewindDone,
+            Experts,
+            ExpertsDone,
         ];
         ALL.into_iter()
             .find(|k| *k as u16 == v)

@@ -71,6 +71,10 @@ pub struct SessionParams {
     /// `false`: a split-prefill mirror of a tail range `[L, n)` on a layer-cycle seam, whose `LayersDone` carry
     /// no tensor.
     pub layer_split: bool,
+    /// Experts on the worker (version 7): non-empty for a session that holds these routed experts (ascending ids)
+    /// of every MoE layer in `layer_start..layer_end` and answers `Experts` requests; it runs no layer and holds
+    /// no state (`layer_split` is then false).
+    pub experts: Vec<u32>,
 }
 
 /// `Auth` (host → worker).
@@ -255,6 +259,28 @@ pub struct Partials {
     pub compute_us: u64,
 }
 
+/// `Experts` (host → worker, version 7). Tensor section: the rows `[n_rows, hidden]` f32, then `n_segments`
+/// segments, each `row: u32`, `n_pairs: u32` and `n_pairs` × (`expert: u32`, `weight: f32`), little-endian.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Experts {
+    /// The MoE layer.
+    pub layer: u32,
+    /// Rows sent.
+    pub n_rows: u32,
+    /// Segments that follow the rows.
+    pub n_segments: u32,
+}
+
+/// `ExpertsDone` (worker → host, version 7). Tensor section: `[n_segments, hidden]` f32, one vector per segment in
+/// request order: its pairs' weighted outputs folded from +0.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpertsDone {
+    /// Vectors that follow.
+    pub n_segments: u32,
+    /// Worker compute time (µs).
+    pub compute_us: u64,
+}
+
 /// An empty control section (`Ping`, `Pong`, `SyncDone`, `Reset`, `ResetDone`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Empty {}
@@ -280,6 +306,8 @@ pub enum Request {
     Attend(Attend, Vec<u8>),
     /// Go back to a checkpoint (layer split).
     Rewind(Rewind),
+    /// Run the routed experts held on rows and segments (the tensor section's bytes).
+    Experts(Experts, Vec<u8>),
 }
 
 impl Request {
@@ -303,9 +331,10 @@ impl Request {
             Kind::PagesDrop => Request::PagesDrop(decode_control(k, &f.control)?),
             Kind::Attend => Request::Attend(decode_control(k, &f.control)?, f.tensor),
             Kind::Rewind => Request::Rewind(decode_control(k, &f.control)?),
+            Kind::Experts => Request::Experts(decode_control(k, &f.control)?, f.tensor),
             other => return Err(LinkError::Unexpected {
                 expected:
-                    "a request (Ping, Sync, RunLayers, Fetch, Reset, PagesPut, PagesDrop, Attend, Rewind)",
+                    "a request (Ping, Sync, RunLayers, Fetch, Reset, PagesPut, PagesDrop, Attend, Rewind, Experts)",
                 got: other,
             }),
         })

@@ -11,7 +11,7 @@ use backburner_link::message::{
 use backburner_link::{LinkError, Request, WireKvDtype};
 use proptest::prelude::*;
 
-const KINDS: [Kind; 23] = [
+const KINDS: [Kind; 25] = [
     Kind::Hello,
     Kind::Challenge,
     Kind::Auth,
@@ -35,6 +35,8 @@ const KINDS: [Kind; 23] = [
     Kind::Partials,
     Kind::Rewind,
     Kind::RewindDone,
+    Kind::Experts,
+    Kind::ExpertsDone,
 ];
 
 fn keys() -> (SessionKeys, SessionKeys) {
@@ -191,12 +193,12 @@ fn header_fields_at_zero_max_and_past_max() {
     assert!(too_large(err(header(10, PROTOCOL_VERSION, u32::MAX, 0))));
     assert!(too_large(err(header(10, PROTOCOL_VERSION, 0, 1001))));
     assert!(too_large(err(header(10, PROTOCOL_VERSION, 0, u32::MAX))));
-    for k in [0u16, 24, u16::MAX] {
+    for k in [0u16, 26, u16::MAX] {
         assert!(
             matches!(err(header(k, PROTOCOL_VERSION, 0, 0)), LinkError::UnknownKind(v) if v == k)
         );
     }
-    for v in [0u16, 1, 3, 4, 5, 7, u16::MAX] {
+    for v in [0u16, 1, 3, 4, 5, 6, 8, u16::MAX] {
         assert!(
             matches!(err(header(1, v, 0, 0)), LinkError::VersionMismatch { theirs, .. } if theirs == v)
         );
@@ -305,6 +307,11 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
                 kv_page_size: x,
                 ubatch: y,
                 layer_split,
+                experts: if layer_split {
+                    vec![]
+                } else {
+                    vec![0, y, u32::MAX]
+                },
             };
             control_round_trip(Kind::Auth, &p);
         }

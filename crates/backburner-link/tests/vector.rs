@@ -50,6 +50,7 @@ fn the_documented_handshake_and_sealed_frames() {
         kv_page_size: 4096,
         ubatch: 512,
         layer_split: false,
+        experts: Vec::new(),
     };
     let session = 0x0123_4567_89ab_cdefu64;
     let mut t = Transcript::default();
@@ -94,15 +95,15 @@ fn the_documented_handshake_and_sealed_frames() {
     };
     let welcome = handshake_frame(&mut t, Kind::Welcome, &encode_control(&w).unwrap());
 
-    assert_eq!(hello, hex("42 42 4c 4b 06 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
-    assert_eq!(challenge, hex("42 42 4c 4b 06 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(th2.to_vec(), hex("2a 93 3f 78 7f 54 9c 04 3c c6 9e e0 10 c2 e1 bc 98 0f f4 33 ae 45 3d ed c0 b0 4c 88 ea 23 d5 96"));
-    assert_eq!(mac_h.to_vec(), hex("81 4a 21 f7 13 50 4f 71 2b b5 fd 82 e6 11 c0 de 5a d6 a0 b4 28 4f a8 17 a8 1b 61 8f da 56 a6 6f"));
-    assert_eq!(auth_frame, hex("42 42 4c 4b 06 00 03 00 4b 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 81 4a 21 f7 13 50 4f 71 2b b5 fd 82 e6 11 c0 de 5a d6 a0 b4 28 4f a8 17 a8 1b 61 8f da 56 a6 6f aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00"));
-    assert_eq!(th3.to_vec(), hex("9a cf 0e ed 7f 91 20 48 c5 7b 21 4e 44 d9 c1 89 4e 27 f8 c9 16 74 8f da 9f 9b 24 dc 5e b4 f6 14"));
-    assert_eq!(mac_w.to_vec(), hex("dc 46 ab 70 4d 37 b3 a8 ee 1d 50 b6 40 37 ff a8 3a 92 2c 15 13 98 fc 82 3e 99 99 b1 68 0f 99 9a"));
-    assert_eq!(welcome, hex("42 42 4c 4b 06 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 dc 46 ab 70 4d 37 b3 a8 ee 1d 50 b6 40 37 ff a8 3a 92 2c 15 13 98 fc 82 3e 99 99 b1 68 0f 99 9a ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(t.hash().to_vec(), hex("e5 7e da 3b ea a7 a0 a3 b9 19 c1 95 54 bc 53 a9 00 e5 b8 ca c4 18 27 c1 73 69 3d 70 46 01 54 ac"));
+    assert_eq!(hello, hex("42 42 4c 4b 07 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
+    assert_eq!(challenge, hex("42 42 4c 4b 07 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(th2.to_vec(), hex("06 fa a5 eb 61 cb 2e 5c 65 37 52 9d 4a 97 e6 dd 97 1d 25 f2 dc 93 d0 fc 35 4f 1c 93 d7 b1 1e 9f"));
+    assert_eq!(mac_h.to_vec(), hex("82 46 5a 19 60 ce ce 91 00 ab 42 56 53 e0 d1 81 6a 42 3f 24 f4 92 dc 18 40 b3 dc b2 7a ac a4 0d"));
+    assert_eq!(auth_frame, hex("42 42 4c 4b 07 00 03 00 4c 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 82 46 5a 19 60 ce ce 91 00 ab 42 56 53 e0 d1 81 6a 42 3f 24 f4 92 dc 18 40 b3 dc b2 7a ac a4 0d aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00 00"));
+    assert_eq!(th3.to_vec(), hex("e6 be 3a 06 5f bc ec 79 41 b5 c8 7b 40 37 03 96 40 5e 45 c4 01 8d 75 57 c0 29 b1 27 82 6d 7a fd"));
+    assert_eq!(mac_w.to_vec(), hex("26 e4 b2 ad 40 59 7b 61 e5 54 96 83 a2 be 05 96 90 5b bc ed ef bb bf ed 1a 38 fa a6 e2 95 1b d3"));
+    assert_eq!(welcome, hex("42 42 4c 4b 07 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 26 e4 b2 ad 40 59 7b 61 e5 54 96 83 a2 be 05 96 90 5b bc ed ef bb bf ed 1a 38 fa a6 e2 95 1b d3 ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(t.hash().to_vec(), hex("89 7e d9 94 aa f0 f4 fa f8 2a db 49 71 3b 1d 6b 5c 7e 5d 77 86 20 cc e0 0f 6b cb 6c 3f 21 0f bb"));
 
     let th4 = t.hash();
     let mut host = derive(secret, &th4, Role::Host);
@@ -117,7 +118,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 06 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | b7 95 b0 1e | e0 9b 8d 47 e9 5d 97 98 a3 75 9d 8e bc ae 03 b9"));
+    assert_eq!(out, hex("42 42 4c 4b 07 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | e9 cf 1d 67 | 15 2b 2a b1 b1 be 0e 7c c6 23 86 c1 99 94 04 68"));
     encode_frame(
         &mut out,
         Kind::Pong,
@@ -127,7 +128,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut worker.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 06 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 97 6c 88 fd | fa 06 b6 fb 51 5a 58 34 35 18 37 8a cc 8e 55 14"));
+    assert_eq!(out, hex("42 42 4c 4b 07 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 5a b8 c6 5c | e9 75 ce d9 70 4f fc 28 78 bb 62 90 7c 66 53 d3"));
     let fetch = encode_control(&Fetch {
         from_pos: 0,
         to_pos: 3,
@@ -144,5 +145,5 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 06 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | e4 bc 4a | 97 53 1a cc 6c 4d 0a 83 b3 ee c9 fa 48 fd 64 0c"));
+    assert_eq!(out, hex("42 42 4c 4b 07 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | f2 ab 4d | 33 21 77 62 28 86 70 69 2a ee e4 79 65 83 7e 0e"));
 }

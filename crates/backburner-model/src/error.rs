@@ -95,7 +95,7 @@ pub enum ModelError {
         found: String,
         /// The architectures this build loads.
         supported: Vec<&'static str>,
-        /// Whether it is a family member a later release will run (`qwen3next`).
+        /// Whether it is a family member a later release will run.
         not_yet: bool,
     },
     /// `--model` names neither a checkpoint directory nor a GGUF model.

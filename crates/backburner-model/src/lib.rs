@@ -15,6 +15,7 @@ pub mod linear;
 pub mod model;
 pub mod ops;
 pub mod remote;
+pub mod remote_experts;
 pub mod state;
 pub mod synthetic;
 pub mod tokenizer;
@@ -29,7 +30,10 @@ pub use error::{ModelError, Result};
 pub use fingerprint::fingerprint;
 pub use gguf::{config_from_gguf, GgufFile};
 pub use linear::Linear;
-pub use model::{load_bytes, LoadOptions, Model, GDN_CHUNK};
+pub use model::{
+    experts_bytes, load_bytes, load_bytes_without, ExpertStore, LoadOptions, Model, GDN_CHUNK,
+};
 pub use remote::{RemoteError, RemotePages};
+pub use remote_experts::{HolderAsk, RemoteExperts, Segment};
 pub use state::{KvOptions, LayerState, LinearState, ModelState, PageStore, StateSnapshot};
 pub use tokenizer::{ChatMessage, TextTokenizer};

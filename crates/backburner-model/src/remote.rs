@@ -33,9 +33,9 @@ pub trait RemotePages: Send {
     fn finish(&mut self, layer: usize) -> Result<Partial, RemoteError>;
 }
 
-/// The pages held elsewhere could not be attended.
+/// What is held elsewhere (KV pages, routed experts) could not be used: the message says what and where.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("KV pages held elsewhere are unavailable: {0}")]
+#[error("{0}")]
 pub struct RemoteError(pub String);
 
 /// The forward pass's handle on the remote pages of a sequence and the first failure of the current step.
@@ -72,7 +72,7 @@ impl RemoteSlot {
         }
         let Some(r) = self.pages.as_mut() else {
             self.error = Some(RemoteError(format!(
-                "layer {layer} has pages elsewhere but no remote store is attached"
+                "KV pages: layer {layer} has pages elsewhere but no remote store is attached"
             )));
             return false;
         };
@@ -107,7 +107,7 @@ impl RemoteSlot {
             }
             Ok(p) => {
                 self.error = Some(RemoteError(format!(
-                    "layer {layer}: a [{}, {}, {}] partial for [{n_tokens}, {n_heads}, {head_dim}] queries",
+                    "KV pages: layer {layer}: a [{}, {}, {}] partial for [{n_tokens}, {n_heads}, {head_dim}] queries",
                     p.n_tokens, p.n_heads, p.head_dim
                 )));
                 None

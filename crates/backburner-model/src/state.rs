@@ -203,11 +203,21 @@ impl ModelState {
         self.remote.pages.take()
     }
 
-    /// The first failure of remote pages since the last call, if any: the forward steps since then produced
-    /// meaningless output and must be discarded (restore a snapshot; the state's KV rows past it are dropped by
-    /// truncation).
+    /// The first failure of remote pages or of routed experts held elsewhere since the last call, if any: the
+    /// forward steps since then produced meaningless output and must be discarded (restore a snapshot; the state's
+    /// KV rows past it are dropped by truncation).
     pub fn take_remote_error(&mut self) -> Option<crate::RemoteError> {
         self.remote.error.take()
+    }
+
+    /// Latches `e` as the state's remote failure unless one is latched already.
+    pub(crate) fn latch_remote_error(&mut self, e: crate::RemoteError) {
+        self.remote.error.get_or_insert(e);
+    }
+
+    /// The remote failure latched, if any, without clearing it.
+    pub fn remote_error(&self) -> Option<&crate::RemoteError> {
+        self.remote.error.as_ref()
     }
 
     /// Positions held elsewhere (KV offload): the largest `offloaded()` of the held attention caches (they move

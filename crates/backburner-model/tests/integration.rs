@@ -11,4 +11,5 @@ mod load_bytes;
 mod loading;
 mod moe;
 mod moe_gguf;
+mod moe_remote;
 mod unused_tensors;

@@ -4,12 +4,18 @@
 //! keys, norms stored as `1 + w` and `A` as `−exp(A_log)`. Written here from a random f32 checkpoint (its v heads as
 //! many as its k heads, so the converter's v-head reordering is the identity), it must give the checkpoint's
 //! logits bit for bit.
+//!
+//! A `qwen3next` file as llama.cpp's converter writes one (`Qwen3NextModel.modify_tensors`): Hugging Face's
+//! `in_proj_qkvz` (fused per k head) split by kind into `attn_qkv` (every q, every k, every v) and `attn_gate` (z),
+//! or kept fused as `ssm_in` (older converters); `in_proj_ba` kept fused per k head as `ssm_ba`; the v heads in
+//! Hugging Face's grouped order (no reordering). From a random f32 Qwen3-Next checkpoint with more v heads than k
+//! heads, both layouts must give its logits bit for bit.
 
 use std::path::Path;
 
 use crate::moe::logit_bits;
 
-use backburner_model::arch::{arch_of, Read, Slot, TensorSpec};
+use backburner_model::arch::{arch_of, GdnProjections, Read, Slot, TensorSpec};
 use backburner_model::gguf::writer::GgufWriter;
 use backburner_model::gguf::{GgmlType, MetaValue};
 use backburner_model::{synthetic, Checkpoint, Model, ModelConfig};
@@ -22,8 +28,13 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 fn f32_checkpoint(dir: &Path) -> ModelConfig {
     let mut cfg = synthetic::tiny_moe_config(4);
     cfg["linear_num_value_heads"] = 2.into();
+    f32_checkpoint_of(dir, &cfg)
+}
+
+/// A random checkpoint of `cfg` written as f32 safetensors into `dir`.
+fn f32_checkpoint_of(dir: &Path, cfg: &serde_json::Value) -> ModelConfig {
     let tmp = tempfile::tempdir().unwrap();
-    synthetic::write_random_checkpoint(tmp.path(), &cfg, 71).unwrap();
+    synthetic::write_random_checkpoint(tmp.path(), cfg, 71).unwrap();
     let ck = Checkpoint::open(tmp.path()).unwrap();
     let bufs: Vec<(String, Vec<usize>, Vec<u8>)> = ck
         .names()
@@ -50,12 +61,15 @@ fn f32_checkpoint(dir: &Path) -> ModelConfig {
     ModelConfig::from_dir(dir).unwrap()
 }
 
-/// The GGUF metadata of `c` as llama.cpp's converter writes it for `qwen35moe`.
-fn metadata(w: &mut GgufWriter, c: &ModelConfig) {
+/// The GGUF metadata of `c` as llama.cpp's converter writes it for `arch` (`qwen35moe`, `qwen3next`).
+fn metadata(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
     let m = c.moe.as_ref().unwrap();
     let u = |x: usize| MetaValue::U32(x as u32);
-    let a = |k: &str| format!("qwen35moe.{k}");
-    w.kv("general.architecture", MetaValue::Str("qwen35moe".into()));
+    let a = |k: &str| format!("{arch}.{k}");
+    w.kv("general.architecture", MetaValue::Str(arch.into()));
+    if arch == "qwen3next" {
+        w.kv(&a("feed_forward_length"), u(c.intermediate_size));
+    }
     for (k, v) in [
         ("block_count", c.num_hidden_layers),
         ("context_length", c.max_position_embeddings),
@@ -110,9 +124,38 @@ fn stored(ck: &Checkpoint, t: &TensorSpec) -> (Vec<f32>, Vec<u64>) {
 /// Writes `ck` as a `qwen35moe` GGUF at `path`; `merged`: each layer's gate and up experts as one
 /// `ffn_gate_up_exps` tensor (`[H, 2I, E]`: each expert's gate rows, then its up rows), as newer converters may.
 fn write_gguf(ck: &Checkpoint, c: &ModelConfig, path: &Path, merged: bool) {
+    write_gguf_as(ck, c, path, merged, Layout::Qwen35Moe);
+}
+
+/// The file's architecture and, for `qwen3next`, how the fused Gated DeltaNet projection `in_proj_qkvz` is written.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// `qwen35moe`.
+    Qwen35Moe,
+    /// `qwen3next`, `in_proj_qkvz` split by kind into `attn_qkv` and `attn_gate` (llama.cpp's converter).
+    NextSplit,
+    /// `qwen3next`, `in_proj_qkvz` fused per k head as `ssm_in` (older converters).
+    NextFused,
+}
+
+/// The rows of `v` (`[rows, cols]` f32, row-major) in `ranges`, in order.
+fn gather(v: &[f32], cols: usize, ranges: &[std::ops::Range<usize>]) -> Vec<f32> {
+    ranges
+        .iter()
+        .flat_map(|r| v[r.start * cols..r.end * cols].iter().copied())
+        .collect()
+}
+
+/// [`write_gguf`] in the layout `next`.
+fn write_gguf_as(ck: &Checkpoint, c: &ModelConfig, path: &Path, merged: bool, next: Layout) {
     let arch = arch_of(c);
     let mut w = GgufWriter::new();
-    metadata(&mut w, c);
+    let name = if next == Layout::Qwen35Moe {
+        "qwen35moe"
+    } else {
+        "qwen3next"
+    };
+    metadata(&mut w, c, name);
     let n_exp = c.moe.as_ref().unwrap().num_experts;
     let mut specs = arch.end_tensors(c);
     for i in 0..c.num_hidden_layers {
@@ -123,6 +166,23 @@ fn write_gguf(ck: &Checkpoint, c: &ModelConfig, path: &Path, merged: bool) {
         let (v, dims) = stored(ck, t);
         let Some(e) = t.expert else {
             let g = arch.gguf_name(&t.name).unwrap();
+            if next == Layout::NextSplit && g.ends_with(".ssm_in.weight") {
+                // q, k, v of every k head (the first three quarters of the gathered ranges), then every z
+                let ranges = t.rows.as_ref().unwrap();
+                let (qkv, z) = ranges.split_at(ranges.len() / 4 * 3);
+                let blk = g.strip_suffix(".ssm_in.weight").unwrap();
+                for (part, r) in [("attn_qkv", qkv), ("attn_gate", z)] {
+                    let rows = gather(&v, c.hidden_size, r);
+                    let d = [c.hidden_size as u64, (rows.len() / c.hidden_size) as u64];
+                    w.tensor(
+                        &format!("{blk}.{part}.weight"),
+                        &d,
+                        GgmlType::F32,
+                        f32_bytes(&rows),
+                    );
+                }
+                continue;
+            }
             w.tensor(&g, &dims, GgmlType::F32, f32_bytes(&v));
             continue;
         };
@@ -221,4 +281,45 @@ fn a_qwen35moe_gguf_with_fewer_experts_than_its_metadata_names_the_tensor() {
         e,
         "tensor \"blk.0.ffn_gate_inp.weight\" has shape [64, 8], expected [64, 9]"
     );
+}
+
+#[test]
+fn a_qwen3next_gguf_gives_its_checkpoints_logits_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    // Hv 4 over Hk 2 (the grouped order shows); as llama.cpp's qwen3next: every layer MoE, the top k renormalized
+    let mut cfg = synthetic::tiny_next_config(4);
+    cfg["norm_topk_prob"] = true.into();
+    cfg["mlp_only_layers"] = serde_json::json!([]);
+    let c = f32_checkpoint_of(dir.path(), &cfg);
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    let a = Model::load(dir.path()).unwrap();
+    let ids: Vec<u32> = (0..90).map(|i| (i * 53) % 512).collect();
+    let want = logit_bits(&a, &ids);
+    for (next, file, stored) in [
+        (
+            Layout::NextSplit,
+            "next.gguf",
+            GdnProjections::SplitQkvzFusedBa,
+        ),
+        (
+            Layout::NextFused,
+            "next-ssm-in.gguf",
+            GdnProjections::FusedPerKHead,
+        ),
+    ] {
+        let gguf = dir.path().join(file);
+        write_gguf_as(&ck, &c, &gguf, false, next);
+        let b = Model::load(&gguf).unwrap();
+        let gc = b.config();
+        assert_eq!(gc.model_type, "qwen3_next");
+        assert_eq!(gc.moe, c.moe);
+        assert_eq!(gc.ffn_types, c.ffn_types);
+        assert_eq!(gc.linear_v_head_order, c.linear_v_head_order);
+        assert_eq!(gc.gdn_projections, Some(stored));
+        assert_eq!(logit_bits(&b, &ids), want, "{file}");
+        assert_eq!(a.weight_bytes(), b.weight_bytes());
+        let g = Checkpoint::open(&gguf).unwrap();
+        let unused = backburner_model::checkpoint::unused_tensors(&g, gc);
+        assert!(unused.unknown.is_empty(), "{file}: {:?}", unused.unknown);
+    }
 }

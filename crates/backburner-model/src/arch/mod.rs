@@ -72,12 +72,18 @@ pub enum Applies {
     Ffn(FfnKind),
     /// Layers whose feed-forward block is MoE, once per routed expert: the name holds `{e}` for its index.
     EachExpert,
-    /// Gated DeltaNet layers of an architecture whose input projections are stored by kind
-    /// ([`GdnProjections::Split`]).
-    LinSplit,
-    /// Gated DeltaNet layers of an architecture whose input projections are stored fused per k head
-    /// ([`GdnProjections::FusedPerKHead`]).
-    LinFused,
+    /// Gated DeltaNet layers whose `q|k|v` and `z` projections are stored by kind (`in_proj_qkv`, `in_proj_z`)
+    /// when `fused` is false, or fused per k head (`in_proj_qkvz`) when it is true ([`GdnProjections`]).
+    LinQkvz {
+        /// Which storage the entry is.
+        fused: bool,
+    },
+    /// Gated DeltaNet layers whose `b` and `a` projections are stored by kind (`in_proj_b`, `in_proj_a`) when
+    /// `fused` is false, or fused per k head (`in_proj_ba`) when it is true.
+    LinBa {
+        /// Which storage the entry is.
+        fused: bool,
+    },
 }
 
 /// How an architecture stores the Gated DeltaNet's input projections.
@@ -86,8 +92,24 @@ pub enum GdnProjections {
     /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, each all heads of one kind.
     Split,
     /// Qwen3-Next: `in_proj_qkvz` (per k head: its q, k, then its v heads' v and z) and `in_proj_ba` (per k head: its
-    /// v heads' b, then a); the loader gathers their rows into the split order.
+    /// v heads' b, then a); the loader gathers their rows into the split order. (Also GGUF `qwen3next` files of
+    /// llama.cpp's older converters: `ssm_in` and `ssm_ba`.)
     FusedPerKHead,
+    /// Qwen3-Next as llama.cpp's converter writes it (GGUF `qwen3next`): `q|k|v` and `z` split by kind (`attn_qkv`,
+    /// `attn_gate`, v heads in Hugging Face's grouped order), `b|a` still fused per k head (`ssm_ba`).
+    SplitQkvzFusedBa,
+}
+
+impl GdnProjections {
+    /// Whether `q|k|v|z` are stored as one tensor fused per k head.
+    pub fn fused_qkvz(self) -> bool {
+        self == GdnProjections::FusedPerKHead
+    }
+
+    /// Whether `b|a` are stored as one tensor fused per k head.
+    pub fn fused_ba(self) -> bool {
+        self != GdnProjections::Split
+    }
 }
 
 /// How the loader reads a tensor.
@@ -170,7 +192,7 @@ pub struct Arch {
     pub gguf_arch: &'static str,
     /// Its tensor table, in the synthetic generator's draw order (per layer: norms, feed-forward, mixer).
     pub table: &'static [Entry],
-    /// How its Gated DeltaNet input projections are stored.
+    /// How its Gated DeltaNet input projections are stored (a config may say otherwise: [`Arch::gdn_of`]).
     pub gdn: GdnProjections,
 }
 
@@ -194,25 +216,28 @@ pub fn arch_of_gguf(name: &str) -> Option<&'static Arch> {
 }
 
 impl Arch {
+    /// How `c`'s checkpoint stores the Gated DeltaNet input projections: as the config says
+    /// ([`ModelConfig::gdn_projections`], set by a GGUF file), else as the architecture does.
+    pub fn gdn_of(&self, c: &ModelConfig) -> GdnProjections {
+        c.gdn_projections.unwrap_or(self.gdn)
+    }
+
     /// The entries that apply to layer `i` of `c`.
     fn layer_entries<'a>(
         &'a self,
         c: &'a ModelConfig,
         i: usize,
     ) -> impl Iterator<Item = &'a Entry> {
+        let gdn = self.gdn_of(c);
+        let linear = c.layer_types[i] == LayerKind::LinearAttention;
         self.table.iter().filter(move |e| match e.applies {
             Applies::Ends => false,
             Applies::EveryLayer => true,
             Applies::Mixer(k) => c.layer_types[i] == k,
             Applies::Ffn(k) => c.ffn_types[i] == k,
             Applies::EachExpert => c.ffn_types[i] == FfnKind::Moe,
-            Applies::LinSplit => {
-                c.layer_types[i] == LayerKind::LinearAttention && self.gdn == GdnProjections::Split
-            }
-            Applies::LinFused => {
-                c.layer_types[i] == LayerKind::LinearAttention
-                    && self.gdn == GdnProjections::FusedPerKHead
-            }
+            Applies::LinQkvz { fused } => linear && gdn.fused_qkvz() == fused,
+            Applies::LinBa { fused } => linear && gdn.fused_ba() == fused,
         })
     }
 

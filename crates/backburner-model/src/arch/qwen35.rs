@@ -22,6 +22,10 @@ const MOE: Applies = Applies::Ffn(FfnKind::Moe);
 const EXP: Applies = Applies::EachExpert;
 const LIN: Applies = Applies::Mixer(LayerKind::LinearAttention);
 const ATT: Applies = Applies::Mixer(LayerKind::FullAttention);
+const SPLIT_QKVZ: Applies = Applies::LinQkvz { fused: false };
+const FUSED_QKVZ: Applies = Applies::LinQkvz { fused: true };
+const SPLIT_BA: Applies = Applies::LinBa { fused: false };
+const FUSED_BA: Applies = Applies::LinBa { fused: true };
 const MAT: Read = Read::Matrix;
 const NORM: Read = Read::Vector(VectorKind::NormGain);
 const PLAIN: Read = Read::Vector(VectorKind::Plain);
@@ -51,10 +55,11 @@ const fn entry(
 const fn gathered(
     hf: &'static str,
     gguf: &'static str,
+    applies: Applies,
     shape: fn(&ModelConfig) -> Vec<usize>,
     rows: fn(&ModelConfig) -> Vec<Range<usize>>,
 ) -> Entry {
-    let mut e = entry(hf, gguf, Applies::LinFused, Slot::MixIn, MAT, shape, W);
+    let mut e = entry(hf, gguf, applies, Slot::MixIn, MAT, shape, W);
     e.rows = Some(rows);
     e
 }
@@ -120,13 +125,14 @@ pub(super) static TABLE: &[Entry] = &[
     entry("self_attn.q_norm.weight", "attn_q_norm.weight", ATT, Slot::QNorm, NORM, |c| vec![c.head_dim], GAIN),
     entry("self_attn.k_norm.weight", "attn_k_norm.weight", ATT, Slot::KNorm, NORM, |c| vec![c.head_dim], GAIN),
     // Gated DeltaNet
-    entry("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![c.conv_dim(), c.hidden_size], W),
-    entry("linear_attn.in_proj_z.weight", "attn_gate.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![hv_dv(c), c.hidden_size], W),
-    entry("linear_attn.in_proj_b.weight", "ssm_beta.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
-    entry("linear_attn.in_proj_a.weight", "ssm_alpha.weight", Applies::LinSplit, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
-    // Qwen3-Next's fused projections, read in the order above
-    gathered("linear_attn.in_proj_qkvz.weight", "ssm_in.weight", |c| vec![c.conv_dim() + hv_dv(c), c.hidden_size], qkvz_rows),
-    gathered("linear_attn.in_proj_ba.weight", "ssm_ba.weight", |c| vec![2 * c.linear_num_value_heads, c.hidden_size], ba_rows),
+    entry("linear_attn.in_proj_qkv.weight", "attn_qkv.weight", SPLIT_QKVZ, Slot::MixIn, MAT, |c| vec![c.conv_dim(), c.hidden_size], W),
+    entry("linear_attn.in_proj_z.weight", "attn_gate.weight", SPLIT_QKVZ, Slot::MixIn, MAT, |c| vec![hv_dv(c), c.hidden_size], W),
+    entry("linear_attn.in_proj_b.weight", "ssm_beta.weight", SPLIT_BA, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    entry("linear_attn.in_proj_a.weight", "ssm_alpha.weight", SPLIT_BA, Slot::MixIn, MAT, |c| vec![c.linear_num_value_heads, c.hidden_size], W),
+    // Qwen3-Next's fused projections, read in the order above (llama.cpp's converter splits in_proj_qkvz into
+    // attn_qkv and attn_gate, and keeps in_proj_ba fused: GdnProjections::SplitQkvzFusedBa)
+    gathered("linear_attn.in_proj_qkvz.weight", "ssm_in.weight", FUSED_QKVZ, |c| vec![c.conv_dim() + hv_dv(c), c.hidden_size], qkvz_rows),
+    gathered("linear_attn.in_proj_ba.weight", "ssm_ba.weight", FUSED_BA, |c| vec![2 * c.linear_num_value_heads, c.hidden_size], ba_rows),
     entry("linear_attn.conv1d.weight", "ssm_conv1d.weight", LIN, Slot::Conv, PLAIN, |c| vec![c.conv_dim(), 1, c.linear_conv_kernel_dim], Init { std: 0.3, mean: 0.0 }),
     entry("linear_attn.dt_bias", "ssm_dt.bias", LIN, Slot::DtBias, PLAIN, |c| vec![c.linear_num_value_heads], Init { std: 0.5, mean: 0.0 }),
     entry("linear_attn.A_log", "ssm_a", LIN, Slot::DecayA, Read::Vector(VectorKind::NegExp), |c| vec![c.linear_num_value_heads], Init { std: 0.5, mean: 0.0 }),
@@ -152,8 +158,9 @@ pub(super) static QWEN35_MOE: Arch = Arch {
     gdn: GdnProjections::Split,
 };
 
-/// Qwen3-Next (`qwen3_next`; GGUF `qwen3next`, not read yet): the same table with the fused Gated DeltaNet
-/// projections, and dense or MoE feed-forward blocks by layer (`decoder_sparse_step`, `mlp_only_layers`).
+/// Qwen3-Next (`qwen3_next`; GGUF `qwen3next`): the same table with the fused Gated DeltaNet projections (a GGUF file
+/// of llama.cpp's converter stores `q|k|v` and `z` split: its config says so), and dense or MoE feed-forward blocks
+/// by layer (`decoder_sparse_step`, `mlp_only_layers`).
 pub(super) static QWEN3_NEXT: Arch = Arch {
     name: "qwen3_next",
     gguf_arch: "qwen3next",

@@ -84,7 +84,62 @@ fn ends_follow_the_layout_and_tying() {
 }
 
 #[test]
+fn a_qwen3_next_layer_reads_its_projections_as_the_checkpoint_stores_them() {
+    let mut c =
+        ModelConfig::from_json_str(&crate::synthetic::tiny_next_config(4).to_string()).unwrap();
+    let arch = arch_of(&c);
+    let mix_in = |c: &ModelConfig| -> Vec<(String, Option<Vec<Range<usize>>>)> {
+        arch.layer_tensors(c, 0)
+            .into_iter()
+            .filter(|t| t.slot == Slot::MixIn)
+            .map(|t| {
+                (
+                    t.name["model.layers.0.linear_attn.".len()..].to_string(),
+                    t.rows,
+                )
+            })
+            .collect()
+    };
+    // Hk 2, Dk 16, Hv 4 (r 2), Dv 24: per k head [q 16 | k 16 | v 48 | z 48] and [b 2 | a 2]
+    let ba = Some(vec![0..2, 4..6, 2..4, 6..8]);
+    let qkvz = Some(vec![
+        0..16,
+        128..144,
+        16..32,
+        144..160,
+        32..80,
+        160..208,
+        80..128,
+        208..256,
+    ]);
+    assert_eq!(arch.gdn_of(&c), GdnProjections::FusedPerKHead);
+    assert_eq!(
+        mix_in(&c),
+        [
+            ("in_proj_qkvz.weight".to_string(), qkvz),
+            ("in_proj_ba.weight".to_string(), ba.clone())
+        ]
+    );
+    // llama.cpp's converter: q|k|v and z split by kind, b|a still fused per k head
+    c.gdn_projections = Some(GdnProjections::SplitQkvzFusedBa);
+    assert_eq!(
+        mix_in(&c),
+        [
+            ("in_proj_qkv.weight".to_string(), None),
+            ("in_proj_z.weight".to_string(), None),
+            ("in_proj_ba.weight".to_string(), ba)
+        ]
+    );
+    assert_eq!(
+        arch.gguf_name("model.layers.0.linear_attn.in_proj_z.weight")
+            .as_deref(),
+        Some("blk.0.attn_gate.weight")
+    );
+}
+
+#[test]
 fn the_registry_finds_gguf_architectures() {
+    assert_eq!(arch_of_gguf("qwen3next").unwrap().name, "qwen3_next");
     assert_eq!(arch_of_gguf("qwen35").unwrap().name, "qwen3_5");
     assert!(arch_of_gguf("llama").is_none());
 }

@@ -1,12 +1,18 @@
-//! A GGUF file seen through Hugging Face tensor names: the names llama.cpp gives the `qwen35` architecture's tensors
-//! (its `src/models/qwen35.cpp` and `gguf-py` tensor map), and the shapes in Hugging Face's convention.
+//! A GGUF file seen through Hugging Face tensor names: the names llama.cpp gives the `qwen35`, `qwen35moe` and
+//! `qwen3next` architectures' tensors (its `src/models/qwen35.cpp`, `qwen3next.cpp` and `gguf-py` tensor map), and the
+//! shapes in Hugging Face's convention.
 //!
 //! What llama.cpp's converter (`conversion/qwen.py`) changed and how the model follows it:
 //! - RMSNorm weights (`attn_norm`, `post_attention_norm`, `attn_q_norm`, `attn_k_norm`, `output_norm`) hold
 //!   `1 + w`, and `ssm_a` holds `A = −exp(A_log)`: both are what the model computes with, read as stored;
 //! - `ssm_conv1d` is `[conv_dim, kernel]` (Hugging Face `[conv_dim, 1, kernel]`, the same bytes);
 //! - the linear-attention v heads are tiled rather than grouped by k head, in every per-v-head tensor: the model
-//!   follows the stored order ([`crate::config::VHeadOrder::Tiled`]).
+//!   follows the stored order ([`crate::config::VHeadOrder::Tiled`]); not so in `qwen3next`, whose converter keeps
+//!   Hugging Face's grouped order;
+//! - `qwen3next`: Hugging Face's `in_proj_qkvz` (fused per k head) is stored split by kind as `attn_qkv` (every q,
+//!   every k, every v) and `attn_gate` (z), older converters kept it fused as `ssm_in`; `in_proj_ba` stays fused per
+//!   k head as `ssm_ba`, whose rows the loader gathers as it does Hugging Face's
+//!   ([`crate::arch::GdnProjections::SplitQkvzFusedBa`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -140,6 +140,10 @@ pub struct ModelConfig {
     /// Order of the Gated DeltaNet v heads in the stored weights: [`VHeadOrder::Grouped`] for safetensors
     /// checkpoints, [`VHeadOrder::Tiled`] for GGUF files written by llama.cpp's converter.
     pub linear_v_head_order: VHeadOrder,
+    /// How the stored weights hold the Gated DeltaNet input projections, where that differs from the
+    /// architecture's own ([`crate::arch::Arch::gdn_of`]; `None`: the architecture's): a GGUF `qwen3next` file of
+    /// llama.cpp's converter stores Qwen3-Next's `q|k|v` and `z` split by kind.
+    pub gdn_projections: Option<crate::arch::GdnProjections>,
     /// The experts' settings of a mixture-of-experts model (`None`: every layer's feed-forward block is dense).
     pub moe: Option<MoeConfig>,
     /// One entry per layer: its feed-forward block.
@@ -435,6 +439,7 @@ impl ModelConfig {
             rope,
             eos_token_ids,
             linear_v_head_order: VHeadOrder::Grouped,
+            gdn_projections: None,
             moe: None,
             ffn_types: vec![FfnKind::Dense; raw.num_hidden_layers],
         })

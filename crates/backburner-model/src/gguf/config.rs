@@ -1,8 +1,8 @@
-//! The model config of a `qwen35` GGUF file, from the metadata llama.cpp's converter writes
-//! (`conversion/qwen.py`: `Qwen3NextModel.set_gguf_parameters` and `TextModel.set_gguf_parameters`) and its loader
-//! reads (`src/models/qwen35.cpp`, `llama_model::load_hparams`).
+//! The model config of a `qwen35`, `qwen35moe` or `qwen3next` GGUF file, from the metadata llama.cpp's converter
+//! writes (`conversion/qwen.py`: `Qwen3NextModel.set_gguf_parameters` and `TextModel.set_gguf_parameters`) and its
+//! loader reads (`src/models/qwen35.cpp`, `qwen3next.cpp`, `llama_model::load_hparams`).
 //!
-//! The values are turned into the equivalent `config.json` (`model_type` `qwen3_5_text`) and validated by
+//! The values are turned into the equivalent `config.json` (`model_type` `qwen3_5_text`, …) and validated by
 //! [`ModelConfig::from_json_str`], so both sources go through one set of checks.
 
 use std::path::Path;
@@ -11,13 +11,14 @@ use serde_json::{json, Value};
 
 use super::metadata::{MetaArray, MetaValue, Metadata};
 use super::GgufFile;
-use crate::config::{ModelConfig, VHeadOrder};
+use crate::arch::GdnProjections;
+use crate::config::{LayerKind, ModelConfig, VHeadOrder};
 use crate::error::{ModelError, Result};
 
 /// `general.architecture` values this build loads.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen35", "qwen35moe"];
-/// Family members a later release will load (Qwen3-Next's fused Gated DeltaNet projections).
-const NOT_YET_SUPPORTED: &[&str] = &["qwen3next"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen35", "qwen35moe", "qwen3next"];
+/// Family members a later release will load.
+const NOT_YET_SUPPORTED: &[&str] = &[];
 
 /// Reads `<arch>.*` keys, with errors naming the key and the file.
 struct Keys<'a> {
@@ -90,6 +91,22 @@ impl Keys<'_> {
     /// A value llama.cpp reads with `get_key_or_arr`: one integer, or one per layer (of all `n_all` blocks, MTP
     /// included). The `n_layers` trunk layers must agree: this engine has one value for all layers.
     fn uniform(&self, k: &str, n_all: u64, n_layers: u64) -> Result<Option<u64>> {
+        self.uniform_over(k, n_all, n_layers, false)
+    }
+
+    /// As [`Keys::uniform`] for an attention head count, which newer converters write per layer with 0 on the
+    /// recurrent (Gated DeltaNet) layers: the zeros are skipped and the attention layers' counts must agree.
+    fn heads(&self, k: &str, n_all: u64, n_layers: u64) -> Result<Option<u64>> {
+        self.uniform_over(k, n_all, n_layers, true)
+    }
+
+    fn uniform_over(
+        &self,
+        k: &str,
+        n_all: u64,
+        n_layers: u64,
+        skip_zero: bool,
+    ) -> Result<Option<u64>> {
         let Some(v) = self.md.get(&self.name(k)) else {
             return Ok(None);
         };
@@ -109,7 +126,14 @@ impl Keys<'_> {
                 expected_entries(n_all, n_layers)
             )));
         }
-        let trunk = &vals[..n_layers as usize];
+        let trunk: Vec<i64> = vals[..n_layers as usize]
+            .iter()
+            .copied()
+            .filter(|&x| !(skip_zero && x == 0))
+            .collect();
+        if trunk.is_empty() && skip_zero {
+            return Err(self.err(format!("{} is 0 on every layer", self.name(k))));
+        }
         match trunk.first() {
             Some(&x) if x >= 0 && trunk.iter().all(|&y| y == x) => Ok(Some(x as u64)),
             _ => Err(self.err(format!(
@@ -220,10 +244,12 @@ fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)>
     Ok((rows, f.tensor("output.weight").is_none()))
 }
 
-/// The model config of a `qwen35` or `qwen35moe` GGUF file. Its `linear_v_head_order` is [`VHeadOrder::Tiled`] (the
-/// converter's order); `model_type` is `qwen3_5_text` (`qwen3_5_moe_text`) and `layout` the causal-LM one (the GGUF
-/// tensor names are a separate scheme, which the loader maps). A `qwen35moe` file adds the experts' keys (see
-/// `experts`) and may omit `feed_forward_length`.
+/// The model config of a `qwen35`, `qwen35moe` or `qwen3next` GGUF file. `model_type` is `qwen3_5_text`
+/// (`qwen3_5_moe_text`, `qwen3_next`) and `layout` the causal-LM one (the GGUF tensor names are a separate scheme,
+/// which the loader maps). Its `linear_v_head_order` is [`VHeadOrder::Tiled`] (the converter's order) for `qwen35`
+/// and `qwen35moe`, and [`VHeadOrder::Grouped`] for `qwen3next` (the converter keeps Hugging Face's order there). A
+/// `qwen35moe` or `qwen3next` file adds the experts' keys (see `experts`) and may omit `feed_forward_length`; a
+/// `qwen3next` file's specifics are in `qwen3next`.
 ///
 /// Keys (all `<arch>.` prefixed): `block_count` (minus `nextn_predict_layers`, the MTP blocks) → layers;
 /// `context_length`; `embedding_length`; `feed_forward_length`; `attention.head_count`; `attention.head_count_kv`
@@ -269,9 +295,15 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     }
     let hidden = k.req_u64("embedding_length")?;
     let (vocab, tied) = vocab_and_tie(f, &k, hidden)?;
-    let moe = arch == "qwen35moe";
+    let next = arch == "qwen3next";
+    let moe = arch == "qwen35moe" || next;
+    let model_type = match arch {
+        "qwen3next" => "qwen3_next",
+        "qwen35moe" => "qwen3_5_moe_text",
+        _ => "qwen3_5_text",
+    };
     let mut cfg = json!({
-        "model_type": if moe { "qwen3_5_moe_text" } else { "qwen3_5_text" },
+        "model_type": model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "num_hidden_layers": n_layers,
@@ -284,6 +316,9 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let head_dim = attention(&k, n_all, n_layers, hidden, moe, &mut cfg)?;
     if moe {
         experts(&k, &mut cfg)?;
+    }
+    if next {
+        qwen3next_ffn(&mut cfg);
     }
     let (rope_parameters, rope_scaling, rot) = rope(&k, head_dim)?;
     cfg["rope_parameters"] = rope_parameters;
@@ -310,8 +345,38 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
             "rope.dimension_count {rot} of head_dim {head_dim} is not a usable rotary size"
         )));
     }
-    config.linear_v_head_order = VHeadOrder::Tiled;
+    if next {
+        config.gdn_projections = Some(qwen3next_projections(f, &config));
+    } else {
+        config.linear_v_head_order = VHeadOrder::Tiled;
+    }
     Ok(config)
+}
+
+/// A `qwen3next` file's feed-forward settings into `cfg`, as llama.cpp's `llama_model_qwen3next` computes: every
+/// layer MoE (its loader requires the experts in every block; the converter cannot write Hugging Face's
+/// `mlp_only_layers`), the top k routing weights always renormalized (its `build_moe_ffn` with `norm_w`; the
+/// converter writes no `norm_topk_prob`).
+fn qwen3next_ffn(cfg: &mut Value) {
+    cfg["norm_topk_prob"] = json!(true);
+    cfg["decoder_sparse_step"] = json!(1);
+    cfg["mlp_only_layers"] = json!([]);
+}
+
+/// How a `qwen3next` file stores the Gated DeltaNet input projections: `ssm_in` fused per k head (older converters)
+/// when its first Gated DeltaNet layer has one, else `attn_qkv` and `attn_gate` split by kind (the current
+/// converter); `ssm_ba` is fused per k head in both.
+fn qwen3next_projections(f: &GgufFile, c: &ModelConfig) -> GdnProjections {
+    let first = c
+        .layer_types
+        .iter()
+        .position(|&k| k == LayerKind::LinearAttention);
+    match first {
+        Some(i) if f.tensor(&format!("blk.{i}.ssm_in.weight")).is_some() => {
+            GdnProjections::FusedPerKHead
+        }
+        _ => GdnProjections::SplitQkvzFusedBa,
+    }
 }
 
 /// The full-attention and MLP sizes into `cfg` (an MoE file's `feed_forward_length` is optional); returns head_dim.
@@ -325,13 +390,13 @@ fn attention(
 ) -> Result<u64> {
     let missing = |key: &str| k.err(format!("{} is missing", k.name(key)));
     let n_head = k
-        .uniform("attention.head_count", n_all, n_layers)?
+        .heads("attention.head_count", n_all, n_layers)?
         .ok_or_else(|| missing("attention.head_count"))?;
     if n_head == 0 {
         return Err(k.err(format!("{} is 0", k.name("attention.head_count"))));
     }
     let n_head_kv = k
-        .uniform("attention.head_count_kv", n_all, n_layers)?
+        .heads("attention.head_count_kv", n_all, n_layers)?
         .unwrap_or(n_head);
     let key_len = k
         .opt_u64("attention.key_length")?
@@ -361,7 +426,7 @@ fn attention(
     Ok(key_len)
 }
 
-/// The experts' sizes of a `qwen35moe` file into `cfg` (llama.cpp's `llama_model_qwen35moe::load_arch_hparams`):
+/// The experts' sizes of a `qwen35moe` (or `qwen3next`) file into `cfg` (llama.cpp's `llama_model_qwen35moe::load_arch_hparams`):
 /// `expert_count`, `expert_used_count`, `expert_feed_forward_length` (default `feed_forward_length / expert_used_count`)
 /// and `expert_shared_feed_forward_length` (default `feed_forward_length`), as llama.cpp defaults them.
 fn experts(k: &Keys<'_>, cfg: &mut Value) -> Result<()> {

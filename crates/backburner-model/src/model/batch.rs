@@ -31,11 +31,18 @@ impl Model {
         let mut x = std::mem::take(&mut rows.x);
         self.embed_into(ids, sized(&mut x, n * h))
             .expect("forward_decode_batch: the embedding is loaded and the ids were checked");
+        let mut err = None;
         for (idx, layer) in self.layers.iter().enumerate() {
             let layer = layer.as_ref().expect("layer not loaded");
             self.input_norm(layer, &x, &mut rows);
             self.batch_mixer(idx, &layer.mixer, states, &mut rows);
-            self.layer_rest(layer, &mut x, n, &mut rows);
+            self.layer_rest(idx, layer, &mut x, n, &mut rows, &mut err);
+        }
+        // a failure of experts held elsewhere spoils every row of the batch
+        if let Some(e) = err {
+            for st in states.iter_mut() {
+                st.latch_remote_error(e.clone());
+            }
         }
         for st in states.iter_mut() {
             self.commit_tokens(st, 1);

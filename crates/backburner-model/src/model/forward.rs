@@ -13,7 +13,7 @@ use backburner_kernels::rowops;
 use super::mixer::{AwaitRemote, Checkpoints};
 use super::scratch::{sized, RowBufs, Scratch};
 use super::{AttnWeights, Ffn, GdnWeights, Layer, Mixer, Model, GDN_CHUNK};
-use crate::remote::RemoteSlot;
+use crate::remote::{RemoteError, RemoteSlot};
 use crate::state::{LayerState, LinearState};
 
 impl Model {
@@ -60,7 +60,7 @@ impl Model {
             }
             _ => panic!("layer kind and state kind differ"),
         }
-        self.layer_rest(layer, x, t, &mut s.rows);
+        self.layer_rest(idx, layer, x, t, &mut s.rows, &mut remote.error);
         None
     }
 
@@ -82,7 +82,7 @@ impl Model {
         };
         self.attention_core_finish(idx, t, c, &mut s.mix, remote, w);
         aw.o_proj.forward_into(&s.mix.o, t, &mut s.rows.out);
-        self.layer_rest(layer, x, t, &mut s.rows);
+        self.layer_rest(idx, layer, x, t, &mut s.rows, &mut remote.error);
     }
 
     /// The layer's input norm: `r.h = rms_norm(x)` on the rows of `x` (`[rows, H]`).
@@ -92,27 +92,36 @@ impl Model {
         rowops::rms_norm(x, &layer.input_norm, eps, sized(&mut r.h, x.len()));
     }
 
-    /// Residual add of the mixer's output (`r.out`), then the MLP block (its SwiGLU inside the gate/up product's
-    /// region where the weights allow: [`crate::linear::Linear::forward_swiglu`]), on `t` rows of `x` (`[t, H]`).
-    pub(super) fn layer_rest(&self, layer: &Layer, x: &mut [f32], t: usize, r: &mut RowBufs) {
+    /// Residual add of the mixer's output (`r.out`), then the feed-forward block (a dense MLP's SwiGLU inside the
+    /// gate/up product's region where the weights allow: [`crate::linear::Linear::forward_swiglu`]), on `t` rows of
+    /// `x` (`[t, H]`) of layer `idx`. A failure of routed experts held elsewhere latches in `err`.
+    pub(super) fn layer_rest(
+        &self,
+        idx: usize,
+        layer: &Layer,
+        x: &mut [f32],
+        t: usize,
+        r: &mut RowBufs,
+        err: &mut Option<RemoteError>,
+    ) {
         let eps = self.config.rms_norm_eps as f32;
         residual_add(x, &r.out);
         {
             let _p = profile::scope(Op::Norm);
             rowops::rms_norm(x, &layer.post_norm, eps, sized(&mut r.h, x.len()));
         }
-        self.ffn(&layer.ffn, t, r);
+        self.ffn(idx, &layer.ffn, t, r, err);
         residual_add(x, &r.out);
     }
 
     /// The feed-forward block on the `t` normed rows `r.h` (`[t, H]`), output in `r.out`.
-    fn ffn(&self, ffn: &Ffn, t: usize, r: &mut RowBufs) {
+    fn ffn(&self, idx: usize, ffn: &Ffn, t: usize, r: &mut RowBufs, err: &mut Option<RemoteError>) {
         match ffn {
             Ffn::Dense { gate_up, down } => {
                 gate_up.forward_swiglu(&r.h, t, &mut r.gu, &mut r.act);
                 down.forward_into(&r.act, t, &mut r.out);
             }
-            Ffn::Moe(w) => self.moe_ffn(w, t, r),
+            Ffn::Moe(w) => self.moe_ffn(idx, w, t, r, err),
         }
     }
 

@@ -2,6 +2,7 @@
 //! table ([`crate::arch`]).
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use super::{AttnWeights, Ffn, GdnWeights, Layer, LoadOptions, Mixer, MoeWeights};
 use crate::arch::{arch_of, Read, Slot, TensorSpec};
@@ -66,8 +67,15 @@ pub(super) fn load_ends(
     Ok((embed, norm, lin.remove(&(Slot::Head, None))))
 }
 
-pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<Layer> {
-    let specs = arch_of(c).layer_tensors(c, i);
+/// Layer `i`, without the routed experts for which `elsewhere(i, expert)` holds (`None` in its expert list).
+pub(super) fn load_layer(
+    c: &ModelConfig,
+    ck: &Checkpoint,
+    i: usize,
+    elsewhere: &dyn Fn(usize, usize) -> bool,
+) -> Result<Layer> {
+    let mut specs = arch_of(c).layer_tensors(c, i);
+    specs.retain(|t| t.expert.is_none_or(|e| !elsewhere(i, e)));
     let mut lin: HashMap<Key, Linear> = HashMap::new();
     for (key, (parts, k)) in fused(&specs) {
         lin.insert(key, Linear::load(ck, k, &parts)?);
@@ -93,11 +101,9 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
             let mc = c.moe.as_ref().expect("an MoE layer has MoE settings");
             let experts = (0..mc.num_experts)
                 .map(|e| {
-                    let mut x = |s: Slot| {
-                        lin.remove(&(s, Some(e)))
-                            .expect("the table lists every expert")
-                    };
-                    (x(Slot::ExpertGateUp), x(Slot::ExpertDown))
+                    let gu = lin.remove(&(Slot::ExpertGateUp, Some(e)))?;
+                    let down = lin.remove(&(Slot::ExpertDown, Some(e)))?;
+                    Some((gu, down))
                 })
                 .collect();
             Ffn::Moe(Box::new(MoeWeights {
@@ -133,6 +139,55 @@ pub(super) fn load_layer(c: &ModelConfig, ck: &Checkpoint, i: usize) -> Result<L
         mixer,
         ffn,
     })
+}
+
+/// The routed experts `ids` of MoE layer `i` (index = expert id; `None` for the others).
+///
+/// Errors: as the layer's load; [`ModelError::InvalidConfig`] if layer `i` is not an MoE layer.
+pub(super) fn load_experts(
+    c: &ModelConfig,
+    ck: &Checkpoint,
+    i: usize,
+    ids: &[usize],
+) -> Result<Vec<Option<(Linear, Linear)>>> {
+    let Some(mc) = c.moe.as_ref().filter(|_| c.ffn_types[i] == FfnKind::Moe) else {
+        return Err(ModelError::InvalidConfig(format!(
+            "layer {i} has no routed experts"
+        )));
+    };
+    let mut specs = arch_of(c).layer_tensors(c, i);
+    specs.retain(|t| t.expert.is_some_and(|e| ids.contains(&e)));
+    let mut lin: HashMap<Key, Linear> = HashMap::new();
+    for (key, (parts, k)) in fused(&specs) {
+        lin.insert(key, Linear::load(ck, k, &parts)?);
+    }
+    Ok((0..mc.num_experts)
+        .map(|e| {
+            let gu = lin.remove(&(Slot::ExpertGateUp, Some(e)))?;
+            Some((gu, lin.remove(&(Slot::ExpertDown, Some(e)))?))
+        })
+        .collect())
+}
+
+/// Bytes [`load_experts`] allocates for the experts `ids` of each MoE layer of `layers` (dense layers hold none).
+///
+/// Errors: as [`load_bytes`].
+pub fn experts_bytes(
+    ckpt: &Checkpoint,
+    c: &ModelConfig,
+    layers: Range<usize>,
+    ids: &[usize],
+) -> Result<u64> {
+    let overflow = || ModelError::InvalidConfig("the weights' size overflows".into());
+    let mut total = 0u64;
+    for i in layers.filter(|&i| i < c.num_hidden_layers && c.ffn_types[i] == FfnKind::Moe) {
+        let mut specs = arch_of(c).layer_tensors(c, i);
+        specs.retain(|t| t.expert.is_some_and(|e| ids.contains(&e)));
+        total = total
+            .checked_add(specs_bytes(ckpt, &specs)?)
+            .ok_or_else(overflow)?;
+    }
+    Ok(total)
 }
 
 /// Bytes of a vector the load reads as f32 (4 per element), checked as that read checks it: present, of `shape`,
@@ -200,6 +255,19 @@ fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec]) -> Result<u64> {
 /// the load would read (the ends' embedding, final norm and untied head, every layer's projections and vectors), as
 /// the load itself reports them.
 pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
+    load_bytes_without(ckpt, c, opts, &|_, _| false)
+}
+
+/// As [`load_bytes`], for a load that leaves out the routed experts for which `elsewhere(layer, expert)` holds
+/// ([`Model::from_checkpoint_without`](super::Model::from_checkpoint_without)).
+///
+/// Errors: as [`load_bytes`].
+pub fn load_bytes_without(
+    ckpt: &Checkpoint,
+    c: &ModelConfig,
+    opts: &LoadOptions,
+    elsewhere: &dyn Fn(usize, usize) -> bool,
+) -> Result<u64> {
     if opts.layers.end > c.num_hidden_layers || opts.layers.start > opts.layers.end {
         return Err(ModelError::InvalidConfig(format!(
             "layer range {:?} is outside 0..{}",
@@ -213,8 +281,10 @@ pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Res
         total = specs_bytes(ckpt, &arch.end_tensors(c))?;
     }
     for i in opts.layers.clone() {
+        let mut specs = arch.layer_tensors(c, i);
+        specs.retain(|t| t.expert.is_none_or(|e| !elsewhere(i, e)));
         total = total
-            .checked_add(specs_bytes(ckpt, &arch.layer_tensors(c, i))?)
+            .checked_add(specs_bytes(ckpt, &specs)?)
             .ok_or_else(overflow)?;
     }
     Ok(total)

@@ -18,14 +18,17 @@ use crate::state::ModelState;
 
 mod batch;
 mod capture;
+mod experts;
 mod forward;
 mod interleave;
 mod load;
 mod mixer;
 mod moe;
+mod moe_split;
 mod scratch;
-pub use load::load_bytes;
+pub use experts::ExpertStore;
 pub(crate) use load::read_names;
+pub use load::{experts_bytes, load_bytes, load_bytes_without};
 use load::{load_ends, load_layer};
 pub use scratch::Scratch;
 
@@ -91,8 +94,9 @@ pub enum Ffn {
 pub struct MoeWeights {
     /// `mlp.gate` `[E, H]`: the router's logits.
     pub router: Linear,
-    /// Per expert: fused `[gate_proj; up_proj]` `[2·I_e, H]` and `down_proj` `[H, I_e]`.
-    pub experts: Vec<(Linear, Linear)>,
+    /// Per expert: fused `[gate_proj; up_proj]` `[2·I_e, H]` and `down_proj` `[H, I_e]`; `None` for an expert held
+    /// elsewhere (a worker: [`crate::remote_experts`]).
+    pub experts: Vec<Option<(Linear, Linear)>>,
     /// The shared expert's fused `[gate_proj; up_proj]` `[2·I_s, H]`.
     pub shared_gate_up: Linear,
     /// The shared expert's `down_proj` `[H, I_s]`.
@@ -113,7 +117,7 @@ impl Ffn {
             Ffn::Dense { gate_up, down } => vec![gate_up, down],
             Ffn::Moe(m) => {
                 let mut v = vec![&m.router, &m.shared_gate_up, &m.shared_down, &m.shared_gate];
-                for (gu, d) in &m.experts {
+                for (gu, d) in m.experts.iter().flatten() {
                     v.extend([gu, d]);
                 }
                 v
@@ -158,6 +162,10 @@ pub struct Model {
     rope: Rope,
     /// Bytes of routed experts' weights the products have read so far (each routed expert once per call).
     expert_reads: std::sync::atomic::AtomicU64,
+    /// The holders of the routed experts this node leaves out, once attached.
+    remote_experts: crate::remote_experts::Attached,
+    /// Some routed experts of the layers held were left out at load.
+    experts_elsewhere: bool,
 }
 
 impl Model {
@@ -182,6 +190,18 @@ impl Model {
         config: ModelConfig,
         ckpt: &Checkpoint,
         opts: &LoadOptions,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::from_checkpoint_without(config, ckpt, opts, &|_, _| false, progress)
+    }
+
+    /// As [`Model::from_checkpoint`], leaving out the routed experts for which `elsewhere(layer, expert)` holds
+    /// (they are held by workers: attach them with [`Model::attach_remote_experts`] before running the model).
+    pub fn from_checkpoint_without(
+        config: ModelConfig,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        elsewhere: &dyn Fn(usize, usize) -> bool,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self> {
         if opts.layers.end > config.num_hidden_layers || opts.layers.start > opts.layers.end {
@@ -202,11 +222,16 @@ impl Model {
         let total = opts.layers.len();
         let mut layers: Vec<Option<Layer>> = (0..config.num_hidden_layers).map(|_| None).collect();
         for (n, i) in opts.layers.clone().enumerate() {
-            layers[i] = Some(load_layer(&config, ckpt, i)?);
+            layers[i] = Some(load_layer(&config, ckpt, i, elsewhere)?);
             progress(n + 1, total);
         }
         let rope = Rope::new(config.rotary_dim(), config.head_dim, config.rope.rope_theta);
+        let experts_elsewhere = layers.iter().flatten().any(|l| match &l.ffn {
+            Ffn::Moe(m) => m.experts.iter().any(Option::is_none),
+            Ffn::Dense { .. } => false,
+        });
         Ok(Model {
+            experts_elsewhere,
             config,
             layers,
             range: opts.layers.clone(),
@@ -215,7 +240,29 @@ impl Model {
             lm_head,
             rope,
             expert_reads: std::sync::atomic::AtomicU64::new(0),
+            remote_experts: Default::default(),
         })
+    }
+
+    /// Attaches the holders of the routed experts this model was loaded without
+    /// ([`Model::from_checkpoint_without`]); once per model. Returns false if holders were already attached.
+    pub fn attach_remote_experts(
+        &self,
+        r: std::sync::Arc<dyn crate::remote_experts::RemoteExperts>,
+    ) -> bool {
+        self.remote_experts.set(r)
+    }
+
+    /// The attached holders of the experts held elsewhere, if any.
+    pub fn remote_experts(
+        &self,
+    ) -> Option<&std::sync::Arc<dyn crate::remote_experts::RemoteExperts>> {
+        self.remote_experts.get()
+    }
+
+    /// Whether some routed experts of the layers held are held elsewhere.
+    pub fn has_remote_experts(&self) -> bool {
+        self.experts_elsewhere
     }
 
     /// Bytes of routed experts' weights read so far: each call of a mixture-of-experts block adds the bytes of every
@@ -232,7 +279,12 @@ impl Model {
             .iter()
             .flatten()
             .map(|l| match &l.ffn {
-                Ffn::Moe(m) => m.experts.iter().map(|(g, d)| g.bytes() + d.bytes()).sum(),
+                Ffn::Moe(m) => m
+                    .experts
+                    .iter()
+                    .flatten()
+                    .map(|(g, d)| g.bytes() + d.bytes())
+                    .sum(),
                 Ffn::Dense { .. } => 0,
             })
             .sum()

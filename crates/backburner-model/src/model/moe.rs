@@ -9,11 +9,15 @@
 
 use backburner_kernels::profile::{self, Op};
 
-use super::scratch::{sized, RowBufs};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::scratch::{sized, MoeBufs, RowBufs};
 use super::{Model, MoeWeights};
+use crate::linear::Linear;
+use crate::remote::RemoteError;
 
 /// One token's route: (expert, weight), `k` of them.
-type Route = Vec<(usize, f32)>;
+pub(crate) type Route = Vec<(usize, f32)>;
 
 /// The top `k` of `logits` (`[E]`) by softmax probability, highest first, ties to the lower expert id (the softmax
 /// is monotonic, so the logits decide), with their probabilities, renormalized to sum to 1 when `norm`.
@@ -45,64 +49,118 @@ pub(crate) fn route(logits: &[f32], k: usize, norm: bool) -> Route {
     top
 }
 
+/// Per expert (index = expert id), the rows routed to it in ascending row order: (row of `x`, weight, slot).
+pub(crate) type Groups = Vec<Vec<(usize, f32, usize)>>;
+
+/// Runs each expert of `groups` that has rows, in ascending expert id, on its rows of `x` (`[rows, H]`) gathered in
+/// order (its weights read once), and hands every row's output to `sink(row, weight, slot, y)` (`y` `[H]`).
+/// Counts the bytes of each expert run in `reads`. Panics if an expert with rows is not held (a caller bug).
+pub(crate) fn run_groups(
+    experts: &[Option<(Linear, Linear)>],
+    h: usize,
+    x: &[f32],
+    groups: &Groups,
+    m: &mut MoeBufs,
+    reads: &AtomicU64,
+    mut sink: impl FnMut(usize, f32, usize, &[f32]),
+) {
+    for (e, rows) in groups.iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let n = rows.len();
+        let xs = sized(&mut m.x, n * h);
+        for (dst, &(row, _, _)) in xs.chunks_exact_mut(h).zip(rows) {
+            dst.copy_from_slice(&x[row * h..(row + 1) * h]);
+        }
+        let (gate_up, down) = experts[e].as_ref().expect("a routed expert is held");
+        reads.fetch_add((gate_up.bytes() + down.bytes()) as u64, Ordering::Relaxed);
+        gate_up.forward_swiglu(&m.x, n, &mut m.gu, &mut m.act);
+        down.forward_into(&m.act, n, &mut m.y);
+        let _p = profile::scope(Op::Activation);
+        for (y, &(row, p, slot)) in m.y.chunks_exact(h).zip(rows) {
+            sink(row, p, slot, y);
+        }
+    }
+}
+
+/// `acc += p · y`, element by element (the product rounded, then the sum: the order every path adds in).
+fn add_weighted(acc: &mut [f32], y: &[f32], p: f32) {
+    for (a, &v) in acc.iter_mut().zip(y) {
+        *a += v * p;
+    }
+}
+
 impl Model {
-    /// The MoE block on the `t` normed rows `r.h` (`[t, H]`), output in `r.out` (`[t, H]`).
-    pub(super) fn moe_ffn(&self, w: &MoeWeights, t: usize, r: &mut RowBufs) {
+    /// The MoE block of layer `idx` on the `t` normed rows `r.h` (`[t, H]`), output in `r.out` (`[t, H]`). Routed
+    /// experts held elsewhere run on their holders ([`crate::remote_experts`]); a failure there is latched in `err`
+    /// (the output is then meaningless).
+    pub(super) fn moe_ffn(
+        &self,
+        idx: usize,
+        w: &MoeWeights,
+        t: usize,
+        r: &mut RowBufs,
+        err: &mut Option<RemoteError>,
+    ) {
         let h = self.config.hidden_size;
         let n_exp = w.experts.len();
         // the shared expert and its gate
         w.shared_gate_up
             .forward_swiglu(&r.h, t, &mut r.gu, &mut r.act);
         w.shared_down.forward_into(&r.act, t, &mut r.out);
-        let m = &mut r.moe;
-        w.shared_gate.forward_into(&r.h, t, &mut m.gate);
-        // routes, then each routed expert's tokens in ascending token order
-        w.router.forward_into(&r.h, t, &mut m.logits);
-        let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_exp];
-        {
+        w.shared_gate.forward_into(&r.h, t, &mut r.moe.gate);
+        w.router.forward_into(&r.h, t, &mut r.moe.logits);
+        let routes: Vec<Route> = {
             let _p = profile::scope(Op::Activation);
-            for (tok, row) in m.logits.chunks_exact(n_exp).enumerate() {
-                for (e, p) in route(row, w.top_k, w.norm_topk_prob) {
-                    by_expert[e].push((tok, p));
-                }
-            }
-        }
-        let acc = sized(&mut m.acc, t * h);
-        acc.fill(0.0);
-        for (e, toks) in by_expert.iter().enumerate() {
-            if toks.is_empty() {
-                continue;
-            }
-            let n = toks.len();
-            let x = sized(&mut m.x, n * h);
-            for (dst, &(tok, _)) in x.chunks_exact_mut(h).zip(toks) {
-                dst.copy_from_slice(&r.h[tok * h..(tok + 1) * h]);
-            }
-            let (gate_up, down) = &w.experts[e];
-            let read = (gate_up.bytes() + down.bytes()) as u64;
-            self.expert_reads
-                .fetch_add(read, std::sync::atomic::Ordering::Relaxed);
-            gate_up.forward_swiglu(&m.x, n, &mut m.gu, &mut m.act);
-            down.forward_into(&m.act, n, &mut m.y);
-            let _p = profile::scope(Op::Activation);
-            for (y, &(tok, p)) in m.y.chunks_exact(h).zip(toks) {
-                for (a, &v) in acc[tok * h..(tok + 1) * h].iter_mut().zip(y) {
-                    *a += v * p;
-                }
-            }
+            r.moe
+                .logits
+                .chunks_exact(n_exp)
+                .map(|row| route(row, w.top_k, w.norm_topk_prob))
+                .collect()
+        };
+        if w.experts.iter().all(Option::is_some) {
+            self.routed_here(w, &routes, r);
+        } else {
+            self.routed_split(idx, w, &routes, r, err);
         }
         let _p = profile::scope(Op::Activation);
         for ((out, a), &g) in r
             .out
             .chunks_exact_mut(h)
-            .zip(acc.chunks_exact(h))
-            .zip(&m.gate)
+            .zip(r.moe.acc.chunks_exact(h))
+            .zip(&r.moe.gate)
         {
             let s = 1.0 / (1.0 + (-g).exp());
             for (o, &v) in out.iter_mut().zip(a) {
                 *o = v + s * *o;
             }
         }
+    }
+
+    /// Every routed expert held here: each token's weighted outputs summed into `r.moe.acc` (`[t, H]`) in ascending
+    /// expert id, from zero.
+    fn routed_here(&self, w: &MoeWeights, routes: &[Route], r: &mut RowBufs) {
+        let h = self.config.hidden_size;
+        let mut groups: Groups = vec![Vec::new(); w.experts.len()];
+        for (tok, route) in routes.iter().enumerate() {
+            for &(e, p) in route {
+                groups[e].push((tok, p, tok));
+            }
+        }
+        let m = &mut r.moe;
+        let mut acc = std::mem::take(&mut m.acc);
+        sized(&mut acc, routes.len() * h).fill(0.0);
+        run_groups(
+            &w.experts,
+            h,
+            &r.h,
+            &groups,
+            m,
+            &self.expert_reads,
+            |tok, p, _, y| add_weighted(&mut acc[tok * h..(tok + 1) * h], y, p),
+        );
+        m.acc = acc;
     }
 }
 

@@ -43,6 +43,8 @@ pub(crate) struct MoeBufs {
     pub(super) y: Vec<f32>,
     /// The routed experts' weighted sum `[T, H]`.
     pub(super) acc: Vec<f32>,
+    /// With experts held elsewhere: the weighted outputs computed here, one per (token, expert) `[pairs, H]`.
+    pub(super) pairs: Vec<f32>,
 }
 
 /// One sequence's buffers of a mixer's core (the per-sequence part between the input and output projections).

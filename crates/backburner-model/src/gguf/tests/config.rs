@@ -257,8 +257,16 @@ fn gguf_config_derives_layer_types_and_accepts_per_layer_arrays() {
         "qwen35.attention.layer_norm_rms_epsilon",
         Some(MetaValue::F64(1e-5)),
     );
+    // as newer converters write it: per layer, 0 on the recurrent layers
+    let kv: Vec<i32> = (0..25).map(|i| if i % 3 == 2 { 2 } else { 0 }).collect();
+    set(
+        &mut w,
+        "qwen35.attention.head_count_kv",
+        Some(MetaValue::Array(MetaArray::I32(kv))),
+    );
     let (_d, f) = open_written(&w);
     let c = config_from_gguf(&f).unwrap();
+    assert_eq!(c.num_key_value_heads, 2);
     assert_eq!(c.full_attention_layers(), [2, 5, 8, 11, 14, 17, 20, 23]);
     assert_eq!(c.layer_types[0], LayerKind::LinearAttention);
     assert_eq!(c.num_attention_heads, 8);
@@ -267,7 +275,7 @@ fn gguf_config_derives_layer_types_and_accepts_per_layer_arrays() {
 
 #[test]
 fn gguf_config_refuses_other_architectures() {
-    for (arch, not_yet) in [("qwen3next", true), ("llama", false)] {
+    for (arch, not_yet) in [("llama", false), ("qwen2moe", false)] {
         let mut w = qwen35_0_8b();
         set(
             &mut w,
@@ -281,7 +289,7 @@ fn gguf_config_refuses_other_architectures() {
             "{e:?}"
         );
         let m = e.to_string();
-        assert!(m.contains("supported: qwen35, qwen35moe"), "{m}");
+        assert!(m.contains("supported: qwen35, qwen35moe, qwen3next"), "{m}");
         assert_eq!(m.contains("not yet supported"), not_yet, "{m}");
     }
 }
@@ -325,6 +333,18 @@ fn gguf_config_refuses_missing_mistyped_and_impossible_metadata() {
             "qwen35.attention.head_count",
             Some(MetaValue::U32(0)),
             "is 0",
+        ),
+        (
+            "qwen35.attention.head_count_kv",
+            Some(MetaValue::Array(MetaArray::I32(vec![0; 25]))),
+            "is 0 on every layer",
+        ),
+        (
+            "qwen35.attention.head_count_kv",
+            Some(MetaValue::Array(MetaArray::I32(
+                (0..25).map(|i| i % 3).collect(),
+            ))),
+            "differs across layers",
         ),
         (
             "qwen35.attention.recurrent_layers",

@@ -189,7 +189,7 @@ fn gguf_a_kv_count_of_0_is_refused_as_a_file_without_metadata() {
     );
     assert_eq!(
         e.to_string(),
-        "the GGUF file has no general.architecture (string) key; supported: qwen35, qwen35moe"
+        "the GGUF file has no general.architecture (string) key; supported: qwen35, qwen35moe, qwen3next"
     );
 }
 
