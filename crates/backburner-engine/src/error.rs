@@ -61,6 +61,16 @@ pub enum EngineError {
         /// Why: the worker's refusal or the connection's error.
         reason: String,
     },
+    /// Routed experts held by workers could not be run during the request, and its one retry on fresh
+    /// connections failed too: the request fails (the host does not hold those experts). The session keeps its
+    /// tokens (without this request's) and the next request re-ingests them once the workers are back.
+    #[error("routed experts on a worker are unavailable ({reason}){}", kept_note(*kept))]
+    ExpertsLost {
+        /// What failed.
+        reason: String,
+        /// Tokens the session keeps.
+        kept: usize,
+    },
     /// A request value without a meaning (a sampling value out of its range, ...): nothing ran.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -6,6 +6,7 @@ pub mod chain;
 pub mod compute;
 pub mod connection;
 pub mod error;
+pub mod experts;
 pub mod generate;
 pub mod grid;
 pub mod history;

@@ -238,6 +238,9 @@ impl Session {
         if self.chain.is_some() {
             return self.prefill_chain(ids, which, &mut progress);
         }
+        if self.model.has_remote_experts() && self.opts.kv_budget.is_none() {
+            return self.prefill_with_experts(ids, which, &mut progress);
+        }
         if self.offload_needed(ids.len()) {
             return self.prefill_budgeted(ids, which, &mut progress);
         }

@@ -7,6 +7,8 @@ mod worker_common;
 mod cache_exact;
 mod cache_modes;
 mod consistency;
+mod experts_limits;
+mod experts_remote;
 mod faults;
 mod faults_connect;
 mod faults_serve;

@@ -5,40 +5,18 @@
 
 use crate::worker_common;
 
-use std::time::Duration;
-
 use backburner_engine::offload::KvBudget;
 use backburner_engine::{EngineError, Logits, Session, SessionOptions};
 use backburner_link::frame::Kind;
-use backburner_link::handshake::host_handshake;
 use backburner_link::message::{Attend, PagesPut};
-use backburner_link::{Conn, SessionParams, WireKvDtype};
+use backburner_link::Conn;
 use worker_common::*;
 
 /// One page of one layer of the tiny model (2 KV heads × 32 dims × 64 positions × K,V × f16).
 const PAGE: usize = 2 * 64 * 2 * 32 * 2;
 
-/// A raw host session on layers 4..8 with 64-position pages and 16-token ubatches.
 fn connect(dir: &std::path::Path, addr: &str) -> Conn {
-    let fp = backburner_engine::split::dir_fingerprint(dir.to_path_buf());
-    let mut c = Conn::connect(addr, Duration::from_secs(10), None).unwrap();
-    host_handshake(&mut c, b"", |_ch| {
-        Ok(SessionParams {
-            fingerprint: fp(4..8).unwrap(),
-            n_layers: 8,
-            layer_start: 4,
-            layer_end: 8,
-            hidden: 64,
-            kv_dtype: WireKvDtype::F16,
-            kv_page_size: 64,
-            ubatch: 16,
-            layer_split: false,
-        })
-    })
-    .unwrap();
-    c.reader.set_max_tensor(1 << 30);
-    c.set_deadline(Some(Duration::from_secs(20)));
-    c
+    raw_session(dir, addr, 64, Vec::new())
 }
 
 fn put(c: &mut Conn, first_pos: u64, n_pages: u32) -> Kind {

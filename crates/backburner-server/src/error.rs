@@ -141,7 +141,9 @@ impl From<EngineError> for ApiError {
                 ApiError::invalid(param, e.to_string())
             }
             EngineError::EmptyPrompt => ApiError::invalid(Some("prompt"), e.to_string()),
-            EngineError::ShuttingDown => ApiError::unavailable(e.to_string()),
+            EngineError::ShuttingDown | EngineError::ExpertsLost { .. } => {
+                ApiError::unavailable(e.to_string())
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }

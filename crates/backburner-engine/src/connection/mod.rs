@@ -72,6 +72,8 @@ pub struct Connection {
     sessions_lost: u64,
     /// When the last session was lost on an open connection (cleared by a success).
     lost_at: Option<Instant>,
+    /// Experts on the worker: the expert ids its sessions hold (`SessionParams.experts`; empty otherwise).
+    experts: Vec<u32>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -104,6 +106,7 @@ impl Connection {
             counted: (0, 0),
             sessions_lost: 0,
             lost_at: None,
+            experts: Vec::new(),
         }
     }
 
@@ -202,7 +205,14 @@ impl Connection {
                 .map_err(|_| too_big("page size", shape.page))?,
             ubatch: u32_of("ubatch", shape.ubatch)?,
             layer_split,
+            experts: self.experts.clone(),
         })
+    }
+
+    /// Makes the sessions this connection opens hold the routed experts `ids` of their layer range (experts on the
+    /// worker) instead of running layers.
+    pub(crate) fn set_experts(&mut self, ids: Vec<u32>) {
+        self.experts = ids;
     }
 
     /// Connects and runs the handshake for the session parameters of `range` (chosen from the worker's

@@ -13,7 +13,7 @@ use crate::session::{Logits, Session};
 use crate::worker::pages::{page_bytes, PageShape};
 
 /// Why a budgeted step stopped.
-enum Failure {
+pub(crate) enum Failure {
     /// Nothing was lost; the request fails with this error.
     Refused(EngineError),
     /// A worker holding pages failed: those positions are gone.
@@ -121,7 +121,7 @@ impl Session {
 
     /// One try of [`Session::prefill_budgeted`]. On failure the session is as before the call, or its state is
     /// dropped for a rebuild (its history kept, without `ids`).
-    fn attempt_budgeted(
+    pub(crate) fn attempt_budgeted(
         &mut self,
         ids: &[u32],
         which: Logits,

@@ -9,7 +9,7 @@
 //! and the host folds them and then its own pages in page order: the bits of the local run.
 
 mod client;
-mod flow;
+pub(crate) mod flow;
 mod placement;
 mod recovery;
 mod remote;

@@ -47,7 +47,7 @@ impl LinkPages {
     }
 
     fn fail(&self, worker: usize, e: impl std::fmt::Display) -> RemoteError {
-        RemoteError(format!("worker {worker}: {e}"))
+        RemoteError(format!("KV pages on worker {worker}: {e}"))
     }
 
     /// Pages of `run` (one partial each from a later worker).
@@ -97,7 +97,8 @@ impl RemotePages for LinkPages {
         scale: f32,
     ) -> Result<(), RemoteError> {
         let shape = |v: usize| {
-            u32::try_from(v).map_err(|_| RemoteError(format!("{v} does not fit the protocol")))
+            u32::try_from(v)
+                .map_err(|_| RemoteError(format!("KV pages: {v} does not fit the protocol")))
         };
         let runs = self.placement.runs().to_vec();
         let row = n_heads * self.head_dim;
@@ -143,11 +144,11 @@ impl RemotePages for LinkPages {
 
     fn finish(&mut self, layer: usize) -> Result<Partial, RemoteError> {
         let Some(p) = self.pending.take() else {
-            return Err(RemoteError("finish without begin".into()));
+            return Err(RemoteError("KV pages: finish without begin".into()));
         };
         if p.layer != layer {
             return Err(RemoteError(format!(
-                "finish for layer {layer}, begun for {}",
+                "KV pages: finish for layer {layer}, begun for {}",
                 p.layer
             )));
         }
@@ -204,6 +205,6 @@ impl RemotePages for LinkPages {
         if let Some(e) = first_err {
             return Err(e);
         }
-        acc.ok_or_else(|| RemoteError("no worker holds pages".into()))
+        acc.ok_or_else(|| RemoteError("KV pages: no worker holds pages".into()))
     }
 }

@@ -117,6 +117,23 @@ pub(super) fn link_cost(req: &PlanRequest, p: &Plan) -> super::LinkCost {
             let b = residual.saturating_mul(2).saturating_mul(k);
             (b, b)
         }
+        Mode::ExpertSplit => {
+            // per MoE layer on a worker: the row out with its k routes, one vector back
+            let k_routes = req.config.moe.as_ref().map_or(0, |m| m.num_experts_per_tok) as u64;
+            let per = residual.saturating_mul(2).saturating_add(16 + 8 * k_routes);
+            let layers: u64 = p
+                .workers
+                .iter()
+                .filter(|w| w.weight_bytes > 0)
+                .map(|w| {
+                    (w.layers.clone())
+                        .filter(|&i| c.layer_expert_bytes[i] > 0)
+                        .count() as u64
+                })
+                .sum();
+            let b = per.saturating_mul(layers);
+            (b, b)
+        }
     };
     super::LinkCost {
         prefill_bytes_per_token: prefill,
@@ -153,6 +170,25 @@ pub(super) fn expected(req: &PlanRequest, p: &Plan, cal: &Calibration) -> Option
             (local_pf + pf_link, [host_dec, 0.0, dec_link])
         }
         Mode::LayerSplit => layer_split(p, h, cal, ub)?,
+        Mode::ExpertSplit => {
+            // the host's compute as local (the workers' experts overlap with it), plus a round trip per MoE layer
+            // whose experts are away and the rows' transfer
+            let l = cal.link.as_ref()?;
+            let trips = p
+                .workers
+                .iter()
+                .filter(|w| w.weight_bytes > 0)
+                .map(|w| {
+                    w.layers
+                        .clone()
+                        .filter(|&i| req.costs.layer_expert_bytes[i] > 0)
+                        .count()
+                })
+                .sum::<usize>() as f64;
+            let dec_link = trips * l.round_trip_us + us(p.link.decode_bytes_per_token, l);
+            let pf_link = trips * l.round_trip_us / ub + us(p.link.prefill_bytes_per_token, l);
+            (local_pf + pf_link, [host_dec, 0.0, dec_link])
+        }
     };
     let dec_us: f64 = dec.iter().sum();
     (pf_us > 0.0 && dec_us > 0.0).then(|| Rates {

@@ -21,6 +21,16 @@ pub fn summary(p: &Plan) -> String {
         Mode::KvOffload { host_kv_positions } => format!(
             "KV offload: the host holds all {n} layers and the newest {host_kv_positions} positions, the workers the oldest pages"
         ),
+        Mode::ExpertSplit => {
+            let mut parts = vec![format!("the host holds all {n} layers")];
+            parts.extend(
+                p.workers
+                    .iter()
+                    .filter(|w| w.weight_bytes > 0)
+                    .map(|w| format!("{} the routed experts of {:?}", w.name, w.layers)),
+            );
+            format!("experts on workers: {}", parts.join(", "))
+        }
         Mode::LayerSplit => {
             let host = if p.host.layers.is_empty() {
                 "host (ends only)".to_string()

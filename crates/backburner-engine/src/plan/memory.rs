@@ -150,6 +150,9 @@ pub struct ModelCosts {
     pub layer_kinds: Vec<LayerKind>,
     /// Weight bytes of each decoder layer (every tensor under `layers.{i}.`).
     pub layer_weight_bytes: Vec<u64>,
+    /// Weight bytes of each decoder layer's routed experts (0 for a dense layer): the part a worker may hold for
+    /// it (experts on workers).
+    pub layer_expert_bytes: Vec<u64>,
     /// Weight bytes of the embedding, final norm and head.
     pub ends: EndsBytes,
     /// K and V bytes of one position of ONE full-attention layer: `2 × n_kv_heads × head_dim × kv dtype bytes`.
@@ -191,8 +194,11 @@ impl ModelCosts {
     /// Costs from `cfg`'s shapes with `bytes_per_param` bytes per weight (2 = bf16/f16, 4 = f32) and KV in `kv`.
     /// Tensor shapes are those the loader reads (gated attention: `q_proj` is `[2·n_heads·head_dim, hidden]`).
     pub fn from_config(cfg: &ModelConfig, bytes_per_param: u64, kv: KvDtype) -> Self {
-        let layer_weight_bytes = (0..cfg.num_hidden_layers)
+        let layer_weight_bytes: Vec<u64> = (0..cfg.num_hidden_layers)
             .map(|i| layer_params(cfg, i).saturating_mul(bytes_per_param))
+            .collect();
+        let layer_expert_bytes = (0..cfg.num_hidden_layers)
+            .map(|i| super::moe::expert_params(cfg, i).saturating_mul(bytes_per_param))
             .collect();
         let emb = mul(&[cfg.vocab_size, cfg.hidden_size]).saturating_mul(bytes_per_param);
         let ends = EndsBytes {
@@ -202,7 +208,7 @@ impl ModelCosts {
         };
         Self::with_weights(
             cfg,
-            layer_weight_bytes,
+            (layer_weight_bytes, layer_expert_bytes),
             ends,
             kv,
             WeightSource::Config { bytes_per_param },
@@ -229,6 +235,10 @@ impl ModelCosts {
         };
         let per_layer = (0..cfg.num_hidden_layers)
             .map(|i| bytes(i..i + 1, false))
+            .collect::<Result<Vec<u64>, _>>()?;
+        let all: Vec<usize> = (0..cfg.moe.as_ref().map_or(0, |m| m.num_experts)).collect();
+        let experts = (0..cfg.num_hidden_layers)
+            .map(|i| backburner_model::experts_bytes(ck, cfg, i..i + 1, &all))
             .collect::<Result<Vec<u64>, _>>()?;
         let all_ends = bytes(0..0, true)?;
         let final_norm = mul(&[cfg.hidden_size, 4]);
@@ -257,7 +267,7 @@ impl ModelCosts {
         };
         Ok(Self::with_weights(
             cfg,
-            per_layer,
+            (per_layer, experts),
             ends,
             kv,
             WeightSource::Checkpoint,
@@ -292,7 +302,7 @@ impl ModelCosts {
 
     fn with_weights(
         cfg: &ModelConfig,
-        layer_weight_bytes: Vec<u64>,
+        (layer_weight_bytes, layer_expert_bytes): (Vec<u64>, Vec<u64>),
         ends: EndsBytes,
         kv: KvDtype,
         source: WeightSource,
@@ -302,6 +312,7 @@ impl ModelCosts {
         ModelCosts {
             layer_kinds: cfg.layer_types.clone(),
             layer_weight_bytes,
+            layer_expert_bytes,
             ends,
             kv_bytes_per_position: kv_bytes_per_layer_position(cfg, kv),
             linear_state_bytes: linear_state_bytes(cfg),
@@ -419,7 +430,20 @@ pub(crate) fn scratch_bytes_per_token(cfg: &ModelConfig) -> u64 {
 
 /// Elements per ubatch token of the forward pass's activations (see [`ModelCosts::scratch_bytes`]).
 fn scratch_width(cfg: &ModelConfig) -> u64 {
-    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
+    let h = cfg.hidden_size as u64;
+    // the feed-forward blocks' width: the dense MLP's where a layer has one; an MoE block's shared expert or routed
+    // expert (one expert's rows at a time) and its sum `[T, H]`
+    let dense = cfg.ffn_types.contains(&backburner_model::FfnKind::Dense);
+    let moe = cfg.moe.as_ref().map_or(0, |m| {
+        (m.shared_expert_intermediate_size
+            .max(m.moe_intermediate_size) as u64)
+            .saturating_add(h)
+    });
+    let i = match (cfg.moe.is_some(), dense) {
+        (true, false) => moe,
+        (true, true) => moe.max(cfg.intermediate_size as u64),
+        (false, _) => cfg.intermediate_size as u64,
+    };
     let (hq, hkv, d) = (
         cfg.num_attention_heads as u64,
         cfg.num_key_value_heads as u64,

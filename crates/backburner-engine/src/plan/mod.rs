@@ -20,12 +20,15 @@
 //! `max_position_embeddings`; a placement must hold at least [`min_context`] positions to count as fitting.
 
 mod calib;
+mod experts;
 mod explain;
 pub(crate) mod memory;
 pub mod moe;
 mod search;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_experts;
 
 use std::ops::Range;
 
@@ -93,6 +96,9 @@ pub enum Mode {
     },
     /// Layers split over host and workers (`host.layers`, `workers[i].layers`); the host relays the residual.
     LayerSplit,
+    /// Experts on workers (mixture-of-experts models): the host holds every layer but the routed experts of the
+    /// workers' `layers`, which they hold.
+    ExpertSplit,
 }
 
 /// What one device holds under a plan. Sizes are bytes; positions are tokens.

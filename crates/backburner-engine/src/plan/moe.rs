@@ -29,6 +29,16 @@ pub fn active_share(req: &PlanRequest) -> Vec<f64> {
         .collect()
 }
 
+/// Elements of layer `i`'s routed experts (0 for a dense layer), from the architecture's table.
+pub fn expert_params(c: &backburner_model::ModelConfig, i: usize) -> u64 {
+    arch_of(c)
+        .layer_tensors(c, i)
+        .iter()
+        .filter(|t| t.expert.is_some())
+        .map(|t| t.elements())
+        .sum()
+}
+
 /// The note a plan of a mixture-of-experts model carries: the layers' total and active weight bytes.
 pub fn note(req: &PlanRequest) -> Option<String> {
     let m = req.config.moe.as_ref()?;

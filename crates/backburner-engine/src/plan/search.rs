@@ -28,11 +28,39 @@ pub(super) fn place(req: &PlanRequest) -> Result<Option<Plan>, PlanError> {
     if let Some(cap) = host_cap.filter(|&c| c >= need) {
         return Ok(Some(local_or_split_prefill(req, cap)));
     }
-    Ok(layer_split(req))
+    Ok(experts_or_layers(req, need, target))
+}
+
+/// For a mixture-of-experts model, experts on workers when that placement holds the context a layer split would
+/// (or the target) — it keeps every mixer and the KV on the host and moves only what decode reads least — else a
+/// layer split; the choice is explained in the plan's notes.
+fn experts_or_layers(req: &PlanRequest, need: usize, target: usize) -> Option<Plan> {
+    let layers = layer_split(req);
+    let Some(mut e) = super::experts::expert_split(req, need) else {
+        return layers;
+    };
+    match layers {
+        Some(l) if e.max_ctx < l.max_ctx.min(target) => {
+            let mut l = l;
+            l.notes.push(format!(
+                "experts on workers would hold a context of {} tokens only (the host keeps all the KV): layer split",
+                e.max_ctx
+            ));
+            Some(l)
+        }
+        Some(l) => {
+            e.notes.push(format!(
+                "chosen over a layer split (context up to {} tokens), which would move whole layers — their mixers, state and KV — to the workers",
+                l.max_ctx
+            ));
+            Some(e)
+        }
+        None => Some(e),
+    }
 }
 
 /// Bytes a stage holds apart from KV: its layers' weights and state, the ends on the host, and its scratch.
-fn stage_fixed(req: &PlanRequest, r: Range<usize>, ends: bool) -> u64 {
+pub(super) fn stage_fixed(req: &PlanRequest, r: Range<usize>, ends: bool) -> u64 {
     let c = &req.costs;
     let mut b = c
         .weight_bytes(r.clone())
@@ -45,7 +73,7 @@ fn stage_fixed(req: &PlanRequest, r: Range<usize>, ends: bool) -> u64 {
 
 /// The most positions of KV for the attention layers in `r` that fit `mem` after `fixed`, at most the model's
 /// context; `None` when even `fixed` does not fit.
-fn capacity(req: &PlanRequest, r: Range<usize>, fixed: u64, mem: u64) -> Option<usize> {
+pub(super) fn capacity(req: &PlanRequest, r: Range<usize>, fixed: u64, mem: u64) -> Option<usize> {
     let free = mem.checked_sub(fixed)?;
     let per = req.costs.kv_bytes(r, 1);
     let max = req.costs.max_position_embeddings;
@@ -116,7 +144,7 @@ fn capped_note(req: &PlanRequest, max_ctx: usize, notes: &mut Vec<String>) {
     }
 }
 
-fn new_plan(
+pub(super) fn new_plan(
     req: &PlanRequest,
     mode: Mode,
     host: DevicePlan,

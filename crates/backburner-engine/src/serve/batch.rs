@@ -45,7 +45,12 @@ pub fn decode_batch(sessions: &mut [&mut Session], ids: &[u32]) -> Vec<Result<Ve
     } else if let Some(model) = model {
         let logits = forward_batch(&model, sessions, ids, &batch);
         for (&i, l) in batch.iter().zip(logits) {
-            out[i] = Some(Ok(l));
+            out[i] = Some(match l {
+                Some(l) => Ok(l),
+                // routed experts on a worker failed in the batch: this session's step is redone alone (its state
+                // re-ingested, the worker retried once), or fails with its typed error
+                None => sessions[i].decode(ids[i]),
+            });
         }
     }
     out.into_iter()
@@ -54,13 +59,14 @@ pub fn decode_batch(sessions: &mut [&mut Session], ids: &[u32]) -> Vec<Result<Ve
 }
 
 /// The batched forward of the sessions at `batch` (increasing indices, checked, batchable, on `model`): one token
-/// each, appended to their histories.
+/// each, appended to their histories. `None` for a session whose step failed (routed experts held elsewhere were
+/// unavailable): its state is dropped for a rebuild and its history is as before.
 fn forward_batch(
     model: &Model,
     sessions: &mut [&mut Session],
     ids: &[u32],
     batch: &[usize],
-) -> Vec<Vec<f32>> {
+) -> Vec<Option<Vec<f32>>> {
     profile::set_phase(Phase::Decode);
     let pool = sessions[batch[0]].opts.pool.clone();
     let bids: Vec<u32> = batch.iter().map(|&i| ids[i]).collect();
@@ -71,10 +77,18 @@ fn forward_batch(
         .map(|(_, s)| &mut s.state)
         .collect();
     let logits = pool.install(|| model.forward_decode_batch(&bids, &mut states));
-    for (&i, &id) in batch.iter().zip(&bids) {
-        let grid = sessions[i].grid();
-        sessions[i].history.push_call(&[id], grid);
-    }
     let vocab = model.config().vocab_size;
-    logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
+    let mut out = Vec::with_capacity(batch.len());
+    for ((&i, &id), l) in batch.iter().zip(&bids).zip(logits.chunks_exact(vocab)) {
+        let s = &mut sessions[i];
+        if s.state.take_remote_error().is_some() {
+            s.drop_state_for_rebuild();
+            out.push(None);
+            continue;
+        }
+        let grid = s.grid();
+        s.history.push_call(&[id], grid);
+        out.push(Some(l.to_vec()));
+    }
+    out
 }

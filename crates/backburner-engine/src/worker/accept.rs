@@ -70,7 +70,20 @@ pub fn valid_split_layers(c: &ModelConfig) -> Vec<usize> {
         .collect()
 }
 
+/// Drops the layers loaded for earlier sessions if none uses them now and they are not pinned (`--layers`).
+pub(super) fn drop_idle_layers(shared: &Shared) {
+    if shared.opts.layers.is_some() {
+        return;
+    }
+    let mut g = shared.loaded.lock().unwrap_or_else(|p| p.into_inner());
+    if g.as_ref().is_some_and(|l| Arc::strong_count(l) == 1) {
+        *g = None;
+    }
+}
+
 pub(super) fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, WorkerError> {
+    // experts loaded for earlier sessions that none uses now give their memory back (one lock at a time)
+    super::experts::drop_idle_experts(shared);
     let mut g = shared.loaded.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(l) = g.as_ref() {
         if l.range == range {
@@ -126,7 +139,9 @@ pub(super) fn load(shared: &Shared, range: Range<usize>) -> Result<Arc<Loaded>, 
 /// A session the handshake accepted: the layers it uses (held, so no other range replaces them meanwhile), its slot
 /// and its state.
 pub(super) struct Accepted {
-    pub loaded: Arc<Loaded>,
+    pub loaded: Option<Arc<Loaded>>,
+    /// Experts on the worker: the experts the session answers with.
+    pub experts: Option<Arc<super::experts::LoadedExperts>>,
     pub guard: SessionGuard,
     pub core: SessionCore,
 }
@@ -151,8 +166,9 @@ fn accept_params(
             ),
         ));
     }
-    check_range(c, &range, p.layer_split)?;
-    if let Some(fixed) = &o.layers {
+    let holds_experts = !p.experts.is_empty();
+    check_range(c, &range, p.layer_split || holds_experts)?;
+    if let (Some(fixed), false) = (&o.layers, holds_experts) {
         if *fixed != range {
             return Err((
                 ErrorCode::LayerRangeMismatch,
@@ -163,9 +179,11 @@ fn accept_params(
             ));
         }
     }
+    // an experts session holds no KV: its page size is not used
     let page = usize::try_from(p.kv_page_size)
         .ok()
-        .filter(|v| *v > 0 && v.is_multiple_of(KV_BLOCK) && (*v as u64) <= MAX_POSITIONS);
+        .filter(|v| *v > 0 && v.is_multiple_of(KV_BLOCK) && (*v as u64) <= MAX_POSITIONS)
+        .or(holds_experts.then_some(KV_BLOCK));
     let max_positions = usize::try_from(MAX_POSITIONS).unwrap_or(usize::MAX);
     let Some(page) = page else {
         return Err((
@@ -191,11 +209,17 @@ fn accept_params(
         .registry
         .open_session(session, handle)
         .map_err(|m| (ErrorCode::Busy, m))?;
-    let l = load(shared, range).map_err(|e| match e {
-        WorkerError::LayerRange(m) => (ErrorCode::LayerRangeMismatch, m),
-        e @ WorkerError::Memory { .. } => (ErrorCode::OutOfMemory, e.to_string()),
-        other => (ErrorCode::Internal, other.to_string()),
-    })?;
+    let kv = KvOptions {
+        page_size: page,
+        dtype: match p.kv_dtype {
+            WireKvDtype::F16 => KvDtype::F16,
+            WireKvDtype::F32 => KvDtype::F32,
+        },
+    };
+    if holds_experts {
+        return accept_experts(shared, p, range, kv, guard);
+    }
+    let l = load(shared, range).map_err(load_fault)?;
     if l.fingerprint != p.fingerprint {
         return Err((
             ErrorCode::ModelMismatch,
@@ -207,13 +231,6 @@ fn accept_params(
             ),
         ));
     }
-    let kv = KvOptions {
-        page_size: page,
-        dtype: match p.kv_dtype {
-            WireKvDtype::F16 => KvDtype::F16,
-            WireKvDtype::F32 => KvDtype::F32,
-        },
-    };
     let spec = SessionSpec {
         range: l.range.clone(),
         kv,
@@ -227,7 +244,86 @@ fn accept_params(
     let core =
         SessionCore::new(l.model.clone(), spec, &shared.budget).map_err(|f| (f.code, f.message))?;
     Ok(Accepted {
-        loaded: l,
+        loaded: Some(l),
+        experts: None,
+        guard,
+        core,
+    })
+}
+
+/// The handshake's code and message for a failed load.
+fn load_fault(e: WorkerError) -> (ErrorCode, String) {
+    match e {
+        WorkerError::LayerRange(m) => (ErrorCode::LayerRangeMismatch, m),
+        e @ WorkerError::Memory { .. } => (ErrorCode::OutOfMemory, e.to_string()),
+        WorkerError::Model(m @ backburner_model::ModelError::InvalidConfig(_)) => {
+            (ErrorCode::ParamMismatch, m.to_string())
+        }
+        other => (ErrorCode::Internal, other.to_string()),
+    }
+}
+
+/// An experts session (`SessionParams.experts`): loads the experts, checks the fingerprint of their layers, and
+/// opens a session that runs no layer and answers `Experts` requests.
+fn accept_experts(
+    shared: &Shared,
+    p: &SessionParams,
+    range: Range<usize>,
+    kv: KvOptions,
+    guard: SessionGuard,
+) -> Result<Accepted, (ErrorCode, String)> {
+    let c = &shared.config;
+    if let Some(fixed) = &shared.opts.layers {
+        return Err((
+            ErrorCode::LayerRangeMismatch,
+            format!(
+                "this worker serves layers {}..{} (--layers); start it without --layers to hold routed experts",
+                fixed.start, fixed.end
+            ),
+        ));
+    }
+    let ids: Vec<usize> = p.experts.iter().map(|&e| e as usize).collect();
+    if p.layer_split || ids.windows(2).any(|w| w[0] >= w[1]) {
+        return Err((
+            ErrorCode::ParamMismatch,
+            "an experts session names its experts in strictly ascending order and runs no layer"
+                .into(),
+        ));
+    }
+    let l = super::experts::load(shared, range.clone(), &ids).map_err(load_fault)?;
+    if l.fingerprint != p.fingerprint {
+        return Err((
+            ErrorCode::ModelMismatch,
+            format!(
+                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}) is not the host's",
+                range.start,
+                range.end,
+                shared.opts.model_dir.display()
+            ),
+        ));
+    }
+    let n = c.num_hidden_layers;
+    let none = LoadOptions {
+        layers: n..n,
+        ends: false,
+    };
+    let model = Model::from_checkpoint(c.clone(), &shared.ckpt, &none, |_, _| {})
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+    let spec = SessionSpec {
+        range: n..n,
+        kv,
+        ubatch: p.ubatch as usize,
+        max_positions: usize::try_from(MAX_POSITIONS).unwrap_or(usize::MAX),
+        max_frame: shared.opts.max_frame,
+        pack_pages: false,
+        layer_split: false,
+    };
+    let mut core =
+        SessionCore::new(Arc::new(model), spec, &shared.budget).map_err(|f| (f.code, f.message))?;
+    core.experts = Some(l.store.clone());
+    Ok(Accepted {
+        loaded: None,
+        experts: Some(l),
         guard,
         core,
     })

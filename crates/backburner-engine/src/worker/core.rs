@@ -68,6 +68,8 @@ pub enum Reply {
     Partials(Partials, Vec<u8>, Reservation),
     /// Whether a rewind took place.
     RewindDone(RewindDone),
+    /// The routed experts' vectors, and the reservation that covers them until they are sent.
+    ExpertsDone(backburner_link::message::ExpertsDone, Vec<u8>, Reservation),
 }
 
 /// What a session's KV-offload requests did (for the worker's log).
@@ -108,7 +110,7 @@ pub struct SessionCore {
     spec: SessionSpec,
     mirror: ModelState,
     held: Reservation,
-    budget: Arc<MemoryBudget>,
+    pub(super) budget: Arc<MemoryBudget>,
     room: Option<MakeRoom>,
     last_done: Instant,
     /// KV pages of every full-attention layer the host offloaded to this worker.
@@ -117,6 +119,8 @@ pub struct SessionCore {
     page_stats: PageStats,
     /// Exact checkpoints of the mirror (layer split) for `Rewind`.
     checkpoints: Checkpoints,
+    /// Experts on the worker: the routed experts this session answers `Experts` requests with.
+    pub(super) experts: Option<Arc<backburner_model::ExpertStore>>,
 }
 
 fn page_limits<'a>(
@@ -183,6 +187,7 @@ impl SessionCore {
             room: None,
             last_done: Instant::now(),
             checkpoints: Checkpoints::default(),
+            experts: None,
         })
     }
 
@@ -254,7 +259,7 @@ impl SessionCore {
         &self.mirror
     }
 
-    fn cfg(&self) -> &ModelConfig {
+    pub(super) fn cfg(&self) -> &ModelConfig {
         self.model.config()
     }
 
@@ -301,6 +306,12 @@ impl SessionCore {
         arrived: Instant,
         pool: &ComputePool,
     ) -> Result<Reply, Fault> {
+        if self.experts.is_some() && !matches!(req, Request::Ping(_) | Request::Experts(..)) {
+            return Err(Fault::new(
+                ErrorCode::BadState,
+                "an experts session answers only Experts and Ping",
+            ));
+        }
         match req {
             Request::Ping(p) => Ok(Reply::Pong(p)),
             Request::Reset => {
@@ -310,6 +321,7 @@ impl SessionCore {
                 Ok(Reply::ResetDone)
             }
             Request::Rewind(r) => self.rewind(r),
+            Request::Experts(e, bytes) => self.experts(e, &bytes, pool),
             Request::Sync(s, payload) => self.sync(s, &payload),
             Request::RunLayers(r, x) => self.run_layers(r, &x, arrived, pool),
             Request::Fetch(f) => self.fetch(f),

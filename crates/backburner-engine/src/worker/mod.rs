@@ -14,6 +14,7 @@ mod accept;
 mod budget;
 mod checkpoints;
 mod core;
+mod experts;
 mod packer;
 mod page_requests;
 pub mod pages;
@@ -122,6 +123,7 @@ struct Shared {
     config: ModelConfig,
     ckpt: Checkpoint,
     loaded: Mutex<Option<Arc<Loaded>>>,
+    experts: Mutex<Option<Arc<experts::LoadedExperts>>>,
     registry: Arc<Registry>,
     budget: Arc<MemoryBudget>,
     pool: ComputePool,
@@ -151,6 +153,7 @@ impl Worker {
             config,
             ckpt,
             loaded: Mutex::new(None),
+            experts: Mutex::new(None),
             pool,
             live: Default::default(),
         });
@@ -299,10 +302,11 @@ fn handle_connection(
     let r = handshake(shared, c, handle).and_then(
         |Accepted {
              loaded,
+             experts,
              guard,
              core,
          }| {
-            let _layers = loaded;
+            let _held = (loaded, experts);
             drop(pending);
             let (sessions, pending) = shared.registry.counts();
             info!(%peer, session = guard.id(), sessions, pending, "session started");
@@ -454,6 +458,7 @@ fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError
         Reply::Pong(p)
         | Reply::FetchDone(_, p, _)
         | Reply::Partials(_, p, _)
+        | Reply::ExpertsDone(_, p, _)
         | Reply::LayersDone(_, p, _) => p.len(),
         _ => 0,
     };
@@ -468,6 +473,7 @@ fn send_reply(conn: &mut Conn, pace: Pace, reply: Reply) -> Result<(), LinkError
         Reply::PagesFull(d) => conn.writer.send(Kind::PagesFull, &d, &[]),
         Reply::Partials(d, p, _hold) => conn.writer.send(Kind::Partials, &d, &p),
         Reply::RewindDone(d) => conn.writer.send(Kind::RewindDone, &d, &[]),
+        Reply::ExpertsDone(d, p, _hold) => conn.writer.send(Kind::ExpertsDone, &d, &p),
     }
     .map(|_| ())
 }

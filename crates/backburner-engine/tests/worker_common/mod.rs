@@ -175,3 +175,31 @@ pub fn run(s: &mut Session, p: &[u32], steps: usize) -> (Vec<Vec<u32>>, Vec<u32>
     all.push(bits(&l));
     (all, toks)
 }
+
+/// A raw host session on layers 4..8 of an 8-layer tiny model in `dir` (hidden 64, f16 KV, 16-token ubatches)
+/// with the given page size and experts (`SessionParams.experts`; empty: a split-prefill mirror), for tests that
+/// speak the protocol directly.
+pub fn raw_session(dir: &Path, addr: &str, page: u64, experts: Vec<u32>) -> backburner_link::Conn {
+    use backburner_link::handshake::host_handshake;
+    use backburner_link::{Conn, SessionParams, WireKvDtype};
+    let fp = backburner_engine::split::dir_fingerprint(dir.to_path_buf());
+    let mut c = Conn::connect(addr, Duration::from_secs(10), None).unwrap();
+    host_handshake(&mut c, b"", |_ch| {
+        Ok(SessionParams {
+            fingerprint: fp(4..8).unwrap(),
+            n_layers: 8,
+            layer_start: 4,
+            layer_end: 8,
+            hidden: 64,
+            kv_dtype: WireKvDtype::F16,
+            kv_page_size: page,
+            ubatch: 16,
+            layer_split: false,
+            experts,
+        })
+    })
+    .unwrap();
+    c.reader.set_max_tensor(1 << 30);
+    c.set_deadline(Some(Duration::from_secs(20)));
+    c
+}
