@@ -9,6 +9,9 @@
 //! loopback), started once, so host and workers really are separate processes (host 1 thread and worker 1 thread by
 //! default, to fit two cores). Every configuration must give the local tokens and the local prompt logits bit for
 //! bit in every round (checked; the bench fails otherwise).
+//!
+//! On a mixture-of-experts model, `--experts L` adds experts on a worker (docs/EXPERTS.md): the host holds every
+//! layer but the routed experts of `[L, n)`, which one more worker process holds.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -16,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use backburner_engine::chain::{ChainStats, LayerSplit};
-use backburner_engine::connection::Connection;
+use backburner_engine::connection::{Connection, SessionShape};
+use backburner_engine::experts::{ExpertHolder, LinkExperts};
 use backburner_engine::{argmax, ComputePool, Logits, Session, WorkerSettings};
 use backburner_link::Shaper;
-use backburner_model::Model;
+use backburner_model::{Model, RemoteExperts};
 use clap::Args;
 
 mod report;
@@ -64,6 +68,13 @@ pub struct LayerSplitArgs {
     /// Skip the shaped-link configurations.
     #[arg(long)]
     no_shaped: bool,
+    /// Skip the chain configurations (a model of fewer than three layers has no chain).
+    #[arg(long)]
+    no_chain: bool,
+    /// Mixture-of-experts models: also run experts on a worker, the routed experts of layers [L, n) on one more
+    /// worker process and every layer on the host (over loopback, and over the emulated link unless --no-shaped).
+    #[arg(long, value_name = "L")]
+    experts: Option<usize>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -95,6 +106,8 @@ struct Setup {
     host_weight_bytes: usize,
     session: Session,
     rounds: Vec<Round>,
+    /// Experts on a worker: the host holds every layer; `ranges` names the layers whose experts are away.
+    experts: Option<Arc<LinkExperts>>,
 }
 
 /// The worker processes, one per distinct layer range, with their addresses.
@@ -189,6 +202,41 @@ impl Ctx<'_> {
             host_weight_bytes: model.weight_bytes(),
             session,
             rounds: Vec::new(),
+            experts: None,
+        })
+    }
+
+    /// Experts on the worker at `addr`: a host model without the routed experts of `[l, n)`, attached to it.
+    fn setup_experts(&mut self, name: &str, addr: &str, l: usize, shaped: bool) -> Result<Setup> {
+        let cfg = self.hosts[0].1.config().clone();
+        let n = cfg.num_hidden_layers;
+        let ids: Vec<usize> = (0..cfg.moe.as_ref().map_or(0, |m| m.num_experts)).collect();
+        let away = vec![(l..n, ids.clone())];
+        let model = crate::load_host_without(self.margs, self.pool, None, &away)?.model;
+        let mut st = WorkerSettings::new(addr, self.pool.threads());
+        st.timeout = Duration::from_secs(600);
+        st.shaper = shaped.then_some(self.shaper);
+        let fp = backburner_engine::split::dir_fingerprint(self.dir.to_path_buf());
+        let holder = ExpertHolder::new(Connection::new(st, fp), l..n, ids);
+        let shape = SessionShape {
+            kv: self.margs.kv_dtype,
+            page: self.margs.kv_page_size,
+            ubatch: self.margs.ubatch,
+        };
+        let rx = Arc::new(LinkExperts::new(cfg, shape, vec![holder]));
+        let dynrx: Arc<dyn RemoteExperts> = rx.clone();
+        model.attach_remote_experts(dynrx);
+        rx.connect_all()
+            .map_err(|e| anyhow::anyhow!("the experts' worker: {e}"))?;
+        let session = Session::new(model.clone(), self.margs.session_options(self.pool))?;
+        Ok(Setup {
+            name: name.to_string(),
+            shaped,
+            ranges: std::iter::once(l..n).collect(),
+            host_weight_bytes: model.weight_bytes(),
+            session,
+            rounds: Vec::new(),
+            experts: Some(rx),
         })
     }
 }
@@ -207,20 +255,27 @@ fn chain_stats(s: &Session) -> ChainStats {
         .unwrap_or_default()
 }
 
-/// Bytes over the link so far, both ways, all workers.
-fn link_bytes(s: &Session) -> u64 {
-    let l = s.link_stats();
+/// Bytes over the link so far, both ways, all workers (the session's, or the experts' workers').
+fn link_bytes(st: &Setup) -> u64 {
+    if let Some(rx) = &st.experts {
+        return rx
+            .stats()
+            .iter()
+            .map(|(.., l)| l.bytes_sent + l.bytes_received)
+            .sum();
+    }
+    let l = st.session.link_stats();
     l.bytes_sent + l.bytes_received
 }
 
 /// One round of `st`: clear, prefill `prompt`, decode `n` greedy tokens; the decode split from the chain's counters.
 fn measure(st: &mut Setup, prompt: &[u32], n: usize) -> Result<(Round, Output)> {
-    let s = &mut st.session;
-    s.clear();
+    st.session.clear();
     let t = Instant::now();
-    let logits = s.prefill(prompt, Logits::Last, |_, _| {})?;
+    let logits = st.session.prefill(prompt, Logits::Last, |_, _| {})?;
     let prefill_s = t.elapsed().as_secs_f64();
-    let (c0, b0) = (chain_stats(s), link_bytes(s));
+    let (c0, b0) = (chain_stats(&st.session), link_bytes(st));
+    let s = &mut st.session;
     let mut tokens = vec![argmax(&logits)];
     let t = Instant::now();
     // the token loop on a compute thread, as `generate` runs it
@@ -232,7 +287,7 @@ fn measure(st: &mut Setup, prompt: &[u32], n: usize) -> Result<(Round, Output)> 
         Ok(())
     })?;
     let decode_s = t.elapsed().as_secs_f64();
-    let (c1, b1) = (chain_stats(s), link_bytes(s));
+    let (c1, b1) = (chain_stats(&st.session), link_bytes(st));
     if c1.failures > 0 {
         bail!("{}: a worker was lost during the benchmark", st.name);
     }
@@ -247,7 +302,7 @@ fn measure(st: &mut Setup, prompt: &[u32], n: usize) -> Result<(Round, Output)> 
         prefill_tok_s: prompt.len() as f64 / prefill_s,
         decode_tok_s: n as f64 / decode_s,
         decode_ms,
-        host_ms: if st.ranges.is_empty() {
+        host_ms: if st.ranges.is_empty() || st.experts.is_some() {
             decode_ms
         } else {
             per(host)
@@ -310,10 +365,16 @@ fn worker_ranges(a: &LayerSplitArgs, n: usize) -> Result<(Ranges, Ranges)> {
     if a.prompt_tokens == 0 || a.decode_tokens == 0 || a.rounds == 0 || a.worker_threads == 0 {
         bail!("--prompt-tokens, --decode-tokens, --rounds and --worker-threads must be ≥ 1");
     }
+    let one = chain_args::ranges(&[a.layer_split], 1, n).context("--layer-split")?;
+    if a.no_chain {
+        if one[0].start == 0 {
+            bail!("a split point of 0 leaves the host no layers: the first must be at least 1");
+        }
+        return Ok((one, Vec::new()));
+    }
     if a.chain.len() < 2 {
         bail!("--chain takes two or more split points (one per worker), e.g. 4,6");
     }
-    let one = chain_args::ranges(&[a.layer_split], 1, n).context("--layer-split")?;
     let chain = chain_args::ranges(&a.chain, a.chain.len(), n).context("--chain")?;
     if one[0].start == 0 || chain[0].start == 0 {
         bail!("a split point of 0 leaves the host no layers: the first must be at least 1");
@@ -329,6 +390,16 @@ pub fn run(a: LayerSplitArgs) -> Result<()> {
     let n = cfg.num_hidden_layers;
     let (one, chain) = worker_ranges(&a, n)?;
     let workers = start_workers(&loaded.dir, a.worker_threads, &[&one, &chain])?;
+    let experts_worker = match a.experts {
+        Some(l) if cfg.moe.is_none() || l >= n => {
+            bail!("--experts L needs a mixture-of-experts model and L inside its {n} layers")
+        }
+        Some(_) => Some(
+            spawn_worker(&loaded.dir, a.worker_threads, &[])
+                .context("start the experts' worker")?,
+        ),
+        None => None,
+    };
     let shaper = a.shaped.shaper()?;
     let mut ctx = Ctx {
         margs: &margs,
@@ -338,19 +409,27 @@ pub fn run(a: LayerSplitArgs) -> Result<()> {
         shaper,
         hosts: vec![(n, loaded.model.clone())],
     };
-    let mut plan: Vec<(&str, &[Range<usize>], bool)> = vec![
-        ("local", &[], false),
-        ("layer_split", &one, false),
-        ("chain", &chain, false),
-    ];
+    let mut plan: Vec<(&str, &[Range<usize>], bool)> =
+        vec![("local", &[], false), ("layer_split", &one, false)];
     if !a.no_shaped {
-        plan.insert(2, ("layer_split_shaped", &one, true));
-        plan.push(("chain_shaped", &chain, true));
+        plan.push(("layer_split_shaped", &one, true));
+    }
+    if !a.no_chain {
+        plan.push(("chain", &chain, false));
+        if !a.no_shaped {
+            plan.push(("chain_shaped", &chain, true));
+        }
     }
     let mut setups = plan
         .iter()
         .map(|(name, r, sh)| ctx.setup(name, r, *sh))
         .collect::<Result<Vec<_>>>()?;
+    if let (Some(l), Some((_, addr))) = (a.experts, &experts_worker) {
+        setups.insert(1, ctx.setup_experts("experts", addr, l, false)?);
+        if !a.no_shaped {
+            setups.push(ctx.setup_experts("experts_shaped", addr, l, true)?);
+        }
+    }
     let prompt =
         bench::pseudo_random_prompt(a.prompt_tokens, cfg.vocab_size, 0x6c61_7965_7273_706c);
     eprintln!(

@@ -150,6 +150,8 @@ fn slot_session(
     let mut s = Session::new(loaded.model.clone(), a.model.session_options(pool))?;
     if let Some((addr, shaper)) = worker {
         let link = LinkArgs {
+            expert_split: Vec::new(),
+            expert_ids: None,
             worker: vec![addr.to_string()],
             kv_budget: None,
             no_interleave: false,

@@ -143,6 +143,8 @@ pub fn run(a: SplitArgs) -> Result<()> {
     let cfg = loaded.model.config().clone();
     let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, &[])?;
     let link = LinkArgs {
+        expert_split: Vec::new(),
+        expert_ids: None,
         worker: vec![addr.clone()],
         kv_budget: None,
         no_interleave: false,

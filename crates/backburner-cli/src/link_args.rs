@@ -42,6 +42,18 @@ pub struct LinkArgs {
     #[arg(long, value_delimiter = ',', value_name = "L1[,L2...]", requires = "worker",
           conflicts_with_all = ["split_layer", "kv_budget"])]
     pub layer_split: Vec<usize>,
+    /// Experts on workers (mixture-of-experts models): the first layer whose routed experts each --worker holds, in
+    /// --worker order (e.g. `--expert-split 20`, or `--expert-split 10,30` with two workers). This host loads every
+    /// layer but leaves those experts out; per MoE layer and step it sends each worker the rows routed to its
+    /// experts and adds the answers in the local order (the same output as a local run). A lost worker is
+    /// reconnected once within the request; one that stays gone fails the request.
+    #[arg(long, value_delimiter = ',', value_name = "L1[,L2...]", requires = "worker",
+          conflicts_with_all = ["split_layer", "kv_budget", "layer_split"])]
+    pub expert_split: Vec<usize>,
+    /// With --expert-split: only these expert ids go to the workers (e.g. `0-63,100`), the others stay on this
+    /// host. Default: every expert of those layers.
+    #[arg(long, value_name = "IDS", requires = "expert_split")]
+    pub expert_ids: Option<String>,
     /// Memory of each --worker for the planner (same units as --max-memory; repeatable, in --worker order). With a
     /// host memory limit (--max-memory or the operating system's) and no --layer-split, --kv-budget or
     /// --split-layer, `run` places the model by the same planner as `backburner plan`; a worker without this is
@@ -160,7 +172,7 @@ impl LinkArgs {
     /// A client per `--worker`, in order, for `loaded`'s model (none with `--layer-split`: see
     /// [`crate::chain_args::layer_split`]). Validates `--split-layer` first.
     pub fn clients(&self, loaded: &Loaded, host_threads: usize) -> Result<Vec<WorkerClient>> {
-        if !self.layer_split.is_empty() {
+        if !self.layer_split.is_empty() || !self.expert_split.is_empty() {
             return Ok(Vec::new());
         }
         self.check_split(loaded)?;

@@ -13,6 +13,7 @@ mod bench_split;
 mod calibrate_cmd;
 mod chain_args;
 mod default_model;
+mod experts_args;
 mod link_args;
 mod placement;
 mod plan_cmd;
@@ -251,18 +252,24 @@ pub fn load(args: &ModelArgs, pool: &ComputePool) -> Result<Loaded> {
 /// As [`load`], holding only layers `[0, held)` (and the ends) when `held` is given: a layer-split host. Errors:
 /// `held` past the model's layers, and every error of loading.
 pub fn load_host(args: &ModelArgs, pool: &ComputePool, held: Option<usize>) -> Result<Loaded> {
+    load_host_without(args, pool, held, &[])
+}
+
+/// As [`load_host`], leaving out the routed experts `away` holds (experts on workers: `(layers, ids)` per worker).
+pub fn load_host_without(
+    args: &ModelArgs,
+    pool: &ComputePool,
+    held: Option<usize>,
+    away: &experts_args::Away,
+) -> Result<Loaded> {
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => default_model::ensure()?,
     };
-    pool.install(|| load_dir(&dir, held, args.max_memory))
-}
-
-/// Loads layers `[0, held)` (default: every layer) and the ends of `dir`, after checking that their weights fit
-/// `--max-memory` and the OS's limits.
-fn load_dir(dir: &Path, held: Option<usize>, max_memory: Option<u64>) -> Result<Loaded> {
-    let (config, tokenizer) = load_tokenizer(dir)?;
-    load_weights(dir, config, tokenizer, held, max_memory)
+    pool.install(|| {
+        let (config, tokenizer) = load_tokenizer(&dir)?;
+        load_weights(&dir, config, tokenizer, held, away, args.max_memory)
+    })
 }
 
 /// Loads layers `[0, held)` (default: every layer) and the ends of `dir` with its `config` and `tokenizer`, after
@@ -273,6 +280,7 @@ pub fn load_weights(
     config: ModelConfig,
     tokenizer: Option<TextTokenizer>,
     held: Option<usize>,
+    away: &experts_args::Away,
     max_memory: Option<u64>,
 ) -> Result<Loaded> {
     let n = config.num_hidden_layers;
@@ -285,13 +293,18 @@ pub fn load_weights(
         layers: 0..held,
         ends: true,
     };
-    let weights = backburner_model::load_bytes(&ckpt, &config, &opts)?;
+    let elsewhere = |l: usize, e: usize| experts_args::is_away(away, l, e);
+    let weights = backburner_model::load_bytes_without(&ckpt, &config, &opts, &elsewhere)?;
     use backburner_engine::memory::{check_fits, host_limits, MemoryNeed};
-    let what = format!("weights of layers 0..{held} and the ends");
+    let what = match away.is_empty() {
+        true => format!("weights of layers 0..{held} and the ends"),
+        false => format!("weights of layers 0..{held} and the ends without the experts on workers"),
+    };
     check_fits(&[MemoryNeed::new(what, weights)], &host_limits(max_memory))?;
     let pb = bar(held as u64, "loading");
-    let model =
-        Model::from_checkpoint(config, &ckpt, &opts, |done, _| pb.set_position(done as u64))?;
+    let model = Model::from_checkpoint_without(config, &ckpt, &opts, &elsewhere, |done, _| {
+        pb.set_position(done as u64)
+    })?;
     pb.finish_and_clear();
     Ok(Loaded {
         model: Arc::new(model),

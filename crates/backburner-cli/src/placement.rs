@@ -49,8 +49,10 @@ pub fn plan_run(
             if link.worker.len() == 1 { "" } else { "s" },
         );
     }
-    let explicit =
-        !link.layer_split.is_empty() || link.kv_budget.is_some() || link.split_layer.is_some();
+    let explicit = !link.layer_split.is_empty()
+        || !link.expert_split.is_empty()
+        || link.kv_budget.is_some()
+        || link.split_layer.is_some();
     if link.worker.is_empty() || explicit {
         return Ok(None);
     }
@@ -107,6 +109,13 @@ fn apply(p: &Plan, link: &mut LinkArgs) {
                 .filter(|&i| !p.workers[i].layers.is_empty())
                 .collect();
             link.layer_split = used.iter().map(|&i| p.workers[i].layers.start).collect();
+            link.worker = used.iter().map(|&i| link.worker[i].clone()).collect();
+        }
+        Mode::ExpertSplit => {
+            let used: Vec<usize> = (0..p.workers.len())
+                .filter(|&i| p.workers[i].weight_bytes > 0)
+                .collect();
+            link.expert_split = used.iter().map(|&i| p.workers[i].layers.start).collect();
             link.worker = used.iter().map(|&i| link.worker[i].clone()).collect();
         }
     }

@@ -146,8 +146,11 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         eprintln!("plan: {}", backburner_engine::plan::summary(p));
     }
     let held = a.link.host_layers();
-    let loaded =
-        pool.install(|| crate::load_weights(&dir, config, tokenizer, held, a.model.max_memory))?;
+    let away = crate::experts_args::away(&a.link, &config)?;
+    let loaded = pool.install(|| {
+        crate::load_weights(&dir, config, tokenizer, held, &away, a.model.max_memory)
+    })?;
+    let experts = crate::experts_args::attach(&a.link, &loaded, &away, &a.model, pool.threads())?;
     let workers = a.link.clients(&loaded, pool.threads())?;
     let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
     let tok = &loaded.tokenizer;
@@ -267,7 +270,11 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     }
     let total_s = t_start.elapsed().as_secs_f64();
     let interrupted = gen.stop_reason == StopReason::Interrupted;
-    report(&a, &prompt, seed, &gen, &session, total_s, plan.as_ref());
+    let link = Link {
+        session: &session,
+        experts: experts.as_deref(),
+    };
+    report(&a, &prompt, seed, &gen, &link, total_s, plan.as_ref());
     if interrupted {
         std::process::exit(130); // 128 + SIGINT, as a shell reports a Ctrl-C
     }
@@ -329,15 +336,22 @@ fn build_prompt(a: &RunArgs, tok: &Option<TextTokenizer>) -> Result<Vec<u32>> {
 }
 
 /// Prints the `--json` object, or the closing stats lines on stderr.
+/// What ran where: the session and, with experts on workers, their holders.
+struct Link<'a> {
+    session: &'a Session,
+    experts: Option<&'a backburner_engine::experts::LinkExperts>,
+}
+
 fn report(
     a: &RunArgs,
     prompt: &[u32],
     seed: u64,
     gen: &Generation,
-    session: &Session,
+    link: &Link<'_>,
     total_s: f64,
     plan: Option<&backburner_engine::plan::Plan>,
 ) {
+    let session = link.session;
     let json = a.json;
     let tm = &gen.timings;
     if json {
@@ -359,8 +373,11 @@ fn report(
         if let Some(e) = &gen.error {
             obj["error"] = e.clone().into();
         }
-        if let Some(link) = link_args::link_json(session, tm) {
-            obj["link"] = link;
+        if let Some(l) = link_args::link_json(session, tm) {
+            obj["link"] = l;
+        }
+        if let Some(rx) = link.experts {
+            obj["link"] = crate::experts_args::link_json(rx);
         }
         if let Some(p) = plan {
             obj["plan"] = serde_json::to_value(p).unwrap_or_default();
@@ -407,6 +424,13 @@ fn report(
         }
         eprintln!("{stats}");
         for line in link_args::link_lines(session, tm) {
+            eprintln!("{line}");
+        }
+        for line in link
+            .experts
+            .map(crate::experts_args::link_lines)
+            .unwrap_or_default()
+        {
             eprintln!("{line}");
         }
     }

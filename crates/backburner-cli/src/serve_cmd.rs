@@ -81,7 +81,19 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         bail!("the API key is empty");
     }
     let pool = compute_pool(a.model.threads)?;
-    let loaded = crate::load_host(&a.model, &pool, a.link.host_layers())?;
+    let away = match a.link.expert_split.is_empty() {
+        true => Vec::new(),
+        false => {
+            let dir = a
+                .model
+                .model
+                .clone()
+                .map_or_else(crate::default_model::ensure, Ok)?;
+            crate::experts_args::away(&a.link, &backburner_model::ModelConfig::from_dir(&dir)?)?
+        }
+    };
+    let loaded = crate::load_host_without(&a.model, &pool, a.link.host_layers(), &away)?;
+    crate::experts_args::attach(&a.link, &loaded, &away, &a.model, pool.threads())?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         loaded
             .dir

@@ -32,8 +32,8 @@ pub struct WorkerArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// Most bytes the worker holds: the weights of the layers it serves (reserved before they are loaded; a range
-    /// whose weights do not fit is refused, and its host runs locally) plus the session state (KV rows, recurrent
+    /// Most bytes the worker holds: the weights of the layers, or the routed experts (`--expert-split` hosts), it
+    /// serves (reserved before they are loaded; a range whose weights do not fit is refused) plus the session state (KV rows, recurrent
     /// states, offloaded KV pages) and request buffers of all sessions together; default half the machine's memory.
     /// Units: K/KiB, M/MiB, G/GiB (binary), KB, MB, GB (decimal).
     #[arg(long)]

@@ -7,6 +7,7 @@ mod serve_util;
 mod bench_layer_split;
 mod bench_serving;
 mod cli;
+mod experts;
 mod gguf_modes;
 mod layer_split;
 mod link_faults;

@@ -15,13 +15,13 @@ pub(super) const ORIGINAL: &str =
 /// A configuration's medians.
 #[derive(Serialize)]
 pub(super) struct ConfigResult {
-    /// `local`, `layer_split`, `layer_split_shaped`, `chain` or `chain_shaped`.
+    /// `local`, `experts`, `layer_split`, `layer_split_shaped`, `chain`, `chain_shaped` or `experts_shaped`.
     config: String,
     /// Over the emulated link (else loopback).
     shaped: bool,
     /// Layers on the host, `[0, L1)`.
     host_layers: [usize; 2],
-    /// Each worker's layers, in chain order.
+    /// Each worker's layers, in chain order (experts on a worker: the layers whose routed experts it holds).
     worker_layers: Vec<[usize; 2]>,
     /// Bytes of weights the host holds.
     host_weight_bytes: usize,
@@ -71,7 +71,10 @@ pub(super) fn summarize(setups: &[Setup], n_layers: usize) -> Vec<ConfigResult> 
             ConfigResult {
                 config: st.name.clone(),
                 shaped: st.shaped,
-                host_layers: [0, st.ranges.first().map_or(n_layers, |r| r.start)],
+                host_layers: match st.experts {
+                    Some(_) => [0, n_layers],
+                    None => [0, st.ranges.first().map_or(n_layers, |r| r.start)],
+                },
                 worker_layers: st.ranges.iter().map(|r| [r.start, r.end]).collect(),
                 host_weight_bytes: st.host_weight_bytes,
                 prefill_tok_s: median(&p),
