@@ -11,5 +11,6 @@ mod matmul;
 mod merge;
 mod packed;
 mod quant;
+mod quant_ggml;
 mod quant_parts;
 mod team;

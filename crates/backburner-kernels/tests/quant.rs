@@ -25,17 +25,11 @@ pub(crate) fn random_rows(r: &mut StdRng, fmt: QuantFormat, rows: usize, k: usiz
         .collect();
     let scale = |r: &mut StdRng| {
         let s = if r.random::<bool>() { 1.0 } else { -1.0 };
-        f16le(s * r.random_range(0.001f32..0.06))
+        f16::from_f32(s * r.random_range(0.001f32..0.06))
     };
     for blk in b.chunks_exact_mut(fmt.block_bytes()) {
-        let fields: &[usize] = match fmt {
-            QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
-            QuantFormat::Q6K => &[208],
-            _ => &[0],
-        };
-        for &at in fields {
-            blk[at..at + 2].copy_from_slice(&scale(r));
-        }
+        let (d, dmin) = (scale(r), scale(r));
+        fmt.write_scales(blk, d, dmin);
     }
     b
 }
@@ -69,7 +63,24 @@ fn format_ids_sizes_and_names_follow_ggml() {
         (QuantFormat::Q5K, 13, "Q5_K", 256, 176),
         (QuantFormat::Q6K, 14, "Q6_K", 256, 210),
         (QuantFormat::Iq4Xs, 23, "IQ4_XS", 256, 136),
+        (QuantFormat::Q4_1, 3, "Q4_1", 32, 20),
+        (QuantFormat::Q5_0, 6, "Q5_0", 32, 22),
+        (QuantFormat::Q5_1, 7, "Q5_1", 32, 24),
+        (QuantFormat::Q2K, 10, "Q2_K", 256, 84),
+        (QuantFormat::Q3K, 11, "Q3_K", 256, 110),
+        (QuantFormat::Iq2Xxs, 16, "IQ2_XXS", 256, 66),
+        (QuantFormat::Iq2Xs, 17, "IQ2_XS", 256, 74),
+        (QuantFormat::Iq3Xxs, 18, "IQ3_XXS", 256, 98),
+        (QuantFormat::Iq1S, 19, "IQ1_S", 256, 50),
+        (QuantFormat::Iq4Nl, 20, "IQ4_NL", 32, 18),
+        (QuantFormat::Iq3S, 21, "IQ3_S", 256, 110),
+        (QuantFormat::Iq2S, 22, "IQ2_S", 256, 82),
+        (QuantFormat::Iq1M, 29, "IQ1_M", 256, 56),
+        (QuantFormat::Tq1_0, 34, "TQ1_0", 256, 54),
+        (QuantFormat::Tq2_0, 35, "TQ2_0", 256, 66),
+        (QuantFormat::Mxfp4, 39, "MXFP4", 32, 17),
     ];
+    assert_eq!(want.len(), QuantFormat::ALL.len());
     for (f, id, name, be, bb) in want {
         assert_eq!(QuantFormat::from_ggml_type(id), Some(f));
         assert_eq!(
@@ -80,7 +91,7 @@ fn format_ids_sizes_and_names_follow_ggml() {
         assert_eq!(f.row_bytes(be + 16), None);
         assert_eq!(f.row_bytes(0), Some(0));
     }
-    for t in [0, 1, 3, 6, 7, 10, 11, 15, 16, 22, 24, 30, 1000] {
+    for t in [0, 1, 4, 5, 9, 15, 24, 30, 36, 40, 1000] {
         assert_eq!(QuantFormat::from_ggml_type(t), None, "{t}");
     }
     assert_eq!(QuantFormat::Q8_0.row_bytes(usize::MAX - 31), None);
@@ -299,8 +310,9 @@ fn rows_read_back_from_the_panels_equal_dequantize_of_their_gguf_bytes() {
             w.row_into(row, &mut got);
             dequantize(fmt, src, &mut want).unwrap();
             assert_eq!(bits(&got), bits(&want), "{fmt} row {row}");
-            w.gguf_row_into(row, &mut gguf);
-            assert_eq!(gguf, src, "{fmt} row {row} bytes");
+            if w.gguf_row_into(row, &mut gguf) {
+                assert_eq!(gguf, src, "{fmt} row {row} bytes");
+            }
         }
     }
 }
@@ -320,6 +332,31 @@ fn packed_memory_is_about_the_gguf_bytes() {
         let packed = QuantMatrix::packed_bytes(fmt, n, k).unwrap();
         assert_eq!(packed as f64 / gguf as f64, ratio, "{fmt}");
         assert!(ratio < 1.03);
+    }
+    // The generic formats: 4-bit codes (plus a fifth-bit plane), an f32 d (and dmin) per row and unit, i8 sub-scales
+    // (and u8 mins) per row and sub-block: the bytes of a 16-row unit, against 16 GGUF blocks.
+    for (fmt, unit_bytes) in [
+        (QuantFormat::Q4_1, 128 + 256),
+        (QuantFormat::Q5_0, 64 + 64 + 256),
+        (QuantFormat::Q5_1, 128 + 64 + 256),
+        (QuantFormat::Q2K, 128 + 8 * (256 + 32 + 32)),
+        (QuantFormat::Q3K, 64 + 8 * (256 + 32)),
+        (QuantFormat::Iq2Xxs, 64 + 8 * (256 + 16)),
+        (QuantFormat::Iq2Xs, 64 + 8 * (256 + 32)),
+        (QuantFormat::Iq2S, 64 + 8 * (256 + 32)),
+        (QuantFormat::Iq3Xxs, 64 + 8 * (256 + 16)),
+        (QuantFormat::Iq3S, 64 + 8 * (256 + 16)),
+        (QuantFormat::Iq1S, 64 + 8 * (256 + 16)),
+        (QuantFormat::Iq1M, 64 + 8 * (256 + 32)),
+        (QuantFormat::Iq4Nl, 64 + 256),
+        (QuantFormat::Tq1_0, 64 + 8 * 256),
+        (QuantFormat::Tq2_0, 64 + 8 * 256),
+        (QuantFormat::Mxfp4, 64 + 256),
+    ] {
+        let gguf = n * fmt.row_bytes(k).unwrap();
+        let packed = QuantMatrix::packed_bytes(fmt, n, k).unwrap();
+        let ratio = unit_bytes as f64 / (16 * fmt.block_bytes()) as f64;
+        assert_eq!(packed as f64 / gguf as f64, ratio, "{fmt}");
     }
 }
 

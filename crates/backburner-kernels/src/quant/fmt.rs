@@ -70,6 +70,30 @@ pub(crate) trait Fmt {
     /// Whether [`Fmt::combine`] takes the block's two halves' sums apart (Q6_K: one scale per 16 inputs); the
     /// others use only `lo + hi`.
     const HALVES: bool = false;
+    /// Whether the block has a min per 16 inputs (Q2_K), read by [`Fmt::mins`] and applied by [`Fmt::combine_m`].
+    const MINS16: bool = false;
+    /// The block's mins per 16 as the float step takes them (only called when [`Fmt::MINS16`]).
+    ///
+    /// # Safety
+    /// As [`Fmt::pre`] for `at.u`, `at.b`.
+    #[inline(always)]
+    unsafe fn mins<I: QIsa>(isa: I, _: At<I>) -> (I::F, I::F) {
+        (isa.f_zero(), isa.f_zero())
+    }
+    /// [`Fmt::combine`] with the block's [`Fmt::mins`] (the default: `combine`, for the formats without mins per
+    /// 16).
+    #[inline(always)]
+    fn combine_m<I: QIsa>(
+        isa: I,
+        s: (I::F, I::F),
+        _m: (I::F, I::F),
+        lo: I::I,
+        hi: I::I,
+        ab: ActBlock,
+        acc: I::F,
+    ) -> I::F {
+        Self::combine(isa, s, lo, hi, ab, acc)
+    }
     /// Whether the codes are offset-128 values (Q8_0, IQ4_XS), which go to [`QIsa::dot_s`]; the others go to
     /// [`QIsa::dot_u`].
     const OFFSET_128: bool = false;
@@ -120,7 +144,7 @@ pub(crate) trait Fmt {
 /// `v` with the bits at position `from` (in each byte) moved to position 4 (word shifts; callers mask the result
 /// to the moved bits, which stay inside their byte).
 #[inline(always)]
-fn to_bit4<I: QIsa>(isa: I, v: I::W, from: u32) -> I::W {
+pub(crate) fn to_bit4<I: QIsa>(isa: I, v: I::W, from: u32) -> I::W {
     if from < 4 {
         isa.shl16(v, 4 - from)
     } else if from > 4 {

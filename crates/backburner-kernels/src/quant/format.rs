@@ -26,6 +26,46 @@ pub enum QuantFormat {
     /// 256 elements: f16 `d`, u16 `scales_h`, 4 bytes `scales_l` (a 6-bit scale `ls` per 32), 128 bytes of 4-bit
     /// indices; `w = d·(ls − 32)·IQ4_VALUES[q]`. 136 bytes.
     Iq4Xs,
+    /// 32 elements: f16 `d`, f16 `m`, 16 bytes of nibbles (as Q4_0); `w = d·q + m`. 20 bytes.
+    Q4_1,
+    /// 32 elements: f16 `d`, u32 of fifth bits, 16 bytes of nibbles; `w = d·(q − 16)`. 22 bytes.
+    Q5_0,
+    /// 32 elements: f16 `d`, f16 `m`, u32 of fifth bits, 16 bytes of nibbles; `w = d·q + m`. 24 bytes.
+    Q5_1,
+    /// 256 elements: 16 bytes of 4-bit scales and mins (per 16), 64 bytes of 2-bit codes, f16 `d`, f16 `dmin`;
+    /// `w = d·sc·q − dmin·m`. 84 bytes.
+    Q2K,
+    /// 256 elements: 32 bytes of high bits, 64 bytes of 2-bit low codes, 12 bytes of 6-bit scales (per 16), f16 `d`;
+    /// `w = d·(sc − 32)·q` with `q` in `−4..4`. 110 bytes.
+    Q3K,
+    /// 256 elements: f16 `d`, 8 × (4 grid indices of 8 values, 4 × 7 sign bits, a 4-bit scale); 66 bytes.
+    Iq2Xxs,
+    /// 256 elements: f16 `d`, 32 × u16 (9-bit grid index of 8 values, 7 sign bits), 8 bytes of 4-bit scales (per
+    /// 16); 74 bytes.
+    Iq2Xs,
+    /// 256 elements: f16 `d`, 64 grid indices of 4 values, 8 × u32 (4 × 7 sign bits, 4-bit scale); 98 bytes.
+    Iq3Xxs,
+    /// 256 elements: f16 `d`, 32 low index bytes, 8 × u16 (4 × 3 high index bits, 3-bit scale, delta sign) over an
+    /// 11-bit grid of 8 ternary values; 50 bytes.
+    Iq1S,
+    /// 32 elements: f16 `d`, 16 bytes of 4-bit indices into [`IQ4_VALUES`]; `w = d·IQ4_VALUES[q]`. 18 bytes.
+    Iq4Nl,
+    /// 256 elements: f16 `d`, 64 low index bytes, 8 bytes of ninth index bits, 32 bytes of signs, 4 bytes of 4-bit
+    /// scales (per 32) over a 9-bit grid of 4 values; 110 bytes.
+    Iq3S,
+    /// 256 elements: f16 `d`, 32 low index bytes, 32 bytes of signs, 8 bytes of high index bits, 8 bytes of 4-bit
+    /// scales (per 16) over a 10-bit grid of 8 values; 82 bytes.
+    Iq2S,
+    /// 256 elements: 32 low index bytes, 16 bytes of high index bits and delta signs, 4 × u16 of 3-bit scales (per
+    /// 16) whose top nibbles make up the f16 `d`; 56 bytes.
+    Iq1M,
+    /// 256 elements: 48 + 4 bytes of base-3 packed ternary codes (5 and 4 per byte), f16 `d`; `w = d·(q − 1)`. 54 bytes.
+    Tq1_0,
+    /// 256 elements: 64 bytes of 2-bit codes, f16 `d`; `w = d·(q − 1)`. 66 bytes.
+    Tq2_0,
+    /// 32 elements: an E8M0 exponent byte `e`, 16 bytes of 4-bit E2M1 codes; `w = 2^(e − 128)·kvalue[q]` (ggml's
+    /// doubled table). 17 bytes.
+    Mxfp4,
 }
 
 /// The non-linear 4-bit codebook of IQ4_NL / IQ4_XS (`kvalues_iq4nl` in ggml-common.h).
@@ -35,13 +75,29 @@ pub const IQ4_VALUES: [i8; 16] = [
 
 impl QuantFormat {
     /// Every format, in ggml type-id order.
-    pub const ALL: [QuantFormat; 6] = [
+    pub const ALL: [QuantFormat; 22] = [
         QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
         QuantFormat::Q8_0,
+        QuantFormat::Q2K,
+        QuantFormat::Q3K,
         QuantFormat::Q4K,
         QuantFormat::Q5K,
         QuantFormat::Q6K,
+        QuantFormat::Iq2Xxs,
+        QuantFormat::Iq2Xs,
+        QuantFormat::Iq3Xxs,
+        QuantFormat::Iq1S,
+        QuantFormat::Iq4Nl,
+        QuantFormat::Iq3S,
+        QuantFormat::Iq2S,
         QuantFormat::Iq4Xs,
+        QuantFormat::Iq1M,
+        QuantFormat::Tq1_0,
+        QuantFormat::Tq2_0,
+        QuantFormat::Mxfp4,
     ];
 
     /// The format of ggml type id `t` (`GGML_TYPE_*`), `None` for types not supported here.
@@ -49,47 +105,92 @@ impl QuantFormat {
         Self::ALL.into_iter().find(|f| f.ggml_type() == t)
     }
 
-    /// The ggml type id (`GGML_TYPE_Q4_0` = 2, `Q8_0` = 8, `Q4_K` = 12, `Q5_K` = 13, `Q6_K` = 14, `IQ4_XS` = 23).
-    pub fn ggml_type(self) -> u32 {
+    /// The ggml type id (`GGML_TYPE_*`: Q4_0 = 2, Q8_0 = 8, Q4_K = 12, IQ4_XS = 23, MXFP4 = 39, ...).
+    pub const fn ggml_type(self) -> u32 {
+        self.props().0
+    }
+
+    /// (ggml type id, name, elements per block, bytes per block).
+    const fn props(self) -> (u32, &'static str, usize, usize) {
+        use QuantFormat as F;
         match self {
-            QuantFormat::Q4_0 => 2,
-            QuantFormat::Q8_0 => 8,
-            QuantFormat::Q4K => 12,
-            QuantFormat::Q5K => 13,
-            QuantFormat::Q6K => 14,
-            QuantFormat::Iq4Xs => 23,
+            F::Q4_0 => (2, "Q4_0", 32, 18),
+            F::Q4_1 => (3, "Q4_1", 32, 20),
+            F::Q5_0 => (6, "Q5_0", 32, 22),
+            F::Q5_1 => (7, "Q5_1", 32, 24),
+            F::Q8_0 => (8, "Q8_0", 32, 34),
+            F::Q2K => (10, "Q2_K", 256, 84),
+            F::Q3K => (11, "Q3_K", 256, 110),
+            F::Q4K => (12, "Q4_K", 256, 144),
+            F::Q5K => (13, "Q5_K", 256, 176),
+            F::Q6K => (14, "Q6_K", 256, 210),
+            F::Iq2Xxs => (16, "IQ2_XXS", 256, 66),
+            F::Iq2Xs => (17, "IQ2_XS", 256, 74),
+            F::Iq3Xxs => (18, "IQ3_XXS", 256, 98),
+            F::Iq1S => (19, "IQ1_S", 256, 50),
+            F::Iq4Nl => (20, "IQ4_NL", 32, 18),
+            F::Iq3S => (21, "IQ3_S", 256, 110),
+            F::Iq2S => (22, "IQ2_S", 256, 82),
+            F::Iq4Xs => (23, "IQ4_XS", 256, 136),
+            F::Iq1M => (29, "IQ1_M", 256, 56),
+            F::Tq1_0 => (34, "TQ1_0", 256, 54),
+            F::Tq2_0 => (35, "TQ2_0", 256, 66),
+            F::Mxfp4 => (39, "MXFP4", 32, 17),
         }
     }
 
     /// ggml's name of the type ("Q8_0", "Q4_K", "IQ4_XS", ...).
     pub fn name(self) -> &'static str {
-        match self {
-            QuantFormat::Q8_0 => "Q8_0",
-            QuantFormat::Q4_0 => "Q4_0",
-            QuantFormat::Q4K => "Q4_K",
-            QuantFormat::Q5K => "Q5_K",
-            QuantFormat::Q6K => "Q6_K",
-            QuantFormat::Iq4Xs => "IQ4_XS",
-        }
+        self.props().1
     }
 
     /// Elements per block (32 or 256).
     pub fn block_elems(self) -> usize {
-        match self {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 => 32,
-            _ => 256,
-        }
+        self.props().2
     }
 
     /// Bytes per block.
     pub fn block_bytes(self) -> usize {
+        self.props().3
+    }
+
+    /// Writes the block-level scales of one GGUF block of this format (`block.len() == self.block_bytes()`): `d` into
+    /// its f16 `d` field, and `dmin` into its second f16 field where it has one (Q4_1 / Q5_1 `m`, Q2_K / Q4_K / Q5_K
+    /// `dmin`); IQ1_M's `d` goes into the top nibbles of its 4 scale words, MXFP4's E8M0 exponent is the one of
+    /// `|d|` (its sign dropped). Sub-block scales and codes are left as they are. For making valid random blocks
+    /// (tests, the random-weight GGUF generator).
+    pub fn write_scales(self, block: &mut [u8], d: f16, dmin: f16) {
+        use QuantFormat as F;
+        let mut put =
+            |at: usize, v: f16| block[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
         match self {
-            QuantFormat::Q8_0 => 34,
-            QuantFormat::Q4_0 => 18,
-            QuantFormat::Q4K => 144,
-            QuantFormat::Q5K => 176,
-            QuantFormat::Q6K => 210,
-            QuantFormat::Iq4Xs => 136,
+            F::Q4_1 | F::Q5_1 | F::Q4K | F::Q5K => {
+                put(0, d);
+                put(2, dmin);
+            }
+            F::Q2K => {
+                put(80, d);
+                put(82, dmin);
+            }
+            F::Q3K => put(108, d),
+            F::Q6K => put(208, d),
+            F::Tq1_0 => put(52, d),
+            F::Tq2_0 => put(64, d),
+            F::Iq1M => {
+                let bits = d.to_bits();
+                for w in 0..4 {
+                    let at = 48 + 2 * w;
+                    let old = u16::from_le_bytes([block[at], block[at + 1]]) & 0x0FFF;
+                    let v = old | (((bits >> (4 * w)) & 0xF) << 12);
+                    block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            F::Mxfp4 => {
+                // 2^(e − 128) with the exponent of |d|: f32 biased exponent + 1.
+                let e = ((d.to_f32().abs().to_bits() >> 23) & 0xFF) + 1;
+                block[0] = e.clamp(2, 254) as u8;
+            }
+            _ => put(0, d),
         }
     }
 
@@ -171,6 +272,7 @@ pub fn dequantize(fmt: QuantFormat, bytes: &[u8], out: &mut [f32]) -> Result<(),
             QuantFormat::Q5K => dequant_q5_k(b, y),
             QuantFormat::Q6K => dequant_q6_k(b, y),
             QuantFormat::Iq4Xs => dequant_iq4_xs(b, y),
+            other => super::decode::dequant_generic(other, b, y),
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 
 use super::acts::{ActBlock, QuantizedActs, ACT_BLOCK};
 use super::fmt::{At, Fmt, Iq4Xs, Prefetch, Q40, Q4K, Q5K, Q6K, Q80};
+use super::fmt_gen::Gen;
 use super::format::QuantFormat;
 use super::isa::{QIsa, QKernel, LANES};
 use super::pack::QuantMatrix;
@@ -91,6 +92,22 @@ impl QKernel for Task<'_> {
             QuantFormat::Q5K => self.run_fmt::<I, Q5K>(isa),
             QuantFormat::Q6K => self.run_fmt::<I, Q6K>(isa),
             QuantFormat::Iq4Xs => self.run_fmt::<I, Iq4Xs>(isa),
+            QuantFormat::Q4_1 => self.run_fmt::<I, Gen<3>>(isa),
+            QuantFormat::Q5_0 => self.run_fmt::<I, Gen<6>>(isa),
+            QuantFormat::Q5_1 => self.run_fmt::<I, Gen<7>>(isa),
+            QuantFormat::Q2K => self.run_fmt::<I, Gen<10>>(isa),
+            QuantFormat::Q3K => self.run_fmt::<I, Gen<11>>(isa),
+            QuantFormat::Iq2Xxs => self.run_fmt::<I, Gen<16>>(isa),
+            QuantFormat::Iq2Xs => self.run_fmt::<I, Gen<17>>(isa),
+            QuantFormat::Iq3Xxs => self.run_fmt::<I, Gen<18>>(isa),
+            QuantFormat::Iq1S => self.run_fmt::<I, Gen<19>>(isa),
+            QuantFormat::Iq4Nl => self.run_fmt::<I, Gen<20>>(isa),
+            QuantFormat::Iq3S => self.run_fmt::<I, Gen<21>>(isa),
+            QuantFormat::Iq2S => self.run_fmt::<I, Gen<22>>(isa),
+            QuantFormat::Iq1M => self.run_fmt::<I, Gen<29>>(isa),
+            QuantFormat::Tq1_0 => self.run_fmt::<I, Gen<34>>(isa),
+            QuantFormat::Tq2_0 => self.run_fmt::<I, Gen<35>>(isa),
+            QuantFormat::Mxfp4 => self.run_fmt::<I, Gen<39>>(isa),
         }
     }
 }
@@ -249,6 +266,11 @@ pub(super) trait Src<I: QIsa>: Copy {
     /// # Safety
     /// As [`Src::codes`].
     unsafe fn scales(self, isa: I) -> (I::F, I::F);
+    /// The block's [`Fmt::mins`] (only called for formats with [`Fmt::MINS16`]).
+    ///
+    /// # Safety
+    /// As [`Src::codes`].
+    unsafe fn mins(self, isa: I) -> (I::F, I::F);
 }
 
 /// A block read from the panel layout (`at` a whole unit of `F`).
@@ -274,6 +296,11 @@ impl<I: QIsa, F: Fmt> Src<I> for Packed<I, F> {
     unsafe fn scales(self, isa: I) -> (I::F, I::F) {
         // SAFETY: forwarded.
         unsafe { F::scales(isa, self.at) }
+    }
+    #[inline(always)]
+    unsafe fn mins(self, isa: I) -> (I::F, I::F) {
+        // SAFETY: forwarded.
+        unsafe { F::mins(isa, self.at) }
     }
 }
 
@@ -320,7 +347,13 @@ pub(super) unsafe fn block<I: QIsa, F: Fmt, S: Src<I>, const R: usize>(
     }
     // SAFETY: forwarded from the caller.
     let s = unsafe { src.scales(isa) };
+    let mn = if F::MINS16 {
+        // SAFETY: forwarded from the caller.
+        unsafe { src.mins(isa) }
+    } else {
+        (isa.f_zero(), isa.f_zero())
+    };
     for r in 0..R {
-        acc[r] = F::combine(isa, s, sl[r], sh[r], xb[r][bi], acc[r]);
+        acc[r] = F::combine_m(isa, s, mn, sl[r], sh[r], xb[r][bi], acc[r]);
     }
 }

@@ -1,5 +1,12 @@
-//! Quantized weights (GGUF / ggml block formats Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) and their products with
-//! activations quantized to 8 bits, computed with integer dot products as llama.cpp does, in our panel layout.
+//! Quantized weights (every GGUF / ggml block format: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K–Q6_K, IQ1_S, IQ1_M,
+//! IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4) and their products with activations
+//! quantized to 8 bits, computed with integer dot products as llama.cpp does, in our panel layout.
+//!
+//! Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS have panel layouts of their own (below). Every other format is decoded at
+//! pack time into the *generic* layout of [`spec`](self) (4-bit codebook indices or plain 4/5-bit codes, an f32
+//! scale per row and unit, i8 sub-scales and u8 mins per sub-block), exact for each format's weights: memory is
+//! 1.1–1.3× the GGUF bytes for the 4–5-bit formats and 2–2.8× for the 1–3-bit ones (the test
+//! `packed_memory_is_about_the_gguf_bytes` lists each).
 //!
 //! # Formats
 //! [`QuantFormat`] names a format (with its ggml type id and block size) and [`dequantize`] turns GGUF block
@@ -75,14 +82,18 @@
 mod acts;
 #[cfg(target_arch = "x86_64")]
 mod acts_x86;
+mod decode;
 mod fmt;
+mod fmt_gen;
 mod format;
+mod grids;
 mod isa;
 mod kernel;
 mod pack;
 mod prefill;
 mod reference;
 mod regions;
+mod spec;
 mod unit;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -3,6 +3,7 @@
 use rayon::prelude::*;
 
 use super::format::{dequantize, QuantError, QuantFormat};
+use super::spec::{spec, value};
 use super::unit::{Lay, Unit};
 use crate::hugebuf::HugeBuf;
 use crate::matmul::PANEL;
@@ -162,10 +163,11 @@ impl QuantMatrix {
         self.data.as_mut_slice()
     }
 
-    /// Row `r` as the GGUF bytes it was packed from (`fmt.row_bytes(k)` bytes) into `out`.
+    /// Row `r` as the GGUF bytes it was packed from (`fmt.row_bytes(k)` bytes) into `out`, for the formats with a
+    /// panel layout of their own; `false` (`out` untouched) for the generic ones, which are not re-encoded.
     ///
     /// Panics if `r >= n` or `out` has another length.
-    pub fn gguf_row_into(&self, r: usize, out: &mut [u8]) {
+    pub fn gguf_row_into(&self, r: usize, out: &mut [u8]) -> bool {
         assert!(r < self.n, "gguf_row_into: row {r} of {}", self.n);
         let fmt = self.format;
         let (lay, bb) = (Lay::of(fmt), fmt.block_bytes());
@@ -174,13 +176,17 @@ impl QuantMatrix {
             fmt.row_bytes(self.k),
             "gguf_row_into: out is not one row"
         );
+        if spec(fmt).is_some() {
+            return false;
+        }
         if self.k == 0 {
-            return;
+            return true;
         }
         let panel = &self.as_bytes()[(r / PANEL) * self.panel_bytes..][..self.panel_bytes];
         for (unit, blk) in panel.chunks_exact(lay.bytes).zip(out.chunks_exact_mut(bb)) {
             Unit::load(fmt, unit, r % PANEL).to_gguf(fmt, blk);
         }
+        true
     }
 
     /// Row `r` of `W` dequantized into `out` (`[k]`): bit-identical to [`dequantize`] of the row's GGUF bytes (the
@@ -201,8 +207,15 @@ impl QuantMatrix {
             .chunks_exact(lay.bytes)
             .zip(out.chunks_exact_mut(lay.unit))
         {
-            Unit::load(fmt, unit, r % PANEL).to_gguf(fmt, &mut blk[..bb]);
-            dequantize(fmt, &blk[..bb], y).expect("one whole block");
+            let u = Unit::load(fmt, unit, r % PANEL);
+            if let Some(s) = spec(fmt) {
+                y.iter_mut()
+                    .enumerate()
+                    .for_each(|(e, v)| *v = value(s, &u, e));
+            } else {
+                u.to_gguf(fmt, &mut blk[..bb]);
+                dequantize(fmt, &blk[..bb], y).expect("one whole block");
+            }
         }
     }
 

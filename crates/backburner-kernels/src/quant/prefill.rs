@@ -18,6 +18,16 @@ use super::pack::Line;
 
 /// Bytes of one decoded 32-block of a panel: 8 code vectors (groups 0..8), then its 2 scale vectors.
 const DEC: usize = 10 * 64;
+
+/// Bytes of one decoded 32-block of `F`: [`DEC`], plus 2 min vectors for the formats with mins per 16.
+#[inline(always)]
+const fn dec<F: Fmt>() -> usize {
+    if F::MINS16 {
+        DEC + 2 * 64
+    } else {
+        DEC
+    }
+}
 /// Decoded 32-blocks per panel per `k` range: 24 × 640 B = 15 KiB, which a row tile reads, with its activation rows,
 /// from L1.
 const KC_BLOCKS: usize = 24;
@@ -28,7 +38,7 @@ const CHUNK: usize = 16;
 /// or unsigned codes `≤ 16` whose block term takes only the sum of both halves.
 #[inline(always)]
 fn quad<I: QIsa, F: Fmt>() -> bool {
-    I::QUAD && (F::OFFSET_128 || (!F::HALVES && F::cmax::<I>() <= 16))
+    I::QUAD && !F::HALVES && (F::OFFSET_128 || F::cmax::<I>() <= 16)
 }
 
 thread_local! {
@@ -56,6 +66,11 @@ impl<I: QIsa> Src<I> for Decoded {
         // SAFETY: then its 2 scale vectors.
         unsafe { (isa.load_fp(self.0.add(512)), isa.load_fp(self.0.add(576))) }
     }
+    #[inline(always)]
+    unsafe fn mins(self, isa: I) -> (I::F, I::F) {
+        // SAFETY: then, for the formats with mins per 16, its 2 min vectors.
+        unsafe { (isa.load_fp(self.0.add(640)), isa.load_fp(self.0.add(704))) }
+    }
 }
 
 impl Task<'_> {
@@ -71,7 +86,7 @@ impl Task<'_> {
         // Taken out of the thread-local for the duration (no closure around the hot loop: a closure body would be
         // compiled without the caller's target features).
         let mut buf = DEC_BUF.with(|b| b.take());
-        buf.resize(CHUNK * kc * bpu * DEC / 64, Line([0; 64]));
+        buf.resize(CHUNK * kc * bpu * dec::<F>() / 64, Line([0; 64]));
         let base = buf.as_mut_ptr().cast::<u8>();
         let mut p0 = self.panels.start;
         while p0 < self.panels.end {
@@ -81,7 +96,7 @@ impl Task<'_> {
                 let u1 = (u0 + kc).min(units);
                 let nblk = (u1 - u0) * bpu;
                 // Panel p's slot in the buffer.
-                let slot = |p: usize| base.wrapping_add((p - p0) * nblk * DEC);
+                let slot = |p: usize| base.wrapping_add((p - p0) * nblk * dec::<F>());
                 for p in p0..p1 {
                     // SAFETY: p < n_panels, units u0..u1 < k / unit; the slot holds nblk decoded blocks.
                     unsafe { self.decode::<I, F>(isa, p, u0..u1, slot(p)) };
@@ -138,10 +153,16 @@ impl Task<'_> {
                         isa.store_w(lo, d.add(64 * h));
                         isa.store_w(hi, d.add(64 * (h + 4)));
                     }
-                    let s = F::scales(isa, At { u: up, b, ud });
+                    let at = At { u: up, b, ud };
+                    let s = F::scales(isa, at);
                     isa.store_fp(s.0, d.add(512));
                     isa.store_fp(s.1, d.add(576));
-                    d = d.add(DEC);
+                    if F::MINS16 {
+                        let m = F::mins(isa, at);
+                        isa.store_fp(m.0, d.add(640));
+                        isa.store_fp(m.1, d.add(704));
+                    }
+                    d = d.add(dec::<F>());
                 }
             }
         }
@@ -170,7 +191,7 @@ impl Task<'_> {
         for (j, bi) in blocks.enumerate() {
             // SAFETY: decoded block j exists (its 8 code vectors first); block bi's 32 inputs lie in each row.
             let (s, sc) = unsafe {
-                let at = d.add(j * DEC);
+                let at = d.add(j * dec::<F>());
                 let x = xq.map(|p| p.add(ACT_BLOCK * bi));
                 let s = if F::OFFSET_128 {
                     isa.quad_sums::<true>(at, x)
@@ -210,7 +231,9 @@ impl Task<'_> {
         };
         for (j, bi) in blocks.enumerate() {
             // SAFETY: decoded block j exists; block bi's 32 inputs lie in each row.
-            unsafe { block::<I, F, _, R>(isa, Decoded(d.add(j * DEC)), &xq, &xb, bi, &mut acc) };
+            unsafe {
+                block::<I, F, _, R>(isa, Decoded(d.add(j * dec::<F>())), &xq, &xb, bi, &mut acc)
+            };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.store_acc(isa, t, &acc) };

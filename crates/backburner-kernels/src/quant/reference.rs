@@ -6,6 +6,7 @@ use super::acts::{QuantizedActs, ACT_BLOCK};
 use super::format::{QuantFormat, IQ4_VALUES};
 use super::kernel::check_shapes;
 use super::pack::QuantMatrix;
+use super::spec::{spec, Codes, Mins, Scales, Spec};
 use super::unit::{Lay, Unit};
 use crate::matmul::PANEL;
 
@@ -18,6 +19,8 @@ enum Scale {
     Min(f32, f32),
     /// `fma(ds_a, float(S_a), ds_b·float(S_b))` over the two halves of 16.
     Halves(f32, f32),
+    /// [`Scale::Halves`] `− fma(dm_a, float(Σxq_a), dm_b·float(Σxq_b))` (Q2_K).
+    HalvesMin(f32, f32, f32, f32),
 }
 
 /// One 32-block of a weight row: its true integer values and scales.
@@ -52,6 +55,11 @@ pub fn qmatmul_reference(x: &QuantizedActs, w: &QuantMatrix, y: &mut [f32], ldy:
                     Scale::Plain(ds) => ds * (lo + hi) as f32,
                     Scale::Min(ds, dm) => ds.mul_add((lo + hi) as f32, -(dm * xb[bi].sumf)),
                     Scale::Halves(dsa, dsb) => dsa.mul_add(lo as f32, dsb * hi as f32),
+                    Scale::HalvesMin(dsa, dsb, dma, dmb) => {
+                        let (ha, hb) = (xb[bi].half, xb[bi].sum - xb[bi].half);
+                        let t = dma.mul_add(ha as f32, dmb * hb as f32);
+                        dsa.mul_add(lo as f32, dsb * hi as f32) - t
+                    }
                 };
                 acc = f.mul_add(xb[bi].d, acc);
             }
@@ -68,6 +76,10 @@ fn row_terms(w: &QuantMatrix, j: usize) -> Vec<Term> {
     let mut terms = Vec::with_capacity(w.k() / ACT_BLOCK);
     for unit in panel.chunks_exact(lay.bytes.max(1)).take(w.k() / lay.unit) {
         let u = Unit::load(fmt, unit, j % PANEL);
+        if let Some(s) = spec(fmt) {
+            generic_terms(s, &u, &mut terms);
+            continue;
+        }
         let d = f16::from_bits(u.d).to_f32();
         let dmin = f16::from_bits(u.dmin).to_f32();
         for b in 0..lay.unit / ACT_BLOCK {
@@ -92,9 +104,36 @@ fn row_terms(w: &QuantMatrix, j: usize) -> Vec<Term> {
                     }),
                     Scale::Plain(d * f32::from(u.sc[b] as i8)),
                 ),
+                _ => unreachable!("generic formats are handled above"),
             };
             terms.push(Term { q, scale });
         }
     }
     terms
+}
+
+/// The 32-blocks of a generic format's unit ([`super::spec`]): true values and the scales as the kernel forms them.
+fn generic_terms(s: Spec, u: &Unit, terms: &mut Vec<Term>) {
+    for b in 0..s.unit / ACT_BLOCK {
+        let q = std::array::from_fn(|e| {
+            let c = u.code[ACT_BLOCK * b + e];
+            match s.codes {
+                Codes::Lut => i32::from(s.lut[usize::from(c)]),
+                Codes::Nib | Codes::Five => i32::from(c) - s.offset,
+            }
+        });
+        let sc = |i: usize| u.df * f32::from(u.sc[i] as i8);
+        let dm = |i: usize| u.dmf * f32::from(u.m[i]);
+        let scale = match (s.scales, s.mins) {
+            (Scales::Per16, Mins::Per16) => {
+                Scale::HalvesMin(sc(2 * b), sc(2 * b + 1), dm(2 * b), dm(2 * b + 1))
+            }
+            (Scales::Per16, _) => Scale::Halves(sc(2 * b), sc(2 * b + 1)),
+            (Scales::Per32, Mins::Unit) => Scale::Min(sc(b), u.dmf),
+            (Scales::Per32, _) => Scale::Plain(sc(b)),
+            (Scales::None, Mins::Unit) => Scale::Min(u.df, u.dmf),
+            (Scales::None, _) => Scale::Plain(u.df),
+        };
+        terms.push(Term { q, scale });
+    }
 }

@@ -14,20 +14,17 @@ use crate::simd::{ISA_CAP, ISA_MAX};
 /// One random GGUF block with finite f16 scales.
 fn random_block(r: &mut StdRng, fmt: QuantFormat) -> Vec<u8> {
     let mut b: Vec<u8> = (0..fmt.block_bytes()).map(|_| r.random()).collect();
-    let fields: &[usize] = match fmt {
-        QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
-        QuantFormat::Q6K => &[208],
-        _ => &[0],
-    };
-    for &at in fields {
-        let v = f16::from_f32(r.random_range(-0.1f32..0.1));
-        b[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
-    }
+    let d = f16::from_f32(r.random_range(-0.1f32..0.1));
+    let dmin = f16::from_f32(r.random_range(-0.1f32..0.1));
+    fmt.write_scales(&mut b, d, dmin);
     b
 }
 
 /// The weight of element `e` from the integer view, with `dequantize`'s operation order.
 fn value(fmt: QuantFormat, u: &Unit, e: usize) -> f32 {
+    if let Some(s) = super::spec::spec(fmt) {
+        return super::spec::value(s, u, e);
+    }
     let d = f16::from_bits(u.d).to_f32();
     let c = i32::from(u.code[e]);
     match fmt {
@@ -39,6 +36,7 @@ fn value(fmt: QuantFormat, u: &Unit, e: usize) -> f32 {
         }
         QuantFormat::Q6K => d * f32::from(u.sc[e / 16] as i8) * (c - 32) as f32,
         QuantFormat::Iq4Xs => d * f32::from(u.sc[e / 32] as i8) * f32::from(IQ4_VALUES[c as usize]),
+        _ => unreachable!("generic formats are handled above"),
     }
 }
 
@@ -62,8 +60,9 @@ fn the_integer_view_of_a_block_gives_dequantize_values_and_round_trips() {
                     );
                 }
                 let mut back = vec![0u8; fmt.block_bytes()];
-                u.to_gguf(fmt, &mut back);
-                assert_eq!(&back, b, "{fmt} GGUF round trip");
+                if u.to_gguf(fmt, &mut back) {
+                    assert_eq!(&back, b, "{fmt} GGUF round trip");
+                }
                 u.store(fmt, &mut panel_unit, l);
             }
             for (l, b) in blocks.iter().enumerate() {
@@ -234,18 +233,31 @@ fn q8_0_prefetches_one_line_per_unit_only_when_read_upwards_by_a_single_task_on_
 /// The byte ranges of a panel unit's fields in `lay`, in the order the decode kernel reads them (the unit's `d`,
 /// `dmin`, then per 32-block its high-bit planes, codes, scales and mins), each `(start, end, name)`.
 fn unit_fields(fmt: QuantFormat, lay: Lay) -> Vec<(usize, usize, String)> {
+    use super::spec::{spec, Codes, Mins, Scales};
     let blocks = lay.unit / 32;
-    let (codes, planes, scales) = match fmt {
-        QuantFormat::Q8_0 => (512, 0, 0),
-        QuantFormat::Q4_0 => (256, 0, 0),
-        QuantFormat::Q4K | QuantFormat::Iq4Xs => (256, 0, 16),
-        QuantFormat::Q5K => (256, 64, 16),
-        QuantFormat::Q6K => (256, 128, 32),
+    let generic = spec(fmt);
+    let (codes, planes, scales, mins, dlen) = match (fmt, generic) {
+        (_, Some(s)) => (
+            256,
+            if s.codes == Codes::Five { 64 } else { 0 },
+            match s.scales {
+                Scales::None => 0,
+                Scales::Per32 => 16,
+                Scales::Per16 => 32,
+            },
+            if s.mins == Mins::Per16 { 32 } else { 0 },
+            64,
+        ),
+        (QuantFormat::Q8_0, _) => (512, 0, 0, 0, 32),
+        (QuantFormat::Q4_0, _) => (256, 0, 0, 0, 32),
+        (QuantFormat::Q4K, _) => (256, 0, 16, 16, 32),
+        (QuantFormat::Iq4Xs, _) => (256, 0, 16, 0, 32),
+        (QuantFormat::Q5K, _) => (256, 64, 16, 16, 32),
+        (_, None) => (256, 128, 32, 0, 32),
     };
-    let mins = if lay.dmin != 0 { 16 } else { 0 };
-    let mut f = vec![(lay.d, lay.d + 32, "d".to_string())];
-    if lay.dmin != 0 {
-        f.push((lay.dmin, lay.dmin + 32, "dmin".into()));
+    let mut f = vec![(lay.d, lay.d + dlen, "d".to_string())];
+    if generic.is_some_and(|s| s.mins != Mins::None) || (generic.is_none() && lay.dmin != 0) {
+        f.push((lay.dmin, lay.dmin + dlen, "dmin".into()));
     }
     for b in 0..blocks {
         for (len, field, name) in [
@@ -279,10 +291,12 @@ fn panel_units_tile_their_bytes_and_k_quant_units_read_upwards() {
         }
         assert!(owner.iter().all(|&o| o == 1), "{fmt}: {owner:?}");
         // Q4_0 and the K-quants: read in the kernel's order, each field starts where the previous one ends.
-        if matches!(
-            fmt,
-            QuantFormat::Q4_0 | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K
-        ) {
+        if super::spec::spec(fmt).is_some()
+            || matches!(
+                fmt,
+                QuantFormat::Q4_0 | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K
+            )
+        {
             let mut at = 0;
             for (s, e, name) in fields {
                 assert_eq!(s, at, "{fmt}: {name} is not next in reading order");

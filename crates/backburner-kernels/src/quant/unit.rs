@@ -2,6 +2,7 @@
 //! and from a lane of the panel layout ([`Lay`]); see the [module docs](super) for the layout.
 
 use super::format::{k_pack_scale_min, k_scale_min, QuantFormat};
+use super::spec::{gen_lay, spec};
 
 /// Where a field of each 32-block of a panel unit lies: at `base + stride·b` for block `b`.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +54,9 @@ impl Lay {
     pub const fn of(fmt: QuantFormat) -> Lay {
         const fn f(base: usize, stride: usize) -> Field {
             Field { base, stride }
+        }
+        if let Some(s) = spec(fmt) {
+            return gen_lay(s);
         }
         let z = Lay {
             unit: 256,
@@ -115,13 +119,16 @@ impl Lay {
                 sc: f(2080, 16),
                 ..z
             },
+            // The generic formats (above).
+            _ => z,
         }
     }
 }
 
 /// One row's GGUF block as integers. `code` holds the panel codes (unsigned): Q8_0 `q + 128`, Q4_0 / Q4_K `0..16`,
-/// Q5_K `0..32`, Q6_K `0..64`, IQ4_XS the codebook index `0..16`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Q5_K `0..32`, Q6_K `0..64`, IQ4_XS the codebook index `0..16`; the generic formats (`super::spec`) their codebook
+/// index or plain code, with `df`, `dmf`, `sc` (i8) and `m` per sub-block.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Unit {
     /// Codes of the block's elements, in element order (only the first 32 for Q8_0 / Q4_0).
     pub code: [u8; 256],
@@ -131,8 +138,12 @@ pub(crate) struct Unit {
     pub dmin: u16,
     /// Q4_K / Q5_K: 8 six-bit scales; Q6_K: 16 i8 scales; IQ4_XS: 8 × `ls − 32` as i8.
     pub sc: [u8; 16],
-    /// Q4_K / Q5_K: 8 six-bit mins.
-    pub m: [u8; 8],
+    /// Q4_K / Q5_K: 8 six-bit mins; Q2_K: 16 four-bit mins.
+    pub m: [u8; 16],
+    /// Generic formats: the unit's f32 scale `d`.
+    pub df: f32,
+    /// Generic formats: the unit's f32 `dmin` (0 without mins).
+    pub dmf: f32,
 }
 
 fn le16(b: &[u8], at: usize) -> u16 {
@@ -169,12 +180,22 @@ impl Unit {
             d: 0,
             dmin: 0,
             sc: [0; 16],
-            m: [0; 8],
+            m: [0; 16],
+            df: 0.0,
+            dmf: 0.0,
         }
+    }
+
+    /// A zeroed unit (for the generic decoders).
+    pub(crate) fn zeroed() -> Unit {
+        Unit::zero()
     }
 
     /// Decodes one GGUF block (`b.len() == fmt.block_bytes()`).
     pub fn from_gguf(fmt: QuantFormat, b: &[u8]) -> Unit {
+        if spec(fmt).is_some() {
+            return super::decode::decode_generic(fmt, b);
+        }
         let mut u = Unit::zero();
         let nib = |byte: u8, which: usize| (byte >> (4 * which)) & 0xF;
         match fmt {
@@ -229,13 +250,18 @@ impl Unit {
                     u.code[e] = nib(b[8 + 16 * (e / 32) + i], w);
                 }
             }
+            _ => {}
         }
         u
     }
 
     /// Encodes the block as GGUF bytes into `b` (`fmt.block_bytes()` bytes, all written): the inverse of
-    /// [`Unit::from_gguf`].
-    pub fn to_gguf(self, fmt: QuantFormat, b: &mut [u8]) {
+    /// [`Unit::from_gguf`], for the hand-laid formats; `false` (nothing written) for the generic ones, whose grids
+    /// and packed sub-scales are not re-encoded.
+    pub fn to_gguf(self, fmt: QuantFormat, b: &mut [u8]) -> bool {
+        if spec(fmt).is_some() {
+            return false;
+        }
         b.fill(0);
         let put16 =
             |b: &mut [u8], at: usize, v: u16| b[at..at + 2].copy_from_slice(&v.to_le_bytes());
@@ -257,7 +283,8 @@ impl Unit {
                 put16(b, 0, self.d);
                 put16(b, 2, self.dmin);
                 let sc: [u8; 8] = self.sc[..8].try_into().expect("8 scales");
-                b[4..16].copy_from_slice(&k_pack_scale_min(&sc, &self.m));
+                let m: [u8; 8] = self.m[..8].try_into().expect("8 mins");
+                b[4..16].copy_from_slice(&k_pack_scale_min(&sc, &m));
                 let five = fmt == QuantFormat::Q5K;
                 let qs0 = if five { 48 } else { 16 };
                 for e in 0..256 {
@@ -291,12 +318,17 @@ impl Unit {
                     b[8 + 16 * (e / 32) + i] |= (self.code[e] & 0xF) << (4 * w);
                 }
             }
+            _ => {}
         }
+        true
     }
 
     /// Writes the block into lane `l` (`< 16`) of a zeroed panel unit `p` (`Lay::of(fmt).bytes` bytes).
     pub fn store(&self, fmt: QuantFormat, p: &mut [u8], l: usize) {
         let lay = Lay::of(fmt);
+        if let Some(s) = spec(fmt) {
+            return super::spec::store_generic(self, s, lay, p, l);
+        }
         for e in 0..lay.unit {
             let c = self.code[e];
             let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
@@ -324,13 +356,16 @@ impl Unit {
                 (0..16).for_each(|s| p[lay.sc.at(s / 2) + 16 * (s % 2) + l] = self.sc[s])
             }
             QuantFormat::Iq4Xs => (0..8).for_each(|b| p[lay.sc.at(b) + l] = self.sc[b]),
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 => {}
+            _ => {}
         }
     }
 
     /// Reads lane `l` of panel unit `p`: the inverse of [`Unit::store`].
     pub fn load(fmt: QuantFormat, p: &[u8], l: usize) -> Unit {
         let lay = Lay::of(fmt);
+        if let Some(s) = spec(fmt) {
+            return super::spec::load_generic(s, lay, p, l);
+        }
         let mut u = Unit::zero();
         for e in 0..lay.unit {
             let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
@@ -359,7 +394,7 @@ impl Unit {
                 (0..16).for_each(|s| u.sc[s] = p[lay.sc.at(s / 2) + 16 * (s % 2) + l])
             }
             QuantFormat::Iq4Xs => (0..8).for_each(|b| u.sc[b] = p[lay.sc.at(b) + l]),
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 => {}
+            _ => {}
         }
         u
     }
