@@ -42,6 +42,9 @@ enum BenchKind {
     Session(crate::bench_session::SessionArgs),
     /// Aggregate decode tok/s of 1, 2, 4, 8 sequences decoded as one batch, vs one at a time.
     Slots(crate::bench_slots::SlotsArgs),
+    /// Write a random-weight GGUF file of any shape (the full 27B too) and per-tensor type mix, streamed to disk
+    /// with bounded memory, for the other benches' `--model`.
+    GenGguf(crate::bench_gen_gguf::GenGgufArgs),
 }
 
 #[derive(Args)]
@@ -440,6 +443,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::LayerSplit(a) => crate::bench_layer_split::run(a),
         BenchKind::Session(a) => crate::bench_session::run(a),
         BenchKind::Slots(a) => crate::bench_slots::run(a),
+        BenchKind::GenGguf(a) => crate::bench_gen_gguf::run(a),
     }
 }
 

@@ -12,7 +12,8 @@ use anyhow::{Context, Result};
 /// Bumped whenever the generated files change, so an old cache is not reused.
 const VERSION: &str = "v1";
 const TOKENIZER_GZ: &[u8] = include_bytes!("../../../assets/qwen3.5/tokenizer.json.gz");
-const TOKENIZER_CONFIG: &str = include_str!("../../../assets/qwen3.5/tokenizer_config.json");
+/// The bundled Qwen3.5 `tokenizer_config.json` (its chat template).
+pub const TOKENIZER_CONFIG: &str = include_str!("../../../assets/qwen3.5/tokenizer_config.json");
 const GENERATION_CONFIG: &str = include_str!("../../../assets/qwen3.5/generation_config.json");
 
 /// config.json of the default model (Qwen3.5 text architecture, small).
@@ -143,6 +144,15 @@ fn remove_stale_tmp(d: &Path) {
     }
 }
 
+/// The bundled Qwen3.5 `tokenizer.json` (decompressed).
+pub fn tokenizer_json() -> Result<Vec<u8>> {
+    let mut tok = Vec::new();
+    flate2::read::GzDecoder::new(TOKENIZER_GZ)
+        .read_to_end(&mut tok)
+        .context("decompress the bundled tokenizer")?;
+    Ok(tok)
+}
+
 /// Seed of the weight generator ("backburn").
 const SEED: u64 = 0x6261_636b_6275_726e;
 
@@ -151,11 +161,7 @@ fn write_model(dir: &Path, cfg: &serde_json::Value) -> Result<()> {
     if cfg["vocab_size"].as_u64().unwrap_or(0) >= 248_077 {
         std::fs::write(dir.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
         std::fs::write(dir.join("generation_config.json"), GENERATION_CONFIG)?;
-        let mut tok = Vec::new();
-        flate2::read::GzDecoder::new(TOKENIZER_GZ)
-            .read_to_end(&mut tok)
-            .context("decompress the bundled tokenizer")?;
-        std::fs::write(dir.join("tokenizer.json"), tok)?;
+        std::fs::write(dir.join("tokenizer.json"), tokenizer_json()?)?;
     }
 
     backburner_model::synthetic::write_random_checkpoint(dir, cfg, SEED)?;

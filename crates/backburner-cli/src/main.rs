@@ -1,6 +1,7 @@
 //! `backburner`: run Qwen3.5-family hybrid models on CPU, optionally with a worker over a link for split prefill.
 
 mod bench;
+mod bench_gen_gguf;
 mod bench_layer_split;
 mod bench_offload;
 mod bench_report;

@@ -8,6 +8,7 @@ mod bench_layer_split;
 mod bench_serving;
 mod cli;
 mod experts;
+mod gen_gguf;
 mod gguf_modes;
 mod layer_split;
 mod link_faults;

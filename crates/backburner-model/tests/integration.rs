@@ -13,4 +13,5 @@ mod loading;
 mod moe;
 mod moe_gguf;
 mod moe_remote;
+mod random_gguf;
 mod unused_tensors;

@@ -10,6 +10,7 @@ mod config;
 mod metadata;
 mod parse;
 mod paths;
+pub mod random;
 mod tokenizer;
 mod types;
 pub mod writer;

@@ -19,7 +19,7 @@ pub const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\
 
 /// Token texts llama.cpp treats as end of generation whatever the ids in the metadata say
 /// (`llama_vocab::impl::load`, the `special_eog_ids` list, the entries that apply to byte-level BPE vocabularies).
-const EOG_TEXTS: &[&str] = &[
+pub(crate) const EOG_TEXTS: &[&str] = &[
     "<|im_end|>",
     "<|endoftext|>",
     "<|eot_id|>",
