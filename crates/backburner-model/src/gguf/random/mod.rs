@@ -98,6 +98,13 @@ impl Generator {
     /// or a tensor of the table has no GGUF name.
     pub fn new(config: &ModelConfig, rule: &TypeRule, vocab: &Vocab, seed: u64) -> Result<Self> {
         let (mut config, arch) = plan::gguf_view(config);
+        // llama.cpp's loaders require the MRoPE sections; for text they act as plain RoPE, so a config without them
+        // gets a split of the rotary pairs in three (Qwen's [11, 11, 10] of 32), which the file then describes.
+        if config.rope.mrope_section.is_none() {
+            let pairs = config.rotary_dim() / 2;
+            let t = (pairs + 1) / 3;
+            config.rope.mrope_section = Some(vec![t, t, pairs - 2 * t]);
+        }
         let tensors = plan::tensors(&config, arch, rule)?;
         let (w, eos) = plan::header(&config, arch, &tensors, vocab, seed, rule)?;
         config.eos_token_ids = eos;

@@ -173,14 +173,14 @@ fn arch_keys(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
         &a("attention.recurrent_layers"),
         MetaValue::Array(MetaArray::Bool(recurrent.collect())),
     );
-    if let Some(s) = &c.rope.mrope_section {
-        let mut s: Vec<i32> = s.iter().map(|&x| x as i32).collect();
-        s.resize(s.len().max(4), 0);
-        w.kv(
-            &a("rope.dimension_sections"),
-            MetaValue::Array(MetaArray::I32(s)),
-        );
-    }
+    let mut sections: Vec<i32> = (c.rope.mrope_section.iter().flatten())
+        .map(|&x| x as i32)
+        .collect();
+    sections.resize(sections.len().max(4), 0);
+    w.kv(
+        &a("rope.dimension_sections"),
+        MetaValue::Array(MetaArray::I32(sections)),
+    );
     if let Some(m) = &c.moe {
         for (k, v) in [
             ("expert_count", m.num_experts),

@@ -236,6 +236,23 @@ fn check_written(g: &Generator, dir: &std::path::Path) -> GgufFile {
     let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.tensor_names().len(), g.tensors().len());
     assert_eq!(&config_from_gguf(&f).unwrap(), g.config());
+    // llama.cpp's loaders require the MRoPE sections (four, summing to the rotary pairs unless the config gave them).
+    let arch = f.architecture().unwrap().to_string();
+    let sections = f
+        .metadata()
+        .get_i32_array(&format!("{arch}.rope.dimension_sections"))
+        .expect("rope.dimension_sections");
+    let mut want: Vec<i32> = g
+        .config()
+        .rope
+        .mrope_section
+        .as_ref()
+        .expect("sections")
+        .iter()
+        .map(|&x| x as i32)
+        .collect();
+    want.resize(4, 0);
+    assert_eq!(sections, want);
     for t in g.tensors() {
         let info = f.tensor(&t.name).unwrap_or_else(|| panic!("{}", t.name));
         assert_eq!(
