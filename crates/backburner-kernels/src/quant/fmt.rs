@@ -189,6 +189,49 @@ fn with_min<I: QIsa>(
     isa.fma(f, isa.splat_f(ab.d), acc)
 }
 
+/// The term of a block with one scale per 16 inputs: `fma(ds_a, float(lo − off·Σxq_a), ds_b·float(hi − off·Σxq_b))`
+/// (Q6_K, and the generic formats with sub-scales per 16).
+#[inline(always)]
+pub(crate) fn halves_term<I: QIsa>(
+    isa: I,
+    s: (I::F, I::F),
+    lo: I::I,
+    hi: I::I,
+    off: i32,
+    ab: ActBlock,
+) -> I::F {
+    let sa = isa.cvt(isa.sub_splat_i(lo, off * ab.half));
+    let sb = isa.cvt(isa.sub_splat_i(hi, off * (ab.sum - ab.half)));
+    isa.fma(s.0, sa, isa.mul(s.1, sb))
+}
+
+/// Two rows of 16 byte scales at `p` and `p + 16` (i8 if `signed`, else u8), each times `d`.
+///
+/// # Safety
+/// `p` must be valid for reading 32 bytes.
+#[inline(always)]
+pub(crate) unsafe fn scale_rows<I: QIsa>(
+    isa: I,
+    d: I::F,
+    p: *const u8,
+    signed: bool,
+) -> (I::F, I::F) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if signed {
+            (
+                isa.mul(d, isa.load_i8f(p)),
+                isa.mul(d, isa.load_i8f(p.add(16))),
+            )
+        } else {
+            (
+                isa.mul(d, isa.load_u8f(p)),
+                isa.mul(d, isa.load_u8f(p.add(16))),
+            )
+        }
+    }
+}
+
 /// How the decode kernel prefetches a panel in software while it streams it from memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Prefetch {
@@ -426,14 +469,8 @@ impl Fmt for Q6K {
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
-        let p = Self::LAY.sc.at(at.b);
         // SAFETY: block b's two rows of scales.
-        unsafe {
-            (
-                isa.mul(at.ud.0, isa.load_i8f(at.u.add(p))),
-                isa.mul(at.ud.0, isa.load_i8f(at.u.add(p + 16))),
-            )
-        }
+        unsafe { scale_rows(isa, at.ud.0, at.u.add(Self::LAY.sc.at(at.b)), true) }
     }
     #[inline(always)]
     fn combine<I: QIsa>(
@@ -444,10 +481,7 @@ impl Fmt for Q6K {
         ab: ActBlock,
         acc: I::F,
     ) -> I::F {
-        let sa = isa.cvt(isa.sub_splat_i(lo, 32 * ab.half));
-        let sb = isa.cvt(isa.sub_splat_i(hi, 32 * (ab.sum - ab.half)));
-        let f = isa.fma(s.0, sa, isa.mul(s.1, sb));
-        isa.fma(f, isa.splat_f(ab.d), acc)
+        isa.fma(halves_term(isa, s, lo, hi, 32, ab), isa.splat_f(ab.d), acc)
     }
 }
 

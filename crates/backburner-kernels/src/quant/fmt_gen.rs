@@ -10,7 +10,7 @@
 //! and `acc = fma(f, dx, acc)`, as [`super::qmatmul_reference`] computes it.
 
 use super::acts::ActBlock;
-use super::fmt::{At, Fmt};
+use super::fmt::{halves_term, scale_rows, At, Fmt};
 use super::format::QuantFormat;
 use super::isa::{nibbles, QIsa};
 use super::spec::{spec, Codes, Mins, Scales, Spec};
@@ -127,23 +127,14 @@ impl<const ID: u32> Fmt for Gen<ID> {
             match Self::SPEC.scales {
                 Scales::None => (d, at.ud.1),
                 Scales::Per32 => (isa.mul(d, isa.load_i8f(at.u.add(p))), at.ud.1),
-                Scales::Per16 => (
-                    isa.mul(d, isa.load_i8f(at.u.add(p))),
-                    isa.mul(d, isa.load_i8f(at.u.add(p + 16))),
-                ),
+                Scales::Per16 => scale_rows(isa, d, at.u.add(p), true),
             }
         }
     }
     #[inline(always)]
     unsafe fn mins<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
-        let p = Self::LAY.m.at(at.b);
         // SAFETY: block b's min rows (only read for mins per 16).
-        unsafe {
-            (
-                isa.mul(at.ud.1, isa.load_u8f(at.u.add(p))),
-                isa.mul(at.ud.1, isa.load_u8f(at.u.add(p + 16))),
-            )
-        }
+        unsafe { scale_rows(isa, at.ud.1, at.u.add(Self::LAY.m.at(at.b)), false) }
     }
     #[inline(always)]
     fn combine<I: QIsa>(
@@ -156,9 +147,7 @@ impl<const ID: u32> Fmt for Gen<ID> {
     ) -> I::F {
         let off = Self::offset::<I>();
         let f = if Self::HALVES {
-            let sa = isa.cvt(isa.sub_splat_i(lo, off * ab.half));
-            let sb = isa.cvt(isa.sub_splat_i(hi, off * (ab.sum - ab.half)));
-            isa.fma(s.0, sa, isa.mul(s.1, sb))
+            halves_term(isa, s, lo, hi, off, ab)
         } else {
             let sum = isa.cvt(isa.sub_splat_i(isa.add_i(lo, hi), off * ab.sum));
             if Self::SPEC.mins == Mins::Unit {
@@ -182,10 +171,7 @@ impl<const ID: u32> Fmt for Gen<ID> {
         if !Self::MINS16 {
             return Self::combine(isa, s, lo, hi, ab, acc);
         }
-        let off = Self::offset::<I>();
-        let sa = isa.cvt(isa.sub_splat_i(lo, off * ab.half));
-        let sb = isa.cvt(isa.sub_splat_i(hi, off * (ab.sum - ab.half)));
-        let f = isa.fma(s.0, sa, isa.mul(s.1, sb));
+        let f = halves_term(isa, s, lo, hi, Self::offset::<I>(), ab);
         let rest = (ab.sum - ab.half) as f32;
         let t = isa.fma(
             m.0,
