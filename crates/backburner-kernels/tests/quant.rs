@@ -333,24 +333,25 @@ fn packed_memory_is_about_the_gguf_bytes() {
         assert_eq!(packed as f64 / gguf as f64, ratio, "{fmt}");
         assert!(ratio < 1.03);
     }
-    // The generic formats: 4-bit codes (plus a fifth-bit plane), an f32 d (and dmin) per row and unit, i8 sub-scales
-    // (and u8 mins) per row and sub-block: the bytes of a 16-row unit, against 16 GGUF blocks.
+    // The generic formats: 4-bit codes (plus a fifth-bit plane) or 2-bit codes (plus a sign plane), an f32 d (and
+    // dmin) per row and unit, i8 sub-scales (and u8 mins) per row and sub-block: the bytes of a 16-row unit, against
+    // 16 GGUF blocks.
     for (fmt, unit_bytes) in [
         (QuantFormat::Q4_1, 128 + 256),
         (QuantFormat::Q5_0, 64 + 64 + 256),
         (QuantFormat::Q5_1, 128 + 64 + 256),
-        (QuantFormat::Q2K, 128 + 8 * (256 + 32 + 32)),
+        (QuantFormat::Q2K, 128 + 8 * (128 + 32 + 32)),
         (QuantFormat::Q3K, 64 + 8 * (256 + 32)),
-        (QuantFormat::Iq2Xxs, 64 + 8 * (256 + 16)),
-        (QuantFormat::Iq2Xs, 64 + 8 * (256 + 32)),
-        (QuantFormat::Iq2S, 64 + 8 * (256 + 32)),
+        (QuantFormat::Iq2Xxs, 64 + 8 * (64 + 128 + 16)),
+        (QuantFormat::Iq2Xs, 64 + 8 * (64 + 128 + 32)),
+        (QuantFormat::Iq2S, 64 + 8 * (64 + 128 + 32)),
         (QuantFormat::Iq3Xxs, 64 + 8 * (256 + 16)),
         (QuantFormat::Iq3S, 64 + 8 * (256 + 16)),
-        (QuantFormat::Iq1S, 64 + 8 * (256 + 16)),
-        (QuantFormat::Iq1M, 64 + 8 * (256 + 32)),
+        (QuantFormat::Iq1S, 64 + 8 * (64 + 128 + 16)),
+        (QuantFormat::Iq1M, 64 + 8 * (64 + 128 + 32)),
         (QuantFormat::Iq4Nl, 64 + 256),
-        (QuantFormat::Tq1_0, 64 + 8 * 256),
-        (QuantFormat::Tq2_0, 64 + 8 * 256),
+        (QuantFormat::Tq1_0, 64 + 8 * 128),
+        (QuantFormat::Tq2_0, 64 + 8 * 128),
         (QuantFormat::Mxfp4, 64 + 256),
     ] {
         let gguf = n * fmt.row_bytes(k).unwrap();

@@ -25,8 +25,7 @@ fn ksigns(i: u32) -> u8 {
     i | (((i.count_ones() & 1) as u8) << 7)
 }
 
-/// The codebook index of level `t` with sign bit `neg`, for codebooks laid out as `[−L[n−1] .. −L[0], L[0] ..
-/// L[n−1]]` with `n` levels (IQ2: 3, IQ3: 8).
+/// The codebook index of level `t` with sign bit `neg`, for IQ3's codebook `[−L[7] .. −L[0], L[0] .. L[7]]`.
 fn signed_index(n: u8, t: u8, neg: bool) -> u8 {
     if neg {
         n - 1 - t
@@ -36,12 +35,12 @@ fn signed_index(n: u8, t: u8, neg: bool) -> u8 {
 }
 
 /// Writes the 8 (IQ2) values of grid row `row` of `grid` (2 bits per value, 3 levels), with sign byte `signs`, as
-/// codebook indices into `code[at..at + 8]`.
+/// codebook indices `level | sign << 2` into `code[at..at + 8]`.
 fn put_iq2(code: &mut [u8], at: usize, grid: &[u16], row: usize, signs: u8) {
     let w = grid[row];
     for i in 0..8 {
         let t = ((w >> (TWO * i as u32)) & 3) as u8;
-        code[at + i] = signed_index(3, t, (signs >> i) & 1 != 0);
+        code[at + i] = t | (((signs >> i) & 1) << 2);
     }
 }
 
@@ -55,21 +54,12 @@ fn put_iq3(code: &mut [u8], at: usize, grid: &[u16], row: usize, signs: u8, shif
     }
 }
 
-/// Writes the 8 IQ1 values of grid row `row` with delta sign `neg_delta` as indices of `8·(g + δ)` into the IQ1
-/// codebook `[−9, −7, −1, 1, 7, 9]`.
+/// Writes the 8 IQ1 values of grid row `row` with delta sign `neg_delta` as indices `level | neg_delta << 2` of
+/// `8·(g + δ)` into the IQ1 codebook (level 0, 1, 2 = grid value −1, 0, 1).
 fn put_iq1(code: &mut [u8], at: usize, row: usize, neg_delta: bool) {
     let w = IQ1S_GRID[row];
     for i in 0..8 {
-        // Level index 0, 1, 2 = grid value −1, 0, 1.
-        let t = (w >> (TWO * i as u32)) & 3;
-        code[at + i] = match (t, neg_delta) {
-            (0, true) => 0,
-            (0, false) => 1,
-            (1, true) => 2,
-            (1, false) => 3,
-            (_, true) => 4,
-            (_, false) => 5,
-        };
+        code[at + i] = ((w >> (TWO * i as u32)) & 3) as u8 | (u8::from(neg_delta) << 2);
     }
 }
 

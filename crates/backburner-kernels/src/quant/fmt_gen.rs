@@ -57,28 +57,29 @@ impl<const ID: u32> Gen<ID> {
 impl<const ID: u32> Fmt for Gen<ID> {
     const FORMAT: QuantFormat = format_of(ID);
     const HALVES: bool = matches!(Self::SPEC.scales, Scales::Per16);
-    const OFFSET_128: bool = matches!(Self::SPEC.codes, Codes::Lut);
+    const OFFSET_128: bool = matches!(Self::SPEC.codes, Codes::Lut | Codes::Lut3);
     const MINS16: bool = matches!(Self::SPEC.mins, Mins::Per16);
-    /// The block's fifth-bit plane ([`Codes::Five`]; zeros otherwise).
+    /// The block's bit plane ([`Codes::Five`]'s fifth bits, [`Codes::Lut3`]'s signs; zeros otherwise).
     type Pre<I: QIsa> = I::W;
     fn cmax<I: QIsa>() -> u32 {
         match Self::SPEC.codes {
-            Codes::Lut => 128,
+            Codes::Lut | Codes::Lut3 => 128,
             Codes::Nib => 15,
             Codes::Five => 31,
+            Codes::Two => 3,
         }
     }
     #[inline(always)]
     fn offset<I: QIsa>() -> i32 {
         match Self::SPEC.codes {
-            Codes::Lut if !I::SIGNED => 128,
-            Codes::Lut => 0,
+            Codes::Lut | Codes::Lut3 if !I::SIGNED => 128,
+            Codes::Lut | Codes::Lut3 => 0,
             _ => Self::SPEC.offset,
         }
     }
     #[inline(always)]
     unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> I::W {
-        if Self::SPEC.codes == Codes::Five {
+        if matches!(Self::SPEC.codes, Codes::Five | Codes::Lut3) {
             // SAFETY: block b's fifth-bit plane.
             unsafe { isa.load_w(u.add(Self::LAY.hb.at(b))) }
         } else {
@@ -87,20 +88,31 @@ impl<const ID: u32> Fmt for Gen<ID> {
     }
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, hb: I::W) -> (I::W, I::W) {
-        let p = Self::LAY.codes.at(b) + 64 * h;
+        let c = Self::LAY.codes.at(b);
         match Self::SPEC.codes {
             // SAFETY: block b's 4 nibble vectors.
-            Codes::Lut => unsafe { isa.nibble_lut(table::<I>(Self::SPEC.lut), u.add(p)) },
+            Codes::Lut => unsafe { isa.nibble_lut(table::<I>(Self::SPEC.lut), u.add(c + 64 * h)) },
             // SAFETY: as above.
-            Codes::Nib => unsafe { nibbles(isa, u.add(p)) },
+            Codes::Nib => unsafe { nibbles(isa, u.add(c + 64 * h)) },
             Codes::Five => {
                 // SAFETY: as above.
-                let (lo, hi) = unsafe { nibbles(isa, u.add(p)) };
-                let bit = isa.splat_w(0x10);
-                let h = h as u32;
+                let (lo, hi) = unsafe { nibbles(isa, u.add(c + 64 * h)) };
                 (
-                    isa.or_w(lo, isa.and_w(super::fmt::to_bit4(isa, hb, h), bit)),
-                    isa.or_w(hi, isa.and_w(super::fmt::to_bit4(isa, hb, h + 4), bit)),
+                    plane_bit(isa, lo, hb, h, 4),
+                    plane_bit(isa, hi, hb, h + 4, 4),
+                )
+            }
+            Codes::Two => {
+                // SAFETY: block b's 2 vectors of 2-bit codes.
+                unsafe { two_bits(isa, u.add(c), h) }
+            }
+            Codes::Lut3 => {
+                // SAFETY: as above.
+                let (lo, hi) = unsafe { two_bits(isa, u.add(c), h) };
+                let lut = table::<I>(Self::SPEC.lut);
+                (
+                    isa.lut16(lut, plane_bit(isa, lo, hb, h, 2)),
+                    isa.lut16(lut, plane_bit(isa, hi, hb, h + 4, 2)),
                 )
             }
         }
@@ -181,4 +193,36 @@ impl<const ID: u32> Fmt for Gen<ID> {
         let f = isa.fms(isa.splat_f(1.0), f, t);
         isa.fma(f, isa.splat_f(ab.d), acc)
     }
+}
+
+/// Groups `h` and `h + 4` of a 32-block's two vectors of 2-bit codes at `p` (group `g` in bits `2(g mod 4)..` of
+/// vector `g / 4`), as bytes `0..4`.
+///
+/// # Safety
+/// `p` must be valid for reading 128 bytes.
+#[inline(always)]
+unsafe fn two_bits<I: QIsa>(isa: I, p: *const u8, h: usize) -> (I::W, I::W) {
+    let m = isa.splat_w(3);
+    let s = 2 * h as u32;
+    // SAFETY: forwarded from the caller.
+    let (a, b) = unsafe { (isa.load_w(p), isa.load_w(p.add(64))) };
+    if s == 0 {
+        (isa.and_w(a, m), isa.and_w(b, m))
+    } else {
+        (isa.and_w(isa.shr16(a, s), m), isa.and_w(isa.shr16(b, s), m))
+    }
+}
+
+/// `codes` with bit `g` of each byte of `plane` moved to bit `to` (and or-ed in).
+#[inline(always)]
+fn plane_bit<I: QIsa>(isa: I, codes: I::W, plane: I::W, g: usize, to: u32) -> I::W {
+    let g = g as u32;
+    let moved = if g < to {
+        isa.shl16(plane, to - g)
+    } else if g > to {
+        isa.shr16(plane, g - to)
+    } else {
+        plane
+    };
+    isa.or_w(codes, isa.and_w(moved, isa.splat_w(1 << to)))
 }

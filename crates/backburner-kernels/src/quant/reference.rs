@@ -118,8 +118,8 @@ fn generic_terms(s: Spec, u: &Unit, terms: &mut Vec<Term>) {
         let q = std::array::from_fn(|e| {
             let c = u.code[ACT_BLOCK * b + e];
             match s.codes {
-                Codes::Lut => i32::from(s.lut[usize::from(c)]),
-                Codes::Nib | Codes::Five => i32::from(c) - s.offset,
+                Codes::Lut | Codes::Lut3 => i32::from(s.lut[usize::from(c)]),
+                Codes::Nib | Codes::Five | Codes::Two => i32::from(c) - s.offset,
             }
         });
         let sc = |i: usize| u.df * f32::from(u.sc[i] as i8);

@@ -22,6 +22,11 @@ use super::unit::{Field, Lay, Unit};
 pub(crate) enum Codes {
     /// A 4-bit index into [`Spec::lut`] (signed values; the kernels take them as offset-128 codes).
     Lut,
+    /// A 3-bit index into [`Spec::lut`] held as a 2-bit level (two bits per input, 4 groups per vector) plus a sign
+    /// bit plane (as Q5_K's fifth bits): index `level | sign << 2` (the IQ2 and IQ1 types: 3 levels, a sign).
+    Lut3,
+    /// A plain 2-bit code `c`, value `c − offset` (Q2_K, TQ1_0, TQ2_0).
+    Two,
     /// A plain 4-bit code `c`, value `c − offset`.
     Nib,
     /// A 5-bit code (a nibble plus a fifth-bit plane, as Q5_K), value `c − offset`.
@@ -67,8 +72,8 @@ pub(crate) struct Spec {
     pub mins: Mins,
 }
 
-/// The signed IQ2 levels: index `2 − t` for `−L[t]`, `3 + t` for `+L[t]` with `L = [8, 25, 43]`.
-pub(crate) const IQ2_LUT: [i8; 16] = [-43, -25, -8, 8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+/// The signed IQ2 levels: index `t` for `L[t]`, `4 + t` for `−L[t]`, with `L = [8, 25, 43]`.
+pub(crate) const IQ2_LUT: [i8; 16] = [8, 25, 43, 0, -8, -25, -43, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 /// The signed IQ3_XXS levels: index `7 − t` for `−L[t]`, `8 + t` for `+L[t]`, `L = [4, 12, …, 52, 62]`.
 pub(crate) const IQ3XXS_LUT: [i8; 16] = [
     -62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62,
@@ -76,8 +81,9 @@ pub(crate) const IQ3XXS_LUT: [i8; 16] = [
 /// The signed IQ3_S levels: index `7 − t` for `−(2t + 1)`, `8 + t` for `2t + 1`.
 pub(crate) const IQ3S_LUT: [i8; 16] =
     [-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15];
-/// IQ1 values times 8, `8·(g + δ)` for a grid value `g ∈ {−1, 0, 1}` and `δ = ±1/8`.
-pub(crate) const IQ1_LUT: [i8; 16] = [-9, -7, -1, 1, 7, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+/// IQ1 values times 8, `8·(g + δ)` for a grid value `g = t − 1` (`t` in `0..3`) and `δ = ±1/8`: index `t` for
+/// `δ = +1/8`, `4 + t` for `δ = −1/8`.
+pub(crate) const IQ1_LUT: [i8; 16] = [-7, 1, 9, 0, -9, -1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0];
 /// The MXFP4 (E2M1) values, doubled as ggml keeps them (`kvalues_mxfp4`); its scale carries the half.
 pub(crate) const MXFP4_LUT: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
@@ -107,23 +113,24 @@ pub(crate) const fn spec(fmt: QuantFormat) -> Option<Spec> {
         F::Q4_1 => s(32, Codes::Nib, Z, 0, Scales::None, Mins::Unit),
         F::Q5_0 => s(32, Codes::Five, Z, 16, Scales::None, Mins::None),
         F::Q5_1 => s(32, Codes::Five, Z, 0, Scales::None, Mins::Unit),
-        F::Q2K => s(256, Codes::Nib, Z, 0, Scales::Per16, Mins::Per16),
+        F::Q2K => s(256, Codes::Two, Z, 0, Scales::Per16, Mins::Per16),
         F::Q3K => s(256, Codes::Nib, Z, 4, Scales::Per16, Mins::None),
-        F::Tq1_0 | F::Tq2_0 => s(256, Codes::Nib, Z, 1, Scales::None, Mins::None),
+        F::Tq1_0 | F::Tq2_0 => s(256, Codes::Two, Z, 1, Scales::None, Mins::None),
         F::Iq4Nl => s(32, Codes::Lut, IQ4_VALUES, 0, Scales::None, Mins::None),
         F::Mxfp4 => s(32, Codes::Lut, MXFP4_LUT, 0, Scales::None, Mins::None),
-        F::Iq2Xxs => s(256, Codes::Lut, IQ2_LUT, 0, Scales::Per32, Mins::None),
-        F::Iq2Xs | F::Iq2S => s(256, Codes::Lut, IQ2_LUT, 0, Scales::Per16, Mins::None),
+        F::Iq2Xxs => s(256, Codes::Lut3, IQ2_LUT, 0, Scales::Per32, Mins::None),
+        F::Iq2Xs | F::Iq2S => s(256, Codes::Lut3, IQ2_LUT, 0, Scales::Per16, Mins::None),
         F::Iq3Xxs => s(256, Codes::Lut, IQ3XXS_LUT, 0, Scales::Per32, Mins::None),
         F::Iq3S => s(256, Codes::Lut, IQ3S_LUT, 0, Scales::Per32, Mins::None),
-        F::Iq1S => s(256, Codes::Lut, IQ1_LUT, 0, Scales::Per32, Mins::None),
-        F::Iq1M => s(256, Codes::Lut, IQ1_LUT, 0, Scales::Per16, Mins::None),
+        F::Iq1S => s(256, Codes::Lut3, IQ1_LUT, 0, Scales::Per32, Mins::None),
+        F::Iq1M => s(256, Codes::Lut3, IQ1_LUT, 0, Scales::Per16, Mins::None),
     })
 }
 
 /// The panel layout of a generic format: the unit's 16 f32 `d` (64 bytes), its 16 f32 `dmin` when it has mins, then
-/// each 32-block's fifth-bit plane (64, [`Codes::Five`]), 4 nibble vectors (256), scales (16 per 32 or 2 × 16 per
-/// 16) and mins (2 × 16), in the order decode reads them.
+/// each 32-block's bit plane (64: [`Codes::Five`]'s fifth bits, [`Codes::Lut3`]'s signs), its codes (4 nibble
+/// vectors, 256; or 2 vectors of 2-bit codes, 128: groups `0..4` in the first, `4..8` in the second, group `g` in bits
+/// `2(g mod 4)..`), scales (16 per 32 or 2 × 16 per 16) and mins (2 × 16), in the order decode reads them.
 pub(crate) const fn gen_lay(s: Spec) -> Lay {
     const fn f(base: usize, stride: usize) -> Field {
         Field { base, stride }
@@ -133,10 +140,15 @@ pub(crate) const fn gen_lay(s: Spec) -> Lay {
     } else {
         128
     };
-    let plane = if matches!(s.codes, Codes::Five) {
+    let plane = if matches!(s.codes, Codes::Five | Codes::Lut3) {
         64
     } else {
         0
+    };
+    let codes = if matches!(s.codes, Codes::Two | Codes::Lut3) {
+        128
+    } else {
+        256
     };
     let sc = match s.scales {
         Scales::None => 0,
@@ -144,7 +156,7 @@ pub(crate) const fn gen_lay(s: Spec) -> Lay {
         Scales::Per16 => 32,
     };
     let m = if matches!(s.mins, Mins::Per16) { 32 } else { 0 };
-    let stride = plane + 256 + sc + m;
+    let stride = plane + codes + sc + m;
     Lay {
         unit: s.unit,
         bytes: head + stride * (s.unit / 32),
@@ -152,8 +164,8 @@ pub(crate) const fn gen_lay(s: Spec) -> Lay {
         dmin: if head == 128 { 64 } else { 0 },
         hb: f(head, stride),
         codes: f(head + plane, stride),
-        sc: f(head + plane + 256, stride),
-        m: f(head + plane + 256 + sc, stride),
+        sc: f(head + plane + codes, stride),
+        m: f(head + plane + codes + sc, stride),
     }
 }
 
@@ -162,9 +174,16 @@ pub(crate) fn store_generic(u: &Unit, s: Spec, lay: Lay, p: &mut [u8], l: usize)
     for e in 0..s.unit {
         let c = u.code[e];
         let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
-        p[lay.codes.at(b) + 64 * (g % 4) + 4 * l + t] |= (c & 0xF) << (4 * (g / 4));
-        if s.codes == Codes::Five {
-            p[lay.hb.at(b) + 4 * l + t] |= ((c >> 4) & 1) << g;
+        match s.codes {
+            Codes::Two | Codes::Lut3 => {
+                p[lay.codes.at(b) + 64 * (g / 4) + 4 * l + t] |= (c & 3) << (2 * (g % 4));
+            }
+            _ => p[lay.codes.at(b) + 64 * (g % 4) + 4 * l + t] |= (c & 0xF) << (4 * (g / 4)),
+        }
+        match s.codes {
+            Codes::Five => p[lay.hb.at(b) + 4 * l + t] |= ((c >> 4) & 1) << g,
+            Codes::Lut3 => p[lay.hb.at(b) + 4 * l + t] |= ((c >> 2) & 1) << g,
+            _ => {}
         }
     }
     p[lay.d + 4 * l..lay.d + 4 * l + 4].copy_from_slice(&u.df.to_le_bytes());
@@ -189,11 +208,18 @@ pub(crate) fn load_generic(s: Spec, lay: Lay, p: &[u8], l: usize) -> Unit {
     let f32_at = |at: usize| f32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]]);
     for e in 0..s.unit {
         let (b, g, t) = (e / 32, (e % 32) / 4, e % 4);
-        let mut c = (p[lay.codes.at(b) + 64 * (g % 4) + 4 * l + t] >> (4 * (g / 4))) & 0xF;
-        if s.codes == Codes::Five {
-            c |= ((p[lay.hb.at(b) + 4 * l + t] >> g) & 1) << 4;
-        }
-        u.code[e] = c;
+        let plane = (p[lay.hb.at(b) + 4 * l + t] >> g) & 1;
+        u.code[e] = match s.codes {
+            Codes::Two => (p[lay.codes.at(b) + 64 * (g / 4) + 4 * l + t] >> (2 * (g % 4))) & 3,
+            Codes::Lut3 => {
+                ((p[lay.codes.at(b) + 64 * (g / 4) + 4 * l + t] >> (2 * (g % 4))) & 3) | plane << 2
+            }
+            Codes::Five => {
+                ((p[lay.codes.at(b) + 64 * (g % 4) + 4 * l + t] >> (4 * (g / 4))) & 0xF)
+                    | plane << 4
+            }
+            _ => (p[lay.codes.at(b) + 64 * (g % 4) + 4 * l + t] >> (4 * (g / 4))) & 0xF,
+        };
     }
     u.df = f32_at(lay.d + 4 * l);
     if s.mins != Mins::None {
@@ -217,8 +243,8 @@ pub(crate) fn load_generic(s: Spec, lay: Lay, p: &[u8], l: usize) -> Unit {
 pub(crate) fn value(s: Spec, u: &Unit, e: usize) -> f32 {
     let c = u.code[e];
     let v = match s.codes {
-        Codes::Lut => i32::from(s.lut[usize::from(c & 0xF)]),
-        Codes::Nib | Codes::Five => i32::from(c) - s.offset,
+        Codes::Lut | Codes::Lut3 => i32::from(s.lut[usize::from(c & 0xF)]),
+        Codes::Nib | Codes::Five | Codes::Two => i32::from(c) - s.offset,
     };
     let sc = match s.scales {
         Scales::None => 1.0,

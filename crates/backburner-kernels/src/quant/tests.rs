@@ -238,8 +238,16 @@ fn unit_fields(fmt: QuantFormat, lay: Lay) -> Vec<(usize, usize, String)> {
     let generic = spec(fmt);
     let (codes, planes, scales, mins, dlen) = match (fmt, generic) {
         (_, Some(s)) => (
-            256,
-            if s.codes == Codes::Five { 64 } else { 0 },
+            if matches!(s.codes, Codes::Two | Codes::Lut3) {
+                128
+            } else {
+                256
+            },
+            if matches!(s.codes, Codes::Five | Codes::Lut3) {
+                64
+            } else {
+                0
+            },
             match s.scales {
                 Scales::None => 0,
                 Scales::Per32 => 16,
