@@ -3,7 +3,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::PANEL;
+use super::{Precision, PANEL};
 use crate::hugebuf::HugeBuf;
 
 /// Panels are allocated in groups of this many, so a kernel reading up to 4 panels at once stays in bounds.
@@ -89,6 +89,9 @@ pub(crate) enum Storage {
     F32(HugeBuf),
     /// bf16 or f16 bit patterns (see [`PackedMatrix::dtype`]).
     Half(HugeBuf),
+    /// bf16 weights in k-pairs for the bf16-activation arithmetic ([`Precision::Bf16`]; layout in
+    /// [`super::bf16`]): `n_panels · ⌈k/2⌉ · 16` u32.
+    Pairs(HugeBuf),
 }
 
 /// A weight matrix `W: [n, k]` in panels of 16 outputs, in its dtype (see the [module docs](super)).
@@ -108,6 +111,20 @@ impl PackedMatrix {
     ///
     /// Errors: [`PackError::Length`] when a part's bytes do not match its shape, [`PackError::Overflow`].
     pub fn pack(k: usize, parts: &[RowMajor], dtype: WeightDtype) -> Result<Self, PackError> {
+        Self::pack_with(k, parts, dtype, Precision::F32)
+    }
+
+    /// As [`PackedMatrix::pack`], for products in `precision`: [`Precision::Bf16`] with `dtype` bf16 packs the
+    /// k-pair layout of the bf16-activation arithmetic ([`super::bf16`]); every other combination is
+    /// [`PackedMatrix::pack`]'s (f32 and f16 weights keep the f32 arithmetic).
+    ///
+    /// Errors: as [`PackedMatrix::pack`].
+    pub fn pack_with(
+        k: usize,
+        parts: &[RowMajor],
+        dtype: WeightDtype,
+        precision: Precision,
+    ) -> Result<Self, PackError> {
         let mut starts = Vec::with_capacity(parts.len() + 1);
         let mut n = 0usize;
         for (i, p) in parts.iter().enumerate() {
@@ -142,17 +159,55 @@ impl PackedMatrix {
             let part = starts.partition_point(|&s| s <= r) - 1;
             Some((part, r - starts[part]))
         };
+        let pairs = pairs_for(dtype, precision);
+        let len = if pairs {
+            n_panels
+                .checked_mul(k.div_ceil(2) * 2)
+                .and_then(|e| e.checked_mul(PANEL))
+                .ok_or(PackError::Overflow)?
+        } else {
+            len
+        };
         let data = match dtype {
+            _ if pairs => {
+                let mut d = HugeBuf::zeroed(len.checked_mul(2).ok_or(PackError::Overflow)?);
+                let kp2 = k.div_ceil(2) * 2;
+                let pos = |kk: usize, l: usize| (kk / 2) * 2 * PANEL + 2 * l + kk % 2;
+                fill_panels(
+                    d.view_mut::<u16>(),
+                    kp2 * PANEL,
+                    k,
+                    parts,
+                    &locate,
+                    pos,
+                    |from, b| read_half(from, b, dtype),
+                );
+                Storage::Pairs(d)
+            }
             WeightDtype::F32 => {
                 let mut d = HugeBuf::zeroed(len.checked_mul(4).ok_or(PackError::Overflow)?);
-                fill_panels(d.view_mut::<f32>(), k, parts, &locate, read_f32);
+                fill_panels(
+                    d.view_mut::<f32>(),
+                    k * PANEL,
+                    k,
+                    parts,
+                    &locate,
+                    k_major,
+                    read_f32,
+                );
                 Storage::F32(d)
             }
             WeightDtype::Bf16 | WeightDtype::F16 => {
                 let mut d = HugeBuf::zeroed(len.checked_mul(2).ok_or(PackError::Overflow)?);
-                fill_panels(d.view_mut::<u16>(), k, parts, &locate, |from, b| {
-                    read_half(from, b, dtype)
-                });
+                fill_panels(
+                    d.view_mut::<u16>(),
+                    k * PANEL,
+                    k,
+                    parts,
+                    &locate,
+                    k_major,
+                    |from, b| read_half(from, b, dtype),
+                );
                 Storage::Half(d)
             }
         };
@@ -169,7 +224,23 @@ impl PackedMatrix {
     /// panel group included), without packing it: what a loader must budget before it allocates. `None` when the
     /// size overflows `usize`.
     pub fn packed_bytes(n: usize, k: usize, dtype: WeightDtype) -> Option<usize> {
+        Self::packed_bytes_with(n, k, dtype, Precision::F32)
+    }
+
+    /// [`PackedMatrix::packed_bytes`] of [`PackedMatrix::pack_with`] in `precision` (the k-pair layout pads an odd
+    /// `k` by one input).
+    pub fn packed_bytes_with(
+        n: usize,
+        k: usize,
+        dtype: WeightDtype,
+        precision: Precision,
+    ) -> Option<usize> {
         let n_panels = n.div_ceil(PANEL).div_ceil(PANEL_GROUP) * PANEL_GROUP;
+        let k = if pairs_for(dtype, precision) {
+            k.div_ceil(2) * 2
+        } else {
+            k
+        };
         n_panels
             .checked_mul(k)?
             .checked_mul(PANEL)?
@@ -206,6 +277,15 @@ impl PackedMatrix {
         self.dtype
     }
 
+    /// The arithmetic of products against this matrix: [`Precision::Bf16`] for bf16 weights packed for it,
+    /// [`Precision::F32`] otherwise.
+    pub fn precision(&self) -> Precision {
+        match self.data {
+            Storage::Pairs(_) => Precision::Bf16,
+            _ => Precision::F32,
+        }
+    }
+
     /// Panels allocated (a multiple of 4, ≥ `n / 16`).
     pub(crate) fn n_panels(&self) -> usize {
         self.n_panels
@@ -214,7 +294,7 @@ impl PackedMatrix {
     /// Bytes of storage held (including the zero padding of the last panels).
     pub fn bytes(&self) -> usize {
         match &self.data {
-            Storage::F32(d) | Storage::Half(d) => d.len(),
+            Storage::F32(d) | Storage::Half(d) | Storage::Pairs(d) => d.len(),
         }
     }
 
@@ -222,7 +302,7 @@ impl PackedMatrix {
     /// product streams, for a plain read of the same memory (e.g. a read-bandwidth pass).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
-            Storage::F32(d) | Storage::Half(d) => d.as_slice(),
+            Storage::F32(d) | Storage::Half(d) | Storage::Pairs(d) => d.as_slice(),
         }
     }
 
@@ -246,6 +326,13 @@ impl PackedMatrix {
                     *o = widen(d[base + kk * PANEL]);
                 }
             }
+            Storage::Pairs(d) => {
+                let (d, widen) = (d.view::<u16>(), half_to_f32(self.dtype));
+                let base = (r / PANEL) * self.k.div_ceil(2) * 2 * PANEL + 2 * (r % PANEL);
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = widen(d[base + (kk / 2) * 2 * PANEL + kk % 2]);
+                }
+            }
         }
     }
 
@@ -259,19 +346,32 @@ impl PackedMatrix {
     }
 }
 
-/// Fills panel storage: output row `r` comes from row `locate(r)` of a part (zero padding where `None`), each
-/// element converted from its bytes by `conv(part dtype, bytes)`.
+/// Whether `precision` packs `dtype` weights in k-pairs.
+fn pairs_for(dtype: WeightDtype, precision: Precision) -> bool {
+    dtype == WeightDtype::Bf16 && precision == Precision::Bf16
+}
+
+/// The k-major position of input `kk`, lane `l` inside a panel.
+fn k_major(kk: usize, l: usize) -> usize {
+    kk * PANEL + l
+}
+
+/// Fills panel storage of `panel_len` elements per panel: output row `r` comes from row `locate(r)` of a part (zero
+/// padding where `None`), each element converted from its bytes by `conv(part dtype, bytes)` and put at
+/// `pos(input, lane)` in its panel.
 fn fill_panels<T: Copy + Send>(
     d: &mut [T],
+    panel_len: usize,
     k: usize,
     parts: &[RowMajor],
     locate: &(impl Fn(usize) -> Option<(usize, usize)> + Sync),
+    pos: impl Fn(usize, usize) -> usize + Sync,
     conv: impl Fn(WeightDtype, &[u8]) -> T + Sync,
 ) {
     if k == 0 {
         return;
     }
-    d.par_chunks_mut(k * PANEL)
+    d.par_chunks_mut(panel_len)
         .enumerate()
         .for_each(|(p, panel)| {
             for l in 0..PANEL {
@@ -282,7 +382,7 @@ fn fill_panels<T: Copy + Send>(
                 let size = src.dtype.size_of();
                 let bytes = &src.bytes[row * k * size..(row + 1) * k * size];
                 for (kk, e) in bytes.chunks_exact(size).enumerate() {
-                    panel[kk * PANEL + l] = conv(src.dtype, e);
+                    panel[pos(kk, l)] = conv(src.dtype, e);
                 }
             }
         });
