@@ -12,4 +12,5 @@ mod loading;
 mod moe;
 mod moe_gguf;
 mod moe_remote;
+mod precision;
 mod unused_tensors;
