@@ -3,6 +3,9 @@
 //! (f32, bf16, f32, bf16, ...) so that both see the same machine state; each figure is the median of `REPS` runs, in
 //! GFLOP/s (2·m·n·k per product).
 //!
+//! Decode (one row, bandwidth-bound) is reported too, as the weights' bytes read per second (the matrices are far
+//! larger than the caches), from 8 products per run.
+//!
 //! `cargo bench -p backburner-kernels --bench matmul_bf16 [-- REPS [SHAPE]]` (SHAPE: `gate_up` or `down`).
 
 use std::time::Instant;
@@ -79,6 +82,20 @@ fn main() {
                 "{name} m={M} n={n} k={k} t{threads}: f32 {a:.1} GFLOP/s, bf16-acts {b:.1} GFLOP/s, x{:.2}",
                 b / a
             );
+            let mut times = [Vec::new(), Vec::new()];
+            pool.install(|| {
+                for _ in 0..reps {
+                    for (t, w) in times.iter_mut().zip(&ws) {
+                        let s = Instant::now();
+                        for _ in 0..8 {
+                            matmul(&x[..k], 1, w, &mut y[..n]);
+                        }
+                        t.push(s.elapsed().as_secs_f64() / 8.0);
+                    }
+                }
+            });
+            let [a, b] = times.map(|t| (n * k * 2) as f64 / median(t) / 1e9);
+            println!("{name} decode (1 row) t{threads}: f32 {a:.1} GB/s, bf16-acts {b:.1} GB/s");
         }
     }
 }

@@ -225,3 +225,18 @@ fn with_bf16_activations_a_decoded_token_equals_its_row_in_a_prefill_batch() {
         assert_eq!(bits(&l), bits(&all[i * v..(i + 1) * v]), "token {i}");
     }
 }
+
+#[test]
+fn the_split_fingerprint_covers_the_precision() {
+    // host and worker must compute in the same arithmetic: the handshake compares fingerprints of the config
+    let dir = fixture("tiny-bf16");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let f32c = ModelConfig::from_dir(&dir).unwrap();
+    let bf16c = ModelConfig {
+        precision: Precision::Bf16,
+        ..f32c.clone()
+    };
+    let fp = |c: &ModelConfig| backburner_model::fingerprint(&ck, c, 4..8).unwrap();
+    assert_ne!(fp(&f32c), fp(&bf16c));
+    assert_eq!(fp(&bf16c), fp(&bf16c.clone()));
+}
