@@ -200,7 +200,9 @@ impl Task<'_> {
             } else {
                 self.direct_rows::<I, S, 2>(isa, src);
             }
-        } else if I::WIDE {
+        } else if self.mr == 12 {
+            // the row block `a` was packed for (chosen by an earlier dispatch: the same instruction set outside tests,
+            // whose dispatch cap may change in between)
             self.blocked::<I, S, 12, 2>(isa, src);
         } else {
             self.blocked::<I, S, 6, 1>(isa, src);

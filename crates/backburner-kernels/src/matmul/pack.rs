@@ -125,32 +125,8 @@ impl PackedMatrix {
         dtype: WeightDtype,
         precision: Precision,
     ) -> Result<Self, PackError> {
-        let mut starts = Vec::with_capacity(parts.len() + 1);
-        let mut n = 0usize;
-        for (i, p) in parts.iter().enumerate() {
-            let want = p
-                .rows
-                .checked_mul(k)
-                .and_then(|e| e.checked_mul(p.dtype.size_of()))
-                .ok_or(PackError::Overflow)?;
-            if p.bytes.len() != want {
-                return Err(PackError::Length {
-                    part: i,
-                    got: p.bytes.len(),
-                    rows: p.rows,
-                    k,
-                    size: p.dtype.size_of(),
-                });
-            }
-            starts.push(n);
-            n = n.checked_add(p.rows).ok_or(PackError::Overflow)?;
-        }
-        starts.push(n);
+        let (starts, n) = part_starts(k, parts)?;
         let n_panels = n.div_ceil(PANEL).div_ceil(PANEL_GROUP) * PANEL_GROUP;
-        let len = n_panels
-            .checked_mul(k)
-            .and_then(|e| e.checked_mul(PANEL))
-            .ok_or(PackError::Overflow)?;
         // The source of output row r: (part, row within the part).
         let locate = |r: usize| -> Option<(usize, usize)> {
             if r >= n {
@@ -159,58 +135,7 @@ impl PackedMatrix {
             let part = starts.partition_point(|&s| s <= r) - 1;
             Some((part, r - starts[part]))
         };
-        let pairs = pairs_for(dtype, precision);
-        let len = if pairs {
-            n_panels
-                .checked_mul(k.div_ceil(2) * 2)
-                .and_then(|e| e.checked_mul(PANEL))
-                .ok_or(PackError::Overflow)?
-        } else {
-            len
-        };
-        let data = match dtype {
-            _ if pairs => {
-                let mut d = HugeBuf::zeroed(len.checked_mul(2).ok_or(PackError::Overflow)?);
-                let kp2 = k.div_ceil(2) * 2;
-                let pos = |kk: usize, l: usize| (kk / 2) * 2 * PANEL + 2 * l + kk % 2;
-                fill_panels(
-                    d.view_mut::<u16>(),
-                    kp2 * PANEL,
-                    k,
-                    parts,
-                    &locate,
-                    pos,
-                    |from, b| read_half(from, b, dtype),
-                );
-                Storage::Pairs(d)
-            }
-            WeightDtype::F32 => {
-                let mut d = HugeBuf::zeroed(len.checked_mul(4).ok_or(PackError::Overflow)?);
-                fill_panels(
-                    d.view_mut::<f32>(),
-                    k * PANEL,
-                    k,
-                    parts,
-                    &locate,
-                    k_major,
-                    read_f32,
-                );
-                Storage::F32(d)
-            }
-            WeightDtype::Bf16 | WeightDtype::F16 => {
-                let mut d = HugeBuf::zeroed(len.checked_mul(2).ok_or(PackError::Overflow)?);
-                fill_panels(
-                    d.view_mut::<u16>(),
-                    k * PANEL,
-                    k,
-                    parts,
-                    &locate,
-                    k_major,
-                    |from, b| read_half(from, b, dtype),
-                );
-                Storage::Half(d)
-            }
-        };
+        let data = fill_storage(k, parts, n_panels, &locate, dtype, precision)?;
         Ok(PackedMatrix {
             n,
             k,
@@ -346,6 +271,85 @@ impl PackedMatrix {
     }
 }
 
+/// The first output row of each part and the total rows, after checking each part's byte length.
+fn part_starts(k: usize, parts: &[RowMajor]) -> Result<(Vec<usize>, usize), PackError> {
+    let mut starts = Vec::with_capacity(parts.len() + 1);
+    let mut n = 0usize;
+    for (i, p) in parts.iter().enumerate() {
+        let want = p
+            .rows
+            .checked_mul(k)
+            .and_then(|e| e.checked_mul(p.dtype.size_of()))
+            .ok_or(PackError::Overflow)?;
+        if p.bytes.len() != want {
+            return Err(PackError::Length {
+                part: i,
+                got: p.bytes.len(),
+                rows: p.rows,
+                k,
+                size: p.dtype.size_of(),
+            });
+        }
+        starts.push(n);
+        n = n.checked_add(p.rows).ok_or(PackError::Overflow)?;
+    }
+    starts.push(n);
+    Ok((starts, n))
+}
+
+/// The panel storage of `n_panels` panels of `parts` in `dtype` (k-pairs for [`Precision::Bf16`] bf16, k-major
+/// otherwise), output row `r` from `locate(r)`.
+fn fill_storage(
+    k: usize,
+    parts: &[RowMajor],
+    n_panels: usize,
+    locate: &(impl Fn(usize) -> Option<(usize, usize)> + Sync),
+    dtype: WeightDtype,
+    precision: Precision,
+) -> Result<Storage, PackError> {
+    let pairs = pairs_for(dtype, precision);
+    // inputs per panel row in storage (an odd k padded by one in k-pairs)
+    let kk = if pairs { k.div_ceil(2) * 2 } else { k };
+    let len = n_panels
+        .checked_mul(kk)
+        .and_then(|e| e.checked_mul(PANEL))
+        .and_then(|e| e.checked_mul(dtype.size_of()))
+        .ok_or(PackError::Overflow)?;
+    let mut d = HugeBuf::zeroed(len);
+    let half = |from, b: &[u8]| read_half(from, b, dtype);
+    Ok(match dtype {
+        _ if pairs => {
+            let pos = |kk: usize, l: usize| (kk / 2) * 2 * PANEL + 2 * l + kk % 2;
+            fill_panels(d.view_mut::<u16>(), kk * PANEL, k, parts, locate, pos, half);
+            Storage::Pairs(d)
+        }
+        WeightDtype::F32 => {
+            fill_panels(
+                d.view_mut::<f32>(),
+                k * PANEL,
+                k,
+                parts,
+                locate,
+                k_major,
+                read_f32,
+            );
+            Storage::F32(d)
+        }
+        WeightDtype::Bf16 | WeightDtype::F16 => {
+            fill_panels(
+                d.view_mut::<u16>(),
+                k * PANEL,
+                k,
+                parts,
+                locate,
+                k_major,
+                half,
+            );
+            Storage::Half(d)
+        }
+    })
+}
+
 /// Whether `precision` packs `dtype` weights in k-pairs.
 fn pairs_for(dtype: WeightDtype, precision: Precision) -> bool {
     dtype == WeightDtype::Bf16 && precision == Precision::Bf16
@@ -419,103 +423,5 @@ pub(crate) fn half_to_f32(dtype: WeightDtype) -> fn(u16) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn packing_puts_each_element_at_its_panel_position_and_rows_read_back() {
-        let (n, k) = (37, 5);
-        let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
-        let m = PackedMatrix::from_f32(n, k, &w, WeightDtype::F32);
-        assert_eq!(m.n_panels(), 4); // 37 rows → 3 panels → padded to 4
-        let Storage::F32(d) = &m.data else { panic!() };
-        let d = d.view::<f32>();
-        assert_eq!(d.len(), 4 * k * PANEL);
-        // element (r = 17, kk = 3): panel 1, l = 1
-        assert_eq!(d[k * PANEL + 3 * PANEL + 1], (17 * k + 3) as f32);
-        // padding rows are zero
-        assert_eq!(d[2 * k * PANEL + 2 * PANEL + 10], 0.0);
-        assert_eq!(m.to_f32_rows(), w);
-        assert_eq!(m.bytes(), 4 * 4 * k * PANEL);
-        assert_eq!(
-            PackedMatrix::packed_bytes(n, k, WeightDtype::F32),
-            Some(m.bytes())
-        );
-        let h = PackedMatrix::from_f32(200, 3, &vec![0.5; 600], WeightDtype::Bf16);
-        assert_eq!(
-            PackedMatrix::packed_bytes(200, 3, WeightDtype::Bf16),
-            Some(h.bytes())
-        );
-        assert_eq!(
-            PackedMatrix::packed_bytes(usize::MAX, 2, WeightDtype::F32),
-            None
-        );
-    }
-
-    #[test]
-    fn fused_parts_of_mixed_dtypes_are_kept_in_f32_exactly() {
-        let k = 3;
-        let a: Vec<u8> = [1.5f32, -2.0, 3.25]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let b: Vec<u8> = [0.5f32, 7.0, -1.0, 2.0, 4.0, 8.0]
-            .iter()
-            .flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes())
-            .collect();
-        let parts = [
-            RowMajor {
-                dtype: WeightDtype::F32,
-                bytes: &a,
-                rows: 1,
-            },
-            RowMajor {
-                dtype: WeightDtype::Bf16,
-                bytes: &b,
-                rows: 2,
-            },
-        ];
-        assert_eq!(WeightDtype::common(&parts), WeightDtype::F32);
-        let m = PackedMatrix::pack(k, &parts, WeightDtype::common(&parts)).unwrap();
-        assert_eq!((m.n(), m.k()), (3, 3));
-        assert_eq!(
-            m.to_f32_rows(),
-            vec![1.5, -2.0, 3.25, 0.5, 7.0, -1.0, 2.0, 4.0, 8.0]
-        );
-        let bad = [RowMajor {
-            dtype: WeightDtype::F32,
-            bytes: &a[..8],
-            rows: 1,
-        }];
-        assert_eq!(
-            PackedMatrix::pack(k, &bad, WeightDtype::F32),
-            Err(PackError::Length {
-                part: 0,
-                got: 8,
-                rows: 1,
-                k: 3,
-                size: 4
-            })
-        );
-    }
-
-    #[test]
-    fn bf16_and_f16_storage_keep_the_checkpoint_bits() {
-        let vals = [1.0f32, -0.333, 65504.0, 1e-7, 0.0, -0.0];
-        for dtype in [WeightDtype::Bf16, WeightDtype::F16] {
-            let m = PackedMatrix::from_f32(2, 3, &vals, dtype);
-            let want: Vec<f32> = vals
-                .iter()
-                .map(|&v| match dtype {
-                    WeightDtype::Bf16 => bf16::from_f32(v).to_f32(),
-                    _ => f16::from_f32(v).to_f32(),
-                })
-                .collect();
-            let got = m.to_f32_rows();
-            for (g, w) in got.iter().zip(&want) {
-                assert_eq!(g.to_bits(), w.to_bits(), "{dtype}");
-            }
-            assert_eq!(m.bytes(), 2 * 4 * 3 * PANEL);
-        }
-    }
-}
+#[path = "pack_tests.rs"]
+mod tests;

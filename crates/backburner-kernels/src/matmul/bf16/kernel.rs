@@ -130,7 +130,9 @@ impl DpKernel for Task<'_> {
             } else {
                 self.direct_rows::<D, 2>(dp);
             }
-        } else if D::WIDE {
+        } else if self.mr == 12 {
+            // the row block the activations were packed for (chosen by an earlier dispatch: the same instruction set
+            // outside tests, whose dispatch cap may change in between)
             self.blocked::<D, 12, 2>(dp);
         } else {
             self.blocked::<D, 6, 1>(dp);
