@@ -132,6 +132,7 @@ impl Workers {
 fn start_workers(
     dir: &std::path::Path,
     threads: usize,
+    precision: backburner_model::Precision,
     sets: &[&[Range<usize>]],
 ) -> Result<Workers> {
     let mut w = Workers {
@@ -143,7 +144,7 @@ fn start_workers(
             continue;
         }
         let layers = format!("{}..{}", r.start, r.end);
-        let (p, addr) = spawn_worker(dir, threads, &["--layers", &layers])
+        let (p, addr) = spawn_worker(dir, threads, precision, &["--layers", &layers])
             .with_context(|| format!("start the worker for layers {layers}"))?;
         w._procs.push(p);
         w.by_range.push((r.clone(), addr));
@@ -188,7 +189,10 @@ impl Ctx<'_> {
                     let mut st = WorkerSettings::new(self.workers.addr(r), self.pool.threads());
                     st.timeout = Duration::from_secs(600);
                     st.shaper = shaped.then_some(self.shaper);
-                    let fp = backburner_engine::split::dir_fingerprint(self.dir.to_path_buf());
+                    let fp = backburner_engine::split::dir_fingerprint_with(
+                        self.dir.to_path_buf(),
+                        self.margs.precision,
+                    );
                     (Connection::new(st, fp), r.clone())
                 })
                 .collect();
@@ -216,7 +220,10 @@ impl Ctx<'_> {
         let mut st = WorkerSettings::new(addr, self.pool.threads());
         st.timeout = Duration::from_secs(600);
         st.shaper = shaped.then_some(self.shaper);
-        let fp = backburner_engine::split::dir_fingerprint(self.dir.to_path_buf());
+        let fp = backburner_engine::split::dir_fingerprint_with(
+            self.dir.to_path_buf(),
+            self.margs.precision,
+        );
         let holder = ExpertHolder::new(Connection::new(st, fp), l..n, ids);
         let shape = SessionShape {
             kv: self.margs.kv_dtype,
@@ -389,13 +396,14 @@ pub fn run(a: LayerSplitArgs) -> Result<()> {
     let cfg = loaded.model.config().clone();
     let n = cfg.num_hidden_layers;
     let (one, chain) = worker_ranges(&a, n)?;
-    let workers = start_workers(&loaded.dir, a.worker_threads, &[&one, &chain])?;
+    let precision = cfg.precision;
+    let workers = start_workers(&loaded.dir, a.worker_threads, precision, &[&one, &chain])?;
     let experts_worker = match a.experts {
         Some(l) if cfg.moe.is_none() || l >= n => {
             bail!("--experts L needs a mixture-of-experts model and L inside its {n} layers")
         }
         Some(_) => Some(
-            spawn_worker(&loaded.dir, a.worker_threads, &[])
+            spawn_worker(&loaded.dir, a.worker_threads, precision, &[])
                 .context("start the experts' worker")?,
         ),
         None => None,

@@ -87,7 +87,10 @@ fn client(addr: &str, loaded: &Loaded, shaper: Option<Shaper>, frame: usize) -> 
     st.frame_budget = frame;
     WorkerClient::new(
         st,
-        backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+        backburner_engine::split::dir_fingerprint_with(
+            loaded.dir.clone(),
+            loaded.model.config().precision,
+        ),
     )
 }
 
@@ -159,7 +162,7 @@ fn start_workers(
     );
     let mut procs = Vec::new();
     let mut start = |extra: &[&str]| -> Result<String> {
-        let (p, addr) = spawn_worker(&loaded.dir, wt, extra)?;
+        let (p, addr) = spawn_worker(&loaded.dir, wt, cfg.precision, extra)?;
         procs.push(p);
         Ok(addr)
     };

@@ -167,7 +167,10 @@ fn slot_session(
         st.shaper = shaper;
         s.attach_worker(WorkerClient::new(
             st,
-            backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+            backburner_engine::split::dir_fingerprint_with(
+                loaded.dir.clone(),
+                loaded.model.config().precision,
+            ),
         ));
     }
     Ok(s)
@@ -328,8 +331,12 @@ impl<'a> Bench<'a> {
             .shaped
             .then(|| self.a.shaped_link.shaper())
             .transpose()?;
-        let (_w, addr) =
-            crate::bench_split::spawn_worker(&self.loaded.dir, self.a.worker_threads, &[])?;
+        let (_w, addr) = crate::bench_split::spawn_worker(
+            &self.loaded.dir,
+            self.a.worker_threads,
+            self.loaded.model.config().precision,
+            &[],
+        )?;
         let s = slot_session(self.a, &self.loaded, &self.pool, Some((&addr, shaper)))?;
         let srv = self.server(s)?;
         let turns = &self.cold_turns;

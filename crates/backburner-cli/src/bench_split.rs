@@ -56,6 +56,7 @@ impl Drop for ChildWorker {
 pub(crate) fn spawn_worker(
     model: &std::path::Path,
     threads: usize,
+    precision: backburner_model::Precision,
     extra: &[&str],
 ) -> Result<(ChildWorker, String)> {
     let exe = std::env::current_exe().context("locate the backburner binary")?;
@@ -69,6 +70,7 @@ pub(crate) fn spawn_worker(
         ])
         .arg("--model")
         .arg(model)
+        .args(["--precision", precision.name()])
         .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -141,7 +143,8 @@ pub fn run(a: SplitArgs) -> Result<()> {
     let host_threads = pool.threads();
     let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
     let cfg = loaded.model.config().clone();
-    let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, &[])?;
+    let precision = loaded.model.config().precision;
+    let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, precision, &[])?;
     let link = LinkArgs {
         expert_split: Vec::new(),
         expert_ids: None,
@@ -161,7 +164,10 @@ pub fn run(a: SplitArgs) -> Result<()> {
         st.shaper = shaper;
         Ok(WorkerClient::new(
             st,
-            backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+            backburner_engine::split::dir_fingerprint_with(
+                loaded.dir.clone(),
+                loaded.model.config().precision,
+            ),
         ))
     };
     let shaper = a.shaped.shaper()?;

@@ -76,7 +76,8 @@ pub fn calibrate(a: CalibrateArgs) -> Result<()> {
         let mut st = WorkerSettings::new(addr.clone(), threads);
         st.secret = secret.clone();
         st.timeout = Duration::from_secs(60);
-        let conn = Connection::new(st, backburner_engine::split::dir_fingerprint(dir.clone()));
+        let fp = backburner_engine::split::dir_fingerprint_with(dir.clone(), a.model.precision);
+        let conn = Connection::new(st, fp);
         let w = time_worker(&model, conn, 0..k, t, a.decode_tokens, kv, &pool)
             .with_context(|| format!("calibrating worker {addr}"))?;
         eprintln!(

@@ -51,7 +51,10 @@ pub fn layer_split(
         .into_iter()
         .zip(rs)
         .map(|(st, r)| {
-            let fp = backburner_engine::split::dir_fingerprint(loaded.dir.clone());
+            let fp = backburner_engine::split::dir_fingerprint_with(
+                loaded.dir.clone(),
+                loaded.model.config().precision,
+            );
             (Connection::new(st, fp), r)
         })
         .collect();

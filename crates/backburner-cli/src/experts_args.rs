@@ -98,7 +98,10 @@ pub fn attach(
         .into_iter()
         .zip(away)
         .map(|(st, (r, ids))| {
-            let fp = backburner_engine::split::dir_fingerprint(loaded.dir.clone());
+            let fp = backburner_engine::split::dir_fingerprint_with(
+                loaded.dir.clone(),
+                loaded.model.config().precision,
+            );
             ExpertHolder::new(Connection::new(st, fp), r.clone(), ids.clone())
         })
         .collect();

@@ -182,7 +182,10 @@ impl LinkArgs {
             .map(|st| {
                 WorkerClient::new(
                     st,
-                    backburner_engine::split::dir_fingerprint(loaded.dir.clone()),
+                    backburner_engine::split::dir_fingerprint_with(
+                        loaded.dir.clone(),
+                        loaded.model.config().precision,
+                    ),
                 )
             })
             .collect())

@@ -33,7 +33,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use backburner_engine::{ComputePool, SessionOptions};
 use backburner_kernels::kv::KvDtype;
-use backburner_model::{Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, TextTokenizer};
+use backburner_model::{
+    Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, Precision, TextTokenizer,
+};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use run_cmd::out_line;
@@ -96,6 +98,17 @@ pub struct ModelArgs {
     /// ulimit -v, the cgroup's memory.max) are checked the same way whether or not it is given.
     #[arg(long, value_name = "BYTES", value_parser = backburner_engine::offload::parse_bytes)]
     pub max_memory: Option<u64>,
+    /// Arithmetic of products against bf16 weights: f32 (weights widened to f32, f32 activations: the reference's
+    /// results) or bf16 (activations rounded to bf16, AVX-512 BF16 dot products as llama.cpp computes them: about
+    /// twice the prefill speed; emulated, slower, on a CPU without AVX-512 BF16). Other weight types ignore it. The
+    /// workers of a split must be given the same (the handshake's fingerprint covers it).
+    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    pub precision: Precision,
+}
+
+/// `--precision`: `f32` or `bf16`.
+pub fn parse_precision(s: &str) -> Result<Precision, String> {
+    Precision::parse(s).ok_or_else(|| format!("{s:?}: expected f32 or bf16"))
 }
 
 impl ModelArgs {
@@ -268,7 +281,8 @@ pub fn load_host_without(
         None => default_model::ensure()?,
     };
     pool.install(|| {
-        let (config, tokenizer) = load_tokenizer(&dir)?;
+        let (mut config, tokenizer) = load_tokenizer(&dir)?;
+        config.precision = args.precision;
         load_weights(&dir, config, tokenizer, held, away, args.max_memory)
     })
 }

@@ -129,7 +129,8 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     };
     a.model.model = Some(dir.clone());
     // the prompt first (config and tokenizer only): the placement is planned for what this run needs
-    let (config, tokenizer) = crate::load_tokenizer(&dir)?;
+    let (mut config, tokenizer) = crate::load_tokenizer(&dir)?;
+    config.precision = a.model.precision;
     if !a.stop.is_empty() {
         need_tok(&tokenizer, &dir, "--stop", "")?;
     }

@@ -32,6 +32,10 @@ pub struct WorkerArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Arithmetic of products against bf16 weights, as the hosts' `--precision` (f32 or bf16): it must be theirs,
+    /// which the handshake checks (a different one is a model mismatch).
+    #[arg(long, default_value = "f32", value_parser = crate::parse_precision)]
+    precision: backburner_model::Precision,
     /// Most bytes the worker holds: the weights of the layers, or the routed experts (`--expert-split` hosts), it
     /// serves (reserved before they are loaded; a range whose weights do not fit is refused) plus the session state (KV rows, recurrent
     /// states, offloaded KV pages) and request buffers of all sessions together; default half the machine's memory.
@@ -196,6 +200,7 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     opts.max_ubatch = a.max_ubatch;
     opts.exit_after_frames = a.exit_after_frames;
     opts.pack_pages = !a.no_pack_pages;
+    opts.precision = a.precision;
     let worker = Worker::bind(&addr.to_string(), opts)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();

@@ -37,12 +37,14 @@ const LINE: usize = 64;
 pub trait Plain: Copy + sealed::Sealed {}
 impl Plain for u8 {}
 impl Plain for u16 {}
+impl Plain for u32 {}
 impl Plain for f32 {}
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for u8 {}
     impl Sealed for u16 {}
+    impl Sealed for u32 {}
     impl Sealed for f32 {}
 }
 

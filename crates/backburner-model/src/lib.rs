@@ -20,6 +20,7 @@ pub mod state;
 pub mod synthetic;
 pub mod tokenizer;
 
+pub use backburner_kernels::matmul::Precision;
 pub use chat::{
     parse_output, prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ChatTemplate,
     ParsedOutput, ToolCall,

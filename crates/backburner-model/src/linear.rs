@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use backburner_kernels::matmul::{matmul, PackedMatrix, RowMajor, WeightDtype};
+use backburner_kernels::matmul::{matmul, PackedMatrix, Precision, RowMajor, WeightDtype};
 use backburner_kernels::profile::{self, Op};
 use backburner_kernels::quant::{
     qmatmul_parts, qmatmul_swiglu, QuantFormat, QuantMatrix, QuantizedActs,
@@ -92,9 +92,16 @@ impl Linear {
     /// (f32 if the dense dtypes differ), consecutive parts of one block format pack together. Then lets the OS drop
     /// the mapped file pages it read from resident memory.
     ///
+    /// Dense bf16 weights compute in `precision` ([`PackedMatrix::pack_with`]); other formats ignore it.
+    ///
     /// Errors: [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], [`ModelError::UnsupportedDtype`];
     /// [`ModelError::InvalidConfig`] if the sizes overflow or a block format's row length does not fit.
-    pub fn load(ck: &Checkpoint, in_features: usize, parts: &[PartSpec]) -> Result<Self> {
+    pub fn load(
+        ck: &Checkpoint,
+        in_features: usize,
+        parts: &[PartSpec],
+        precision: Precision,
+    ) -> Result<Self> {
         let mut raw: Vec<WeightPart> = Vec::new();
         for (name, rows, select) in parts {
             let w = ck.weight_part(name, *rows, in_features)?;
@@ -115,7 +122,7 @@ impl Linear {
         let what = &parts[0].0;
         let segs = group_parts(&raw)
             .into_iter()
-            .map(|g| pack_group(&raw[g], in_features, what))
+            .map(|g| pack_group(&raw[g], in_features, what, precision))
             .collect::<Result<Vec<Segment>>>()?;
         for (name, _, _) in parts {
             ck.release(name);
@@ -338,7 +345,7 @@ fn group_parts(raw: &[WeightPart]) -> Vec<Range<usize>> {
     out
 }
 
-fn pack_group(parts: &[WeightPart], k: usize, what: &str) -> Result<Segment> {
+fn pack_group(parts: &[WeightPart], k: usize, what: &str, precision: Precision) -> Result<Segment> {
     match parts[0] {
         WeightPart::Dense(_) => {
             let dense: Vec<RowMajor> = parts
@@ -350,7 +357,7 @@ fn pack_group(parts: &[WeightPart], k: usize, what: &str) -> Result<Segment> {
                     }
                 })
                 .collect();
-            let w = PackedMatrix::pack(k, &dense, WeightDtype::common(&dense))
+            let w = PackedMatrix::pack_with(k, &dense, WeightDtype::common(&dense), precision)
                 .map_err(|e| ModelError::InvalidConfig(format!("packing {what}: {e}")))?;
             Ok(Segment::Dense(w))
         }
@@ -369,11 +376,12 @@ fn pack_group(parts: &[WeightPart], k: usize, what: &str) -> Result<Segment> {
     }
 }
 
-/// Bytes [`Linear::load`] allocates for parts of these formats and row counts (`[rows_i, k]` each), grouped as
-/// the load groups them; `None` on overflow or a row length a block format cannot hold.
+/// Bytes [`Linear::load`] allocates for parts of these formats and row counts (`[rows_i, k]` each) in `precision`,
+/// grouped as the load groups them; `None` on overflow or a row length a block format cannot hold.
 pub(crate) fn packed_bytes(
     parts: &[(Option<QuantFormat>, WeightDtype, usize)],
     k: usize,
+    precision: Precision,
 ) -> Option<usize> {
     let mut total = 0usize;
     let mut i = 0;
@@ -397,7 +405,7 @@ pub(crate) fn packed_bytes(
                 } else {
                     common.unwrap_or(WeightDtype::F32)
                 };
-                PackedMatrix::packed_bytes(rows, k, d)?
+                PackedMatrix::packed_bytes_with(rows, k, d, precision)?
             }
         };
         total = total.checked_add(bytes)?;

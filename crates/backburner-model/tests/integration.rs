@@ -13,5 +13,6 @@ mod loading;
 mod moe;
 mod moe_gguf;
 mod moe_remote;
+mod precision;
 mod random_gguf;
 mod unused_tensors;

@@ -171,6 +171,15 @@ pub type FingerprintFn = Box<dyn Fn(Range<usize>) -> Result<[u8; 32], String> + 
 pub fn dir_fingerprint(
     dir: std::path::PathBuf,
 ) -> impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static {
+    dir_fingerprint_with(dir, backburner_model::Precision::F32)
+}
+
+/// As [`dir_fingerprint`], for a model computing bf16 weights in `precision` ([`ModelConfig::precision`], which the
+/// fingerprint covers): what a host passes when it loaded its model with that precision.
+pub fn dir_fingerprint_with(
+    dir: std::path::PathBuf,
+    precision: backburner_model::Precision,
+) -> impl Fn(Range<usize>) -> Result<[u8; 32], String> + Send + 'static {
     type Cache = (
         Option<(ModelConfig, backburner_model::Checkpoint)>,
         std::collections::HashMap<usize, [u8; 32]>,
@@ -180,7 +189,10 @@ pub fn dir_fingerprint(
         let mut g = cache.lock().unwrap_or_else(|p| p.into_inner());
         let (opened, digests) = &mut *g;
         if opened.is_none() {
-            let cfg = ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?;
+            let cfg = ModelConfig {
+                precision,
+                ..ModelConfig::from_dir(&dir).map_err(|e| e.to_string())?
+            };
             let ck = backburner_model::Checkpoint::open(&dir).map_err(|e| e.to_string())?;
             *opened = Some((cfg, ck));
         }

@@ -224,10 +224,12 @@ fn accept_params(
         return Err((
             ErrorCode::ModelMismatch,
             format!(
-                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}) is not the host's",
+                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}, --precision {}) is not the \
+                 host's (or the host's --precision differs)",
                 p.layer_start,
                 p.layer_end,
-                o.model_dir.display()
+                o.model_dir.display(),
+                o.precision
             ),
         ));
     }
@@ -295,10 +297,12 @@ fn accept_experts(
         return Err((
             ErrorCode::ModelMismatch,
             format!(
-                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}) is not the host's",
+                "model fingerprint differs for layers {}..{}: the worker's checkpoint ({}, --precision {}) is not the \
+                 host's (or the host's --precision differs)",
                 range.start,
                 range.end,
-                shared.opts.model_dir.display()
+                shared.opts.model_dir.display(),
+                shared.opts.precision
             ),
         ));
     }

@@ -77,6 +77,9 @@ pub struct WorkerOptions {
     /// Fault injection for tests: exit the whole process (as a crash would) on receiving this many session frames
     /// (1 = the first frame after the handshake). Never set in normal use.
     pub exit_after_frames: Option<usize>,
+    /// The arithmetic of products against bf16 weights ([`ModelConfig::precision`]); it must be the host's, which
+    /// the fingerprint checks (default [`backburner_model::Precision::F32`]).
+    pub precision: backburner_model::Precision,
 }
 
 impl WorkerOptions {
@@ -102,6 +105,7 @@ impl WorkerOptions {
             },
             exit_after_frames: None,
             pack_pages: true,
+            precision: backburner_model::Precision::F32,
         }
     }
 }
@@ -142,7 +146,10 @@ impl Worker {
     ///
     /// Errors: model loading errors, a bad layer range or thread count, or the bind error.
     pub fn bind(addr: &str, opts: WorkerOptions) -> Result<Self, WorkerError> {
-        let config = ModelConfig::from_dir(&opts.model_dir)?;
+        let config = ModelConfig {
+            precision: opts.precision,
+            ..ModelConfig::from_dir(&opts.model_dir)?
+        };
         let ckpt = Checkpoint::open(&opts.model_dir)?;
         let pool =
             ComputePool::new(opts.threads).map_err(|e| WorkerError::Threads(e.to_string()))?;

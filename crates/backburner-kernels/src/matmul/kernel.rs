@@ -39,6 +39,9 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
         y.fill(0.0);
         return;
     }
+    if let Storage::Pairs(d) = &w.data {
+        return super::bf16::matmul_pairs(x, m, w, d.view::<u32>(), y);
+    }
     let wide = dispatch(IsWide);
     let direct = m <= DIRECT_ROWS;
     let mr = match (direct, wide) {
@@ -70,7 +73,9 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
 }
 
 /// The plain loop with the same arithmetic as [`matmul`]: `y[i][j] = fma(x[i][k-1], W[j][k-1], … fma(x[i][0],
-/// W[j][0], +0.0))`, one element at a time. The slow, obvious twin for tests.
+/// W[j][0], +0.0))`, one element at a time; for a matrix in the bf16-activation arithmetic
+/// ([`PackedMatrix::precision`] = [`Precision::Bf16`](super::Precision)), its chain of `vdpbf16ps` steps (see
+/// `matmul::bf16`), emulated in plain Rust. The slow, obvious twin for tests.
 ///
 /// Panics if `x` or `y` do not have the shapes of [`matmul`].
 pub fn matmul_reference(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
@@ -78,6 +83,18 @@ pub fn matmul_reference(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
     assert_eq!(x.len(), m * k, "matmul_reference: x is not [{m}, {k}]");
     assert_eq!(y.len(), m * n, "matmul_reference: y is not [{m}, {n}]");
     let wr = w.to_f32_rows();
+    if let Storage::Pairs(_) = &w.data {
+        let kp = k.div_ceil(2);
+        let bits = |j: usize, kk: usize| -> u32 {
+            wr.get(j * k + kk)
+                .filter(|_| kk < k)
+                .map_or(0, |v| v.to_bits() >> 16)
+        };
+        let pairs: Vec<u32> = (0..n * kp)
+            .map(|e| bits(e / kp, 2 * (e % kp)) | bits(e / kp, 2 * (e % kp) + 1) << 16)
+            .collect();
+        return super::bf16::matmul_pairs_reference(x, m, k, n, &pairs, y);
+    }
     for i in 0..m {
         for j in 0..n {
             let mut acc = 0.0f32;
@@ -108,7 +125,7 @@ fn pack_rows(x: &[f32], m: usize, k: usize, mr: usize) -> Vec<f32> {
 }
 
 /// The output matrix shared by the tasks, which write disjoint column ranges.
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: tasks write disjoint elements (their own panels' columns) of one live `&mut [f32]`, and `matmul` returns
 // only after every task has finished.
 unsafe impl Sync for OutPtr {}
@@ -157,6 +174,7 @@ impl Kernel for Task<'_> {
                 };
                 self.run_with(isa, src);
             }
+            (Storage::Pairs(_), _) => unreachable!("matmul runs pair storage in matmul::bf16"),
             (Storage::Half(d), _) => {
                 let src = F16Src {
                     base: d.view::<u16>().as_ptr(),
@@ -182,7 +200,9 @@ impl Task<'_> {
             } else {
                 self.direct_rows::<I, S, 2>(isa, src);
             }
-        } else if I::WIDE {
+        } else if self.mr == 12 {
+            // the row block `a` was packed for (chosen by an earlier dispatch: the same instruction set outside tests,
+            // whose dispatch cap may change in between)
             self.blocked::<I, S, 12, 2>(isa, src);
         } else {
             self.blocked::<I, S, 6, 1>(isa, src);

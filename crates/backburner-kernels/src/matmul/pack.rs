@@ -3,7 +3,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::PANEL;
+use super::{Precision, PANEL};
 use crate::hugebuf::HugeBuf;
 
 /// Panels are allocated in groups of this many, so a kernel reading up to 4 panels at once stays in bounds.
@@ -89,6 +89,9 @@ pub(crate) enum Storage {
     F32(HugeBuf),
     /// bf16 or f16 bit patterns (see [`PackedMatrix::dtype`]).
     Half(HugeBuf),
+    /// bf16 weights in k-pairs for the bf16-activation arithmetic ([`Precision::Bf16`]; layout in
+    /// [`super::bf16`]): `n_panels · ⌈k/2⌉ · 16` u32.
+    Pairs(HugeBuf),
 }
 
 /// A weight matrix `W: [n, k]` in panels of 16 outputs, in its dtype (see the [module docs](super)).
@@ -108,32 +111,22 @@ impl PackedMatrix {
     ///
     /// Errors: [`PackError::Length`] when a part's bytes do not match its shape, [`PackError::Overflow`].
     pub fn pack(k: usize, parts: &[RowMajor], dtype: WeightDtype) -> Result<Self, PackError> {
-        let mut starts = Vec::with_capacity(parts.len() + 1);
-        let mut n = 0usize;
-        for (i, p) in parts.iter().enumerate() {
-            let want = p
-                .rows
-                .checked_mul(k)
-                .and_then(|e| e.checked_mul(p.dtype.size_of()))
-                .ok_or(PackError::Overflow)?;
-            if p.bytes.len() != want {
-                return Err(PackError::Length {
-                    part: i,
-                    got: p.bytes.len(),
-                    rows: p.rows,
-                    k,
-                    size: p.dtype.size_of(),
-                });
-            }
-            starts.push(n);
-            n = n.checked_add(p.rows).ok_or(PackError::Overflow)?;
-        }
-        starts.push(n);
+        Self::pack_with(k, parts, dtype, Precision::F32)
+    }
+
+    /// As [`PackedMatrix::pack`], for products in `precision`: [`Precision::Bf16`] with `dtype` bf16 packs the
+    /// k-pair layout of the bf16-activation arithmetic ([`super::bf16`]); every other combination is
+    /// [`PackedMatrix::pack`]'s (f32 and f16 weights keep the f32 arithmetic).
+    ///
+    /// Errors: as [`PackedMatrix::pack`].
+    pub fn pack_with(
+        k: usize,
+        parts: &[RowMajor],
+        dtype: WeightDtype,
+        precision: Precision,
+    ) -> Result<Self, PackError> {
+        let (starts, n) = part_starts(k, parts)?;
         let n_panels = n.div_ceil(PANEL).div_ceil(PANEL_GROUP) * PANEL_GROUP;
-        let len = n_panels
-            .checked_mul(k)
-            .and_then(|e| e.checked_mul(PANEL))
-            .ok_or(PackError::Overflow)?;
         // The source of output row r: (part, row within the part).
         let locate = |r: usize| -> Option<(usize, usize)> {
             if r >= n {
@@ -142,20 +135,7 @@ impl PackedMatrix {
             let part = starts.partition_point(|&s| s <= r) - 1;
             Some((part, r - starts[part]))
         };
-        let data = match dtype {
-            WeightDtype::F32 => {
-                let mut d = HugeBuf::zeroed(len.checked_mul(4).ok_or(PackError::Overflow)?);
-                fill_panels(d.view_mut::<f32>(), k, parts, &locate, read_f32);
-                Storage::F32(d)
-            }
-            WeightDtype::Bf16 | WeightDtype::F16 => {
-                let mut d = HugeBuf::zeroed(len.checked_mul(2).ok_or(PackError::Overflow)?);
-                fill_panels(d.view_mut::<u16>(), k, parts, &locate, |from, b| {
-                    read_half(from, b, dtype)
-                });
-                Storage::Half(d)
-            }
-        };
+        let data = fill_storage(k, parts, n_panels, &locate, dtype, precision)?;
         Ok(PackedMatrix {
             n,
             k,
@@ -169,7 +149,23 @@ impl PackedMatrix {
     /// panel group included), without packing it: what a loader must budget before it allocates. `None` when the
     /// size overflows `usize`.
     pub fn packed_bytes(n: usize, k: usize, dtype: WeightDtype) -> Option<usize> {
+        Self::packed_bytes_with(n, k, dtype, Precision::F32)
+    }
+
+    /// [`PackedMatrix::packed_bytes`] of [`PackedMatrix::pack_with`] in `precision` (the k-pair layout pads an odd
+    /// `k` by one input).
+    pub fn packed_bytes_with(
+        n: usize,
+        k: usize,
+        dtype: WeightDtype,
+        precision: Precision,
+    ) -> Option<usize> {
         let n_panels = n.div_ceil(PANEL).div_ceil(PANEL_GROUP) * PANEL_GROUP;
+        let k = if pairs_for(dtype, precision) {
+            k.div_ceil(2) * 2
+        } else {
+            k
+        };
         n_panels
             .checked_mul(k)?
             .checked_mul(PANEL)?
@@ -206,6 +202,15 @@ impl PackedMatrix {
         self.dtype
     }
 
+    /// The arithmetic of products against this matrix: [`Precision::Bf16`] for bf16 weights packed for it,
+    /// [`Precision::F32`] otherwise.
+    pub fn precision(&self) -> Precision {
+        match self.data {
+            Storage::Pairs(_) => Precision::Bf16,
+            _ => Precision::F32,
+        }
+    }
+
     /// Panels allocated (a multiple of 4, ≥ `n / 16`).
     pub(crate) fn n_panels(&self) -> usize {
         self.n_panels
@@ -214,7 +219,7 @@ impl PackedMatrix {
     /// Bytes of storage held (including the zero padding of the last panels).
     pub fn bytes(&self) -> usize {
         match &self.data {
-            Storage::F32(d) | Storage::Half(d) => d.len(),
+            Storage::F32(d) | Storage::Half(d) | Storage::Pairs(d) => d.len(),
         }
     }
 
@@ -222,7 +227,7 @@ impl PackedMatrix {
     /// product streams, for a plain read of the same memory (e.g. a read-bandwidth pass).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
-            Storage::F32(d) | Storage::Half(d) => d.as_slice(),
+            Storage::F32(d) | Storage::Half(d) | Storage::Pairs(d) => d.as_slice(),
         }
     }
 
@@ -246,6 +251,13 @@ impl PackedMatrix {
                     *o = widen(d[base + kk * PANEL]);
                 }
             }
+            Storage::Pairs(d) => {
+                let (d, widen) = (d.view::<u16>(), half_to_f32(self.dtype));
+                let base = (r / PANEL) * self.k.div_ceil(2) * 2 * PANEL + 2 * (r % PANEL);
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = widen(d[base + (kk / 2) * 2 * PANEL + kk % 2]);
+                }
+            }
         }
     }
 
@@ -259,19 +271,111 @@ impl PackedMatrix {
     }
 }
 
-/// Fills panel storage: output row `r` comes from row `locate(r)` of a part (zero padding where `None`), each
-/// element converted from its bytes by `conv(part dtype, bytes)`.
+/// The first output row of each part and the total rows, after checking each part's byte length.
+fn part_starts(k: usize, parts: &[RowMajor]) -> Result<(Vec<usize>, usize), PackError> {
+    let mut starts = Vec::with_capacity(parts.len() + 1);
+    let mut n = 0usize;
+    for (i, p) in parts.iter().enumerate() {
+        let want = p
+            .rows
+            .checked_mul(k)
+            .and_then(|e| e.checked_mul(p.dtype.size_of()))
+            .ok_or(PackError::Overflow)?;
+        if p.bytes.len() != want {
+            return Err(PackError::Length {
+                part: i,
+                got: p.bytes.len(),
+                rows: p.rows,
+                k,
+                size: p.dtype.size_of(),
+            });
+        }
+        starts.push(n);
+        n = n.checked_add(p.rows).ok_or(PackError::Overflow)?;
+    }
+    starts.push(n);
+    Ok((starts, n))
+}
+
+/// The panel storage of `n_panels` panels of `parts` in `dtype` (k-pairs for [`Precision::Bf16`] bf16, k-major
+/// otherwise), output row `r` from `locate(r)`.
+fn fill_storage(
+    k: usize,
+    parts: &[RowMajor],
+    n_panels: usize,
+    locate: &(impl Fn(usize) -> Option<(usize, usize)> + Sync),
+    dtype: WeightDtype,
+    precision: Precision,
+) -> Result<Storage, PackError> {
+    let pairs = pairs_for(dtype, precision);
+    // inputs per panel row in storage (an odd k padded by one in k-pairs)
+    let kk = if pairs { k.div_ceil(2) * 2 } else { k };
+    let len = n_panels
+        .checked_mul(kk)
+        .and_then(|e| e.checked_mul(PANEL))
+        .and_then(|e| e.checked_mul(dtype.size_of()))
+        .ok_or(PackError::Overflow)?;
+    let mut d = HugeBuf::zeroed(len);
+    let half = |from, b: &[u8]| read_half(from, b, dtype);
+    Ok(match dtype {
+        _ if pairs => {
+            let pos = |kk: usize, l: usize| (kk / 2) * 2 * PANEL + 2 * l + kk % 2;
+            fill_panels(d.view_mut::<u16>(), kk * PANEL, k, parts, locate, pos, half);
+            Storage::Pairs(d)
+        }
+        WeightDtype::F32 => {
+            fill_panels(
+                d.view_mut::<f32>(),
+                k * PANEL,
+                k,
+                parts,
+                locate,
+                k_major,
+                read_f32,
+            );
+            Storage::F32(d)
+        }
+        WeightDtype::Bf16 | WeightDtype::F16 => {
+            fill_panels(
+                d.view_mut::<u16>(),
+                k * PANEL,
+                k,
+                parts,
+                locate,
+                k_major,
+                half,
+            );
+            Storage::Half(d)
+        }
+    })
+}
+
+/// Whether `precision` packs `dtype` weights in k-pairs.
+fn pairs_for(dtype: WeightDtype, precision: Precision) -> bool {
+    dtype == WeightDtype::Bf16 && precision == Precision::Bf16
+}
+
+/// The k-major position of input `kk`, lane `l` inside a panel.
+fn k_major(kk: usize, l: usize) -> usize {
+    kk * PANEL + l
+}
+
+/// Fills panel storage of `panel_len` elements per panel: output row `r` comes from row `locate(r)` of a part (zero
+/// padding where `None`), each element converted from its bytes by `conv(part dtype, bytes)` and put at
+/// `pos(input, lane)` in its panel.
 fn fill_panels<T: Copy + Send>(
     d: &mut [T],
+    panel_len: usize,
     k: usize,
     parts: &[RowMajor],
     locate: &(impl Fn(usize) -> Option<(usize, usize)> + Sync),
+    pos: impl Fn(usize, usize) -> usize + Sync,
     conv: impl Fn(WeightDtype, &[u8]) -> T + Sync,
 ) {
     if k == 0 {
         return;
     }
-    d.par_chunks_mut(k * PANEL)
+    d.par_chunks_mut(panel_len)
         .enumerate()
         .for_each(|(p, panel)| {
             for l in 0..PANEL {
@@ -282,7 +386,7 @@ fn fill_panels<T: Copy + Send>(
                 let size = src.dtype.size_of();
                 let bytes = &src.bytes[row * k * size..(row + 1) * k * size];
                 for (kk, e) in bytes.chunks_exact(size).enumerate() {
-                    panel[kk * PANEL + l] = conv(src.dtype, e);
+                    panel[pos(kk, l)] = conv(src.dtype, e);
                 }
             }
         });
@@ -319,103 +423,5 @@ pub(crate) fn half_to_f32(dtype: WeightDtype) -> fn(u16) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn packing_puts_each_element_at_its_panel_position_and_rows_read_back() {
-        let (n, k) = (37, 5);
-        let w: Vec<f32> = (0..n * k).map(|i| i as f32).collect();
-        let m = PackedMatrix::from_f32(n, k, &w, WeightDtype::F32);
-        assert_eq!(m.n_panels(), 4); // 37 rows → 3 panels → padded to 4
-        let Storage::F32(d) = &m.data else { panic!() };
-        let d = d.view::<f32>();
-        assert_eq!(d.len(), 4 * k * PANEL);
-        // element (r = 17, kk = 3): panel 1, l = 1
-        assert_eq!(d[k * PANEL + 3 * PANEL + 1], (17 * k + 3) as f32);
-        // padding rows are zero
-        assert_eq!(d[2 * k * PANEL + 2 * PANEL + 10], 0.0);
-        assert_eq!(m.to_f32_rows(), w);
-        assert_eq!(m.bytes(), 4 * 4 * k * PANEL);
-        assert_eq!(
-            PackedMatrix::packed_bytes(n, k, WeightDtype::F32),
-            Some(m.bytes())
-        );
-        let h = PackedMatrix::from_f32(200, 3, &vec![0.5; 600], WeightDtype::Bf16);
-        assert_eq!(
-            PackedMatrix::packed_bytes(200, 3, WeightDtype::Bf16),
-            Some(h.bytes())
-        );
-        assert_eq!(
-            PackedMatrix::packed_bytes(usize::MAX, 2, WeightDtype::F32),
-            None
-        );
-    }
-
-    #[test]
-    fn fused_parts_of_mixed_dtypes_are_kept_in_f32_exactly() {
-        let k = 3;
-        let a: Vec<u8> = [1.5f32, -2.0, 3.25]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let b: Vec<u8> = [0.5f32, 7.0, -1.0, 2.0, 4.0, 8.0]
-            .iter()
-            .flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes())
-            .collect();
-        let parts = [
-            RowMajor {
-                dtype: WeightDtype::F32,
-                bytes: &a,
-                rows: 1,
-            },
-            RowMajor {
-                dtype: WeightDtype::Bf16,
-                bytes: &b,
-                rows: 2,
-            },
-        ];
-        assert_eq!(WeightDtype::common(&parts), WeightDtype::F32);
-        let m = PackedMatrix::pack(k, &parts, WeightDtype::common(&parts)).unwrap();
-        assert_eq!((m.n(), m.k()), (3, 3));
-        assert_eq!(
-            m.to_f32_rows(),
-            vec![1.5, -2.0, 3.25, 0.5, 7.0, -1.0, 2.0, 4.0, 8.0]
-        );
-        let bad = [RowMajor {
-            dtype: WeightDtype::F32,
-            bytes: &a[..8],
-            rows: 1,
-        }];
-        assert_eq!(
-            PackedMatrix::pack(k, &bad, WeightDtype::F32),
-            Err(PackError::Length {
-                part: 0,
-                got: 8,
-                rows: 1,
-                k: 3,
-                size: 4
-            })
-        );
-    }
-
-    #[test]
-    fn bf16_and_f16_storage_keep_the_checkpoint_bits() {
-        let vals = [1.0f32, -0.333, 65504.0, 1e-7, 0.0, -0.0];
-        for dtype in [WeightDtype::Bf16, WeightDtype::F16] {
-            let m = PackedMatrix::from_f32(2, 3, &vals, dtype);
-            let want: Vec<f32> = vals
-                .iter()
-                .map(|&v| match dtype {
-                    WeightDtype::Bf16 => bf16::from_f32(v).to_f32(),
-                    _ => f16::from_f32(v).to_f32(),
-                })
-                .collect();
-            let got = m.to_f32_rows();
-            for (g, w) in got.iter().zip(&want) {
-                assert_eq!(g.to_bits(), w.to_bits(), "{dtype}");
-            }
-            assert_eq!(m.bytes(), 2 * 4 * 3 * PANEL);
-        }
-    }
-}
+#[path = "pack_tests.rs"]
+mod tests;

@@ -15,6 +15,9 @@
 //! rule ran 10 % faster with it, and the dense and attention kernels reach the FMA peak only with it.)
 
 mod arch;
+pub(crate) mod dp;
+#[cfg(target_arch = "x86_64")]
+mod dp_x86;
 mod isa;
 
 pub(crate) use isa::{allowed, dispatch, dot, dots, Isa, Kernel};

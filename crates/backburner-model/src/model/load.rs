@@ -10,6 +10,7 @@ use crate::checkpoint::{dense_dtype, unsupported, Checkpoint, StoredDtype, Vecto
 use crate::config::{FfnKind, LayerKind, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, PartSpec};
+use backburner_kernels::matmul::Precision;
 
 /// A fused projection as the loader reads it: its parts (tensor name, rows, the rows read) concatenated by rows,
 /// and its input width.
@@ -55,7 +56,7 @@ pub(super) fn load_ends(
     let specs = arch_of(c).end_tensors(c);
     let mut lin: HashMap<Key, Linear> = HashMap::new();
     for (key, (parts, k)) in fused(&specs) {
-        lin.insert(key, Linear::load(ck, k, &parts)?);
+        lin.insert(key, Linear::load(ck, k, &parts, c.precision)?);
     }
     let (_, t, kind) = vectors(&specs)
         .find(|(s, _, _)| *s == Slot::FinalNorm)
@@ -78,7 +79,7 @@ pub(super) fn load_layer(
     specs.retain(|t| t.expert.is_none_or(|e| !elsewhere(i, e)));
     let mut lin: HashMap<Key, Linear> = HashMap::new();
     for (key, (parts, k)) in fused(&specs) {
-        lin.insert(key, Linear::load(ck, k, &parts)?);
+        lin.insert(key, Linear::load(ck, k, &parts, c.precision)?);
     }
     let mut vec: HashMap<Slot, Vec<f32>> = HashMap::new();
     for (slot, t, kind) in vectors(&specs) {
@@ -159,7 +160,7 @@ pub(super) fn load_experts(
     specs.retain(|t| t.expert.is_some_and(|e| ids.contains(&e)));
     let mut lin: HashMap<Key, Linear> = HashMap::new();
     for (key, (parts, k)) in fused(&specs) {
-        lin.insert(key, Linear::load(ck, k, &parts)?);
+        lin.insert(key, Linear::load(ck, k, &parts, c.precision)?);
     }
     Ok((0..mc.num_experts)
         .map(|e| {
@@ -184,7 +185,7 @@ pub fn experts_bytes(
         let mut specs = arch_of(c).layer_tensors(c, i);
         specs.retain(|t| t.expert.is_some_and(|e| ids.contains(&e)));
         total = total
-            .checked_add(specs_bytes(ckpt, &specs)?)
+            .checked_add(specs_bytes(ckpt, &specs, c.precision)?)
             .ok_or_else(overflow)?;
     }
     Ok(total)
@@ -205,7 +206,7 @@ fn vector_bytes(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<u64> {
 }
 
 /// Bytes of a fused projection: the parts' rows packed in their common dtype, checked as the load checks them.
-fn linear_bytes(ckpt: &Checkpoint, parts: &[PartSpec], k: usize) -> Result<u64> {
+fn linear_bytes(ckpt: &Checkpoint, parts: &[PartSpec], k: usize, p: Precision) -> Result<u64> {
     use backburner_kernels::matmul::WeightDtype;
     let formats = parts
         .iter()
@@ -220,18 +221,18 @@ fn linear_bytes(ckpt: &Checkpoint, parts: &[PartSpec], k: usize) -> Result<u64> 
             }
         })
         .collect::<Result<Vec<_>>>()?;
-    crate::linear::packed_bytes(&formats, k)
+    crate::linear::packed_bytes(&formats, k, p)
         .map(|b| b as u64)
         .ok_or_else(|| ModelError::InvalidConfig("the weights' size overflows".into()))
 }
 
 /// Bytes of the tensors `specs` as loaded: matrices fused by slot and packed, vectors as f32.
-fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec]) -> Result<u64> {
+fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec], p: Precision) -> Result<u64> {
     let overflow = || ModelError::InvalidConfig("the weights' size overflows".into());
     let mut total = 0u64;
     for (_, (parts, k)) in fused(specs) {
         total = total
-            .checked_add(linear_bytes(ckpt, &parts, k)?)
+            .checked_add(linear_bytes(ckpt, &parts, k, p)?)
             .ok_or_else(overflow)?;
     }
     for (_, t, _) in vectors(specs) {
@@ -278,13 +279,13 @@ pub fn load_bytes_without(
     let arch = arch_of(c);
     let mut total = 0u64;
     if opts.ends {
-        total = specs_bytes(ckpt, &arch.end_tensors(c))?;
+        total = specs_bytes(ckpt, &arch.end_tensors(c), c.precision)?;
     }
     for i in opts.layers.clone() {
         let mut specs = arch.layer_tensors(c, i);
         specs.retain(|t| t.expert.is_none_or(|e| !elsewhere(i, e)));
         total = total
-            .checked_add(specs_bytes(ckpt, &specs)?)
+            .checked_add(specs_bytes(ckpt, &specs, c.precision)?)
             .ok_or_else(overflow)?;
     }
     Ok(total)
