@@ -590,3 +590,26 @@ fn qmatmul_is_within_the_activation_rounding_bound_of_the_exact_product() {
         );
     }
 }
+
+#[test]
+fn a_block_with_a_non_finite_scale_is_refused_with_its_row_and_block() {
+    let mut r = StdRng::seed_from_u64(31);
+    for fmt in QuantFormat::ALL {
+        let (n, k) = (20, 2 * fmt.block_elems());
+        let mut rows = random_rows(&mut r, fmt, n, k);
+        assert!(QuantMatrix::pack(fmt, k, &[(&rows, n)]).is_ok(), "{fmt}");
+        // MXFP4's E8M0 scale is finite for every byte as ggml reads it (0xFF is 2^127).
+        if fmt == QuantFormat::Mxfp4 {
+            continue;
+        }
+        // Row 17's second block gets an infinite d (IQ1_M: d's bits in its scale words).
+        let at = 17 * fmt.row_bytes(k).unwrap() + fmt.block_bytes();
+        fmt.write_scales(
+            &mut rows[at..at + fmt.block_bytes()],
+            f16::INFINITY,
+            f16::from_f32(0.01),
+        );
+        let e = QuantMatrix::pack(fmt, k, &[(&rows, n)]).unwrap_err();
+        assert_eq!(e, QuantError::NonFiniteScale { row: 17, block: 1 }, "{fmt}");
+    }
+}

@@ -56,7 +56,7 @@ pub enum ModelError {
         found: Vec<usize>,
     },
     /// A tensor is stored in a dtype we cannot convert to f32.
-    #[error("tensor {name:?} has unsupported dtype {dtype}; supported: F32, BF16, F16 and the GGUF block formats Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS")]
+    #[error("tensor {name:?} has unsupported dtype {dtype}; supported: F32, BF16, F16 and the GGUF block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K–Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4")]
     UnsupportedDtype {
         /// The checkpoint name of the tensor.
         name: String,

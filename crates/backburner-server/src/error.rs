@@ -141,8 +141,10 @@ impl From<EngineError> for ApiError {
                 ApiError::invalid(param, e.to_string())
             }
             EngineError::EmptyPrompt => ApiError::invalid(Some("prompt"), e.to_string()),
-            EngineError::ShuttingDown | EngineError::ExpertsLost { .. } => {
-                ApiError::unavailable(e.to_string())
+            EngineError::ShuttingDown => ApiError::unavailable(e.to_string()),
+            // A worker holding experts is gone (after its retry): not a busy server, so not `server_busy`.
+            EngineError::ExpertsLost { .. } => {
+                ApiError::unavailable(e.to_string()).with_code("worker_unavailable")
             }
             _ => ApiError::internal(e.to_string()),
         }

@@ -244,6 +244,14 @@ pub enum QuantError {
     /// The matrix size overflows `usize`.
     #[error("matrix size overflows")]
     Overflow,
+    /// A block whose scale (`d`, `dmin`, MXFP4's exponent, …) is NaN or infinite: every product it enters would be.
+    #[error("row {row}, block {block}: a non-finite scale (NaN or infinity)")]
+    NonFiniteScale {
+        /// Row of the matrix (across its parts).
+        row: usize,
+        /// Block of the row.
+        block: usize,
+    },
 }
 
 /// Reference dequantization of whole blocks of `fmt` (`bytes`, e.g. one row of a GGUF tensor) into `out` (f32, one

@@ -63,7 +63,8 @@ impl QuantMatrix {
     /// Runs on the current rayon pool.
     ///
     /// Errors: [`QuantError::RowLength`] when `k` is not a whole number of blocks, [`QuantError::PartLength`] when
-    /// a part's bytes do not match its rows, [`QuantError::Overflow`]. Never panics on malformed input.
+    /// a part's bytes do not match its rows, [`QuantError::Overflow`], [`QuantError::NonFiniteScale`] naming the
+    /// first block found whose scale is NaN or infinite. Never panics on malformed input.
     pub fn pack(fmt: QuantFormat, k: usize, parts: &[(&[u8], usize)]) -> Result<Self, QuantError> {
         let row_bytes = fmt
             .row_bytes(k)
@@ -100,7 +101,7 @@ impl QuantMatrix {
         panels
             .par_chunks_mut(panel_bytes)
             .enumerate()
-            .for_each(|(p, panel)| {
+            .try_for_each(|(p, panel)| {
                 for l in 0..PANEL {
                     let r = p * PANEL + l;
                     if r >= n {
@@ -109,11 +110,17 @@ impl QuantMatrix {
                     let part = starts.partition_point(|&s| s <= r) - 1;
                     let row0 = (r - starts[part]) * row_bytes;
                     let row = &parts[part].0[row0..row0 + row_bytes];
-                    for (blk, unit) in row.chunks_exact(bb).zip(panel.chunks_exact_mut(lay.bytes)) {
-                        Unit::from_gguf(fmt, blk).store(fmt, unit, l);
+                    let units = panel.chunks_exact_mut(lay.bytes);
+                    for (block, (blk, unit)) in row.chunks_exact(bb).zip(units).enumerate() {
+                        let u = Unit::from_gguf(fmt, blk);
+                        if !u.scales_finite(fmt) {
+                            return Err(QuantError::NonFiniteScale { row: r, block });
+                        }
+                        u.store(fmt, unit, l);
                     }
                 }
-            });
+                Ok(())
+            })?;
         Ok(m)
     }
 

@@ -186,6 +186,16 @@ impl Unit {
         }
     }
 
+    /// Whether the block's scales are finite (f16 `d` and `dmin`, or the generic formats' f32 `df`, `dmf`).
+    pub fn scales_finite(&self, fmt: QuantFormat) -> bool {
+        let f16_ok = |b: u16| b & 0x7C00 != 0x7C00;
+        if spec(fmt).is_some() {
+            self.df.is_finite() && self.dmf.is_finite()
+        } else {
+            f16_ok(self.d) && f16_ok(self.dmin)
+        }
+    }
+
     /// A zeroed unit (for the generic decoders).
     pub(crate) fn zeroed() -> Unit {
         Unit::zero()
