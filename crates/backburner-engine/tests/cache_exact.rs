@@ -176,6 +176,7 @@ fn cached_answers_equal_cold_runs_on_every_format_and_ubatch() {
         "gguf/tiny-q-q4_k.gguf",
         "gguf/tiny-q-q6_k.gguf",
         "gguf/tiny-q-iq4_xs.gguf",
+        "gguf/tiny-q-mix.gguf",
     ];
     for (mi, name) in models.iter().enumerate() {
         let model = Arc::new(Model::load(&common::fixture(name)).unwrap());

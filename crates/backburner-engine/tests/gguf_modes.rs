@@ -64,7 +64,9 @@ fn mirror_bytes(cfg: &ModelConfig, rows: usize) -> usize {
 #[test]
 fn split_prefill_with_a_gguf_worker_gives_the_local_bits() {
     let (_tmp, q4k) = stacked("q4_k");
-    for path in [gguf("tiny-f32.gguf"), q4k] {
+    // every block type in one file (tiny-q-mix.gguf)
+    let (_tmp2, mix) = stacked("mix");
+    for path in [gguf("tiny-f32.gguf"), q4k, mix] {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let model = load(&path);
         let cfg = model.config().clone();
@@ -152,7 +154,8 @@ fn a_worker_holding_another_gguf_is_refused_by_fingerprint_and_the_host_falls_ba
 #[test]
 fn kv_offload_to_a_gguf_worker_keeps_the_local_bits() {
     let (_tmp, q4k) = stacked("q4_k");
-    for path in [gguf("tiny-f32.gguf"), q4k] {
+    let (_tmp2, mix) = stacked("mix");
+    for path in [gguf("tiny-f32.gguf"), q4k, mix] {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let model = load(&path);
         let w = start_worker(&path, None, None);
@@ -257,8 +260,14 @@ fn connection(path: &Path, addr: &str) -> Connection {
 
 #[test]
 fn layer_split_over_gguf_workers_gives_the_local_bits() {
-    // the fixture itself: 4 layers of Q4_K, split at any layer boundary
-    let path = gguf("tiny-q-q4_k.gguf");
+    // the fixtures themselves: 4 layers of Q4_K, and of every block type mixed, split at any layer boundary
+    for name in ["tiny-q-q4_k.gguf", "tiny-q-mix.gguf"] {
+        layer_split_over(&gguf(name));
+    }
+}
+
+fn layer_split_over(path: &Path) {
+    let path = path.to_path_buf();
     let model = load(&path);
     let p = prompt(50, 4);
     let steps = 8;

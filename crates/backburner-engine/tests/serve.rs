@@ -112,7 +112,12 @@ fn alone(model: &Arc<Model>, prompt: &[u32], params: &GenerateParams) -> Generat
 #[test]
 fn four_slots_give_each_sequence_its_own_tokens_and_logits() {
     // dense, and mixture of experts (the batch groups the sequences' rows by routed expert), and Qwen3-Next
-    for name in ["tiny-f32", "tiny-moe-f32", "tiny-next-f32"] {
+    for name in [
+        "tiny-f32",
+        "tiny-moe-f32",
+        "tiny-next-f32",
+        "gguf/tiny-q-mix.gguf",
+    ] {
         four_slots(name);
     }
 }
