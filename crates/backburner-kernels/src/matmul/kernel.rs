@@ -17,9 +17,29 @@ const GROUP_PANELS: usize = 16;
 /// first block reads a pass's panels from memory, the next ones from the cache. More rows go through the blocked
 /// prefill path. Measured on the bench model's decode batch (`batch_decode_timing`): the blocked path at 3–8 rows
 /// was slower than two passes of the direct one.
-const DIRECT_ROWS: usize = 8;
+pub(super) const DIRECT_ROWS: usize = 8;
 /// Below this many multiply-adds a product runs on the calling thread alone.
 const SERIAL_WORK: usize = 1 << 16;
+
+/// Rows per packed activation block for `m` rows: all of them on the direct (decode) path, else the register tile's
+/// height (12 on a wide ISA, 6 otherwise). Shared by the f32 and bf16-activation products.
+pub(super) fn row_block(m: usize, wide: bool) -> usize {
+    match (m <= DIRECT_ROWS, wide) {
+        (true, _) => m,
+        (false, true) => 12,
+        (false, false) => 6,
+    }
+}
+
+/// Tasks for a product of `work` multiply-adds over `groups` panel groups: one below [`SERIAL_WORK`], else one per
+/// pool thread (at most one per group).
+pub(super) fn task_count(work: usize, groups: usize) -> usize {
+    if work < SERIAL_WORK {
+        1
+    } else {
+        threads().min(groups)
+    }
+}
 
 /// `y = x · Wᵀ`: x `[m, k]` f32, `w` packed `[n, k]`, y `[m, n]` f32 (overwritten).
 ///
@@ -44,18 +64,10 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
     }
     let wide = dispatch(IsWide);
     let direct = m <= DIRECT_ROWS;
-    let mr = match (direct, wide) {
-        (true, _) => m,
-        (false, true) => 12,
-        (false, false) => 6,
-    };
+    let mr = row_block(m, wide);
     let a = pack_rows(x, m, k, mr);
     let groups = w.n_panels() / PANEL_GROUP;
-    let n_tasks = if m * n * k < SERIAL_WORK {
-        1
-    } else {
-        threads().min(groups)
-    };
+    let n_tasks = task_count(m * n * k, groups);
     let out = OutPtr(y.as_mut_ptr());
     for_each_task(n_tasks, |t| {
         let g = split_range(groups, n_tasks, t);

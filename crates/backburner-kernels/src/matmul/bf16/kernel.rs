@@ -1,11 +1,11 @@
 //! The bf16-activation product kernel: threads × panel ranges × `vdpbf16ps` register tiles (native or emulated, see
 //! [`Dp`]).
 
-use super::super::kernel::OutPtr;
+use super::super::kernel::{row_block, task_count, OutPtr, DIRECT_ROWS};
 use super::super::pack::{PackedMatrix, PANEL_GROUP};
 use super::super::PANEL;
 use super::pack_act_pairs;
-use crate::parallel::{for_each_task, split_range, threads};
+use crate::parallel::{for_each_task, split_range};
 use crate::simd::dp::{dp_dispatch, Dp, DpKernel};
 
 /// Pairs of inputs per block of the prefill path (a block of [`GROUP_PANELS`] panels is `KCP × 64` bytes each:
@@ -13,10 +13,6 @@ use crate::simd::dp::{dp_dispatch, Dp, DpKernel};
 const KCP: usize = 256;
 /// Panels per block of the prefill path.
 const GROUP_PANELS: usize = 16;
-/// Up to this many rows a product streams each panel once with the whole chain in registers (as the f32 path).
-const DIRECT_ROWS: usize = 8;
-/// Below this many multiply-adds a product runs on the calling thread alone.
-const SERIAL_WORK: usize = 1 << 16;
 
 /// `y [m, n] = x [m, k] · Wᵀ` in the bf16-activation arithmetic (see the [module docs](super)); `pairs` is `w`'s
 /// pair storage. The caller has checked the shapes and that `m`, `n`, `k` are non-zero.
@@ -30,18 +26,10 @@ pub(in crate::matmul) fn matmul_pairs(
     let (n, k) = (w.n(), w.k());
     let wide = dp_dispatch(IsWide);
     let direct = m <= DIRECT_ROWS;
-    let mr = match (direct, wide) {
-        (true, _) => m,
-        (false, true) => 12,
-        (false, false) => 6,
-    };
+    let mr = row_block(m, wide);
     let a = pack_act_pairs(x, m, k, mr);
     let groups = w.n_panels() / PANEL_GROUP;
-    let n_tasks = if m * n * k < SERIAL_WORK {
-        1
-    } else {
-        threads().min(groups)
-    };
+    let n_tasks = task_count(m * n * k, groups);
     let out = OutPtr(y.as_mut_ptr());
     for_each_task(n_tasks, |t| {
         let g = split_range(groups, n_tasks, t);
