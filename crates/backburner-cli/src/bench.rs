@@ -425,13 +425,18 @@ pub fn load_or_bench_model(
 ) -> Result<(ModelArgs, crate::Loaded)> {
     let mut margs = args.clone();
     if margs.model.is_none() {
-        margs.model = Some(default_model::ensure_at(
-            &default_model::cache_dir().join("bench-model-v1"),
-            &bench_config(),
-        )?);
+        margs.model = Some(bench_model_dir()?);
     }
     let loaded = load(&margs, pool)?;
     Ok((margs, loaded))
+}
+
+/// The bundled bench model's directory, generated on first use (random weights of [`bench_config`]).
+pub fn bench_model_dir() -> Result<std::path::PathBuf> {
+    default_model::ensure_at(
+        &default_model::cache_dir().join("bench-model-v1"),
+        &bench_config(),
+    )
 }
 
 /// Runs a benchmark.

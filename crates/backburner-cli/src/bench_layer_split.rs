@@ -75,6 +75,14 @@ pub struct LayerSplitArgs {
     /// worker process and every layer on the host (over loopback, and over the emulated link unless --no-shaped).
     #[arg(long, value_name = "L")]
     experts: Option<usize>,
+    /// Skip the whole-model-on-host configuration: the host loads only its own layers (and the ends), so
+    /// `--max-memory` may be smaller than the model (zero to one). The configurations are then checked bit for bit
+    /// against the first one instead of against local.
+    #[arg(long)]
+    no_local: bool,
+    /// `--max-memory` of each worker process (default: none but the OS's limits).
+    #[arg(long, value_name = "BYTES")]
+    worker_max_memory: Option<String>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -133,6 +141,7 @@ fn start_workers(
     dir: &std::path::Path,
     threads: usize,
     precision: backburner_model::Precision,
+    max_memory: Option<&str>,
     sets: &[&[Range<usize>]],
 ) -> Result<Workers> {
     let mut w = Workers {
@@ -144,7 +153,11 @@ fn start_workers(
             continue;
         }
         let layers = format!("{}..{}", r.start, r.end);
-        let (p, addr) = spawn_worker(dir, threads, precision, &["--layers", &layers])
+        let mut extra = vec!["--layers", &layers];
+        if let Some(m) = max_memory {
+            extra.extend(["--max-memory", m]);
+        }
+        let (p, addr) = spawn_worker(dir, threads, precision, &extra)
             .with_context(|| format!("start the worker for layers {layers}"))?;
         w._procs.push(p);
         w.by_range.push((r.clone(), addr));
@@ -159,6 +172,8 @@ struct Ctx<'a> {
     dir: &'a std::path::Path,
     workers: &'a Workers,
     shaper: Shaper,
+    /// The model's decoder layers.
+    n_layers: usize,
     /// Host models by the layers they hold (`[0, held)`), each loaded once.
     hosts: Vec<(usize, Arc<Model>)>,
 }
@@ -176,7 +191,7 @@ impl Ctx<'_> {
 
     /// A configuration whose workers hold `ranges` (none: local), over the shaped link or loopback.
     fn setup(&mut self, name: &str, ranges: &[Range<usize>], shaped: bool) -> Result<Setup> {
-        let n = self.hosts[0].0;
+        let n = self.n_layers;
         let held = ranges.first().map_or(n, |r| r.start);
         let model = self.host(held)?;
         let opts = self.margs.session_options(self.pool);
@@ -213,6 +228,11 @@ impl Ctx<'_> {
     /// Experts on the worker at `addr`: a host model without the routed experts of `[l, n)`, attached to it.
     fn setup_experts(&mut self, name: &str, addr: &str, l: usize, shaped: bool) -> Result<Setup> {
         let cfg = self.hosts[0].1.config().clone();
+        if self.hosts[0].0 != self.n_layers {
+            bail!(
+                "experts on a worker compare against the whole model on the host: drop --no-local"
+            );
+        }
         let n = cfg.num_hidden_layers;
         let ids: Vec<usize> = (0..cfg.moe.as_ref().map_or(0, |m| m.num_experts)).collect();
         let away = vec![(l..n, ids.clone())];
@@ -322,8 +342,8 @@ fn measure(st: &mut Setup, prompt: &[u32], n: usize) -> Result<(Round, Output)> 
     Ok((r, Output { tokens, logits }))
 }
 
-/// `rounds` rounds over the configurations in turn (local first); every configuration must give local's greedy
-/// tokens and prompt logits, bit for bit, in every round. Returns those tokens.
+/// `rounds` rounds over the configurations in turn (local first, unless `--no-local`); every configuration must
+/// give the first one's greedy tokens and prompt logits, bit for bit, in every round. Returns those tokens.
 fn measure_rounds(setups: &mut [Setup], a: &LayerSplitArgs, prompt: &[u32]) -> Result<Vec<u32>> {
     let mut want: Option<Output> = None;
     for round in 0..a.rounds {
@@ -389,15 +409,49 @@ fn worker_ranges(a: &LayerSplitArgs, n: usize) -> Result<(Ranges, Ranges)> {
     Ok((one, chain))
 }
 
+/// The first host model: every layer, or with `--no-local` only `[0, --layer-split)` and the ends (so that a
+/// `--max-memory` below the model's size holds). Returns the resolved model options, it and the model's layers.
+fn load_first_host(
+    a: &LayerSplitArgs,
+    pool: &ComputePool,
+) -> Result<(ModelArgs, crate::Loaded, usize)> {
+    if !a.no_local {
+        let (margs, loaded) = bench::load_or_bench_model(&a.model, pool)?;
+        let n = loaded.model.config().num_hidden_layers;
+        return Ok((margs, loaded, n));
+    }
+    let mut margs = a.model.clone();
+    if margs.model.is_none() {
+        margs.model = Some(bench::bench_model_dir()?);
+    }
+    let dir = margs.model.clone().expect("set above");
+    let n = crate::load_tokenizer(&dir)?.0.num_hidden_layers;
+    if a.layer_split == 0 || a.layer_split >= n {
+        bail!("--layer-split must be inside the model's {n} layers");
+    }
+    let loaded = crate::load_host(&margs, pool, Some(a.layer_split))?;
+    Ok((margs, loaded, n))
+}
+
+/// The decoder layers `loaded` holds on the host (`[0, held)`).
+fn held_of(loaded: &crate::Loaded) -> usize {
+    loaded.model.layer_range().end
+}
+
 /// Runs the benchmark.
 pub fn run(a: LayerSplitArgs) -> Result<()> {
     let pool = compute_pool(Some(a.model.threads.unwrap_or(1)))?;
-    let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
+    let (margs, loaded, n) = load_first_host(&a, &pool)?;
     let cfg = loaded.model.config().clone();
-    let n = cfg.num_hidden_layers;
     let (one, chain) = worker_ranges(&a, n)?;
     let precision = cfg.precision;
-    let workers = start_workers(&loaded.dir, a.worker_threads, precision, &[&one, &chain])?;
+    let workers = start_workers(
+        &loaded.dir,
+        a.worker_threads,
+        precision,
+        a.worker_max_memory.as_deref(),
+        &[&one, &chain],
+    )?;
     let experts_worker = match a.experts {
         Some(l) if cfg.moe.is_none() || l >= n => {
             bail!("--experts L needs a mixture-of-experts model and L inside its {n} layers")
@@ -415,10 +469,13 @@ pub fn run(a: LayerSplitArgs) -> Result<()> {
         dir: &loaded.dir,
         workers: &workers,
         shaper,
-        hosts: vec![(n, loaded.model.clone())],
+        n_layers: n,
+        hosts: vec![(held_of(&loaded), loaded.model.clone())],
     };
-    let mut plan: Vec<(&str, &[Range<usize>], bool)> =
-        vec![("local", &[], false), ("layer_split", &one, false)];
+    let mut plan: Vec<(&str, &[Range<usize>], bool)> = vec![("layer_split", &one, false)];
+    if !a.no_local {
+        plan.insert(0, ("local", &[], false));
+    }
     if !a.no_shaped {
         plan.push(("layer_split_shaped", &one, true));
     }

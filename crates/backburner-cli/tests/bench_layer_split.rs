@@ -70,3 +70,47 @@ fn bench_layer_split_refuses_a_chain_of_one() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("two or more split points"), "{err}");
 }
+
+/// Zero to one: with `--no-local` the host loads only its layers, so a `--max-memory` the whole model does not fit
+/// still runs the split, and its greedy tokens are the local run's.
+#[test]
+fn bench_layer_split_no_local_runs_under_a_budget_the_model_does_not_fit() {
+    let o = bench(&["--json", "--no-shaped", "--no-chain"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let full: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let whole = full["results"][0]["host_weight_bytes"].as_u64().unwrap();
+    let part = full["results"][1]["host_weight_bytes"].as_u64().unwrap();
+    assert!(part < whole, "{full}");
+    let budget = format!("{}", (whole + part) / 2);
+    let refused = bench(&[
+        "--json",
+        "--no-shaped",
+        "--no-chain",
+        "--max-memory",
+        &budget,
+    ]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.contains("--max-memory"), "{err}");
+    let o = bench(&[
+        "--json",
+        "--no-shaped",
+        "--no-chain",
+        "--no-local",
+        "--max-memory",
+        &budget,
+        "--worker-max-memory",
+        &budget,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1, "{r}");
+    assert_eq!(results[0]["config"], "layer_split");
+    assert_eq!(results[0]["host_weight_bytes"].as_u64(), Some(part));
+    assert!(results[0]["prefill_vs_local"].is_null(), "{r}");
+    assert_eq!(
+        r["tokens"], full["tokens"],
+        "the split's tokens are local's"
+    );
+}

@@ -29,10 +29,10 @@ pub(super) struct ConfigResult {
     prefill_tok_s: f64,
     /// Median decode tokens per second (after the first token).
     decode_tok_s: f64,
-    /// This configuration's prefill rate / local's.
-    prefill_vs_local: f64,
-    /// This configuration's decode rate / local's.
-    decode_vs_local: f64,
+    /// This configuration's prefill rate / local's (null with `--no-local`).
+    prefill_vs_local: Option<f64>,
+    /// This configuration's decode rate / local's (null with `--no-local`).
+    decode_vs_local: Option<f64>,
     /// Per decode token, from the round with the median decode time: total, host, workers, link (ms).
     decode_ms_per_token: serde_json::Value,
     /// Bytes over the link per decode token, both ways, all workers (that same round).
@@ -55,14 +55,19 @@ fn median_round(rounds: &[Round]) -> &Round {
     &rounds[idx[idx.len() / 2]]
 }
 
-/// Each configuration's medians and its ratios vs local (the first), for an `n_layers`-layer model.
+/// Each configuration's medians and its ratios vs local (if run), for an `n_layers`-layer model.
 pub(super) fn summarize(setups: &[Setup], n_layers: usize) -> Vec<ConfigResult> {
     let col = |st: &Setup, f: fn(&Round) -> f64| st.rounds.iter().map(f).collect::<Vec<f64>>();
-    let local = &setups[0];
-    let (lp, ld) = (
-        median(&col(local, |r| r.prefill_tok_s)),
-        median(&col(local, |r| r.decode_tok_s)),
-    );
+    let local = setups
+        .iter()
+        .find(|st| st.ranges.is_empty() && st.experts.is_none());
+    let (lp, ld) = match local {
+        Some(l) => (
+            Some(median(&col(l, |r| r.prefill_tok_s))),
+            Some(median(&col(l, |r| r.decode_tok_s))),
+        ),
+        None => (None, None),
+    };
     setups
         .iter()
         .map(|st| {
@@ -79,8 +84,8 @@ pub(super) fn summarize(setups: &[Setup], n_layers: usize) -> Vec<ConfigResult> 
                 host_weight_bytes: st.host_weight_bytes,
                 prefill_tok_s: median(&p),
                 decode_tok_s: median(&d),
-                prefill_vs_local: median(&p) / lp,
-                decode_vs_local: median(&d) / ld,
+                prefill_vs_local: lp.map(|l| median(&p) / l),
+                decode_vs_local: ld.map(|l| median(&d) / l),
                 decode_ms_per_token: serde_json::json!({
                     "total": m.decode_ms, "host": m.host_ms, "workers": m.workers_ms, "link": m.link_ms,
                 }),
@@ -118,16 +123,17 @@ pub(super) fn print_table(results: &[ConfigResult]) {
         };
         let ms = &r.decode_ms_per_token;
         let f = |k: &str| ms[k].as_f64().unwrap_or(0.0);
+        let ratio = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}x"));
         println!(
-            "{:<20} {:>6} {:<14} {:>9.1} {:>13.1} {:>7.2}x {:>12.2} {:>7.2}x {:>38} {:>10.0}",
+            "{:<20} {:>6} {:<14} {:>9.1} {:>13.1} {:>8} {:>12.2} {:>8} {:>38} {:>10.0}",
             r.config,
             format!("0..{}", r.host_layers[1]),
             workers,
             r.host_weight_bytes as f64 / 1e6,
             r.prefill_tok_s,
-            r.prefill_vs_local,
+            ratio(r.prefill_vs_local),
             r.decode_tok_s,
-            r.decode_vs_local,
+            ratio(r.decode_vs_local),
             format!(
                 "{:.2} = {:.2} + {:.2} + {:.2}",
                 f("total"),
