@@ -45,6 +45,10 @@ enum BenchKind {
     /// Write a random-weight GGUF file of any shape (the full 27B too) and per-tensor type mix, streamed to disk
     /// with bounded memory, for the other benches' `--model`.
     GenGguf(crate::bench_gen_gguf::GenGgufArgs),
+    /// The original write-up's table (zero to one, long prefill local vs split, decode with KV pages on a worker,
+    /// an agent session's first answer) on given files, beside llama.cpp on the same files (--llama-cpp),
+    /// alternating rounds; writes every run's JSON, a Markdown table and one SVG plot per row to --out.
+    SeedTable(crate::bench_seed::SeedArgs),
 }
 
 #[derive(Args)]
@@ -449,6 +453,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::Session(a) => crate::bench_session::run(a),
         BenchKind::Slots(a) => crate::bench_slots::run(a),
         BenchKind::GenGguf(a) => crate::bench_gen_gguf::run(a),
+        BenchKind::SeedTable(a) => crate::bench_seed::run(a),
     }
 }
 

@@ -5,6 +5,7 @@ mod bench_gen_gguf;
 mod bench_layer_split;
 mod bench_offload;
 mod bench_report;
+mod bench_seed;
 mod bench_session;
 mod bench_session_http;
 mod bench_session_report;

@@ -5,6 +5,7 @@ mod common;
 mod serve_util;
 
 mod bench_layer_split;
+mod bench_seed;
 mod bench_serving;
 mod cli;
 mod experts;
