@@ -243,6 +243,22 @@ fn gb(b: u64) -> String {
     format!("{:.2} GB", b as f64 / 1e9)
 }
 
+/// The type rule for people: `IQ2_XS,ffn=Q8_0` (as the file's metadata keeps it) as `IQ2_XS (tensors matching
+/// "ffn": Q8_0)`.
+fn human_types(rule: &str) -> String {
+    let mut parts = rule.split(',');
+    let default = parts.next().unwrap_or_default().to_string();
+    let over: Vec<String> = parts
+        .filter_map(|p| p.rsplit_once('='))
+        .map(|(pat, t)| format!("tensors matching {pat:?}: {t}"))
+        .collect();
+    if over.is_empty() {
+        default
+    } else {
+        format!("{default} ({})", over.join(", "))
+    }
+}
+
 fn print_plan(g: &Generator, rule: &TypeRule) {
     let c = g.config();
     let arch = backburner_model::arch::arch_of(c).gguf_arch;
@@ -255,7 +271,7 @@ fn print_plan(g: &Generator, rule: &TypeRule) {
             ", {} experts of {} ({} per token)",
             m.num_experts, m.moe_intermediate_size, m.num_experts_per_tok
         )),
-        rule.describe(),
+        human_types(&rule.describe()),
         g.tensors().len(),
         gb(g.file_bytes()),
         g.file_bytes()

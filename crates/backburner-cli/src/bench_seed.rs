@@ -125,9 +125,27 @@ pub(crate) struct LongPrefill {
         default_value = "16384,32768,49152"
     )]
     pub depths: Vec<usize>,
+    /// llama.cpp's runs in that row: `local` (its single-node prefill) and/or `rpc` (its split over a
+    /// ggml-rpc-server, the row's target). Its single-thread prefill at 16k positions takes about half an hour at
+    /// the 27B's shapes with 8 layers here, so `rpc` alone keeps a row short.
+    #[arg(
+        long = "prefill-llama",
+        value_delimiter = ',',
+        default_value = "local,rpc"
+    )]
+    pub llama_runs: Vec<LlamaRun>,
     /// --precision of our runs on bf16/f16 weights (llama.cpp computes them with bf16/f16 activations).
     #[arg(long = "prefill-precision", default_value = "bf16")]
     pub precision: String,
+}
+
+/// A llama.cpp configuration of the long-prefill row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LlamaRun {
+    /// Every layer on the host.
+    Local,
+    /// The worker's layers on a ggml-rpc-server.
+    Rpc,
 }
 
 /// Decode with KV pages on a worker.

@@ -143,6 +143,14 @@ pub fn run(a: SplitArgs) -> Result<()> {
     let host_threads = pool.threads();
     let (margs, loaded) = bench::load_or_bench_model(&a.model, &pool)?;
     let cfg = loaded.model.config().clone();
+    if backburner_engine::split::balanced_split(&cfg, 1, 1).is_none() {
+        bail!(
+            "this {}-layer model has no split point on its {}-layer cycle: split prefill needs two cycles or more \
+             (the worker would take no part)",
+            cfg.num_hidden_layers,
+            cfg.full_attention_interval
+        );
+    }
     let precision = loaded.model.config().precision;
     let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, precision, &[])?;
     let link = LinkArgs {

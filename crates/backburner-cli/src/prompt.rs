@@ -36,6 +36,9 @@ pub fn parse_token_ids(s: &str) -> Result<Vec<u32>> {
     if t.starts_with('[') {
         let v: Vec<u32> = serde_json::from_str(t)
             .context("token ids: not a JSON array of non-negative integers")?;
+        if v.is_empty() {
+            bail!("token ids: none given (an empty array)");
+        }
         return Ok(v);
     }
     if t.is_empty() {
@@ -70,6 +73,8 @@ mod tests {
     #[test]
     fn ids_parse_from_json_commas_and_whitespace() {
         assert_eq!(parse_token_ids("[1, 2,3]").unwrap(), vec![1, 2, 3]);
+        let e = parse_token_ids(" [ ] ").unwrap_err().to_string();
+        assert_eq!(e, "token ids: none given (an empty array)");
         assert_eq!(
             parse_token_ids("1,2, 3\n4\t5").unwrap(),
             vec![1, 2, 3, 4, 5]

@@ -237,7 +237,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
             }
         },
     );
-    let gen = match gen_result {
+    let gen = match gen_result.map_err(one_shot_error) {
         Ok(g) => g,
         Err(e) if json => {
             // a failure before the first token (e.g. a lost layer-split worker during prefill): still one object
@@ -259,7 +259,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
             eprintln!("error: {e}");
             std::process::exit(1);
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     };
     if let Some(f) = &a.dump_logits {
         let bytes: Vec<u8> = gen
@@ -283,6 +283,27 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         bail!("generation stopped after {} tokens: {e}", gen.tokens.len());
     }
     Ok(())
+}
+
+/// `run` ends with its one request: a lost worker's error says to run again instead of promising the session's
+/// next request (which a server has, and `run` has not).
+fn one_shot_error(e: backburner_engine::EngineError) -> anyhow::Error {
+    use backburner_engine::EngineError as E;
+    match e {
+        E::WorkerLost {
+            addr,
+            layers,
+            reason,
+            ..
+        } => anyhow::anyhow!(
+            "worker {addr} holding layers {layers} is lost ({reason}): nothing else holds those layers; run again \
+             once it is back"
+        ),
+        E::ExpertsLost { reason, .. } => anyhow::anyhow!(
+            "routed experts on a worker are unavailable ({reason}): run again once the worker is back"
+        ),
+        e => e.into(),
+    }
 }
 
 /// The prompt's token ids from `--prompt`, `--prompt-file` (through the chat template with `--chat`),

@@ -120,3 +120,30 @@ fn generated_files_run_and_the_27b_plan_is_printed_without_writing() {
     assert!(!out.contains("fallbacks"), "{out}");
     assert!(!big.exists());
 }
+
+/// A model of one layer cycle has no split point: `bench split-prefill` says so instead of timing a "split" the
+/// worker takes no part in.
+#[test]
+fn split_prefill_refuses_a_model_without_a_split_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("four.gguf");
+    let f = f.to_str().unwrap();
+    ok(&bb(&[
+        "bench", "gen-gguf", "--shape", "tiny", "--layers", "4", "--out", f,
+    ]));
+    let o = bb(&[
+        "bench",
+        "split-prefill",
+        "--model",
+        f,
+        "--depths",
+        "64",
+        "--no-shaped",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("this 4-layer model has no split point on its 4-layer cycle"),
+        "{err}"
+    );
+}

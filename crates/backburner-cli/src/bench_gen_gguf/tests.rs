@@ -220,3 +220,12 @@ fn the_bundled_tokenizer_in_a_generated_file_encodes_as_its_tokenizer_json() {
     }
     assert!(from_gguf.has_chat_template());
 }
+
+#[test]
+fn the_type_rule_prints_for_people() {
+    assert_eq!(super::human_types("IQ4_XS"), "IQ4_XS");
+    assert_eq!(
+        super::human_types("IQ2_XS,^output.weight$=Q6_K,ffn=Q8_0"),
+        "IQ2_XS (tensors matching \"^output.weight$\": Q6_K, tensors matching \"ffn\": Q8_0)"
+    );
+}

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use super::llama::{ngl_from, tok_s};
-use super::{arg, Line, RowReport, Runner};
+use super::llama::{ngl_from, tok_s, Llama};
+use super::{arg, Line, LlamaRun, RowReport, Runner};
 use backburner_model::ModelConfig;
 
 /// The file a row needs, or an error naming its option.
@@ -192,33 +192,20 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
             }
             if let Some(ll) = &r.llama {
                 let v = r.cached(&format!("long-prefill-{i}-llama-{round}"), || {
-                    let mut out = Vec::new();
-                    for dp in &depths {
-                        let base = [
-                            "-p".to_string(),
-                            dp.clone(),
-                            "-n".into(),
-                            "0".into(),
-                            "-b".into(),
-                            dp.clone(),
-                        ];
-                        let local = ll.bench(model, &base)?;
-                        let s = ll.rpc_server()?;
-                        let rpc = [
-                            &["--rpc".to_string(), s.addr.clone(), "-ngl".into()][..],
-                            &[n(ngl_from(split_layer, layers))],
-                            &base[..],
-                        ]
-                        .concat();
-                        out.push(
-                            json!({"tokens": dp, "local": local, "rpc": ll.bench(model, &rpc)?}),
-                        );
-                    }
-                    Ok(Value::Array(out))
+                    llama_prefill(
+                        ll,
+                        model,
+                        &a.depths,
+                        &a.llama_runs,
+                        ngl_from(split_layer, layers),
+                    )
                 })?;
                 for (k, x) in v.as_array().context("llama's runs")?.iter().enumerate() {
-                    lines[first + 2 * k].llama.push(tok_s(&x["local"])?);
-                    lines[first + 2 * k + 1].llama.push(tok_s(&x["rpc"])?);
+                    for (j, key) in ["local", "rpc"].into_iter().enumerate() {
+                        if !x[key].is_null() {
+                            lines[first + 2 * k + j].llama.push(tok_s(&x[key])?);
+                        }
+                    }
                 }
             }
         }
@@ -241,6 +228,36 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
         ),
         lines,
     })
+}
+
+/// llama.cpp's prefill of each of `depths` on `model`: local and/or (`runs`) with `-ngl ngl` on an RPC server, `-b`
+/// the prompt so that it pipelines ubatches across the two; one object per depth (`local`, `rpc`: llama-bench's
+/// report, or null when not run).
+fn llama_prefill(
+    ll: &Llama,
+    model: &Path,
+    depths: &[usize],
+    runs: &[LlamaRun],
+    ngl: usize,
+) -> Result<Value> {
+    let mut out = Vec::new();
+    for &dp in depths {
+        let base = ["-p", &n(dp), "-n", "0", "-b", &n(dp)].map(String::from);
+        let local = match runs.contains(&LlamaRun::Local) {
+            true => ll.bench(model, &base)?,
+            false => Value::Null,
+        };
+        let rpc = match runs.contains(&LlamaRun::Rpc) {
+            true => {
+                let s = ll.rpc_server()?;
+                let head = ["--rpc".to_string(), s.addr.clone(), "-ngl".into(), n(ngl)];
+                ll.bench(model, &[&head[..], &base[..]].concat())?
+            }
+            false => Value::Null,
+        };
+        out.push(json!({"tokens": dp, "local": local, "rpc": rpc}));
+    }
+    Ok(Value::Array(out))
 }
 
 /// Decode at a long context: the whole KV cache on the host vs half of its pages on a worker.
