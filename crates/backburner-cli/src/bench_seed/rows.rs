@@ -231,7 +231,7 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
 }
 
 /// llama.cpp's prefill of each of `depths` on `model`: local and/or (`runs`) with `-ngl ngl` on an RPC server, `-b`
-/// the prompt so that it pipelines ubatches across the two; one object per depth (`local`, `rpc`: llama-bench's
+/// the prompt so that it pipelines ubatches across the two, without llama-bench's warm-up pass; one object per depth (`local`, `rpc`: llama-bench's
 /// report, or null when not run).
 fn llama_prefill(
     ll: &Llama,
@@ -242,7 +242,8 @@ fn llama_prefill(
 ) -> Result<Value> {
     let mut out = Vec::new();
     for &dp in depths {
-        let base = ["-p", &n(dp), "-n", "0", "-b", &n(dp)].map(String::from);
+        // no warm-up pass: at these lengths it doubles the time and touches nothing the timed pass does not
+        let base = ["-p", &n(dp), "-n", "0", "-b", &n(dp), "--no-warmup"].map(String::from);
         let local = match runs.contains(&LlamaRun::Local) {
             true => ll.bench(model, &base)?,
             false => Value::Null,
