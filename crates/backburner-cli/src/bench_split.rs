@@ -216,6 +216,13 @@ pub fn run(a: SplitArgs) -> Result<()> {
                 st.fallbacks
             );
         }
+        if st.worker_tokens == 0 {
+            bail!(
+                "the worker took no part in the {n}-token prefill (a prompt of one ubatch or less, {} tokens here, \
+                 runs on the host): give longer --depths",
+                margs.ubatch
+            );
+        }
         if got
             .iter()
             .zip(&want)

@@ -48,7 +48,7 @@ fn seed_table(out: &Path, llama: &Path, extra: &[&str]) -> std::process::Output 
         .args(["--rows", "zero-to-one,long-prefill,offload-decode"])
         .args(["--z2o-model", m, "--z2o-host-memory", "1GB"])
         .args(["--z2o-layer-split", "4", "--z2o-prompt-tokens", "16"])
-        .args(["--prefill-models", m, "--prefill-depths", "256"])
+        .args(["--prefill-models", m, "--prefill-depths", "1024"])
         .args(["--offload-model", m, "--offload-depth", "1024"])
         .args(["--offload-page-size", "256"])
         .args(extra)
@@ -78,7 +78,7 @@ fn seed_table_runs_every_row_beside_llama_cpp_and_writes_table_json_and_plots() 
     assert_eq!(ratio, z[1]["ours_median"].as_f64().unwrap() / 42.5);
     let p = &rows[1]["lines"];
     assert_eq!(p.as_array().unwrap().len(), 2, "{p}");
-    assert_eq!(p[0]["label"], "tiny-f32: 256 tokens, local");
+    assert_eq!(p[0]["label"], "tiny-f32: 1024 tokens, local");
     assert_eq!(p[1]["llama_cpp"], serde_json::json!([42.5]));
     let d = rows[2]["lines"].as_array().unwrap();
     assert_eq!(d.len(), 3);
@@ -99,12 +99,15 @@ fn seed_table_runs_every_row_beside_llama_cpp_and_writes_table_json_and_plots() 
         "{calls:?}"
     );
     assert!(calls[1].contains("-ngl 5 -p 0 -n 8 -d 16"), "{calls:?}");
+    let long = "-p 1024 -n 0 -b 1024 --no-warmup";
     assert!(
-        calls[2].ends_with("-p 256 -n 0 -b 256") && !calls[2].contains("--rpc"),
+        calls[2].ends_with(long) && !calls[2].contains("--rpc"),
         "{calls:?}"
     );
     assert!(
-        calls[3].contains("--rpc") && calls[3].ends_with("-p 256 -n 0 -b 256"),
+        calls[3].contains("--rpc 127.0.0.1:")
+            && calls[3].contains("-ngl 5 -p 1024")
+            && calls[3].ends_with(long),
         "{calls:?}"
     );
     for f in ["zero-to-one.svg", "long-prefill.svg", "offload-decode.svg"] {
