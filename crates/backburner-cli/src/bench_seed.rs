@@ -198,6 +198,17 @@ impl Runner<'_> {
         Ok(v)
     }
 
+    /// The rounds of the row whose runs are named `{prefix}-ours-{k}`: `--rounds`, or with `--report-only` as
+    /// many as are in --out (rows may have run with different `--rounds`).
+    pub fn rounds(&self, prefix: &str) -> usize {
+        if !self.a.report_only {
+            return self.a.rounds;
+        }
+        (0..)
+            .take_while(|k| self.a.out.join(format!("{prefix}-ours-{k}.json")).exists())
+            .count()
+    }
+
     /// Runs this binary's `bench` with `args` and parses its standard output as JSON (its progress on stderr).
     pub fn ours(&self, args: &[String]) -> Result<Value> {
         let exe = std::env::current_exe().context("locate the backburner binary")?;

@@ -52,7 +52,7 @@ pub(super) fn zero_to_one(r: &Runner) -> Result<RowReport> {
     ];
     let (p, d) = (n(z.prompt_tokens), n(z.decode_tokens));
     let mut host_bytes = 0.0;
-    for round in 0..r.a.rounds {
+    for round in 0..r.rounds("zero-to-one") {
         let mut args: Vec<String> = ["layer-split", "--model", &arg(model), "--no-local"]
             .into_iter()
             .map(String::from)
@@ -169,7 +169,7 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
             ));
         }
         let mut split_layer = layers / 2;
-        for round in 0..r.a.rounds {
+        for round in 0..r.rounds(&format!("long-prefill-{i}")) {
             let mut args: Vec<String> = vec!["split-prefill".into(), "--model".into(), arg(model)];
             args.extend(["--depths".into(), depths.join(","), "--no-shaped".into()]);
             args.extend([
@@ -271,7 +271,7 @@ pub(super) fn offload_decode(r: &Runner) -> Result<RowReport> {
         Line::new("half the pages on a worker", "ms/token", Some(176.0)),
         Line::new("half the pages on two workers", "ms/token", None),
     ];
-    for round in 0..r.a.rounds {
+    for round in 0..r.rounds("offload-decode") {
         let mut args: Vec<String> = vec!["decode-offload".into(), "--model".into(), arg(model)];
         args.extend([
             "--depth".into(),
@@ -323,7 +323,7 @@ pub(super) fn session(r: &Runner) -> Result<RowReport> {
         Line::new("time to first answer, with a worker", "s", Some(168.0)),
     ];
     let mut tokens = 0;
-    for round in 0..r.a.rounds {
+    for round in 0..r.rounds("session") {
         let file = r.a.out.join(format!("session-ours-{round}.run.json"));
         let mut args: Vec<String> = vec!["session".into(), "--model".into(), arg(model)];
         args.extend([
