@@ -204,9 +204,33 @@ impl Runner<'_> {
         if !self.a.report_only {
             return self.a.rounds;
         }
-        (0..)
+        let n = (0..)
             .take_while(|k| self.a.out.join(format!("{prefix}-ours-{k}.json")).exists())
-            .count()
+            .count();
+        if n == 0 {
+            eprintln!(
+                "warning: no runs named {prefix}-ours-*.json in {}",
+                self.a.out.display()
+            );
+        }
+        n
+    }
+
+    /// llama.cpp's run `name`: read from --out if there (also with `--report-only` and without `--llama-cpp`), else
+    /// made by `make` with the build of `--llama-cpp` and written; None without either.
+    pub fn theirs(
+        &self,
+        name: &str,
+        make: impl FnOnce(&llama::Llama) -> Result<Value>,
+    ) -> Result<Option<Value>> {
+        let there = self.a.out.join(format!("{name}.json")).exists();
+        match &self.llama {
+            Some(ll) if !there && !self.a.report_only => self.cached(name, || make(ll)).map(Some),
+            _ if there => self
+                .cached(name, || bail!("{name}.json vanished from --out"))
+                .map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// Runs this binary's `bench` with `args` and parses its standard output as JSON (its progress on stderr).

@@ -84,30 +84,30 @@ pub(super) fn zero_to_one(r: &Runner) -> Result<RowReport> {
         ]) {
             line.ours.push(x.as_f64().context("layer-split's JSON")?);
         }
-        if let Some(ll) = &r.llama {
-            let v = r.cached(&format!("zero-to-one-llama-{round}"), || {
-                let s = ll.rpc_server()?;
-                let rpc = [
-                    "--rpc".to_string(),
-                    s.addr.clone(),
-                    "-ngl".into(),
-                    n(ngl_from(l, layers)),
-                ];
-                let pre = [&rpc[..], &["-p".into(), p.clone(), "-n".into(), "0".into()]].concat();
-                let dec = [
-                    &rpc[..],
-                    &[
-                        "-p".into(),
-                        "0".into(),
-                        "-n".into(),
-                        d.clone(),
-                        "-d".into(),
-                        p.clone(),
-                    ],
-                ]
-                .concat();
-                Ok(json!({"prefill": ll.bench(model, &pre)?, "decode": ll.bench(model, &dec)?}))
-            })?;
+        let name = format!("zero-to-one-llama-{round}");
+        if let Some(v) = r.theirs(&name, |ll| {
+            let s = ll.rpc_server()?;
+            let rpc = [
+                "--rpc".to_string(),
+                s.addr.clone(),
+                "-ngl".into(),
+                n(ngl_from(l, layers)),
+            ];
+            let pre = [&rpc[..], &["-p".into(), p.clone(), "-n".into(), "0".into()]].concat();
+            let dec = [
+                &rpc[..],
+                &[
+                    "-p".into(),
+                    "0".into(),
+                    "-n".into(),
+                    d.clone(),
+                    "-d".into(),
+                    p.clone(),
+                ],
+            ]
+            .concat();
+            Ok(json!({"prefill": ll.bench(model, &pre)?, "decode": ll.bench(model, &dec)?}))
+        })? {
             lines[0].llama.push(tok_s(&v["prefill"])?);
             lines[1].llama.push(tok_s(&v["decode"])?);
         }
@@ -146,74 +146,10 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
     if a.models.is_empty() {
         anyhow::bail!("the long-prefill row needs --prefill-models FILE[,FILE]");
     }
-    let depths: Vec<String> = a.depths.iter().map(|x| x.to_string()).collect();
     let mut lines = Vec::new();
     let mut setup = Vec::new();
     for (i, model) in a.models.iter().enumerate() {
-        let (layers, desc) = shape(model)?;
-        let stem = model
-            .file_stem()
-            .map_or(String::new(), |f| f.to_string_lossy().into_owned());
-        let first = lines.len();
-        for &dp in &a.depths {
-            let (sl, ss) = seed_prefill(dp);
-            lines.push(Line::new(
-                format!("{stem}: {dp} tokens, local"),
-                "tok/s",
-                sl,
-            ));
-            lines.push(Line::new(
-                format!("{stem}: {dp} tokens, split"),
-                "tok/s",
-                ss,
-            ));
-        }
-        let mut split_layer = layers / 2;
-        for round in 0..r.rounds(&format!("long-prefill-{i}")) {
-            let mut args: Vec<String> = vec!["split-prefill".into(), "--model".into(), arg(model)];
-            args.extend(["--depths".into(), depths.join(","), "--no-shaped".into()]);
-            args.extend([
-                "--pings".into(),
-                "100".into(),
-                "--precision".into(),
-                a.precision.clone(),
-            ]);
-            args.extend(r.threads());
-            let v = r.cached(&format!("long-prefill-{i}-ours-{round}"), || r.ours(&args))?;
-            split_layer = v["split_layer"].as_u64().context("split-prefill's JSON")? as usize;
-            let res = v["results"].as_array().context("split-prefill's JSON")?;
-            for (k, x) in res.iter().enumerate() {
-                lines[first + 2 * k]
-                    .ours
-                    .push(x["local_tok_s"].as_f64().unwrap_or(f64::NAN));
-                lines[first + 2 * k + 1]
-                    .ours
-                    .push(x["split_tok_s"].as_f64().unwrap_or(f64::NAN));
-            }
-            if let Some(ll) = &r.llama {
-                let v = r.cached(&format!("long-prefill-{i}-llama-{round}"), || {
-                    llama_prefill(
-                        ll,
-                        model,
-                        &a.depths,
-                        &a.llama_runs,
-                        ngl_from(split_layer, layers),
-                    )
-                })?;
-                for (k, x) in v.as_array().context("llama's runs")?.iter().enumerate() {
-                    for (j, key) in ["local", "rpc"].into_iter().enumerate() {
-                        if !x[key].is_null() {
-                            lines[first + 2 * k + j].llama.push(tok_s(&x[key])?);
-                        }
-                    }
-                }
-            }
-        }
-        setup.push(format!(
-            "{desc}: split at layer {split_layer} (host 0..{split_layer}, worker {split_layer}..{layers}); llama.cpp \
-             `-ngl {}` on its RPC server, `-b` = the prompt so that it pipelines ubatches",
-            ngl_from(split_layer, layers)
-        ));
+        setup.push(prefill_file(r, i, model, &mut lines)?);
     }
     Ok(RowReport {
         row: "long-prefill",
@@ -230,9 +166,102 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
     })
 }
 
+/// Pushes the samples of a run's per-depth objects `runs` onto the lines of their depth (`lines[first + 2k]` local,
+/// `+ 1` split, for `depths[k]`; `keys`: the objects' local and split fields, a null one not run). Errors: a depth
+/// not among `depths` (a file of another table), a field not a rate.
+fn push_depths(
+    lines: &mut [Line],
+    first: usize,
+    depths: &[usize],
+    runs: &[Value],
+    keys: [&str; 2],
+    llama: bool,
+) -> Result<()> {
+    for x in runs {
+        // a number (or, in the first tables' llama.cpp runs, a string)
+        let t = &x["tokens"];
+        let tokens = t.as_u64().or_else(|| t.as_str()?.parse().ok());
+        let tokens = tokens.and_then(|t| usize::try_from(t).ok());
+        let k = depths
+            .iter()
+            .position(|&d| Some(d) == tokens)
+            .with_context(|| {
+                format!("a run in --out is of {tokens:?} tokens, not of --prefill-depths")
+            })?;
+        for (j, key) in keys.into_iter().enumerate() {
+            let line = &mut lines[first + 2 * k + j];
+            match (llama, &x[key]) {
+                (true, Value::Null) => {}
+                (true, v) => line.llama.push(tok_s(v)?),
+                (false, v) => line.ours.push(v.as_f64().context("split-prefill's JSON")?),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The long-prefill rounds of file `i`: its lines pushed onto `lines`; returns its setup's description.
+fn prefill_file(r: &Runner, i: usize, model: &Path, lines: &mut Vec<Line>) -> Result<String> {
+    let a = &r.a.prefill;
+    let (layers, desc) = shape(model)?;
+    let stem = model
+        .file_stem()
+        .map_or(String::new(), |f| f.to_string_lossy().into_owned());
+    let first = lines.len();
+    for &dp in &a.depths {
+        let (sl, ss) = seed_prefill(dp);
+        lines.push(Line::new(
+            format!("{stem}: {dp} tokens, local"),
+            "tok/s",
+            sl,
+        ));
+        lines.push(Line::new(
+            format!("{stem}: {dp} tokens, split"),
+            "tok/s",
+            ss,
+        ));
+    }
+    let depths: Vec<String> = a.depths.iter().map(|x| x.to_string()).collect();
+    let mut split_layer = layers / 2;
+    for round in 0..r.rounds(&format!("long-prefill-{i}")) {
+        let mut args: Vec<String> = vec!["split-prefill".into(), "--model".into(), arg(model)];
+        args.extend(["--depths".into(), depths.join(","), "--no-shaped".into()]);
+        args.extend(["--pings", "100", "--precision", &a.precision].map(String::from));
+        args.extend(r.threads());
+        let v = r.cached(&format!("long-prefill-{i}-ours-{round}"), || r.ours(&args))?;
+        split_layer = v["split_layer"]
+            .as_u64()
+            .and_then(|l| usize::try_from(l).ok())
+            .filter(|&l| l > 0 && l < layers)
+            .context("split-prefill's JSON: split_layer")?;
+        let res = v["results"].as_array().context("split-prefill's JSON")?;
+        push_depths(
+            lines,
+            first,
+            &a.depths,
+            res,
+            ["local_tok_s", "split_tok_s"],
+            false,
+        )?;
+        let ngl = ngl_from(split_layer, layers);
+        let name = format!("long-prefill-{i}-llama-{round}");
+        if let Some(v) = r.theirs(&name, |ll| {
+            llama_prefill(ll, model, &a.depths, &a.llama_runs, ngl)
+        })? {
+            let runs = v.as_array().context("llama's runs")?;
+            push_depths(lines, first, &a.depths, runs, ["local", "rpc"], true)?;
+        }
+    }
+    Ok(format!(
+        "{desc}: split at layer {split_layer} (host 0..{split_layer}, worker {split_layer}..{layers}); llama.cpp \
+         `-ngl {}` on its RPC server, `-b` = the prompt so that it pipelines ubatches",
+        ngl_from(split_layer, layers)
+    ))
+}
+
 /// llama.cpp's prefill of each of `depths` on `model`: local and/or (`runs`) with `-ngl ngl` on an RPC server, `-b`
-/// the prompt so that it pipelines ubatches across the two, without llama-bench's warm-up pass; one object per depth (`local`, `rpc`: llama-bench's
-/// report, or null when not run).
+/// the prompt so that it pipelines ubatches across the two, without llama-bench's warm-up pass; one object per depth
+/// (`local`, `rpc`: llama-bench's report, or null when not run).
 fn llama_prefill(
     ll: &Llama,
     model: &Path,
@@ -363,4 +392,52 @@ pub(super) fn session(r: &Runner) -> Result<RowReport> {
         ),
         lines,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_land_on_their_depths_lines_and_a_foreign_depth_is_refused() {
+        let mut lines: Vec<Line> = (0..4).map(|_| Line::new("x", "tok/s", None)).collect();
+        let ours = [json!({"tokens": 4096, "local_tok_s": 10.0, "split_tok_s": 20.0})];
+        push_depths(
+            &mut lines,
+            0,
+            &[1024, 4096],
+            &ours,
+            ["local_tok_s", "split_tok_s"],
+            false,
+        )
+        .unwrap();
+        assert!(lines[0].ours.is_empty() && lines[1].ours.is_empty());
+        assert_eq!(
+            (lines[2].ours.clone(), lines[3].ours.clone()),
+            (vec![10.0], vec![20.0])
+        );
+        let theirs = [json!({"tokens": "1024", "local": null, "rpc": [{"avg_ts": 7.5}]})];
+        push_depths(
+            &mut lines,
+            0,
+            &[1024, 4096],
+            &theirs,
+            ["local", "rpc"],
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            (lines[0].llama.len(), lines[1].llama.clone()),
+            (0, vec![7.5])
+        );
+        let e = push_depths(
+            &mut lines,
+            0,
+            &[1024],
+            &ours,
+            ["local_tok_s", "split_tok_s"],
+            false,
+        );
+        assert!(e.unwrap_err().to_string().contains("of Some(4096) tokens"));
+    }
 }
