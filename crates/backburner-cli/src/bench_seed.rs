@@ -233,8 +233,9 @@ impl Runner<'_> {
         }
     }
 
-    /// Runs this binary's `bench` with `args` and parses its standard output as JSON (its progress on stderr).
-    pub fn ours(&self, args: &[String]) -> Result<Value> {
+    /// Runs this binary's `bench` with `args` (its progress on stderr) and returns its standard output. The
+    /// binary must stay in place while the row runs: the benches start their worker processes from its path.
+    fn bench(&self, args: &[String]) -> Result<Vec<u8>> {
         let exe = std::env::current_exe().context("locate the backburner binary")?;
         let out = Command::new(exe)
             .arg("bench")
@@ -249,21 +250,18 @@ impl Runner<'_> {
                 out.status
             );
         }
-        serde_json::from_slice(&out.stdout).context("the bench's JSON")
+        Ok(out.stdout)
     }
 
-    /// Runs this binary's `bench` with `args`, which write their JSON to `file`, and reads it.
+    /// Runs this binary's `bench` with `args` and parses its standard output as JSON.
+    pub fn ours(&self, args: &[String]) -> Result<Value> {
+        serde_json::from_slice(&self.bench(args)?).context("the bench's JSON")
+    }
+
+    /// Runs this binary's `bench` with `args`, which write their JSON to `file` (their table on stdout, dropped),
+    /// and reads it.
     pub fn ours_to_file(&self, args: &[String], file: &Path) -> Result<Value> {
-        let exe = std::env::current_exe().context("locate the backburner binary")?;
-        let status = Command::new(exe)
-            .arg("bench")
-            .args(args)
-            .stdout(Stdio::null())
-            .status()
-            .context("start the bench")?;
-        if !status.success() {
-            bail!("`backburner bench {}` failed ({status})", args.join(" "));
-        }
+        self.bench(args)?;
         let text = std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
         serde_json::from_str(&text).context("the bench's JSON")
     }
