@@ -117,8 +117,9 @@ struct DepthResult {
     decode_tok_s: f64,
     /// Milliseconds per decoded token at this depth.
     decode_ms_per_token: f64,
-    /// Weight bytes a decode step reads: every weight, except that of a mixture-of-experts model's routed experts
-    /// only those the step routed to (their bytes counted while decoding, averaged per token).
+    /// Weight bytes a decode step reads: every weight, except one row of an untied embedding table
+    /// ([`backburner_model::Model::decode_weight_bytes`]) and of a mixture-of-experts model's routed experts only
+    /// those the step routed to (their bytes counted while decoding, averaged per token).
     decode_weight_bytes_per_token: u64,
     /// Weight bytes read per second in decode (`decode_weight_bytes_per_token` per token), GB/s.
     decode_weight_gb_s: f64,
@@ -205,7 +206,7 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
             &pool,
             &depths,
             &prompt,
-            weight_bytes,
+            loaded.model.decode_weight_bytes(),
             bw,
         )?;
         profile::set_enabled(false);
@@ -265,6 +266,7 @@ fn run_threads(
     pool: &ComputePool,
     depths: &[usize],
     prompt: &[u32],
+    // what a decode step reads of the weights (an untied embedding: one row), MoE experts whole
     weight_bytes: usize,
     bw: Option<f64>,
 ) -> Result<ThreadRun> {

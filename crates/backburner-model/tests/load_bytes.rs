@@ -75,3 +75,19 @@ fn weight_storage_is_every_matrix_once_the_weights_less_their_f32_vectors() {
         assert!(storage > 0);
     }
 }
+
+#[test]
+fn a_decode_step_reads_one_row_of_an_untied_embedding_and_all_of_a_tied_one() {
+    // tiny-f32: untied ([V, H] f32 table beside lm_head); tiny-bf16: tied (the table is the head)
+    let untied = Model::load(&fixture("tiny-f32")).unwrap();
+    let c = untied.config().clone();
+    assert!(!c.tie_word_embeddings);
+    let table = 4 * c.vocab_size * c.hidden_size;
+    assert_eq!(
+        untied.decode_weight_bytes(),
+        untied.weight_bytes() - table + 4 * c.hidden_size
+    );
+    let tied = Model::load(&fixture("tiny-bf16")).unwrap();
+    assert!(tied.config().tie_word_embeddings);
+    assert_eq!(tied.decode_weight_bytes(), tied.weight_bytes());
+}

@@ -17,6 +17,7 @@ use crate::ops::Rope;
 use crate::state::ModelState;
 
 mod batch;
+mod bytes;
 mod capture;
 mod experts;
 mod forward;
