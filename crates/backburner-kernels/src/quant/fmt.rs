@@ -4,6 +4,7 @@
 use super::acts::ActBlock;
 use super::format::{QuantFormat, IQ4_VALUES};
 use super::isa::{nibbles, QIsa};
+pub(crate) use super::prefetch::{in_order_prefetch, lone_stream_prefetcher, Prefetch};
 use super::unit::Lay;
 
 /// A format as the kernel sees it: how a 32-block's codes and scales are read from a panel unit and how the
@@ -232,43 +233,6 @@ pub(crate) unsafe fn scale_rows<I: QIsa>(
     }
 }
 
-/// How the decode kernel prefetches a panel in software while it streams it from memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Prefetch {
-    /// Every 64-byte line of each 32-block, 12 KiB ahead: for the formats whose units the compiler's load order reads
-    /// out of address order, which the hardware stream prefetcher does not follow (IQ4_XS's scale fields at the
-    /// unit's end; the K-quants too, though their units are laid out in reading order: one line per block still gave
-    /// them a 25–30 % lower share of the read bandwidth, docs/BENCHMARKS.md).
-    EveryLine,
-    /// One 64-byte line per 32-block (for Q8_0: per 544-byte unit), 16 KiB (four 4 KiB pages) ahead: for units read
-    /// line by line upwards (Q8_0 where [`QIsa::ORDERED_LOAD8`]), which the hardware prefetcher follows within a
-    /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–13 %
-    /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
-    /// Only while one thread streams: with two, each core's hardware prefetcher falls behind and every line is
-    /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations). And only on AMD cores,
-    /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 23 % slower than
-    /// every line (decode 102.9 against 133.5 tok/s, 5 alternating rounds; [`lone_stream_prefetcher`]).
-    OneLine,
-}
-
-/// Whether the core's hardware stream prefetcher keeps up with one Q8_0 stream read upwards with only
-/// [`Prefetch::OneLine`]'s hint: AMD's (CPUID vendor `AuthenticAMD`), measured so; not an Intel Xeon's.
-pub(crate) fn lone_stream_prefetcher() -> bool {
-    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AMD.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[allow(unused_unsafe)]
-            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
-            let r = unsafe { std::arch::x86_64::__cpuid(0) };
-            let vendor = [r.ebx, r.edx, r.ecx].map(u32::to_le_bytes).concat();
-            vendor == b"AuthenticAMD"
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    })
-}
-
 /// Q8_0: codes `q + 128` as bytes.
 pub(crate) struct Q80;
 /// Q4_0: nibbles `q` (value `q − 8`).
@@ -334,6 +298,10 @@ impl Fmt for Q40 {
         15
     }
     #[inline(always)]
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
+        in_order_prefetch::<I>()
+    }
+    #[inline(always)]
     unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, _: usize, h: usize, _: ()) -> (I::W, I::W) {
@@ -373,6 +341,10 @@ impl Fmt for Q4K {
         15
     }
     #[inline(always)]
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
+        in_order_prefetch::<I>()
+    }
+    #[inline(always)]
     unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, _: ()) -> (I::W, I::W) {
@@ -402,6 +374,10 @@ impl Fmt for Q5K {
     type Pre<I: QIsa> = I::W;
     fn cmax<I: QIsa>() -> u32 {
         31
+    }
+    #[inline(always)]
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
+        in_order_prefetch::<I>()
     }
     #[inline(always)]
     unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> I::W {
@@ -443,6 +419,10 @@ impl Fmt for Q6K {
     type Pre<I: QIsa> = (I::W, I::W);
     fn cmax<I: QIsa>() -> u32 {
         63
+    }
+    #[inline(always)]
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
+        in_order_prefetch::<I>()
     }
     #[inline(always)]
     unsafe fn pre<I: QIsa>(isa: I, u: *const u8, b: usize) -> (I::W, I::W) {
@@ -503,6 +483,10 @@ impl Fmt for Iq4Xs {
     type Pre<I: QIsa> = ();
     fn cmax<I: QIsa>() -> u32 {
         128
+    }
+    #[inline(always)]
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
+        in_order_prefetch::<I>()
     }
     #[inline(always)]
     unsafe fn pre<I: QIsa>(_: I, _: *const u8, _: usize) {}

@@ -10,7 +10,7 @@
 //! and `acc = fma(f, dx, acc)`, as [`super::qmatmul_reference`] computes it.
 
 use super::acts::ActBlock;
-use super::fmt::{halves_term, scale_rows, At, Fmt};
+use super::fmt::{halves_term, in_order_prefetch, scale_rows, At, Fmt, Prefetch};
 use super::format::QuantFormat;
 use super::isa::{nibbles, QIsa};
 use super::spec::{spec, Codes, Mins, Scales, Spec};
@@ -61,6 +61,15 @@ impl<const ID: u32> Fmt for Gen<ID> {
     const MINS16: bool = matches!(Self::SPEC.mins, Mins::Per16);
     /// The block's bit plane ([`Codes::Five`]'s fifth bits, [`Codes::Lut3`]'s signs; zeros otherwise).
     type Pre<I: QIsa> = I::W;
+    /// The 2-bit planes (Q2_K, TQ1_0, TQ2_0; IQ2_*, IQ1_* with their sign planes) prefetch every line (see
+    /// [`Prefetch::Hardware`]); the other generic formats are read in address order.
+    #[inline(always)]
+    fn prefetch<I: QIsa>(_streams: usize) -> Prefetch {
+        match Self::SPEC.codes {
+            Codes::Two | Codes::Lut3 => Prefetch::EveryLine,
+            Codes::Lut | Codes::Nib | Codes::Five => in_order_prefetch::<I>(),
+        }
+    }
     fn cmax<I: QIsa>() -> u32 {
         match Self::SPEC.codes {
             Codes::Lut | Codes::Lut3 => 128,

@@ -169,6 +169,7 @@ impl Task<'_> {
                     Prefetch::OneLine => {
                         isa.prefetch(up.wrapping_add(SPARSE_PREFETCH_BYTES + b * block_bytes))
                     }
+                    Prefetch::Hardware => {}
                 }
                 let pre = if b == 0 {
                     pre0

@@ -196,37 +196,51 @@ fn the_ordered_unit_load_reads_eight_vectors_upwards_and_returns_its_address() {
     }
 }
 
-/// The decode prefetch [`fmt::Fmt::prefetch`] picks for Q8_0 and Q4_K with one and with two streaming tasks.
+/// The decode prefetch [`fmt::Fmt::prefetch`] picks for Q8_0 with one and with two streaming tasks, then for Q4_K,
+/// Q6_K, Q4_0, Q3_K (generic, nibbles), IQ4_NL (generic, byte codebook), IQ4_XS, Q2_K and IQ2_XS (2-bit planes) with
+/// two.
 struct PrefetchPolicy;
 
 impl isa::QKernel for PrefetchPolicy {
-    type Out = [fmt::Prefetch; 4];
+    type Out = [fmt::Prefetch; 10];
     #[inline(always)]
     fn run<I: isa::QIsa>(self, _: I) -> Self::Out {
         use fmt::Fmt;
+        use fmt_gen::Gen;
         [
             fmt::Q80::prefetch::<I>(1),
             fmt::Q80::prefetch::<I>(2),
-            fmt::Q4K::prefetch::<I>(1),
             fmt::Q4K::prefetch::<I>(2),
+            fmt::Q6K::prefetch::<I>(2),
+            fmt::Q40::prefetch::<I>(2),
+            Gen::<11>::prefetch::<I>(2),
+            Gen::<20>::prefetch::<I>(2),
+            fmt::Iq4Xs::prefetch::<I>(2),
+            Gen::<10>::prefetch::<I>(2),
+            Gen::<17>::prefetch::<I>(2),
         ]
     }
 }
 
 #[test]
-fn q8_0_prefetches_one_line_per_unit_only_when_read_upwards_by_a_single_task_on_amd() {
-    use fmt::Prefetch::{EveryLine, OneLine};
+fn decode_prefetch_follows_the_measured_policy_of_each_format_isa_and_vendor() {
+    use fmt::Prefetch::{EveryLine, Hardware, OneLine};
     for cap in (0..=ISA_MAX).rev() {
         ISA_CAP.store(cap, Ordering::SeqCst);
         let isa = kernel_isa();
         let got = isa::qdispatch(PrefetchPolicy);
         ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
-        let one = if isa.starts_with("avx512-vnni") && fmt::lone_stream_prefetcher() {
-            OneLine
+        let amd512 = isa.starts_with("avx512-vnni") && fmt::lone_stream_prefetcher();
+        let (one, in_order) = if amd512 {
+            (OneLine, Hardware)
         } else {
-            EveryLine
+            (EveryLine, EveryLine)
         };
-        assert_eq!(got, [one, EveryLine, EveryLine, EveryLine], "{isa}");
+        let want = [
+            one, EveryLine, in_order, in_order, in_order, in_order, in_order, in_order, EveryLine,
+            EveryLine,
+        ];
+        assert_eq!(got, want, "{isa}");
     }
 }
 
@@ -264,6 +278,10 @@ fn unit_fields(fmt: QuantFormat, lay: Lay) -> Vec<(usize, usize, String)> {
         (_, None) => (256, 128, 32, 0, 32),
     };
     let mut f = vec![(lay.d, lay.d + dlen, "d".to_string())];
+    if fmt == QuantFormat::Iq4Xs {
+        // the padding between the scales and the codes (which start on a cache line)
+        f.push((lay.sc.at(blocks), lay.codes.at(0), "padding".into()));
+    }
     if generic.is_some_and(|s| s.mins != Mins::None) || (generic.is_none() && lay.dmin != 0) {
         f.push((lay.dmin, lay.dmin + dlen, "dmin".into()));
     }

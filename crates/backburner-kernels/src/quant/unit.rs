@@ -26,9 +26,9 @@ impl Field {
 /// Where the fields of one panel unit (16 rows × one GGUF block) lie. The K-quants and Q4_0 are laid out in the
 /// order the decode kernel uses them: the unit's `d` (and `dmin`) first, then its 32-blocks one after the other,
 /// each block's high-bit planes, nibble vectors and sub-block scales (and mins) together, so that a unit streams
-/// upwards. Q8_0 keeps its `d` after its codes (the asm load of [`super::isa::QIsa::load8_w`] orders them) and
-/// IQ4_XS its codes together ahead of `d` and the block scales (measured faster at 1 thread than in reading order,
-/// where three of its code vectors in four straddle two cache lines; docs/BENCHMARKS.md).
+/// upwards. Q8_0 keeps its `d` after its codes (the asm load of [`super::isa::QIsa::load8_w`] orders them);
+/// IQ4_XS has its `d` and every block's scales first, then 32 bytes of padding, then its codes on cache-line
+/// boundaries (in reading order three of its code vectors in four would straddle two lines; see the module docs).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lay {
     /// Elements of a row per unit (the GGUF block: 32 or 256).
@@ -111,12 +111,11 @@ impl Lay {
                 sc: f(32 + 384, 416),
                 ..z
             },
-            // 8 × nibbles 256; d; 8 × scales 16.
+            // d; 8 × scales 16; 32 bytes of padding (the codes start on a cache line); 8 × nibbles 256.
             QuantFormat::Iq4Xs => Lay {
-                bytes: 2208,
-                d: 2048,
-                codes: f(0, 256),
-                sc: f(2080, 16),
+                bytes: 2240,
+                codes: f(192, 256),
+                sc: f(32, 16),
                 ..z
             },
             // The generic formats (above).

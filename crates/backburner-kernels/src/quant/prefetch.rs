@@ -1,0 +1,70 @@
+//! How the decode kernel prefetches the panels it streams from memory ([`Prefetch`]), chosen per format
+//! ([`super::fmt::Fmt::prefetch`]), instruction set and CPU vendor, as measured.
+
+use super::isa::QIsa;
+
+/// How the decode kernel prefetches a panel in software while it streams it from memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prefetch {
+    /// Every 64-byte line of each 32-block, 12 KiB ahead: the formats' default, and the choice of every format where
+    /// [`Prefetch::Hardware`] was not measured better (Intel's cores, the AVX2 and plain-Rust kernels, the 2-bit
+    /// planes). Tuned on an Intel Xeon VM, where one line per block gave the K-quants a 25–30 % lower share of the
+    /// read bandwidth (docs/BENCHMARKS.md).
+    EveryLine,
+    /// One 64-byte line per 32-block (for Q8_0: per 544-byte unit), 16 KiB (four 4 KiB pages) ahead: for units read
+    /// line by line upwards (Q8_0 where [`QIsa::ORDERED_LOAD8`]), which the hardware prefetcher follows within a
+    /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–13 %
+    /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
+    /// Only while one thread streams: with two, each core's hardware prefetcher falls behind and every line is
+    /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations). And only on AMD cores,
+    /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 23 % slower than
+    /// every line (decode 102.9 against 133.5 tok/s, 5 alternating rounds; [`lone_stream_prefetcher`]).
+    OneLine,
+    /// No software prefetch: the core's hardware prefetchers alone, for units read in address order with few
+    /// instructions per byte (the K-quants, Q4_0, IQ4_XS, and the generic formats with 4- to 8-bit codes) where
+    /// [`hardware_streams_suffice`]. On the AMD EPYC (Zen 4) VM, at the 27B's MLP shapes, 1 thread, alternating
+    /// (`cargo bench -p backburner-kernels --bench qdecode_27b`): Q4_K 70–75 → 92–98 % of a read of the same bytes,
+    /// Q5_K 73–75 → 87–90 %, Q6_K 72–76 → 92–94 %, IQ4_XS (once its unit read upwards, see the module docs) 72–75 →
+    /// 79–86 %, Q3_K, IQ3_S, Q4_0, Q4_1, Q5_0, Q5_1, IQ3_XXS, IQ4_NL, MXFP4 from 68–76 % to 83–102 %: the software
+    /// prefetches of every line took fill buffers from the demand stream. Not for the 2-bit planes (Q2_K, TQ*,
+    /// IQ2_*, IQ1_*: 62–85 % without against 70–95 % with), which keep [`Prefetch::EveryLine`].
+    Hardware,
+}
+
+/// Whether the formats of [`Prefetch::Hardware`] should go without software prefetches on this core with ISA `I`:
+/// an AMD core ([`lone_stream_prefetcher`]) running the AVX-512 kernels ([`QIsa::ORDERED_LOAD8`]), where it was
+/// measured; elsewhere (the Intel Xeon VM the 12 KiB distance was tuned on, the AVX2 and plain-Rust kernels) they
+/// keep [`Prefetch::EveryLine`].
+#[inline(always)]
+pub(crate) fn hardware_streams_suffice<I: QIsa>() -> bool {
+    I::ORDERED_LOAD8 && lone_stream_prefetcher()
+}
+
+/// [`Prefetch::Hardware`] where [`hardware_streams_suffice`], else [`Prefetch::EveryLine`]: the choice of the
+/// formats read in address order.
+#[inline(always)]
+pub(crate) fn in_order_prefetch<I: QIsa>() -> Prefetch {
+    if hardware_streams_suffice::<I>() {
+        Prefetch::Hardware
+    } else {
+        Prefetch::EveryLine
+    }
+}
+
+/// Whether the core's hardware stream prefetcher keeps up with one Q8_0 stream read upwards with only
+/// [`Prefetch::OneLine`]'s hint: AMD's (CPUID vendor `AuthenticAMD`), measured so; not an Intel Xeon's.
+pub(crate) fn lone_stream_prefetcher() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[allow(unused_unsafe)]
+            // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+            let r = unsafe { std::arch::x86_64::__cpuid(0) };
+            let vendor = [r.ebx, r.edx, r.ecx].map(u32::to_le_bytes).concat();
+            vendor == b"AuthenticAMD"
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
