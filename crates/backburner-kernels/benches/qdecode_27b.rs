@@ -15,30 +15,14 @@ use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::Instant;
 
+mod common;
+use common::random_gguf;
+
 /// `(n, k)` of the matrices: gate|up and down, twice each (534 M weights: 301 MB as Q4_K, far beyond the L3).
 const SHAPES: [(usize, usize); 4] = [(34816, 5120), (5120, 17408), (34816, 5120), (5120, 17408)];
 /// `QDECODE_IN_CACHE=1`: four small matrices instead (about 0.5 MB in all, held in the L2), each product repeated, to
 /// tell the kernel's arithmetic rate apart from memory.
 const CACHE_SHAPES: [(usize, usize); 4] = [(256, 1024), (256, 1024), (256, 1024), (256, 1024)];
-
-fn random_gguf(r: &mut StdRng, fmt: QuantFormat, n: usize, k: usize) -> Vec<u8> {
-    // bit 6 of every byte clear: any f16 field is then finite (exponent below 31), whatever the format's layout
-    let mut b: Vec<u8> = (0..n * fmt.row_bytes(k).unwrap())
-        .map(|_| r.random::<u8>() & 0xBF)
-        .collect();
-    let fields: &[usize] = match fmt {
-        QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
-        QuantFormat::Q6K => &[208],
-        _ => &[0],
-    };
-    for blk in b.chunks_exact_mut(fmt.block_bytes()) {
-        for &at in fields {
-            let v = half::f16::from_f32(r.random_range(0.001f32..0.01));
-            blk[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
-        }
-    }
-    b
-}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());

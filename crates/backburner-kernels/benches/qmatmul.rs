@@ -15,31 +15,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 
+mod common;
+use common::random_gguf;
+
 /// (name, n, k).
 const SHAPES: [(&str, usize, usize); 2] = [("up", 3072, 1024), ("down", 1024, 3072)];
 const FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Q4K, QuantFormat::Iq4Xs];
 
 fn uniform(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
-}
-
-/// Random GGUF rows (random codes and scale bytes; small finite f16 `d`, `dmin`).
-fn random_gguf(r: &mut StdRng, fmt: QuantFormat, n: usize, k: usize) -> Vec<u8> {
-    let mut b: Vec<u8> = (0..n * fmt.row_bytes(k).unwrap())
-        .map(|_| r.random())
-        .collect();
-    let fields: &[usize] = match fmt {
-        QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
-        QuantFormat::Q6K => &[208],
-        _ => &[0],
-    };
-    for blk in b.chunks_exact_mut(fmt.block_bytes()) {
-        for &at in fields {
-            let v = half::f16::from_f32(r.random_range(0.001f32..0.01));
-            blk[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
-        }
-    }
-    b
 }
 
 fn pools() -> Vec<(usize, rayon::ThreadPool)> {
