@@ -387,13 +387,15 @@ impl Fmt for Q5K {
     #[inline(always)]
     unsafe fn codes<I: QIsa>(isa: I, u: *const u8, b: usize, h: usize, hb: I::W) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        let (lo, hi) = unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) };
-        let bit = isa.splat_w(0x10);
         let h = h as u32;
-        (
-            isa.or_w(lo, isa.and_w(to_bit4(isa, hb, h), bit)),
-            isa.or_w(hi, isa.and_w(to_bit4(isa, hb, h + 4), bit)),
-        )
+        unsafe {
+            isa.nibbles_high(
+                u.add(Self::LAY.codes.at(b) + 64 * h as usize),
+                (hb, hb),
+                (h, h + 4),
+                1,
+            )
+        }
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {
@@ -439,13 +441,8 @@ impl Fmt for Q6K {
         hb: (I::W, I::W),
     ) -> (I::W, I::W) {
         // SAFETY: block b's 4 nibble vectors.
-        let (lo, hi) = unsafe { nibbles(isa, u.add(Self::LAY.codes.at(b) + 64 * h)) };
-        let bits = isa.splat_w(0x30);
         let from = 2 * h as u32;
-        (
-            isa.or_w(lo, isa.and_w(to_bit4(isa, hb.0, from), bits)),
-            isa.or_w(hi, isa.and_w(to_bit4(isa, hb.1, from), bits)),
-        )
+        unsafe { isa.nibbles_high(u.add(Self::LAY.codes.at(b) + 64 * h), hb, (from, from), 2) }
     }
     #[inline(always)]
     unsafe fn scales<I: QIsa>(isa: I, at: At<I>) -> (I::F, I::F) {

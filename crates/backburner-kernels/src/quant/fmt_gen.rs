@@ -104,12 +104,9 @@ impl<const ID: u32> Fmt for Gen<ID> {
             // SAFETY: as above.
             Codes::Nib => unsafe { nibbles(isa, u.add(c + 64 * h)) },
             Codes::Five => {
+                let g = h as u32;
                 // SAFETY: as above.
-                let (lo, hi) = unsafe { nibbles(isa, u.add(c + 64 * h)) };
-                (
-                    plane_bit(isa, lo, hb, h, 4),
-                    plane_bit(isa, hi, hb, h + 4, 4),
-                )
+                unsafe { isa.nibbles_high(u.add(c + 64 * h), (hb, hb), (g, g + 4), 1) }
             }
             Codes::Two => {
                 // SAFETY: block b's 2 vectors of 2-bit codes.

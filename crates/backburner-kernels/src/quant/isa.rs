@@ -1,5 +1,5 @@
 //! The integer-dot vector abstraction of the quantized kernels ([`QIsa`]), its plain-Rust implementation and the
-//! dispatch to the best one the CPU has (AVX-512 VNNI with or without VBMI, AVX2 — in `x86.rs` — or plain Rust).
+//! dispatch to the best one the CPU has (AVX-512 VNNI with or without VBMI and GFNI, AVX2 — in `x86.rs` — or plain Rust).
 //!
 //! A [`QIsa::W`] is 64 bytes of codes read as 16 lanes of 4 bytes (lane `l` = output row `l` of a panel, its 4
 //! bytes = 4 consecutive inputs); [`QIsa::dot_u`] adds, per lane, the dot product of those 4 unsigned codes with 4
@@ -76,6 +76,25 @@ pub(crate) trait QIsa: Copy {
     unsafe fn nibble_lut(self, table: [u8; 16], p: *const u8) -> (Self::W, Self::W) {
         // SAFETY: forwarded from the caller.
         unsafe { masked_nibble_lut(self, table, p) }
+    }
+
+    /// The 64 bytes at `p` split into their nibbles with high bits added from two planes: (low, high) =
+    /// `(nib_lo | ((planes.0 >> from.0) & m) << 4, nib_hi | ((planes.1 >> from.1) & m) << 4)` per byte, with
+    /// `m = 2^width − 1` (Q5_K: `width` 1, Q6_K: 2; `from + width ≤ 8`). The default: masks, word shifts and ors
+    /// ([`to_bit4`](super::fmt::to_bit4)).
+    ///
+    /// # Safety
+    /// `p` must be valid for reading 64 bytes (no alignment needed).
+    #[inline(always)]
+    unsafe fn nibbles_high(
+        self,
+        p: *const u8,
+        planes: (Self::W, Self::W),
+        from: (u32, u32),
+        width: u32,
+    ) -> (Self::W, Self::W) {
+        // SAFETY: forwarded from the caller.
+        unsafe { nibbles_high_masked(self, p, planes, from, width) }
     }
 
     /// An accumulator of zeros.
@@ -374,6 +393,28 @@ pub(crate) unsafe fn masked_nibble_lut<I: QIsa>(
     (isa.lut16(table, lo), isa.lut16(table, hi))
 }
 
+/// [`QIsa::nibbles_high`] by masks, word shifts and ors.
+///
+/// # Safety
+/// `p` must be valid for reading 64 bytes.
+#[inline(always)]
+pub(crate) unsafe fn nibbles_high_masked<I: QIsa>(
+    isa: I,
+    p: *const u8,
+    planes: (I::W, I::W),
+    from: (u32, u32),
+    width: u32,
+) -> (I::W, I::W) {
+    // SAFETY: forwarded from the caller.
+    let (lo, hi) = unsafe { nibbles(isa, p) };
+    let bits = isa.splat_w((((1u32 << width) - 1) << 4) as u8);
+    let lift = |v, f| isa.and_w(super::fmt::to_bit4(isa, v, f), bits);
+    (
+        isa.or_w(lo, lift(planes.0, from.0)),
+        isa.or_w(hi, lift(planes.1, from.1)),
+    )
+}
+
 /// Low and high nibbles of the 64 bytes at `p` (values `0..16`, byte for byte).
 ///
 /// # Safety
@@ -406,8 +447,8 @@ pub(crate) trait QKernel {
     fn run<I: QIsa>(self, isa: I) -> Self::Out;
 }
 
-/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 3 = AVX-512 (F, BW, VNNI) with VBMI (byte permutes for the
-/// nibble lookups), 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's
+/// Which [`QIsa`] [`qdispatch`] picks on this CPU: 3 = AVX-512 (F, BW, VNNI) with VBMI and GFNI (byte permutes for
+/// the nibble lookups, bit-matrix products for the high-bit planes), 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's
 /// test-only dispatch cap.
 pub(crate) fn qisa_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
@@ -415,7 +456,11 @@ pub(crate) fn qisa_level() -> u8 {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni");
-        if crate::simd::allowed(3) && avx512 && std::arch::is_x86_feature_detected!("avx512vbmi") {
+        if crate::simd::allowed(3)
+            && avx512
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("gfni")
+        {
             return 3;
         }
         if crate::simd::allowed(2) && avx512 {
@@ -439,7 +484,7 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
     #[cfg(target_arch = "x86_64")]
     {
         match qisa_level() {
-            // SAFETY: level 3 means the CPU supports AVX-512F, BW, VNNI and VBMI (checked by `qisa_level`).
+            // SAFETY: level 3 means the CPU supports AVX-512F, BW, VNNI, VBMI and GFNI (checked by `qisa_level`).
             3 => return unsafe { with_avx512_vbmi(k) },
             // SAFETY: level 2 means the CPU supports AVX-512F, BW and VNNI.
             2 => return unsafe { with_avx512(k) },
@@ -452,9 +497,9 @@ pub(crate) fn qdispatch<K: QKernel>(k: K) -> K::Out {
 }
 
 /// # Safety
-/// The CPU must support AVX-512F, AVX-512BW, AVX-512 VNNI and AVX-512 VBMI.
+/// The CPU must support AVX-512F, AVX-512BW, AVX-512 VNNI, AVX-512 VBMI and GFNI.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")]
 unsafe fn with_avx512_vbmi<K: QKernel>(k: K) -> K::Out {
     k.run(super::x86::Avx512Vnni::<true>(()))
 }

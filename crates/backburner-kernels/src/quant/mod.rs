@@ -65,7 +65,8 @@
 //! # Kernels
 //! One generic kernel (`QIsa` over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX): per register tile
 //! of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers (nibble masks, bit
-//! planes, a `vpshufb` codebook for IQ4_XS) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`,
+//! planes, a `vpshufb` codebook for IQ4_XS; where the CPU has AVX-512 VBMI and GFNI, `vpermb` lookups and the high-bit
+//! planes of Q5_K, Q6_K, Q5_0 and Q5_1 moved into place by one `vgf2p8affineqb` each and merged by `vpternlogd`) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`,
 //! or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term.
 //! Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread
 //! streams its panels once over the whole `k`, with a software prefetch into L2 of every line 12 KiB ahead in the panel;

@@ -10,8 +10,9 @@ use std::arch::x86_64::*;
 use super::isa::{codes8_by_address, masked_nibble_lut, QIsa, LANES};
 use super::x86_asm::{load8_avx512, signed_quad_avx2, small_quad_avx2};
 
-/// AVX-512F + BW + VNNI lanes (one 512-bit register each); with `VBMI` (AVX-512 VBMI too), the nibble lookups of
-/// [`QIsa::nibble_lut`] are byte permutes (`vpermb`) over the table repeated four times, which need no masks.
+/// AVX-512F + BW + VNNI lanes (one 512-bit register each); with `VBMI` (AVX-512 VBMI and GFNI too), the nibble
+/// lookups of [`QIsa::nibble_lut`] are byte permutes (`vpermb`) over the table repeated four times, which need no
+/// masks, and [`QIsa::nibbles_high`] moves the high-bit planes with `vgf2p8affineqb` and merges with `vpternlogd`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx512Vnni<const VBMI: bool>(pub(super) ());
 
@@ -78,7 +79,8 @@ impl<const VBMI: bool> QIsa for Avx512Vnni<VBMI> {
             // SAFETY: forwarded from the caller.
             return unsafe { masked_nibble_lut(self, table, p) };
         }
-        // SAFETY: the caller guarantees 64 readable bytes; a `VBMI` token is only made on a CPU with AVX-512 VBMI.
+        // SAFETY: the caller guarantees 64 readable bytes; a `VBMI` token is only made on a CPU with AVX-512 VBMI
+        // (and GFNI).
         // `vpermb` reads the low 6 bits of each index byte, and the table is repeated in all four 16-byte quarters,
         // so bits 4 and 5 (the other nibble's, or a shifted-in neighbour's) pick the same entry.
         unsafe {
@@ -87,6 +89,33 @@ impl<const VBMI: bool> QIsa for Avx512Vnni<VBMI> {
             (
                 _mm512_permutexvar_epi8(v, t),
                 _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(v), t),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles_high(
+        self,
+        p: *const u8,
+        planes: (Self::W, Self::W),
+        from: (u32, u32),
+        width: u32,
+    ) -> (Self::W, Self::W) {
+        if !VBMI {
+            // SAFETY: forwarded from the caller.
+            return unsafe { super::isa::nibbles_high_masked(self, p, planes, from, width) };
+        }
+        // SAFETY: the caller guarantees 64 readable bytes; a `VBMI` token is only made on a CPU with GFNI too.
+        // `vgf2p8affineqb` moves each byte's bits `from..from + width` to bits `4..` and clears the rest (one
+        // bit-matrix product per byte); `vpternlogd` 0xEA is `(a & b) | c`: the nibble (the high one after a word
+        // shift, whose bits 4–7 the mask drops) or-ed with the moved bits.
+        unsafe {
+            let v = _mm512_loadu_si512(p.cast());
+            let m = _mm512_set1_epi8(0x0F);
+            let lo = _mm512_gf2p8affine_epi64_epi8::<0>(planes.0, lift_matrix(from.0, width));
+            let hi = _mm512_gf2p8affine_epi64_epi8::<0>(planes.1, lift_matrix(from.1, width));
+            (
+                _mm512_ternarylogic_epi32::<0xEA>(v, m, lo),
+                _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi16::<4>(v), m, hi),
             )
         }
     }
@@ -434,4 +463,17 @@ impl QIsa for Avx2 {
     fn prefetch(self, p: *const u8) {
         crate::simd::prefetch_l2(p);
     }
+}
+
+/// The `vgf2p8affineqb` matrix (broadcast to every qword) that moves bits `from..from + width` of a byte to bits
+/// `4..4 + width` and clears the others: row `7 − o` (byte `7 − o` of the qword) selects the input bit of output
+/// bit `o`.
+#[inline(always)]
+fn lift_matrix(from: u32, width: u32) -> __m512i {
+    let mut a = 0u64;
+    for i in 0..width {
+        a |= (1u64 << (from + i)) << (8 * (3 - i));
+    }
+    // SAFETY: the token's target features include AVX-512F (every caller holds one).
+    unsafe { _mm512_set1_epi64(a as i64) }
 }
