@@ -256,10 +256,10 @@ impl Fmt for Q80 {
     }
     #[inline(always)]
     fn prefetch<I: QIsa>(streams: usize) -> Prefetch {
-        if I::ORDERED_LOAD8 && streams == 1 && lone_stream_prefetcher() {
-            Prefetch::OneLine
-        } else {
-            Prefetch::EveryLine
+        match (I::ORDERED_LOAD8 && lone_stream_prefetcher(), streams) {
+            (true, 1) => Prefetch::OneLine,
+            (true, _) => Prefetch::Hardware,
+            (false, _) => Prefetch::EveryLine,
         }
     }
     #[inline(always)]

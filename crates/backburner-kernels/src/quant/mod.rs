@@ -65,15 +65,16 @@
 //! # Kernels
 //! One generic kernel (`QIsa` over AVX-512 VNNI, AVX2 or plain Rust, chosen at run time; never AMX): per register tile
 //! of up to 4 rows (2 on AVX2) × one panel, for each 32-block, the codes are unpacked in registers (nibble masks, bit
-//! planes, a `vpshufb` codebook for IQ4_XS; where the CPU has AVX-512 VBMI and GFNI, `vpermb` lookups and the high-bit
-//! planes of Q5_K, Q6_K, Q5_0 and Q5_1 moved into place by one `vgf2p8affineqb` each and merged by `vpternlogd`) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`,
-//! or `vpmaddubsw` + `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term.
-//! Threads split contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread
-//! streams its panels once over the whole `k`, with a software prefetch into L2 of every line 12 KiB ahead in the panel;
-//! Q8_0 on AVX-512 instead reads each 544-byte unit's lines strictly upwards (one asm block for its 8 code vectors,
-//! then its scales) and, when it is the product's only task on an AMD core, prefetches one line per unit 16 KiB ahead,
-//! leaving the rest to the hardware stream prefetcher (with two or more tasks streaming at once, or on Intel cores,
-//! every line, as the others).
+//! planes, a `vpshufb` codebook for IQ4_XS; where the CPU has AVX-512 VBMI and GFNI, `vpermb` lookups, and the
+//! high-bit planes of Q5_K, Q6_K, Q5_0 and Q5_1 moved into place by one `vgf2p8affineqb` each and merged by
+//! `vpternlogd`) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`, or `vpmaddubsw` +
+//! `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term. Threads split
+//! contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread streams its
+//! panels once over the whole `k`, prefetched as `prefetch.rs` says per format, ISA and vendor: every line 12
+//! KiB ahead on Intel cores and for the 2-bit planes; on AMD cores with the AVX-512 kernels, no software prefetch for
+//! the formats read in address order. Q8_0 on AVX-512 reads each 544-byte unit's lines strictly upwards (one asm
+//! block for its 8 code vectors, then its scales) and, when it is the product's only task on an AMD core, prefetches
+//! one line per unit 16 KiB ahead (with two or more tasks there, none).
 //! More rows (prefill, and decode batches past a tile): cache blocks of 16 panels × `k` ranges of 24 blocks are decoded
 //! once into a per-thread buffer (code vectors ready for the dot products, block scales in f32, 240 KiB: L2), then
 //! every row tile runs against it; the accumulators pass through `y` between `k` ranges, which keeps each output's

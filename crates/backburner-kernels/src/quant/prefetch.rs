@@ -15,8 +15,9 @@ pub(crate) enum Prefetch {
     /// line by line upwards (Q8_0 where [`QIsa::ORDERED_LOAD8`]), which the hardware prefetcher follows within a
     /// page; the hint starts each next page early. Measured with `bench local` on a Q8_0 file, alternating: 6–13 %
     /// more decode tokens/s at 1 thread than every line, and no hint at all slower than either (docs/BENCHMARKS.md).
-    /// Only while one thread streams: with two, each core's hardware prefetcher falls behind and every line is
-    /// better (decode's share of the read bandwidth 83 → 87 %, medians of 6 alternations). And only on AMD cores,
+    /// Only while one thread streams: with two, Q8_0 goes without hints ([`Prefetch::Hardware`]; an earlier
+    /// whole-model alternation had found every line better, 83 → 87 %, before the other formats dropped their
+    /// hints). And only on AMD cores,
     /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 23 % slower than
     /// every line (decode 102.9 against 133.5 tok/s, 5 alternating rounds; [`lone_stream_prefetcher`]).
     OneLine,
@@ -27,7 +28,10 @@ pub(crate) enum Prefetch {
     /// Q5_K 73–75 → 87–90 %, Q6_K 72–76 → 81–94 %, IQ4_XS (once its unit read upwards, see the module docs) 72–75 →
     /// 79–86 %, Q3_K, IQ3_S, Q4_0, Q4_1, Q5_0, Q5_1, IQ3_XXS, IQ4_NL, MXFP4 from 68–76 % to 83–102 %: the software
     /// prefetches of every line took fill buffers from the demand stream. Not for the 2-bit planes (Q2_K, TQ*,
-    /// IQ2_*, IQ1_*: 62–85 % without against 70–95 % with), which keep [`Prefetch::EveryLine`].
+    /// IQ2_*, IQ1_*: 62–85 % without against 70–95 % with), which keep [`Prefetch::EveryLine`]. Q8_0 with two or
+    /// more tasks streaming at once (27B MLP shapes, 2 threads, 6 alternations of the three policies): 85 % of a
+    /// 61 GB/s read and 99–100 % of a 33–37 GB/s one, against every line's 67 % and 90–94 %, and one line per unit's
+    /// 98–99 % of the slower read; whole-model decode 9.2–9.9 tok/s against 6.8–7.2 (every line).
     Hardware,
 }
 

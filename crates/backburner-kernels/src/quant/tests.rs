@@ -237,7 +237,7 @@ fn decode_prefetch_follows_the_measured_policy_of_each_format_isa_and_vendor() {
             (EveryLine, EveryLine)
         };
         let want = [
-            one, EveryLine, in_order, in_order, in_order, in_order, in_order, in_order, EveryLine,
+            one, in_order, in_order, in_order, in_order, in_order, in_order, in_order, EveryLine,
             EveryLine,
         ];
         assert_eq!(got, want, "{isa}");
