@@ -31,7 +31,7 @@ pub(crate) enum Prefetch {
     /// IQ2_*, IQ1_*: 62–85 % without against 70–95 % with), which keep [`Prefetch::EveryLine`]. Q8_0 with two or
     /// more tasks streaming at once (27B MLP shapes, 2 threads, 6 alternations of the three policies): 85 % of a
     /// 61 GB/s read and 99–100 % of a 33–37 GB/s one, against every line's 67 % and 90–94 %, and one line per unit's
-    /// 98–99 % of the slower read; whole-model decode 9.2–9.9 tok/s against 6.8–7.2 (every line).
+    /// 98–99 % of the slower read; whole-model decode (8 rounds) a median 9.49 tok/s against every line's 7.23.
     Hardware,
 }
 
