@@ -1,5 +1,6 @@
 //! The integer-dot vector abstraction of the quantized kernels ([`QIsa`]), its plain-Rust implementation and the
-//! dispatch to the best one the CPU has (AVX-512 VNNI with or without VBMI and GFNI, AVX2 — in `x86.rs` — or plain Rust).
+//! dispatch to the best one the CPU has (AVX-512 VNNI with or without VBMI and GFNI, AVX2 — in `x86.rs` — or
+//! plain Rust).
 //!
 //! A [`QIsa::W`] is 64 bytes of codes read as 16 lanes of 4 bytes (lane `l` = output row `l` of a panel, its 4
 //! bytes = 4 consecutive inputs); [`QIsa::dot_u`] adds, per lane, the dot product of those 4 unsigned codes with 4
@@ -448,7 +449,8 @@ pub(crate) trait QKernel {
 }
 
 /// Which [`QIsa`] [`qdispatch`] picks on this CPU: 3 = AVX-512 (F, BW, VNNI) with VBMI and GFNI (byte permutes for
-/// the nibble lookups, bit-matrix products for the high-bit planes), 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with FMA and F16C), 0 = plain Rust; capped by the crate's
+/// the nibble lookups, bit-matrix products for the high-bit planes), 2 = AVX-512 (F, BW, VNNI), 1 = AVX2 (with
+/// FMA and F16C), 0 = plain Rust; capped by the crate's
 /// test-only dispatch cap.
 pub(crate) fn qisa_level() -> u8 {
     #[cfg(target_arch = "x86_64")]
