@@ -326,7 +326,7 @@ fn packed_memory_is_about_the_gguf_bytes() {
         (QuantFormat::Q4K, 2368.0 / 16.0 / 144.0),
         (QuantFormat::Q5K, 2880.0 / 16.0 / 176.0),
         (QuantFormat::Q6K, 1.0),
-        (QuantFormat::Iq4Xs, 2240.0 / 16.0 / 136.0),
+        (QuantFormat::Iq4Xs, 2208.0 / 16.0 / 136.0),
     ] {
         let gguf = n * fmt.row_bytes(k).unwrap();
         let packed = QuantMatrix::packed_bytes(fmt, n, k).unwrap();

@@ -27,7 +27,7 @@
 //! | Q4_K   | 8 × 4 nibble vectors (q)        | d, dmin + 8 × (256 + 16 scales + 16 mins) = 2368 | 1.028 |
 //! | Q5_K   | nibbles + 8 fifth-bit planes    | d, dmin + 8 × (64 + 256 + 16 + 16) = 2880 | 1.023 |
 //! | Q6_K   | nibbles + 16 bit-pair planes (`q − 32`) | d + 8 × (128 + 256 + 2×16 i8 scales) = 3360 | 1.000 |
-//! | IQ4_XS | nibble indices (`IQ4_VALUES[i]`) | d + 8×16 i8 `ls − 32` + 32 padding + 2048 = 2240 | 1.029 |
+//! | IQ4_XS | nibble indices (`IQ4_VALUES[i]`) | d + 8 × (256 + 16 i8 `ls − 32`) = 2208 | 1.015 |
 //!
 //! A nibble vector `h` (`0..4`) of a 32-block holds group `h` in its low nibbles and group `h + 4` in its high
 //! nibbles. Q5_K's plane for a 32-block has the fifth bit of group `g` in bit `g` of the byte at the code's position;
@@ -36,15 +36,14 @@
 //! about the GGUF bytes. The panels live in [`HugeBuf`](crate::hugebuf::HugeBuf)s: on Linux, transparent huge pages
 //! shared by consecutive matrices (decode streams them; IQ4_XS at 2 threads ×1.05 over base pages).
 //!
-//! The fields of a unit lie in the order decode uses them for Q4_0 and the K-quants: `d` (and `dmin`), then each
-//! 32-block's planes, nibble vectors, scales and mins together, so that the unit streams upwards (Q4_K_M decode
-//! 8–14 % faster than with each field gathered in one run per unit, docs/BENCHMARKS.md); with block strides of 288,
-//! 352 and 416 bytes, half of their vectors straddle two cache lines (the loads are unaligned ones). Q8_0 keeps its
-//! codes before its `d` (read in that order, see Kernels). IQ4_XS puts its `d` and all its scales first, then 32
-//! bytes of padding so that its codes start on a cache line (its 272-byte blocks in reading order put three code
-//! vectors in four across two lines, and it decoded slower at 1 thread; with the codes first and the scales last, the
-//! hardware prefetcher did not follow it: 58–62 % of the read bandwidth without software prefetches). The padding
-//! costs 1.4 % of memory and lets the unit stream upwards: at the 27B's MLP shapes, 1 thread, 72–75 → 79–86 %.
+//! The fields of a unit lie in the order decode uses them: `d` (and `dmin`), then each 32-block's planes, nibble
+//! vectors, scales and mins together, so that the unit streams upwards (Q4_K_M decode 8–14 % faster than with each
+//! field gathered in one run per unit, docs/BENCHMARKS.md); with block strides of 272 (IQ4_XS), 288, 352 and 416
+//! bytes, most of their vectors straddle two cache lines (the loads are unaligned ones). Q8_0 keeps its codes before
+//! its `d` (read in that order, see Kernels). IQ4_XS had its `d` and all its scales first, then 32 bytes of padding so
+//! that its codes started on a cache line: that read 77–79 % of the read bandwidth at the 27B's MLP shapes (1 thread,
+//! no software prefetch), the reading order 89–91 % (and 1.4 % less memory); with every line prefetched in software,
+//! as before the AMD policy of `prefetch.rs`, the order had measured the other way round.
 //!
 //! # Arithmetic
 //! [`QuantizedActs`] holds `x` as `xq·dx` per block of 32 (see its docs). For output `(i, j)`, every 32-block of

@@ -25,13 +25,14 @@ pub(crate) enum Prefetch {
     /// instructions per byte (the K-quants, Q4_0, IQ4_XS, and the generic formats with 4- to 8-bit codes) where
     /// [`hardware_streams_suffice`]. On the AMD EPYC (Zen 4) VM, at the 27B's MLP shapes, 1 thread, alternating
     /// (`cargo bench -p backburner-kernels --bench qdecode_27b`): Q4_K 70–75 → 92–98 % of a read of the same bytes,
-    /// Q5_K 73–75 → 87–90 %, Q6_K 72–76 → 81–94 %, IQ4_XS (once its unit read upwards, see the module docs) 72–75 →
-    /// 79–86 %, Q3_K, IQ3_S, Q4_0, Q4_1, Q5_0, Q5_1, IQ3_XXS, IQ4_NL, MXFP4 from 68–76 % to 83–102 %: the software
-    /// prefetches of every line took fill buffers from the demand stream. Not for the 2-bit planes (Q2_K, TQ*,
-    /// IQ2_*, IQ1_*: 62–85 % without against 70–95 % with), which keep [`Prefetch::EveryLine`]. Q8_0 with two or
-    /// more tasks streaming at once (27B MLP shapes, 2 threads, 6 alternations of the three policies): 85 % of a
-    /// 61 GB/s read and 99–100 % of a 33–37 GB/s one, against every line's 67 % and 90–94 %, and one line per unit's
-    /// 98–99 % of the slower read; whole-model decode (8 rounds) a median 9.49 tok/s against every line's 7.23.
+    /// Q5_K 73–75 → 87–90 %, Q6_K 72–76 → 81–94 %, IQ4_XS (with its scales first) 72–75 → 79–86 % (89–91 % in its
+    /// later reading-order layout, see the module docs), Q3_K, IQ3_S, Q4_0, Q4_1, Q5_0, Q5_1, IQ3_XXS, IQ4_NL,
+    /// MXFP4 from 68–76 % to 83–102 %: the software prefetches of every line took fill buffers from the demand
+    /// stream. Not for the 2-bit planes (Q2_K, TQ*, IQ2_*, IQ1_*: 62–85 % without against 70–95 % with), which keep
+    /// [`Prefetch::EveryLine`]. Q8_0 with two or more tasks streaming at once (27B MLP shapes, 2 threads, 6
+    /// alternations of the three policies): 85 % of a 61 GB/s read and 99–100 % of a 33–37 GB/s one, against every
+    /// line's 67 % and 90–94 %, and one line per unit's 98–99 % of the slower read; whole-model decode (8 rounds) a
+    /// median 9.49 tok/s against every line's 7.23.
     Hardware,
 }
 

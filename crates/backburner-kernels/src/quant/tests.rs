@@ -278,10 +278,6 @@ fn unit_fields(fmt: QuantFormat, lay: Lay) -> Vec<(usize, usize, String)> {
         (_, None) => (256, 128, 32, 0, 32),
     };
     let mut f = vec![(lay.d, lay.d + dlen, "d".to_string())];
-    if fmt == QuantFormat::Iq4Xs {
-        // the padding between the scales and the codes (which start on a cache line)
-        f.push((lay.sc.at(blocks), lay.codes.at(0), "padding".into()));
-    }
     if generic.is_some_and(|s| s.mins != Mins::None) || (generic.is_none() && lay.dmin != 0) {
         f.push((lay.dmin, lay.dmin + dlen, "dmin".into()));
     }
@@ -301,7 +297,7 @@ fn unit_fields(fmt: QuantFormat, lay: Lay) -> Vec<(usize, usize, String)> {
 }
 
 #[test]
-fn panel_units_tile_their_bytes_and_k_quant_units_read_upwards() {
+fn panel_units_tile_their_bytes_and_read_upwards() {
     for fmt in QuantFormat::ALL {
         let lay = Lay::of(fmt);
         let fields = unit_fields(fmt, lay);
@@ -316,11 +312,15 @@ fn panel_units_tile_their_bytes_and_k_quant_units_read_upwards() {
             owner[s..e].iter_mut().for_each(|o| *o += 1);
         }
         assert!(owner.iter().all(|&o| o == 1), "{fmt}: {owner:?}");
-        // Q4_0 and the K-quants: read in the kernel's order, each field starts where the previous one ends.
+        // Q4_0, the K-quants and IQ4_XS: read in the kernel's order, each field starts where the previous one ends.
         if super::spec::spec(fmt).is_some()
             || matches!(
                 fmt,
-                QuantFormat::Q4_0 | QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q6K
+                QuantFormat::Q4_0
+                    | QuantFormat::Q4K
+                    | QuantFormat::Q5K
+                    | QuantFormat::Q6K
+                    | QuantFormat::Iq4Xs
             )
         {
             let mut at = 0;

@@ -23,12 +23,11 @@ impl Field {
     }
 }
 
-/// Where the fields of one panel unit (16 rows × one GGUF block) lie. The K-quants and Q4_0 are laid out in the
-/// order the decode kernel uses them: the unit's `d` (and `dmin`) first, then its 32-blocks one after the other,
+/// Where the fields of one panel unit (16 rows × one GGUF block) lie. The K-quants, Q4_0 and IQ4_XS are laid out in
+/// the order the decode kernel uses them: the unit's `d` (and `dmin`) first, then its 32-blocks one after the other,
 /// each block's high-bit planes, nibble vectors and sub-block scales (and mins) together, so that a unit streams
-/// upwards. Q8_0 keeps its `d` after its codes (the asm load of [`super::isa::QIsa::load8_w`] orders them);
-/// IQ4_XS has its `d` and every block's scales first, then 32 bytes of padding, then its codes on cache-line
-/// boundaries (in reading order three of its code vectors in four would straddle two lines; see the module docs).
+/// upwards (see the module docs). Q8_0 keeps its `d` after its codes (the asm load of
+/// [`super::isa::QIsa::load8_w`] orders them).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Lay {
     /// Elements of a row per unit (the GGUF block: 32 or 256).
@@ -111,11 +110,11 @@ impl Lay {
                 sc: f(32 + 384, 416),
                 ..z
             },
-            // d; 8 × scales 16; 32 bytes of padding (the codes start on a cache line); 8 × nibbles 256.
+            // d; 8 × (nibbles 256, scales 16).
             QuantFormat::Iq4Xs => Lay {
-                bytes: 2240,
-                codes: f(192, 256),
-                sc: f(32, 16),
+                bytes: 2208,
+                codes: f(32, 272),
+                sc: f(32 + 256, 272),
                 ..z
             },
             // The generic formats (above).
