@@ -154,11 +154,11 @@ fn sigmoid_exact(x: f32) -> f32 {
     1.0 / (1.0 + exp_rounded(-x))
 }
 
-/// `Σ x²` accumulated in f64 over 8 interleaved lanes (fixed order, vectorizable), rounded once to f32. Norms feed
-/// every layer and the Gated DeltaNet amplifies their rounding, so they are computed more accurately than a plain f32
-/// sum; the cost is one pass over the row.
+/// `Σ x²` accumulated in f64 over 8 interleaved lanes (fixed order, vectorizable); callers round it once to f32.
+/// Norms feed every layer and the Gated DeltaNet amplifies their rounding, so they are computed more accurately than
+/// a plain f32 sum; the cost is one pass over the row.
 #[inline(always)]
-fn sum_sq(row: &[f32]) -> f32 {
+fn sum_sq(row: &[f32]) -> f64 {
     let mut acc = [0.0f64; 8];
     let mut c = row.chunks_exact(8);
     for v in &mut c {
@@ -169,13 +169,22 @@ fn sum_sq(row: &[f32]) -> f32 {
     for (l, v) in c.remainder().iter().enumerate() {
         acc[l] += f64::from(*v) * f64::from(*v);
     }
-    (((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))) as f32
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// `rsqrt(Σ x² / dim + eps)`.
+/// `rsqrt(Σ x² / dim + eps)`: from `Σ x²` rounded to f32, or, where that sum exceeds f32's range (a row of finite
+/// values above ~1.8e19 in magnitude, as a broken checkpoint's hidden state can reach), in f64 and rounded once, so
+/// that such a row is normalized instead of scaled to zeros (an f32 `rsqrt(inf)`). A NaN or an infinity in the row
+/// still gives NaN outputs (`inf·0`), which the engine's non-finite check reports.
 #[inline(always)]
 fn inv_rms(row: &[f32], eps: f32) -> f32 {
-    1.0 / (sum_sq(row) / row.len() as f32 + eps).sqrt()
+    let ss = sum_sq(row);
+    let s = ss as f32;
+    if s.is_finite() {
+        1.0 / (s / row.len() as f32 + eps).sqrt()
+    } else {
+        (1.0 / (ss / row.len() as f64 + f64::from(eps)).sqrt()) as f32
+    }
 }
 
 struct RmsNorm<'a> {
@@ -355,6 +364,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn rms_norm_of_a_row_past_f32s_squares_normalizes_it() {
+        // Σ x² = 4 · 1e40 overflows f32; the norm still gives x / rms(x) = ±1 (times the weights), not zeros.
+        let x = [1e20f32, -1e20, 1e20, -1e20];
+        let w = [1.0f32, 2.0, 0.5, 1.0];
+        let mut out = [0.0f32; 4];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        assert_eq!(out, [1.0, -2.0, 0.5, -1.0]);
+        // An infinity still poisons the row (the engine's non-finite check then reports it).
+        let mut y = [f32::INFINITY, 1.0, 2.0, 3.0];
+        rms_norm_inplace(&mut y, &w, 1e-6);
+        assert!(y[0].is_nan(), "{y:?}");
     }
 
     #[test]
