@@ -260,7 +260,15 @@ impl Kernel for L2Norm<'_> {
     #[inline(always)]
     fn run<I: Isa>(self, _: I) {
         for row in self.x.chunks_exact_mut(self.dim) {
-            let r = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+            let ss = row.iter().map(|v| v * v).sum::<f32>();
+            // Past f32's range (finite values above ~1.8e19 in magnitude) the f32 sum is infinite and would scale the
+            // row to zeros: normalize it from an f64 sum instead (rows in range keep their bits; NaN stays NaN).
+            let r = if ss.is_finite() {
+                1.0 / (ss + 1e-6).sqrt()
+            } else {
+                let ss = row.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>();
+                (1.0 / (ss + 1e-6).sqrt()) as f32
+            };
             for v in row.iter_mut() {
                 *v = *v * r * self.scale;
             }
@@ -367,13 +375,17 @@ mod tests {
     }
 
     #[test]
-    fn rms_norm_of_a_row_past_f32s_squares_normalizes_it() {
+    fn norms_of_a_row_past_f32s_squares_normalize_it() {
         // Σ x² = 4 · 1e40 overflows f32; the norm still gives x / rms(x) = ±1 (times the weights), not zeros.
         let x = [1e20f32, -1e20, 1e20, -1e20];
         let w = [1.0f32, 2.0, 0.5, 1.0];
         let mut out = [0.0f32; 4];
         rms_norm(&x, &w, 1e-6, &mut out);
         assert_eq!(out, [1.0, -2.0, 0.5, -1.0]);
+        // The same for the L2 norm of the delta rule's q and k.
+        let mut z = [1e20f32, -1e20, 1e20, -1e20];
+        l2_norm_scaled(&mut z, 4, 1.0);
+        assert_eq!(z, [0.5, -0.5, 0.5, -0.5]);
         // An infinity still poisons the row (the engine's non-finite check then reports it).
         let mut y = [f32::INFINITY, 1.0, 2.0, 3.0];
         rms_norm_inplace(&mut y, &w, 1e-6);
