@@ -172,8 +172,8 @@ fn sum_sq(row: &[f32]) -> f64 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// `rsqrt(Σ x² / dim + eps)`: from `Σ x²` rounded to f32, or, where that sum exceeds f32's range (a row of finite
-/// values above ~1.8e19 in magnitude, as a broken checkpoint's hidden state can reach), in f64 and rounded once, so
+/// `rsqrt(Σ x² / dim + eps)`: from `Σ x²` rounded to f32, or, where that sum exceeds f32's range (above ~3.4e38, which
+/// a broken checkpoint's hidden state can reach with finite values), in f64 and rounded once, so
 /// that such a row is normalized instead of scaled to zeros (an f32 `rsqrt(inf)`). A NaN or an infinity in the row
 /// still gives NaN outputs (`inf·0`), which the engine's non-finite check reports.
 #[inline(always)]
@@ -261,13 +261,12 @@ impl Kernel for L2Norm<'_> {
     fn run<I: Isa>(self, _: I) {
         for row in self.x.chunks_exact_mut(self.dim) {
             let ss = row.iter().map(|v| v * v).sum::<f32>();
-            // Past f32's range (finite values above ~1.8e19 in magnitude) the f32 sum is infinite and would scale the
-            // row to zeros: normalize it from an f64 sum instead (rows in range keep their bits; NaN stays NaN).
+            // Past f32's range (Σ x² above ~3.4e38) the f32 sum is infinite and would scale the row to zeros:
+            // normalize it from the f64 sum of `sum_sq` instead (rows in range keep their bits; NaN stays NaN).
             let r = if ss.is_finite() {
                 1.0 / (ss + 1e-6).sqrt()
             } else {
-                let ss = row.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>();
-                (1.0 / (ss + 1e-6).sqrt()) as f32
+                (1.0 / (sum_sq(row) + 1e-6).sqrt()) as f32
             };
             for v in row.iter_mut() {
                 *v = *v * r * self.scale;
