@@ -4,7 +4,7 @@
 //!   delta-rule recurrence (decode) and its chunked WY/UT form (prefill).
 //! * [`attention`]: causal attention over one KV page as a normalized partial with its log-sum-exp,
 //!   the LSE merge of partials and the fixed left fold over pages.
-//! * [`kv`]: the paged KV cache of one full-attention layer (f16 or f32 storage).
+//! * [`kv`]: the paged KV cache of one full-attention layer (f16, f32 or bf16 storage).
 //! * [`matmul`]: dense products against weight matrices packed once in their dtype (f32, bf16, f16).
 //! * [`quant`]: GGUF quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS) repacked into panels, and their
 //!   products with 8-bit quantized activations by integer dot products (AVX-512 VNNI, AVX2, plain Rust).

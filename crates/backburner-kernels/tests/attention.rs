@@ -120,6 +120,9 @@ fn head_dims_that_are_not_a_multiple_of_16_match_the_reference() {
             let (ks, vs) = match dtype {
                 KvDtype::F32 => (k.clone(), v.clone()),
                 KvDtype::F16 => (round_f16(&k), round_f16(&v)),
+                KvDtype::Bf16 => {
+                    unreachable!("bf16 pages are not compared with the f32 reference here")
+                }
             };
             for (q_pos0, n_tokens) in [(149, 1), (0, 150), (100, 50)] {
                 let q = uniform(&mut r, n_tokens * n_heads * dim, -2.0, 2.0);
@@ -311,17 +314,19 @@ fn copied(v: PageView<'_>) -> (Vec<u8>, Vec<u8>, KvDtype) {
     let raw = |r: RowsRef<'_>| match r {
         RowsRef::F16(d) => d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
         RowsRef::F32(d) => d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+        RowsRef::Bf16(d) => d.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
     };
     let dt = match v.k() {
         RowsRef::F16(_) => KvDtype::F16,
         RowsRef::F32(_) => KvDtype::F32,
+        RowsRef::Bf16(_) => KvDtype::Bf16,
     };
     (raw(v.k()), raw(v.v()), dt)
 }
 
 #[test]
 fn partials_computed_anywhere_and_folded_in_page_order_keep_the_bits() {
-    for dtype in [KvDtype::F16, KvDtype::F32] {
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
         let kv = Kv::random(300, 2, 40);
         let cache = kv.cache(64, dtype);
         let pages = cache.pages();
@@ -340,6 +345,7 @@ fn partials_computed_anywhere_and_folded_in_page_order_keep_the_bits() {
             let copies: Vec<_> = pages[..2].iter().map(|p| copied(p.view())).collect();
             let f16s: Vec<(Vec<half::f16>, Vec<half::f16>)>;
             let f32s: Vec<(Vec<f32>, Vec<f32>)>;
+            let bf16s: Vec<(Vec<half::bf16>, Vec<half::bf16>)>;
             let views: Vec<PageView<'_>> = match dtype {
                 KvDtype::F16 => {
                     let dec = |b: &[u8]| {
@@ -380,6 +386,29 @@ fn partials_computed_anywhere_and_folded_in_page_order_keep_the_bits() {
                                 D,
                                 RowsRef::F32(k),
                                 RowsRef::F32(v),
+                            )
+                            .unwrap()
+                        })
+                        .collect()
+                }
+                KvDtype::Bf16 => {
+                    let dec = |b: &[u8]| {
+                        b.chunks_exact(2)
+                            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]))
+                            .collect()
+                    };
+                    bf16s = copies.iter().map(|(k, v, _)| (dec(k), dec(v))).collect();
+                    bf16s
+                        .iter()
+                        .zip(&pages[..2])
+                        .map(|((k, v), p)| {
+                            PageView::new(
+                                p.start(),
+                                p.len(),
+                                2,
+                                D,
+                                RowsRef::Bf16(k),
+                                RowsRef::Bf16(v),
                             )
                             .unwrap()
                         })

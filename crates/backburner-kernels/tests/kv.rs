@@ -1,11 +1,13 @@
-//! Paged KV cache bookkeeping: pages, reads across pages, truncation, byte counts, f16 storage.
+//! Paged KV cache bookkeeping: pages, reads across pages, truncation, byte counts, f16 and bf16 storage.
 
 use crate::common;
 
 use backburner_kernels::attention::fold_pages;
-use backburner_kernels::kv::{KvDtype, KvError, KvPage, PagedKvCache};
+use backburner_kernels::kv::{
+    k_pair_offset, v_pair_offset, KvDtype, KvError, KvPage, PagedKvCache, RowsRef, KV_BLOCK,
+};
 use common::*;
-use half::f16;
+use half::{bf16, f16};
 
 const HEADS: usize = 2;
 const DIM: usize = 32;
@@ -56,7 +58,7 @@ fn read_rows_spans_several_pages() {
 fn truncating_into_a_page_and_appending_again_equals_never_having_appended() {
     let (k, v) = rows(60, 3);
     let (k2, v2) = rows(30, 4);
-    for dtype in [KvDtype::F16, KvDtype::F32] {
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
         let mut a = PagedKvCache::new(16, HEADS, DIM, dtype);
         a.append(&k[..45 * ROW], &v[..45 * ROW], 45);
         a.truncate(21);
@@ -100,6 +102,10 @@ fn bytes_count_the_stored_rows_exactly() {
     assert_eq!(f.pages()[4].bytes(), 44 * 2 * 32 * 2 * 4);
     f.truncate(100);
     assert_eq!(f.bytes(), 100 * 2 * 32 * 2 * 4);
+    let mut b = PagedKvCache::new(64, HEADS, DIM, KvDtype::Bf16);
+    b.append(&k, &v, 300);
+    assert_eq!(b.bytes(), 300 * 2 * 32 * 2 * 2);
+    assert_eq!(b.pages()[4].bytes(), 44 * 2 * 32 * 2 * 2);
 }
 
 #[test]
@@ -112,6 +118,124 @@ fn f16_pages_store_values_rounded_to_nearest_f16() {
     assert_eq!(rk, round(&k));
     assert_eq!(rv, round(&v));
     assert_ne!(rk, k, "f16 storage does round");
+}
+
+#[test]
+fn bf16_pages_store_values_rounded_to_nearest_bf16() {
+    let (k, v) = rows(20, 7);
+    let mut c = PagedKvCache::new(8, HEADS, DIM, KvDtype::Bf16);
+    c.append(&k, &v, 20);
+    let (rk, rv) = c.read_rows(0, 20);
+    let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|a| bf16::from_f32(*a).to_f32()).collect() };
+    assert_eq!(rk, round(&k));
+    assert_eq!(rv, round(&v));
+    assert_ne!(rk, k, "bf16 storage does round");
+    let f16s: Vec<f32> = k.iter().map(|a| f16::from_f32(*a).to_f32()).collect();
+    assert_ne!(rk, f16s, "to bf16's 8 significant bits, not f16's 11");
+    // ties go to the even neighbour, and bf16 keeps f32's range where f16 overflows or flushes
+    let special = |i: usize| -> f32 {
+        match i % 6 {
+            0 => 1.0 + 2f32.powi(-8), // halfway between 1 and 1 + 2^-7: down to 1 (even)
+            1 => 1.0 + 3.0 * 2f32.powi(-8), // halfway between 1 + 2^-7 and 1 + 2^-6: up to 1 + 2^-6 (even)
+            2 => -(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), // past halfway: away from -1
+            3 => 1.0e20,                    // f16's max is 65504
+            4 => 3.0e-30,                   // below f16's smallest subnormal
+            _ => -0.0,
+        }
+    };
+    let want = |i: usize| -> f32 {
+        match i % 6 {
+            0 => 1.0,
+            1 => 1.0 + 2f32.powi(-6),
+            2 => -(1.0 + 2f32.powi(-7)),
+            3 => bf16::from_f32(1.0e20).to_f32(),
+            4 => bf16::from_f32(3.0e-30).to_f32(),
+            _ => -0.0,
+        }
+    };
+    let x: Vec<f32> = (0..3 * ROW).map(special).collect();
+    let mut p = KvPage::new(0, 64, HEADS, DIM, KvDtype::Bf16);
+    p.append(&x, &x, 3);
+    let (mut ko, mut vo) = (vec![0.0; 3 * ROW], vec![0.0; 3 * ROW]);
+    p.read_rows(0, 3, &mut ko, &mut vo);
+    for i in 0..3 * ROW {
+        assert_eq!(
+            ko[i].to_bits(),
+            want(i).to_bits(),
+            "K element {i} ({})",
+            x[i]
+        );
+        assert_eq!(
+            vo[i].to_bits(),
+            want(i).to_bits(),
+            "V element {i} ({})",
+            x[i]
+        );
+    }
+    assert!((ko[3] / 1.0e20 - 1.0).abs() < 2f32.powi(-8) && ko[4] > 0.0);
+}
+
+#[test]
+fn bf16_pages_keep_pairs_side_by_side_in_the_block_layout() {
+    // K: dimensions 2i, 2i + 1 of a key adjacent ([`k_pair_offset`]); V: keys 2j, 2j + 1 of a dimension adjacent
+    // ([`v_pair_offset`]); blocks of 64 positions, block-major then head. 150 rows: a partly filled third block,
+    // appended in pieces of odd lengths (a V pair split across two appends).
+    const DIM: usize = 24; // a last V chunk 8 wide
+    let row = HEADS * DIM;
+    let n = 150;
+    let mut r = rng(13);
+    let (k, v) = (
+        uniform(&mut r, n * row, -1.0, 1.0),
+        uniform(&mut r, n * row, -1.0, 1.0),
+    );
+    let mut p = KvPage::new(0, 192, HEADS, DIM, KvDtype::Bf16);
+    let mut at = 0;
+    for m in [1, 1, 63, 3, 82] {
+        p.append(
+            &k[at * row..(at + m) * row],
+            &v[at * row..(at + m) * row],
+            m,
+        );
+        at += m;
+    }
+    assert_eq!(at, n);
+    let view = p.view();
+    let (RowsRef::Bf16(ks), RowsRef::Bf16(vs)) = (view.k(), view.v()) else {
+        panic!("bf16 storage");
+    };
+    assert!(ks.len() >= 3 * HEADS * DIM * KV_BLOCK && vs.len() == ks.len());
+    for pos in 0..n {
+        for h in 0..HEADS {
+            let base = ((pos / KV_BLOCK) * HEADS + h) * DIM * KV_BLOCK;
+            for d in 0..DIM {
+                let i = (pos * HEADS + h) * DIM + d;
+                let kat = base + k_pair_offset(DIM, pos % KV_BLOCK, d);
+                let vat = base + v_pair_offset(DIM, pos % KV_BLOCK, d);
+                assert_eq!(
+                    ks[kat],
+                    bf16::from_f32(k[i]),
+                    "K pos {pos} head {h} dim {d}"
+                );
+                assert_eq!(
+                    vs[vat],
+                    bf16::from_f32(v[i]),
+                    "V pos {pos} head {h} dim {d}"
+                );
+            }
+        }
+    }
+    // the pair neighbours, spelled out: K dims 0, 1 of key 0 and V keys 0, 1 of dim 0 are elements 0 and 1
+    assert_eq!((ks[0], ks[1]), (bf16::from_f32(k[0]), bf16::from_f32(k[1])));
+    assert_eq!(
+        (vs[0], vs[1]),
+        (bf16::from_f32(v[0]), bf16::from_f32(v[row]))
+    );
+}
+
+#[test]
+#[should_panic(expected = "even head_dim")]
+fn a_bf16_page_of_an_odd_head_dim_panics() {
+    KvPage::new(0, 64, HEADS, 15, KvDtype::Bf16);
 }
 
 #[test]
@@ -155,7 +279,7 @@ fn reading_past_the_cache_length_panics() {
 fn rows_appended_in_pieces_across_storage_growth_read_back_exactly() {
     // Pieces of 1, 7, 20 and 100 rows cross the transposed K storage's growth from 16 to 32, 64 and 128
     // positions; a truncation in the middle is then overwritten by new rows.
-    for dtype in [KvDtype::F32, KvDtype::F16] {
+    for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
         let (k, v) = rows(128, 11);
         let mut p = KvPage::new(0, 200, HEADS, DIM, dtype);
         let mut at = 0;
@@ -173,6 +297,7 @@ fn rows_appended_in_pieces_across_storage_growth_read_back_exactly() {
             match dtype {
                 KvDtype::F16 => x.iter().map(|a| f16::from_f32(*a).to_f32()).collect(),
                 KvDtype::F32 => x.to_vec(),
+                KvDtype::Bf16 => x.iter().map(|a| bf16::from_f32(*a).to_f32()).collect(),
             }
         };
         assert_eq!(ko, stored(&k[..at * ROW]), "{dtype} keys");
@@ -190,7 +315,7 @@ fn rows_appended_in_pieces_across_storage_growth_read_back_exactly() {
 
 #[test]
 fn the_oldest_pages_move_out_and_back_and_the_fold_continues_with_the_same_bits() {
-    for dtype in [KvDtype::F16, KvDtype::F32] {
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
         let mut c = PagedKvCache::new(16, HEADS, DIM, dtype);
         let (k, v) = rows(70, 7);
         c.append(&k, &v, 70); // pages at 0, 16, 32, 48 (full) and 64 (6 rows)

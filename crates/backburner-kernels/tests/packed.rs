@@ -4,7 +4,9 @@
 use crate::common;
 
 use backburner_kernels::attention::{attend_page, attend_pages, fold_pages, Partial};
-use backburner_kernels::kv::{KvDtype, KvPage, PackedPage, PageLayout, PageView, RowsRef};
+use backburner_kernels::kv::{
+    KvDtype, KvPage, PackedPage, PageLayout, PageView, RowsRef, KV_BLOCK,
+};
 use common::*;
 
 /// A page of `len` random rows (capacity `cap`) starting at `start`.
@@ -48,7 +50,7 @@ fn packed_pages_give_the_same_bits_as_the_pages_they_copy() {
         (2, 2, 20, 128, 100),
         (4, 1, 16, 2112, 2112),
     ];
-    for dtype in [KvDtype::F16, KvDtype::F32] {
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
         for (n_heads, hkv, dim, cap, len) in shapes {
             let start = 3 * cap;
             let p = page(start, len, cap, hkv, dim, dtype);
@@ -114,6 +116,49 @@ fn packing_a_packed_page_copies_it() {
 }
 
 #[test]
+fn packing_a_bf16_page_keeps_every_bit_in_the_head_major_order() {
+    // Each head's blocks, K run then V run, copied bit for bit (the pair layouts inside a block unchanged), lanes
+    // past len in the last block included; packing the packed copy again gives the same storage.
+    let (hkv, dim, len) = (3, 40, 130);
+    let p = page(64, len, 192, hkv, dim, KvDtype::Bf16);
+    let packed = PackedPage::pack(p.view());
+    assert_eq!(
+        (packed.dtype(), packed.len(), packed.bytes()),
+        (KvDtype::Bf16, len, 2 * len * hkv * dim * 2)
+    );
+    let (RowsRef::Bf16(k), RowsRef::Bf16(v)) = (p.view().k(), p.view().v()) else {
+        panic!("bf16 storage");
+    };
+    let RowsRef::Bf16(kv) = packed.view().k() else {
+        panic!("bf16 storage");
+    };
+    let (run, blocks) = (dim * KV_BLOCK, len.div_ceil(KV_BLOCK));
+    assert_eq!(kv.len(), 2 * blocks * hkv * run);
+    for h in 0..hkv {
+        for b in 0..blocks {
+            let from = (b * hkv + h) * run;
+            let to = (h * blocks + b) * 2 * run;
+            let bits = |x: &[half::bf16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
+            assert_eq!(
+                bits(&kv[to..to + run]),
+                bits(&k[from..from + run]),
+                "K head {h} block {b}"
+            );
+            assert_eq!(
+                bits(&kv[to + run..to + 2 * run]),
+                bits(&v[from..from + run]),
+                "V head {h} block {b}"
+            );
+        }
+    }
+    let twice = PackedPage::pack(packed.view());
+    let RowsRef::Bf16(again) = twice.view().k() else {
+        panic!("bf16 storage");
+    };
+    assert_eq!(again, kv);
+}
+
+#[test]
 fn head_major_views_need_k_and_v_in_each_storage() {
     let (hkv, dim) = (2, 16);
     let one = vec![0.0f32; 64 * hkv * dim];
@@ -121,4 +166,30 @@ fn head_major_views_need_k_and_v_in_each_storage() {
     let view = |s| PageView::with_layout(0, 64, hkv, dim, PageLayout::HeadMajor, s, s);
     assert_eq!(view(RowsRef::F32(&one)).unwrap_err().need, two.len());
     assert!(view(RowsRef::F32(&two)).is_ok());
+}
+
+#[test]
+fn bf16_views_need_an_even_head_dim() {
+    // Storage big enough for either layout: f16 of head_dim 15 is fine, bf16 of 15 is refused (pairs of
+    // dimensions), bf16 of 14 and 16 are fine.
+    let hkv = 2;
+    let h = vec![half::f16::ZERO; 2 * 64 * hkv * 16];
+    let b = vec![half::bf16::ZERO; 2 * 64 * hkv * 16];
+    for layout in [PageLayout::BlockMajor, PageLayout::HeadMajor] {
+        let view = |dim, k, v| PageView::with_layout(0, 64, hkv, dim, layout, k, v);
+        assert!(view(15, RowsRef::F16(&h), RowsRef::F16(&h)).is_ok());
+        for dim in [14, 16] {
+            assert!(
+                view(dim, RowsRef::Bf16(&b), RowsRef::Bf16(&b)).is_ok(),
+                "{dim}"
+            );
+        }
+        let e = view(15, RowsRef::Bf16(&b), RowsRef::Bf16(&b)).unwrap_err();
+        assert_eq!((e.head_dim, e.k, e.v), (15, b.len(), b.len()), "{layout:?}");
+        assert!(e.to_string().contains("even head_dim"), "{e}");
+        // K and V in different 2-byte dtypes are refused as any mix is
+        assert!(view(16, RowsRef::Bf16(&b), RowsRef::F16(&h)).is_err());
+    }
+    assert!(PageView::new(0, 64, hkv, 15, RowsRef::Bf16(&b), RowsRef::Bf16(&b)).is_err());
+    assert!(PageView::new(0, 64, hkv, 16, RowsRef::Bf16(&b), RowsRef::Bf16(&b)).is_ok());
 }

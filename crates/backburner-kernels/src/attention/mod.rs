@@ -16,6 +16,7 @@
 mod merge;
 mod online;
 mod page_kernel;
+mod pair_kernel;
 
 pub use merge::merge_into;
 pub use page_kernel::attend_page;

@@ -30,6 +30,20 @@ impl RowState {
     /// the running max and sum are updated and the output rescaled. [`RowState::accumulate`] then adds the values.
     #[inline(always)]
     pub(super) fn softmax(&mut self, row: usize, sc: &mut [f32], nv: usize) {
+        self.softmax_as::<false>(row, sc, nv);
+    }
+
+    /// [`RowState::softmax`] for the bf16 dot products of bf16 pages: each weight is rounded to bf16 (to nearest
+    /// even; below `2^-126` to 0, as `vdpbf16ps` reads it) before the sum, so the running sum counts exactly the
+    /// weights the values are multiplied by, and a rescaled output has its subnormals flushed to zero (the native
+    /// instruction reads a subnormal accumulator as zero, its emulations assume none).
+    #[inline(always)]
+    pub(super) fn softmax_bf16(&mut self, row: usize, sc: &mut [f32], nv: usize) {
+        self.softmax_as::<true>(row, sc, nv);
+    }
+
+    #[inline(always)]
+    fn softmax_as<const BF16: bool>(&mut self, row: usize, sc: &mut [f32], nv: usize) {
         let dim = self.dim;
         let p = &mut sc[..nv];
         let m_old = self.m[row];
@@ -41,13 +55,29 @@ impl RowState {
         if m_new > m_old && m_old != f32::NEG_INFINITY {
             let corr = exp_fast(m_old - m_new);
             self.l[row] *= corr;
-            scale(&mut self.acc[row * dim..(row + 1) * dim], corr);
+            let acc = &mut self.acc[row * dim..(row + 1) * dim];
+            scale(acc, corr);
+            if BF16 {
+                for a in acc.iter_mut().filter(|a| a.is_subnormal()) {
+                    *a = f32::from_bits(a.to_bits() & 0x8000_0000);
+                }
+            }
         }
         self.m[row] = m_new;
         for x in p.iter_mut() {
             *x = exp_fast(*x - m_new);
         }
+        if BF16 {
+            for x in p.iter_mut() {
+                *x = bf16_weight(*x);
+            }
+        }
         self.l[row] += sum(p);
+    }
+
+    /// The output accumulators of rows `r0..` (`[rows − r0, dim]`), for the bf16 pair kernel.
+    pub(super) fn acc_from(&mut self, r0: usize) -> &mut [f32] {
+        &mut self.acc[r0 * self.dim..]
     }
 
     /// The values half: rows `r0..r0 + n` (which all see the block's first `nv` keys) add `Σ_j p_j·v_j`, with their
@@ -128,6 +158,15 @@ impl RowState {
             out.lse[t * out.n_heads + h] = self.m[row] + l.ln();
         }
     }
+}
+
+/// A softmax weight (`0 ≤ w ≤ 1`, finite) rounded to bf16 as `vdpbf16ps` reads it: to nearest even, and 0 below
+/// `2^-126`. Integer arithmetic on the bits, so that the loop over a block's weights vectorizes.
+#[inline(always)]
+fn bf16_weight(w: f32) -> f32 {
+    let b = w.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+    f32::from_bits(if b < 0x0080_0000 { 0 } else { rounded })
 }
 
 /// For rows `r < R` (`acc`: `[R][dim]` at row stride `dim`, `p`: `[R][KEY_BLOCK]`): `acc[r][d] = fma(p[r][j],

@@ -16,7 +16,7 @@ const _: () = assert!(
 
 /// Keys per segment. A row's softmax runs online over the blocks of a segment; segment partials are then
 /// merged in order. Fixed, so the bits never depend on how the work is spread over threads.
-const KEY_SEGMENT: usize = 1024;
+pub(super) const KEY_SEGMENT: usize = 1024;
 /// Query tokens per task (times the GQA group size in query rows).
 const TOKEN_BLOCK: usize = 16;
 
@@ -29,7 +29,9 @@ const TOKEN_BLOCK: usize = 16;
 ///
 /// Returns the [`Partial`] with `o: [n_tokens, n_heads, head_dim]`, `lse: [n_tokens, n_heads]`
 /// (`-inf` and 0 for queries that see no key of this page). Softmax in f32, online over key blocks
-/// (FlashAttention, Dao et al. 2022; Milakov & Gimelshein 2018), f16 keys/values converted exactly to f32.
+/// (FlashAttention, Dao et al. 2022; Milakov & Gimelshein 2018), f16 keys/values converted exactly to f32. bf16
+/// pages are multiplied with bf16 dot products instead (queries and softmax weights rounded to bf16; see
+/// [`KvDtype::Bf16`](crate::kv::KvDtype::Bf16)), every instruction set giving the same bits.
 ///
 /// Work is split over rayon tasks (kv head × token block, and over fixed key segments when there are few
 /// such tasks, e.g. decode). Each output row is computed by the same sequence of f32 operations whatever the
@@ -122,18 +124,18 @@ fn each_state(n: usize, f: impl Fn(usize) -> RowState + Sync) -> Vec<RowState> {
 }
 
 /// The arguments of one `attend_page` call.
-struct Ctx<'a> {
-    q: &'a [f32],
-    n_heads: usize,
-    group: usize,
-    q_pos0: usize,
-    page: PageView<'a>,
-    scale: f32,
+pub(super) struct Ctx<'a> {
+    pub(super) q: &'a [f32],
+    pub(super) n_heads: usize,
+    pub(super) group: usize,
+    pub(super) q_pos0: usize,
+    pub(super) page: PageView<'a>,
+    pub(super) scale: f32,
 }
 
 impl Ctx<'_> {
     /// Page rows visible to token `t` (a prefix of the page).
-    fn visible(&self, t: usize) -> usize {
+    pub(super) fn visible(&self, t: usize) -> usize {
         (self.q_pos0 + t + 1)
             .saturating_sub(self.page.start())
             .min(self.page.len())
@@ -141,6 +143,9 @@ impl Ctx<'_> {
 
     /// Online softmax of the query rows of tokens `[t0, t1)`, kv head `g`, over key segment `seg`.
     fn run_segment(&self, g: usize, t0: usize, t1: usize, seg: usize) -> RowState {
+        if let RowsRef::Bf16(_) = self.page.k() {
+            return super::pair_kernel::segment(self, g, t0, t1, seg);
+        }
         dispatch(SegmentJob {
             ctx: self,
             g,
@@ -419,6 +424,7 @@ fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
             }
             f16_to_f32(&src[full..], &mut dst[full..]);
         }
+        RowsRef::Bf16(_) => unreachable!("bf16 pages take the pair kernel"),
     }
 }
 

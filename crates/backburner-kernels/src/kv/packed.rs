@@ -31,6 +31,7 @@ impl PackedPage {
         let kv = match (page.k(), page.v()) {
             (RowsRef::F16(k), RowsRef::F16(v)) => Rows::F16(head_major(&page, k, v)),
             (RowsRef::F32(k), RowsRef::F32(v)) => Rows::F32(head_major(&page, k, v)),
+            (RowsRef::Bf16(k), RowsRef::Bf16(v)) => Rows::Bf16(head_major(&page, k, v)),
             _ => unreachable!("a PageView's K and V share one dtype"),
         };
         PackedPage {
@@ -72,6 +73,7 @@ impl PackedPage {
         match self.kv {
             Rows::F16(_) => KvDtype::F16,
             Rows::F32(_) => KvDtype::F32,
+            Rows::Bf16(_) => KvDtype::Bf16,
         }
     }
 

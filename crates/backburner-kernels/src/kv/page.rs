@@ -1,15 +1,16 @@
 //! One KV page: a fixed-capacity run of positions of one full-attention layer.
 
-use half::{f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use super::view::{PageLayout, PageView};
-use super::{k_offset, v_offset, KvDtype, KV_BLOCK};
+use super::{k_offset, k_pair_offset, v_offset, v_pair_offset, KvDtype, KV_BLOCK};
 
 /// Element storage in the page's dtype.
 #[derive(Clone, Debug)]
 pub(crate) enum Rows {
     F16(Vec<f16>),
     F32(Vec<f32>),
+    Bf16(Vec<bf16>),
 }
 
 impl Rows {
@@ -17,6 +18,7 @@ impl Rows {
         match dtype {
             KvDtype::F16 => Rows::F16(Vec::new()),
             KvDtype::F32 => Rows::F32(Vec::new()),
+            KvDtype::Bf16 => Rows::Bf16(Vec::new()),
         }
     }
 
@@ -25,6 +27,7 @@ impl Rows {
         match self {
             Rows::F16(d) => d.resize(n, f16::ZERO),
             Rows::F32(d) => d.resize(n, 0.0),
+            Rows::Bf16(d) => d.resize(n, bf16::ZERO),
         }
     }
 
@@ -34,6 +37,7 @@ impl Rows {
         match self {
             Rows::F16(d) => d[i].to_f32(),
             Rows::F32(d) => d[i],
+            Rows::Bf16(d) => d[i].to_f32(),
         }
     }
 }
@@ -43,19 +47,33 @@ impl Rows {
 struct Layout {
     hkv: usize,
     dim: usize,
+    /// bf16 pages: [`k_pair_offset`] and [`v_pair_offset`] inside a block.
+    pairs: bool,
 }
 
 impl Layout {
-    /// K: block-major, then head, then the block's [`k_offset`] layout.
+    /// K: block-major, then head, then the block's [`k_offset`] (or [`k_pair_offset`]) layout.
     #[inline]
     fn k(self, row: usize, h: usize, d: usize) -> usize {
-        self.block_base(row, h) + k_offset(self.dim, row % KV_BLOCK, d)
+        let (dim, lane) = (self.dim, row % KV_BLOCK);
+        let at = if self.pairs {
+            k_pair_offset(dim, lane, d)
+        } else {
+            k_offset(dim, lane, d)
+        };
+        self.block_base(row, h) + at
     }
 
-    /// V: block-major, then head, then the block's [`v_offset`] layout.
+    /// V: block-major, then head, then the block's [`v_offset`] (or [`v_pair_offset`]) layout.
     #[inline]
     fn v(self, row: usize, h: usize, d: usize) -> usize {
-        self.block_base(row, h) + v_offset(self.dim, row % KV_BLOCK, d)
+        let (dim, j) = (self.dim, row % KV_BLOCK);
+        let at = if self.pairs {
+            v_pair_offset(dim, j, d)
+        } else {
+            v_offset(dim, j, d)
+        };
+        self.block_base(row, h) + at
     }
 
     /// Where head `h`'s part of the block holding `row` starts (the same for K and V).
@@ -77,7 +95,9 @@ impl Layout {
 /// laid out for the attention kernel, in blocks of [`KV_BLOCK`] = 64 positions: K as `[block, head, 4, head_dim,
 /// 16]` (each block's keys of one head *transposed* in groups of 16, so 16 keys of one dimension are one vector:
 /// [`k_offset`](super::k_offset)) and V as `[block, head, ⌈head_dim / 16⌉, 64, 16]` (chunks of 16 dimensions:
-/// [`v_offset`](super::v_offset)); one head's keys or values of one block are one contiguous run that streams from
+/// [`v_offset`](super::v_offset)); bf16 pages keep pairs side by side inside a block
+/// ([`k_pair_offset`](super::k_pair_offset), [`v_pair_offset`](super::v_pair_offset)). One head's keys or values of
+/// one block are one contiguous run that streams from
 /// memory, and each of the kernel's passes over it reads in address order. Storage
 /// grows by whole blocks; [`KvPage::bytes`] counts the stored rows (the allocation rounds up to a block).
 #[derive(Clone, Debug)]
@@ -129,7 +149,7 @@ impl KvPage {
     /// An empty page for absolute positions starting at `start`, holding at most `page_size` positions of
     /// `[n_kv_heads, head_dim]` K and V rows in `dtype`.
     ///
-    /// Panics if `page_size`, `n_kv_heads` or `head_dim` is zero.
+    /// Panics if `page_size`, `n_kv_heads` or `head_dim` is zero, or `head_dim` is odd with [`KvDtype::Bf16`].
     pub fn new(
         start: usize,
         page_size: usize,
@@ -140,6 +160,10 @@ impl KvPage {
         assert!(page_size > 0, "KvPage::new: page_size must be positive");
         assert!(n_kv_heads > 0, "KvPage::new: n_kv_heads must be positive");
         assert!(head_dim > 0, "KvPage::new: head_dim must be positive");
+        assert!(
+            !dtype.pairs() || head_dim.is_multiple_of(2),
+            "KvPage::new: bf16 pages need an even head_dim (got {head_dim})"
+        );
         KvPage {
             start,
             page_size,
@@ -198,7 +222,7 @@ impl KvPage {
     }
 
     /// Appends `n_rows` rows at positions `[start + len, start + len + n_rows)`; `k`, `v`:
-    /// `[n_rows, n_kv_heads, head_dim]` f32, converted to the page dtype (f16: round to nearest even).
+    /// `[n_rows, n_kv_heads, head_dim]` f32, converted to the page dtype (f16, bf16: round to nearest even).
     ///
     /// Panics if the page would overflow its capacity or a slice has the wrong length.
     pub fn append(&mut self, k: &[f32], v: &[f32], n_rows: usize) {
@@ -237,6 +261,13 @@ impl KvPage {
                 scatter(lay, &kc, &vc, kd, vd, n_rows, len);
             }
             (Rows::F32(kd), Rows::F32(vd)) => scatter(lay, k, v, kd, vd, n_rows, len),
+            (Rows::Bf16(kd), Rows::Bf16(vd)) => {
+                let mut kc = vec![bf16::ZERO; k.len()];
+                kc.convert_from_f32_slice(k);
+                let mut vc = vec![bf16::ZERO; v.len()];
+                vc.convert_from_f32_slice(v);
+                scatter(lay, &kc, &vc, kd, vd, n_rows, len);
+            }
             _ => unreachable!("K and V share the page dtype"),
         }
         self.len += n_rows;
@@ -246,6 +277,7 @@ impl KvPage {
         Layout {
             hkv: self.n_kv_heads,
             dim: self.head_dim,
+            pairs: self.dtype.pairs(),
         }
     }
 

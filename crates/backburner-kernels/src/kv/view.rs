@@ -1,6 +1,6 @@
 //! [`PageView`]: a page as the attention kernel reads it, borrowed from any storage, in a [`PageLayout`].
 
-use half::f16;
+use half::{bf16, f16};
 
 use super::page::{KvPage, Rows};
 use super::KV_BLOCK;
@@ -12,6 +12,9 @@ pub enum RowsRef<'a> {
     F16(&'a [f16]),
     /// f32 storage.
     F32(&'a [f32]),
+    /// bf16 storage (pairs side by side: [`k_pair_offset`](super::k_pair_offset),
+    /// [`v_pair_offset`](super::v_pair_offset)).
+    Bf16(&'a [bf16]),
 }
 
 impl RowsRef<'_> {
@@ -19,6 +22,7 @@ impl RowsRef<'_> {
         match self {
             RowsRef::F16(d) => d.len(),
             RowsRef::F32(d) => d.len(),
+            RowsRef::Bf16(d) => d.len(),
         }
     }
 }
@@ -28,6 +32,7 @@ impl<'a> From<&'a Rows> for RowsRef<'a> {
         match r {
             Rows::F16(d) => RowsRef::F16(d),
             Rows::F32(d) => RowsRef::F32(d),
+            Rows::Bf16(d) => RowsRef::Bf16(d),
         }
     }
 }
@@ -66,7 +71,7 @@ pub struct PageView<'a> {
 
 /// A [`PageView`] whose storage does not fit its shape.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("page view of {len} positions × {n_kv_heads} heads × {head_dim} dims needs {need} elements of K and of V in one dtype, got {k} and {v}")]
+#[error("page view of {len} positions × {n_kv_heads} heads × {head_dim} dims needs {need} elements of K and of V in one dtype (an even head_dim for bf16), got {k} and {v}")]
 pub struct PageViewError {
     /// Positions.
     pub len: usize,
@@ -85,8 +90,8 @@ pub struct PageViewError {
 
 impl<'a> PageView<'a> {
     /// A view of block-layout storage ([`PageLayout::BlockMajor`]). Errors: [`PageViewError`] if `k` or `v` holds
-    /// fewer than `ceil(len / 64) · n_kv_heads · head_dim · 64` elements, their dtypes differ, or a dimension is
-    /// zero.
+    /// fewer than `ceil(len / 64) · n_kv_heads · head_dim · 64` elements, their dtypes differ, a dimension is
+    /// zero, or bf16 storage has an odd `head_dim`.
     pub fn new(
         start: usize,
         len: usize,
@@ -129,9 +134,18 @@ impl<'a> PageView<'a> {
             .unwrap_or(usize::MAX);
         let same = matches!(
             (k, v),
-            (RowsRef::F16(_), RowsRef::F16(_)) | (RowsRef::F32(_), RowsRef::F32(_))
+            (RowsRef::F16(_), RowsRef::F16(_))
+                | (RowsRef::F32(_), RowsRef::F32(_))
+                | (RowsRef::Bf16(_), RowsRef::Bf16(_))
         );
-        if !same || n_kv_heads == 0 || head_dim == 0 || k.len() < need || v.len() < need {
+        let odd_pairs = matches!(k, RowsRef::Bf16(_)) && !head_dim.is_multiple_of(2);
+        if !same
+            || odd_pairs
+            || n_kv_heads == 0
+            || head_dim == 0
+            || k.len() < need
+            || v.len() < need
+        {
             return Err(PageViewError {
                 len,
                 n_kv_heads,
@@ -194,7 +208,7 @@ impl<'a> PageView<'a> {
 
     /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K and its V runs
     /// (`head_dim · 64` elements each, in the layouts of [`k_offset`](super::k_offset) and
-    /// [`v_offset`](super::v_offset)); positions at or past `len` hold no key.
+    /// [`v_offset`](super::v_offset), or their pair layouts for bf16); positions at or past `len` hold no key.
     pub(crate) fn block(&self, b: usize, h: usize) -> (RowsRef<'a>, usize, RowsRef<'a>, usize) {
         let run = self.head_dim * KV_BLOCK;
         let (k_at, v_at) = match self.layout {
