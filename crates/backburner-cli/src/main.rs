@@ -88,7 +88,9 @@ pub struct ModelArgs {
     /// Positions per KV cache page.
     #[arg(long, default_value_t = 4096)]
     pub kv_page_size: usize,
-    /// KV cache dtype: f16 or f32.
+    /// KV cache dtype: f16, f32 or bf16. bf16 pages hold as many bytes as f16's and attention multiplies them with
+    /// bf16 dot products (queries and softmax weights rounded to bf16, as llama.cpp's `-ctk bf16 -ctv bf16`;
+    /// AVX-512 BF16, emulated bit for bit elsewhere); it needs a model with an even head_dim.
     #[arg(long, default_value = "f16")]
     pub kv_dtype: KvDtype,
     /// Context length in tokens (default, or 0 as in llama.cpp: the model's max_position_embeddings).
@@ -118,14 +120,27 @@ impl ModelArgs {
         self.ctx_size.filter(|&c| c > 0)
     }
 
+    /// The KV options these flags give.
+    pub fn kv_options(&self) -> KvOptions {
+        KvOptions {
+            page_size: self.kv_page_size,
+            dtype: self.kv_dtype,
+        }
+    }
+
+    /// Refuses `--kv-dtype` for a model whose attention rows it cannot hold (bf16 with an odd head_dim,
+    /// [`KvOptions::check`]), before the weights load.
+    pub fn check_kv(&self, cfg: &ModelConfig) -> Result<()> {
+        self.kv_options()
+            .check(cfg)
+            .map_err(|m| anyhow::anyhow!("{m}"))
+    }
+
     /// The session options these flags give, computing on `pool`.
     pub fn session_options(&self, pool: &ComputePool) -> SessionOptions {
         SessionOptions {
             ubatch: self.ubatch,
-            kv: KvOptions {
-                page_size: self.kv_page_size,
-                dtype: self.kv_dtype,
-            },
+            kv: self.kv_options(),
             context_length: self.ctx_limit(),
             pool: pool.clone(),
             kv_budget: None,
@@ -284,6 +299,7 @@ pub fn load_host_without(
     pool.install(|| {
         let (mut config, tokenizer) = load_tokenizer(&dir)?;
         config.precision = args.precision;
+        args.check_kv(&config)?;
         load_weights(&dir, config, tokenizer, held, away, args.max_memory)
     })
 }

@@ -41,7 +41,7 @@ pub struct PlanArgs {
     /// Tokens per prefill ubatch (sizes the scratch).
     #[arg(long, default_value_t = 512)]
     ubatch: usize,
-    /// KV cache dtype: f16 or f32.
+    /// KV cache dtype: f16, f32 or bf16 (bf16 needs a model with an even head_dim).
     #[arg(long, default_value = "f16")]
     kv_dtype: KvDtype,
     /// Positions per KV page.
@@ -57,6 +57,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
     };
     let (config, costs) = ModelCosts::from_dir(&model, a.kv_dtype)
         .with_context(|| format!("read the model in {}", model.display()))?;
+    let kv = backburner_model::KvOptions {
+        page_size: a.kv_page_size,
+        dtype: a.kv_dtype,
+    };
+    kv.check(&config).map_err(|m| anyhow::anyhow!("{m}"))?;
     let calibration = match &a.calibration {
         Some(p) => {
             let text =

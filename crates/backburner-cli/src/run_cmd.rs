@@ -131,6 +131,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     // the prompt first (config and tokenizer only): the placement is planned for what this run needs
     let (mut config, tokenizer) = crate::load_tokenizer(&dir)?;
     config.precision = a.model.precision;
+    a.model.check_kv(&config)?;
     if !a.stop.is_empty() {
         need_tok(&tokenizer, &dir, "--stop", "")?;
     }

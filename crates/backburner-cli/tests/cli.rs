@@ -764,3 +764,79 @@ fn help_texts_say_what_the_commands_do() {
         assert!(split.contains(want), "{want:?} in {split}");
     }
 }
+
+#[test]
+fn kv_dtype_bf16_runs_and_a_model_with_an_odd_head_dim_is_refused_before_it_loads() {
+    // bf16 pages on the tiny model (head_dim 32): a normal run, reproducible
+    let m = fixture("tiny-f32");
+    let run = |dtype: &str| {
+        json_out(&bb(&[
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-tokens",
+            "1,2,3,4,5,6,7,8,9,10,11,12",
+            "--max-tokens",
+            "8",
+            "--ignore-eos",
+            "--kv-dtype",
+            dtype,
+            "--kv-page-size",
+            "4",
+            "--json",
+        ]))
+    };
+    let a = run("bf16");
+    assert_eq!(a["tokens"].as_array().unwrap().len(), 8);
+    assert_eq!(a["tokens"], run("BF16")["tokens"]);
+    // head_dim 33: bf16 pages pair dimensions, so every command that would build them refuses, naming the cause
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = backburner_model::synthetic::tiny_config(4);
+    c["head_dim"] = 33.into();
+    backburner_model::synthetic::write_random_checkpoint(dir.path(), &c, 3).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let cases: [&[&str]; 3] = [
+        &[
+            "run",
+            "--model",
+            d,
+            "--prompt-tokens",
+            "1,2,3",
+            "--kv-dtype",
+            "bf16",
+        ],
+        &[
+            "plan",
+            "--model",
+            d,
+            "--kv-dtype",
+            "bf16",
+            "--host-memory",
+            "1GB",
+        ],
+        &["serve", "--model", d, "--kv-dtype", "bf16", "--port", "0"],
+    ];
+    for args in cases {
+        let o = bb(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("even head_dim") && err.contains("33") && err.contains("--kv-dtype f16"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+    // the same model with f16 pages runs
+    let o = bb(&[
+        "run",
+        "--model",
+        d,
+        "--prompt-tokens",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+        "--kv-dtype",
+        "f16",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -83,8 +83,9 @@ pub struct Session {
 impl Session {
     /// A new empty session on `model` (which must hold every layer and its ends).
     ///
-    /// Errors: [`EngineError::InvalidSetting`] for ubatch or page size 0, or a model that does not hold every layer
-    /// and the embedding and head.
+    /// Errors: [`EngineError::InvalidSetting`] for ubatch or page size 0, a KV dtype the model's attention rows do
+    /// not fit ([`KvOptions::check`]: bf16 with an odd `head_dim`), or a model that does not hold every layer and the
+    /// embedding and head.
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Self> {
         let n = model.config().num_hidden_layers;
         Self::assemble(model, opts, n)
@@ -108,6 +109,7 @@ impl Session {
             ));
         }
         let cfg = model.config();
+        opts.kv.check(cfg).map_err(EngineError::InvalidSetting)?;
         let state = ModelState::new(cfg, 0..held, opts.kv);
         Ok(Session {
             model,

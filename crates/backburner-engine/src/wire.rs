@@ -1,21 +1,21 @@
 //! Encoding of state payloads on the link (`Sync` and `FetchDone` tensor sections), shared by host and worker.
 //!
 //! Layout, for the layers of a range in ascending order: each full-attention layer contributes K rows then V rows of
-//! positions `[p0, p1)` (`[p1-p0, n_kv_heads, head_dim]`, in the KV dtype: f16 or f32 little-endian); then, if linear
-//! states are included, each Gated DeltaNet layer contributes its conv state `[conv_dim, kernel-1]` f32 and its
-//! recurrent state `[n_v_heads, d_k, d_v]` f32. KV rows travel in their storage dtype, so adopting them is exact.
+//! positions `[p0, p1)` (`[p1-p0, n_kv_heads, head_dim]`, in the KV dtype: f16, f32 or bf16, little-endian); then, if
+//! linear states are included, each Gated DeltaNet layer contributes its conv state `[conv_dim, kernel-1]` f32 and
+//! its recurrent state `[n_v_heads, d_k, d_v]` f32. KV rows travel in their storage dtype, so adopting them is exact.
 
 use std::ops::Range;
 
 use backburner_kernels::kv::KvDtype;
 use backburner_link::LinkError;
 use backburner_model::{LayerKind, LinearState, ModelConfig, ModelState};
-use half::f16;
+use half::{bf16, f16};
 
 /// Bytes of one KV element on the wire.
 fn elem(dtype: KvDtype) -> usize {
     match dtype {
-        KvDtype::F16 => 2,
+        KvDtype::F16 | KvDtype::Bf16 => 2,
         KvDtype::F32 => 4,
     }
 }
@@ -28,6 +28,9 @@ fn put(out: &mut Vec<u8>, x: &[f32], dtype: KvDtype) {
         KvDtype::F32 => x
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        KvDtype::Bf16 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&bf16::from_f32(*v).to_le_bytes())),
     }
 }
 
@@ -40,6 +43,10 @@ fn get(b: &[u8], dtype: KvDtype) -> Vec<f32> {
         KvDtype::F32 => b
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        KvDtype::Bf16 => b
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
     }
 }

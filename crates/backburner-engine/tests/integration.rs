@@ -14,6 +14,7 @@ mod faults_connect;
 mod faults_serve;
 mod gguf;
 mod gguf_modes;
+mod kv_bf16;
 mod layer_split;
 mod link_fuzz;
 mod moe_modes;

@@ -24,7 +24,7 @@ fn bits(x: &[f32]) -> Vec<u32> {
 
 #[test]
 fn pages_attended_on_the_worker_continue_into_the_hosts_fold_bit_for_bit() {
-    for dtype in [KvDtype::F16, KvDtype::F32] {
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
         let shape = PageShape {
             page_size: 64,
             n_kv_heads: HKV,
@@ -131,11 +131,67 @@ fn malformed_puts_and_queries_and_a_full_budget_change_nothing() {
         ..shape
     };
     assert!(SessionPages::new(huge, &budget).is_err());
+    // bf16 pages pair dimensions: an odd head_dim is refused up front, not a panic at the first put
+    let odd = PageShape {
+        head_dim: 15,
+        dtype: KvDtype::Bf16,
+        ..shape
+    };
+    assert_eq!(
+        SessionPages::new(odd, &budget).unwrap_err().code,
+        ErrorCode::Malformed
+    );
+    let odd_f16 = PageShape {
+        dtype: KvDtype::F16,
+        ..odd
+    };
+    assert!(SessionPages::new(odd_f16, &budget).is_ok());
+}
+
+#[test]
+fn bf16_pages_cross_as_their_raw_bits_in_the_block_layout() {
+    // What `PagesPut` carries for a bf16 session: each element's u16 bits, little-endian, K then V, in the page's
+    // block layout (pairs side by side): the same bytes as the page's storage, and 2 bytes an element.
+    let shape = PageShape {
+        page_size: 64,
+        n_kv_heads: HKV,
+        head_dim: D,
+        dtype: KvDtype::Bf16,
+    };
+    let mut host = PagedKvCache::new(64, HKV, D, KvDtype::Bf16);
+    host.append(&values(64 * HKV * D, 6), &values(64 * HKV * D, 7), 64);
+    let page = &host.pages()[0];
+    let bytes = page_bytes(page.view(), &shape);
+    assert_eq!(bytes.len(), shape.page_bytes().unwrap());
+    assert_eq!(bytes.len(), 2 * 64 * HKV * D * 2);
+    let (backburner_kernels::kv::RowsRef::Bf16(k), backburner_kernels::kv::RowsRef::Bf16(v)) =
+        (page.view().k(), page.view().v())
+    else {
+        panic!("bf16 storage");
+    };
+    let raw: Vec<u8> = k
+        .iter()
+        .chain(v.iter())
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .collect();
+    assert_eq!(bytes, raw);
+    // the first two K elements are dimensions 0 and 1 of position 0, head 0 (a pair)
+    let k0 = values(64 * HKV * D, 6);
+    let want: Vec<u8> = [k0[0], k0[1]]
+        .iter()
+        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+        .collect();
+    assert_eq!(&bytes[..4], &want[..]);
+    // a store takes them as they are
+    let budget = MemoryBudget::new(1 << 20);
+    let mut store = SessionPages::new(shape, &budget).unwrap();
+    store.put(3, 0, 1, &bytes).unwrap();
+    assert_eq!((store.pages(), budget.used()), (1, bytes.len() as u64));
 }
 
 #[test]
 fn pages_packed_in_the_background_give_the_same_bits_and_per_page_partials_too() {
-    for dtype in [KvDtype::F16, KvDtype::F32] {
+    for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Bf16] {
         let shape = PageShape {
             page_size: 128,
             n_kv_heads: HKV,

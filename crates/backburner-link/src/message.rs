@@ -7,13 +7,16 @@ use crate::codec::decode_control;
 use crate::error::{ErrorCode, LinkError};
 use crate::frame::{Frame, Kind};
 
-/// KV cache storage dtype (postcard: varint variant index, 0 = f16, 1 = f32; any other index fails to decode).
+/// KV cache storage dtype (postcard: varint variant index, 0 = f16, 1 = f32, 2 = bf16; any other index fails to
+/// decode). New dtypes are appended: the indices of the others never change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum WireKvDtype {
     /// IEEE binary16.
     F16,
     /// IEEE binary32.
     F32,
+    /// bfloat16 (pages in the pair layouts of docs/PROTOCOL.md §5.11).
+    Bf16,
 }
 
 /// `Hello` (host → worker).

@@ -296,7 +296,11 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
             limits,
         };
         control_round_trip(Kind::Challenge, &ch);
-        for (kv_dtype, layer_split) in [(WireKvDtype::F16, false), (WireKvDtype::F32, true)] {
+        for (kv_dtype, layer_split) in [
+            (WireKvDtype::F16, false),
+            (WireKvDtype::F32, true),
+            (WireKvDtype::Bf16, false),
+        ] {
             let p = SessionParams {
                 fingerprint: [2; 32],
                 n_layers: y,
@@ -323,7 +327,61 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
     let v5 = encode_control(&(64u64, 2u32)).unwrap();
     assert!(decode_control::<RunLayers>(Kind::RunLayers, &v5).is_err());
     assert!(decode_control::<Fetch>(Kind::Fetch, &[0, 0, 2]).is_err());
-    assert!(decode_control::<WireKvDtype>(Kind::Auth, &[2]).is_err());
+    assert!(decode_control::<WireKvDtype>(Kind::Auth, &[3]).is_err());
+}
+
+#[test]
+fn kv_dtypes_keep_their_indices_and_bf16_is_appended() {
+    // postcard writes an enum's variant index as a varint: the old dtypes keep 0 and 1, bf16 is 2
+    for (d, byte) in [
+        (WireKvDtype::F16, 0u8),
+        (WireKvDtype::F32, 1),
+        (WireKvDtype::Bf16, 2),
+    ] {
+        assert_eq!(encode_control(&d).unwrap(), [byte], "{d:?}");
+        assert_eq!(
+            decode_control::<WireKvDtype>(Kind::Auth, &[byte]).unwrap(),
+            d
+        );
+    }
+    for unknown in [3u8, 4, 0x7f] {
+        assert!(
+            decode_control::<WireKvDtype>(Kind::Auth, &[unknown]).is_err(),
+            "index {unknown}"
+        );
+    }
+    // inside SessionParams the dtype is the byte after hidden: the same params with bf16 differ only there
+    let p = |kv_dtype| SessionParams {
+        fingerprint: [0xaa; 32],
+        n_layers: 64,
+        layer_start: 40,
+        layer_end: 64,
+        hidden: 5120,
+        kv_dtype,
+        kv_page_size: 4096,
+        ubatch: 512,
+        layer_split: false,
+        experts: vec![],
+    };
+    let f16 = encode_control(&p(WireKvDtype::F16)).unwrap();
+    let bf16 = encode_control(&p(WireKvDtype::Bf16)).unwrap();
+    assert_eq!(
+        &f16[32..],
+        [0x40, 0x28, 0x40, 0x80, 0x28, 0x00, 0x80, 0x20, 0x80, 0x04, 0x00, 0x00]
+    );
+    let diff: Vec<usize> = (0..f16.len()).filter(|&i| f16[i] != bf16[i]).collect();
+    assert_eq!(
+        (f16.len(), bf16.len(), diff),
+        (f16.len(), f16.len(), vec![32 + 5])
+    );
+    assert_eq!(bf16[32 + 5], 2);
+    let mut bad = bf16.clone();
+    bad[32 + 5] = 3;
+    assert!(decode_control::<SessionParams>(Kind::Auth, &bad).is_err());
+    assert_eq!(
+        decode_control::<SessionParams>(Kind::Auth, &bf16).unwrap(),
+        p(WireKvDtype::Bf16)
+    );
 }
 
 #[test]

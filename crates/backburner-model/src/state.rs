@@ -99,6 +99,24 @@ pub struct KvOptions {
     pub dtype: KvDtype,
 }
 
+impl KvOptions {
+    /// Whether pages of these options can hold the attention rows of `cfg`: [`KvDtype::Bf16`] pages keep pairs of
+    /// dimensions side by side and need an even `head_dim`. Check before [`ModelState::new`], which builds caches
+    /// whose first append would panic otherwise.
+    ///
+    /// Errors: a message for the user naming the dtype and the model's `head_dim`.
+    pub fn check(&self, cfg: &ModelConfig) -> Result<(), String> {
+        if self.dtype.pairs() && !cfg.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "KV dtype {} needs an even head_dim (its pages keep pairs of dimensions side by side); this model's \
+                 head_dim is {}: use --kv-dtype f16 or f32",
+                self.dtype, cfg.head_dim
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for KvOptions {
     fn default() -> Self {
         KvOptions {
@@ -150,7 +168,8 @@ impl StateSnapshot {
 }
 
 impl ModelState {
-    /// Empty state for layers `range` of `cfg`.
+    /// Empty state for layers `range` of `cfg`. `kv` must pass [`KvOptions::check`] for `cfg` (a bf16 cache of an
+    /// odd `head_dim` panics on its first append).
     pub fn new(cfg: &ModelConfig, range: Range<usize>, kv: KvOptions) -> Self {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {

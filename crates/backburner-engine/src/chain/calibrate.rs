@@ -42,8 +42,8 @@ fn ids(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Times layers `layers` of `model` (which must hold them) on the host: one prefill ubatch of `tokens` tokens,
-/// then `decode` single-token steps, on `pool`. Errors: [`EngineError::InvalidSetting`] for no tokens or layers
-/// the model does not hold.
+/// then `decode` single-token steps, on `pool`. Errors: [`EngineError::InvalidSetting`] for no tokens, layers
+/// the model does not hold, or KV options the model does not fit ([`KvOptions::check`]).
 pub fn time_host_layers(
     model: &Model,
     layers: Range<usize>,
@@ -64,6 +64,7 @@ pub fn time_host_layers(
         )));
     }
     let cfg = model.config();
+    kv.check(cfg).map_err(EngineError::InvalidSetting)?;
     let h = cfg.hidden_size;
     let mut state = ModelState::new(cfg, layers.clone(), kv);
     let k = layers.len() as f64;
@@ -95,7 +96,7 @@ pub fn time_host_layers(
 /// (its layers are not used).
 ///
 /// Errors: [`EngineError::WorkerLost`] if the worker fails or refuses; [`EngineError::InvalidSetting`] for no
-/// tokens.
+/// tokens or KV options the model does not fit ([`KvOptions::check`]).
 pub fn time_worker(
     model: &Model,
     link: Connection,
@@ -109,6 +110,7 @@ pub fn time_worker(
         return Err(EngineError::InvalidSetting("nothing to time".into()));
     }
     let cfg = model.config();
+    kv.check(cfg).map_err(EngineError::InvalidSetting)?;
     // a chain that ends before the model does: only the workers' times are of use
     let mut stage = Stage::new(link, layers.clone());
     // a worker pinned to other layers (`--layers`) is timed on those

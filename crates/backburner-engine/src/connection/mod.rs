@@ -200,6 +200,7 @@ impl Connection {
             kv_dtype: match shape.kv {
                 KvDtype::F16 => WireKvDtype::F16,
                 KvDtype::F32 => WireKvDtype::F32,
+                KvDtype::Bf16 => WireKvDtype::Bf16,
             },
             kv_page_size: u64::try_from(shape.page)
                 .map_err(|_| too_big("page size", shape.page))?,

@@ -196,6 +196,16 @@ fn accept_params(
             ),
         ));
     };
+    let kv = KvOptions {
+        page_size: page,
+        dtype: match p.kv_dtype {
+            WireKvDtype::F16 => KvDtype::F16,
+            WireKvDtype::F32 => KvDtype::F32,
+            WireKvDtype::Bf16 => KvDtype::Bf16,
+        },
+    };
+    // bf16 pages pair dimensions: they need an even head_dim (docs/PROTOCOL.md §4.4 check 5)
+    kv.check(c).map_err(|m| (ErrorCode::ParamMismatch, m))?;
     if p.ubatch == 0 || p.ubatch as usize > o.max_ubatch {
         return Err((
             ErrorCode::ParamMismatch,
@@ -209,13 +219,6 @@ fn accept_params(
         .registry
         .open_session(session, handle)
         .map_err(|m| (ErrorCode::Busy, m))?;
-    let kv = KvOptions {
-        page_size: page,
-        dtype: match p.kv_dtype {
-            WireKvDtype::F16 => KvDtype::F16,
-            WireKvDtype::F32 => KvDtype::F32,
-        },
-    };
     if holds_experts {
         return accept_experts(shared, p, range, kv, guard);
     }

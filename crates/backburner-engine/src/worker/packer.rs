@@ -7,7 +7,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 
 use backburner_kernels::kv::{KvDtype, PackedPage, PageView, RowsRef};
-use half::f16;
+use half::{bf16, f16};
 
 use super::pages::PageShape;
 
@@ -18,6 +18,8 @@ pub(super) enum PageData {
     F16(Vec<f16>, Vec<f16>),
     /// K and V storage in the block layout, f32.
     F32(Vec<f32>, Vec<f32>),
+    /// K and V storage in the block layout (pairs side by side), bf16.
+    Bf16(Vec<bf16>, Vec<bf16>),
     /// The head-major copy.
     Packed(PackedPage),
 }
@@ -29,6 +31,7 @@ impl PageData {
             PageData::Packed(p) => return p.view(),
             PageData::F16(k, v) => (RowsRef::F16(k), RowsRef::F16(v)),
             PageData::F32(k, v) => (RowsRef::F32(k), RowsRef::F32(v)),
+            PageData::Bf16(k, v) => (RowsRef::Bf16(k), RowsRef::Bf16(v)),
         };
         PageView::new(
             start,
@@ -53,6 +56,11 @@ impl PageData {
                 .map(|c| f16::from_le_bytes([c[0], c[1]]))
                 .collect()
         }
+        fn bf16s(b: &[u8]) -> Vec<bf16> {
+            b.chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        }
         fn f32s(b: &[u8]) -> Vec<f32> {
             b.chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -61,6 +69,7 @@ impl PageData {
         match dtype {
             KvDtype::F16 => PageData::F16(f16s(k), f16s(v)),
             KvDtype::F32 => PageData::F32(f32s(k), f32s(v)),
+            KvDtype::Bf16 => PageData::Bf16(bf16s(k), bf16s(v)),
         }
     }
 }

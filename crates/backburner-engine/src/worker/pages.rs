@@ -87,12 +87,19 @@ pub struct SessionPages {
 
 impl SessionPages {
     /// An empty store of pages of `shape`, holding its bytes against `budget`. Errors: a [`Fault`] (`Malformed`)
-    /// when a page of that shape does not fit in memory arithmetic.
+    /// when a page of that shape does not fit in memory arithmetic, or is bf16 with an odd `head_dim` (bf16 pages
+    /// keep pairs of dimensions side by side).
     pub fn new(shape: PageShape, budget: &Arc<MemoryBudget>) -> Result<Self, Fault> {
         shape
             .page_bytes()
             .filter(|b| *b > 0)
             .ok_or_else(|| malformed(format!("pages of {shape:?} overflow a size")))?;
+        if shape.dtype.pairs() && !shape.head_dim.is_multiple_of(2) {
+            return Err(malformed(format!(
+                "{} pages need an even head_dim, not {}",
+                shape.dtype, shape.head_dim
+            )));
+        }
         Ok(SessionPages {
             shape,
             layers: BTreeMap::new(),
@@ -374,6 +381,9 @@ pub fn page_bytes(v: PageView<'_>, shape: &PageShape) -> Vec<u8> {
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             RowsRef::F32(d) => d[..n]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            RowsRef::Bf16(d) => d[..n]
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         }
