@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
+use backburner_kernels::kv::KvDtype;
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 
@@ -137,6 +138,9 @@ pub(crate) struct LongPrefill {
     /// --precision of our runs on bf16/f16 weights (llama.cpp computes them with bf16/f16 activations).
     #[arg(long = "prefill-precision", default_value = "bf16")]
     pub precision: String,
+    /// KV cache dtype of that row, ours (`--kv-dtype`) and llama.cpp's (`-ctk`, `-ctv`): f16, bf16 or f32.
+    #[arg(long = "prefill-kv", default_value = "f16")]
+    pub kv: KvDtype,
 }
 
 /// A llama.cpp configuration of the long-prefill row.

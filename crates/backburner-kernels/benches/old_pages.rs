@@ -82,12 +82,17 @@ struct Medians {
 }
 
 /// Which rows to run, from the environment (unset: all): `BB_SHAPE` (a prefix of the shape's name), `BB_PAGE`,
-/// `BB_TOK`, `BB_THR`, `BB_SET` (`DRAM` or `cache`); `BB_MIB` sets the DRAM working set in MiB.
+/// `BB_TOK`, `BB_THR`, `BB_SET` (`DRAM` or `cache`); `BB_MIB` sets the DRAM working set in MiB, `BB_KV` the pages'
+/// dtype (`f16`, the default, or `bf16`: the pair kernel).
 struct Filter;
 
 impl Filter {
     fn skip(key: &str, value: &str) -> bool {
         std::env::var(key).is_ok_and(|want| !value.starts_with(&want))
+    }
+
+    fn dtype() -> KvDtype {
+        std::env::var("BB_KV").map_or(KvDtype::F16, |d| d.parse().expect("BB_KV: f16 or bf16"))
     }
 
     fn dram_bytes() -> usize {
@@ -105,9 +110,10 @@ fn main() {
     };
     let big = vec![1.0f32; Filter::dram_bytes() / 4];
     println!(
-        "old-page attention, f16 KV, queries after every page; medians of {rounds} alternating rounds; \
+        "old-page attention, {} KV, queries after every page; medians of {rounds} alternating rounds; \
          GB/s = K+V bytes / time; %bw = of the sum bandwidth on as many threads in the same rounds; \
-         speedup = unpacked / packed time"
+         speedup = unpacked / packed time",
+        Filter::dtype()
     );
     let head = [
         "shape", "page", "tok", "thr", "set", "bw GB/s", "µs/page", "GB/s", "%bw",
@@ -175,7 +181,7 @@ fn bench_pages(shape: Shape, page_size: usize, big: &[f32], rounds: usize) {
     }
 }
 
-/// `n_pages` full f16 pages of `page_size` positions, consecutive from position 0 (random rows from a small pool,
+/// `n_pages` full pages (f16, or `BB_KV`) of `page_size` positions, consecutive from position 0 (random rows from a small pool,
 /// each page its own storage).
 fn build_pages(shape: Shape, page_size: usize, n_pages: usize) -> Vec<KvPage> {
     let mut r = StdRng::seed_from_u64(7);
@@ -193,7 +199,7 @@ fn build_pages(shape: Shape, page_size: usize, n_pages: usize) -> Vec<KvPage> {
                 page_size,
                 shape.n_kv,
                 shape.dim,
-                KvDtype::F16,
+                Filter::dtype(),
             );
             let (k, v) = &pool[i % pool.len()];
             p.append(k, v, page_size);

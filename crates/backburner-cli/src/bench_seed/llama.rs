@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use backburner_kernels::kv::KvDtype;
 use serde_json::Value;
 
 /// A llama.cpp build.
@@ -53,11 +54,17 @@ impl Llama {
     /// One `llama-bench` repetition on `model` with `extra` options (e.g. `-p 512 -n 0`, `--rpc A -ngl N`), flash
     /// attention and an f16 KV cache as ours; its JSON report.
     pub fn bench(&self, model: &Path, extra: &[String]) -> Result<Value> {
+        self.bench_kv(model, extra, KvDtype::F16)
+    }
+
+    /// [`Llama::bench`] with a KV cache of `kv` (`-ctk`, `-ctv`).
+    pub fn bench_kv(&self, model: &Path, extra: &[String], kv: KvDtype) -> Result<Value> {
+        let kv = kv.as_str();
         let out = Command::new(self.bin.join("llama-bench"))
             .arg("-m")
             .arg(model)
             .args(["-t", &self.threads.to_string(), "-r", "1", "-o", "json"])
-            .args(["-fa", "on", "-ctk", "f16", "-ctv", "f16", "-ub", "512"])
+            .args(["-fa", "on", "-ctk", kv, "-ctv", kv, "-ub", "512"])
             .args(extra)
             .stderr(Stdio::null())
             .output()

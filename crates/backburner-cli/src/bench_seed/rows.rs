@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::llama::{ngl_from, tok_s, Llama};
 use super::{arg, Line, LlamaRun, RowReport, Runner};
+use backburner_kernels::kv::KvDtype;
 use backburner_model::ModelConfig;
 
 /// The file a row needs, or an error naming its option.
@@ -155,11 +156,12 @@ pub(super) fn long_prefill(r: &Runner) -> Result<RowReport> {
         row: "long-prefill",
         title: "Long-context prefill: local vs split prefill with a worker".into(),
         setup: format!(
-            "{}. Host {} thread(s) (local runs too), worker {} thread(s), loopback, ubatch 512, KV f16, our \
-             `--precision {}`. The original: 27B, 64 layers, on its laptop + phone.",
+            "{}. Host {} thread(s) (local runs too), worker {} thread(s), loopback, ubatch 512, KV {} (both \
+             engines), our `--precision {}`. The original: 27B, 64 layers, on its laptop + phone.",
             setup.join("; "),
             r.a.threads,
             r.a.worker_threads,
+            a.kv,
             a.precision
         ),
         lines,
@@ -227,6 +229,7 @@ fn prefill_file(r: &Runner, i: usize, model: &Path, lines: &mut Vec<Line>) -> Re
         let mut args: Vec<String> = vec!["split-prefill".into(), "--model".into(), arg(model)];
         args.extend(["--depths".into(), depths.join(","), "--no-shaped".into()]);
         args.extend(["--pings", "100", "--precision", &a.precision].map(String::from));
+        args.extend(["--kv-dtype".into(), a.kv.to_string()]);
         args.extend(r.threads());
         let v = r.cached(&format!("long-prefill-{i}-ours-{round}"), || r.ours(&args))?;
         split_layer = v["split_layer"]
@@ -246,7 +249,7 @@ fn prefill_file(r: &Runner, i: usize, model: &Path, lines: &mut Vec<Line>) -> Re
         let ngl = ngl_from(split_layer, layers);
         let name = format!("long-prefill-{i}-llama-{round}");
         if let Some(v) = r.theirs(&name, |ll| {
-            llama_prefill(ll, model, &a.depths, &a.llama_runs, ngl)
+            llama_prefill(ll, model, (&a.depths, a.kv), &a.llama_runs, ngl)
         })? {
             let runs = v.as_array().context("llama's runs")?;
             push_depths(lines, first, &a.depths, runs, ["local", "rpc"], true)?;
@@ -265,7 +268,7 @@ fn prefill_file(r: &Runner, i: usize, model: &Path, lines: &mut Vec<Line>) -> Re
 fn llama_prefill(
     ll: &Llama,
     model: &Path,
-    depths: &[usize],
+    (depths, kv): (&[usize], KvDtype),
     runs: &[LlamaRun],
     ngl: usize,
 ) -> Result<Value> {
@@ -274,14 +277,14 @@ fn llama_prefill(
         // no warm-up pass: at these lengths it doubles the time and touches nothing the timed pass does not
         let base = ["-p", &n(dp), "-n", "0", "-b", &n(dp), "--no-warmup"].map(String::from);
         let local = match runs.contains(&LlamaRun::Local) {
-            true => ll.bench(model, &base)?,
+            true => ll.bench_kv(model, &base, kv)?,
             false => Value::Null,
         };
         let rpc = match runs.contains(&LlamaRun::Rpc) {
             true => {
                 let s = ll.rpc_server()?;
                 let head = ["--rpc".to_string(), s.addr.clone(), "-ngl".into(), n(ngl)];
-                ll.bench(model, &[&head[..], &base[..]].concat())?
+                ll.bench_kv(model, &[&head[..], &base[..]].concat(), kv)?
             }
             false => Value::Null,
         };
