@@ -8,6 +8,7 @@ use backburner_model::TextTokenizer;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::picker::TokenLogprob;
 use crate::sampling::SamplingParams;
 use crate::sequence::{Phase, Sequence};
 use crate::session::Session;
@@ -26,6 +27,9 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep the logits of every sampling step in [`Generation::step_logits`].
     pub keep_logits: bool,
+    /// Report each sampled token's log-probability with this many alternatives (`Some(0)`: the token's only; at
+    /// most [`crate::picker::MAX_TOP_LOGPROBS`]) in [`Generation::logprobs`]; `None`: none.
+    pub logprobs: Option<usize>,
     /// Stop with [`StopReason::Interrupted`] once this flag is set (checked before each token is sampled, so the
     /// prompt is always processed; e.g. set by a Ctrl-C handler).
     pub cancel: Option<Arc<AtomicBool>>,
@@ -98,6 +102,10 @@ pub struct Generation {
     /// Why a decode step failed ([`StopReason::Error`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Each generated token's log-probability and alternatives (empty unless [`GenerateParams::logprobs`]; one per
+    /// id of `tokens`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Incremental detokenizer for streaming: emits text only once it is complete UTF-8, and holds back text that might

@@ -33,6 +33,16 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// RNG seed (the same seed and settings give the same tokens).
     pub seed: u64,
+    /// Subtracted from the logit of every id generated at least once (OpenAI's `presence_penalty`, −2 … 2; 0 = off;
+    /// [`crate::picker`]).
+    pub presence_penalty: f32,
+    /// Times an id was generated, times this, is subtracted from its logit (OpenAI's `frequency_penalty`, −2 … 2).
+    pub frequency_penalty: f32,
+    /// Logits of ids in the prompt or the output are divided by this when positive, multiplied when not (Hugging
+    /// Face's and vLLM's `repetition_penalty`, > 0; 1 = off).
+    pub repetition_penalty: f32,
+    /// `(id, bias)` pairs added to the logits (OpenAI's `logit_bias`, −100 … 100).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -43,12 +53,18 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             seed: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
     }
 }
 
 impl SamplingParams {
-    /// Checks that every value has a meaning: temperature finite and ≥ 0, top-p in (0, 1], min-p in [0, 1].
+    /// Checks that every value has a meaning: temperature finite and ≥ 0, top-p in (0, 1], min-p in [0, 1], presence
+    /// and frequency penalties in [−2, 2], a repetition penalty finite and > 0, biases in [−100, 100] (their ids are
+    /// checked against the vocabulary by [`crate::Sequence::new`]).
     ///
     /// Errors: [`crate::EngineError::InvalidInput`] naming the value, as the CLI flag (`--temp`, `--top-p`,
     /// `--min-p`) and the API field (`temperature`, `top_p`, `min_p`) name it.
@@ -65,6 +81,29 @@ impl SamplingParams {
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad(format!("min_p {} must be in [0, 1] (0 = off)", self.min_p));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} {v} must be in [-2, 2] (0 = off)"));
+            }
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return bad(format!(
+                "repetition_penalty {r} must be a finite number > 0 (1 = off)"
+            ));
+        }
+        if let Some((id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return bad(format!(
+                "logit_bias {b} for token {id} must be in [-100, 100]"
+            ));
         }
         Ok(())
     }
@@ -644,6 +683,7 @@ mod tests {
             top_p: [1.0, 1.0, 0.999_999_94, 0.999, 0.95, 0.9, 0.5, 0.1, 1e-7][g.random_range(0..9)],
             min_p: [0.0, 0.0, 1e-30, 1e-12, 1e-3, 0.05, 0.5, 1.0][g.random_range(0..8)],
             seed: g.random(),
+            ..Default::default()
         }
     }
 
@@ -703,6 +743,7 @@ mod tests {
                     top_p,
                     min_p,
                     seed,
+                    ..Default::default()
                 };
                 assert_same_draws(&p, &l);
             }

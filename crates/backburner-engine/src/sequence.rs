@@ -11,7 +11,7 @@ use backburner_model::TextTokenizer;
 
 use crate::error::{EngineError, Result};
 use crate::generate::{GenerateParams, Generation, StopReason, TextStream, Timings};
-use crate::sampling::Sampler;
+use crate::picker::{Picker, TokenLogprob};
 use crate::session::{Logits, Session};
 
 /// Checks that every id of `ids` is inside a vocabulary of `vocab` ids, as requests (the server's and `run`'s)
@@ -39,7 +39,7 @@ pub enum Phase {
 }
 
 /// What one sampling step produced.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Sampled {
     /// The token sampled (`None` when an eos id ended the sequence, or it ended before sampling).
     pub token: Option<u32>,
@@ -48,6 +48,8 @@ pub struct Sampled {
     pub text: String,
     /// Set when the sequence ended at this step.
     pub stop: Option<StopReason>,
+    /// The token's log-probability and alternatives ([`GenerateParams::logprobs`]).
+    pub logprob: Option<TokenLogprob>,
 }
 
 /// One request's generation, advanced step by step against a [`Session`] that the caller keeps with it.
@@ -58,7 +60,8 @@ pub struct Sequence<'t> {
     /// Prompt tokens already fed to the session.
     fed: usize,
     params: GenerateParams,
-    sampler: Sampler,
+    picker: Picker,
+    logprobs: Vec<TokenLogprob>,
     stream: Option<TextStream<'t>>,
     /// Tokens the session may still take (context room after the prompt).
     room: usize,
@@ -93,12 +96,28 @@ impl<'t> Sequence<'t> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        check_token_ids(&prompt, session.model().config().vocab_size)?;
+        let vocab = session.model().config().vocab_size;
+        check_token_ids(&prompt, vocab)?;
+        if let Some((id, _)) = params
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= vocab)
+        {
+            return Err(EngineError::InvalidInput(format!(
+                "logit_bias names token id {id}, out of range for the model's vocabulary of {vocab}"
+            )));
+        }
         session.check_fits(prompt.len())?;
         let room = session.context_length() - session.tokens().len() - prompt.len();
         let stream = tokenizer.map(|tok| TextStream::new(tok, &params.stop));
         Ok(Sequence {
-            sampler: Sampler::new(params.sampling.clone()),
+            picker: Picker::new(
+                params.sampling.clone(),
+                &[session.tokens(), &prompt[..]].concat(),
+                params.logprobs,
+            ),
+            logprobs: Vec::new(),
             prompt,
             fed: 0,
             params,
@@ -201,7 +220,7 @@ impl<'t> Sequence<'t> {
         if self.params.keep_logits {
             self.step_logits.extend_from_slice(&self.logits);
         }
-        let id = self.sampler.sample(&self.logits);
+        let (id, logprob) = self.picker.pick(&self.logits);
         if self.tokens.is_empty() {
             let t0 = self.t_start.expect("prefilled");
             self.ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -211,8 +230,10 @@ impl<'t> Sequence<'t> {
             return self.end(StopReason::Eos, None);
         }
         self.tokens.push(id);
+        self.logprobs.extend(logprob.clone());
         let mut out = Sampled {
             token: Some(id),
+            logprob,
             ..Default::default()
         };
         if let Some(s) = self.stream.as_mut() {
@@ -229,6 +250,7 @@ impl<'t> Sequence<'t> {
             let mut end = self.end(StopReason::MaxTokens, Some(id))?;
             out.text.push_str(&end.text);
             end.text = out.text;
+            end.logprob = out.logprob;
             return Ok(end);
         }
         self.pending = Some(id);
@@ -249,6 +271,7 @@ impl<'t> Sequence<'t> {
             token,
             text,
             stop: Some(reason),
+            logprob: None,
         })
     }
 
@@ -282,9 +305,8 @@ impl<'t> Sequence<'t> {
                 let end = self.end(StopReason::Error, None);
                 // a tokenizer that decoded these ids once decodes them again; keep the stop if it does not
                 Some(end.unwrap_or(Sampled {
-                    token: None,
-                    text: String::new(),
                     stop: Some(StopReason::Error),
+                    ..Default::default()
                 }))
             }
         }
@@ -305,9 +327,8 @@ impl<'t> Sequence<'t> {
             };
         }
         self.end(StopReason::Interrupted, None).unwrap_or(Sampled {
-            token: None,
-            text: String::new(),
             stop: Some(StopReason::Interrupted),
+            ..Default::default()
         })
     }
 
@@ -357,6 +378,7 @@ impl<'t> Sequence<'t> {
             timings,
             step_logits,
             error: self.error.clone(),
+            logprobs: self.logprobs.clone(),
         }
     }
 }

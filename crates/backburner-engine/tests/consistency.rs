@@ -246,6 +246,7 @@ fn seeded_sampling_is_reproducible_and_differs_from_greedy() {
             top_p: 0.95,
             min_p: 0.01,
             seed: 11,
+            ..Default::default()
         },
         ..Default::default()
     };

@@ -21,6 +21,7 @@ mod moe_modes;
 mod offload_limits;
 mod offload_link;
 mod offload_local;
+mod picker;
 mod reference;
 mod serve;
 mod split;

@@ -343,3 +343,21 @@ fn a_stop_string_inside_one_token_cuts_that_token() {
     assert!(hit);
     assert_eq!(pieces.concat(), "Hel");
 }
+
+/// Each token's bytes (`TextTokenizer::token_bytes`, what logprobs report) are the byte it stands for, and the bytes
+/// of a text's tokens, joined, are the text's UTF-8, special tokens included, also where tokens split a character.
+#[test]
+fn token_bytes_join_to_the_text_and_byte_tokens_give_their_byte() {
+    let (_d, t, json) = qwen35();
+    for (b, id) in byte_ids(&json).iter().enumerate() {
+        assert_eq!(t.token_bytes(*id).unwrap(), [b as u8], "byte {b}");
+    }
+    let text = "<|im_start|>user\nnaïve café — 北京 🦀\t\u{1}x<|im_end|>\n";
+    let ids = t.encode(text).unwrap();
+    let joined: Vec<u8> = ids
+        .iter()
+        .flat_map(|&i| t.token_bytes(i).unwrap())
+        .collect();
+    assert_eq!(joined, text.as_bytes());
+    assert_eq!(t.token_bytes(u32::MAX), None);
+}

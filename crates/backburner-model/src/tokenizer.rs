@@ -293,6 +293,18 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The bytes one token id stands for (`None` if out of range): for a byte-level BPE vocabulary (Qwen's), its
+    /// token string read back through GPT-2's byte-to-character map, so that a token holding part of a UTF-8
+    /// character gives that part; otherwise (a character outside the map) the UTF-8 of its decoding alone.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let t = self.inner.id_to_token(id)?;
+        let map = byte_level_inverse();
+        match t.chars().map(|c| map.get(&c).copied()).collect() {
+            Some(bytes) => Some(bytes),
+            None => self.decode(&[id]).ok().map(String::into_bytes),
+        }
+    }
+
     /// Renders the chat template for `messages` (with `add_generation_prompt`), as transformers'
     /// `apply_chat_template(tokenize=False)` does. Errors: [`ModelError::ChatTemplate`] when there is no template or it
     /// fails, [`ModelError::InvalidChatRequest`] when the template rejects the conversation.
@@ -356,4 +368,27 @@ impl TextTokenizer {
         }
         template.render(req, &special)
     }
+}
+
+/// GPT-2's `bytes_to_unicode` map, reversed: the character a byte-level BPE vocabulary writes for each byte → the
+/// byte. Printable bytes (`!`…`~`, `¡`…`¬`, `®`…`ÿ`) are their own characters; the other 68 take U+0100 onwards in
+/// byte order.
+fn byte_level_inverse() -> &'static std::collections::HashMap<char, u8> {
+    static MAP: std::sync::OnceLock<std::collections::HashMap<char, u8>> =
+        std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut next = 0x100u32;
+        (0..=255u8)
+            .map(|b| {
+                let c = if printable(b) {
+                    char::from(b)
+                } else {
+                    next += 1;
+                    char::from_u32(next - 1).expect("U+0100..U+0143 are chars")
+                };
+                (c, b)
+            })
+            .collect()
+    })
 }

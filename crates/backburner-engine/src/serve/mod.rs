@@ -69,6 +69,8 @@ pub enum Event {
         /// Text completed by it (complete UTF-8, stop strings held back; the last token of a generation that ends
         /// on it also carries what was held back).
         text: String,
+        /// Its log-probability and alternatives, when the job asked ([`crate::GenerateParams::logprobs`]).
+        logprob: Option<crate::TokenLogprob>,
     },
     /// The generation ended ([`Generation::stop_reason`]); `text` is the last piece of text not sent yet.
     Done {

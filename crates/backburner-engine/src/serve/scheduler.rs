@@ -315,10 +315,16 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) -
             Ok(s) if s.stop.is_some() => finish(a, s, m),
             Ok(s) => {
                 Metrics::add(&m.generated_tokens, 1);
-                let Sampled { token, text, .. } = s;
+                let Sampled {
+                    token,
+                    text,
+                    logprob,
+                    ..
+                } = s;
                 a.send(Event::Token {
                     id: token.expect("a token when not stopped"),
                     text,
+                    logprob,
                 });
             }
             Err(e) => fail(a, e, m),
@@ -470,7 +476,11 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
     // token with its text sees them together); without a last token (eos, cancellation) the rest goes with `Done`.
     let text = match end.token {
         Some(id) => {
-            a.send(Event::Token { id, text: end.text });
+            a.send(Event::Token {
+                id,
+                text: end.text,
+                logprob: end.logprob,
+            });
             String::new()
         }
         None => end.text,

@@ -1,0 +1,229 @@
+//! From one step's logits to the next token: the adjustments a request asks for, then the sampler, and the chosen
+//! token's log-probability with the most likely alternatives when asked.
+//!
+//! The stages, in this order, on a copy of the logits (none is applied, and no copy made, when a request asks for
+//! none of them, so that the logits sampled are the model's bits):
+//! 1. **repetition penalty** (`repetition_penalty`, the CTRL / Hugging Face / vLLM meaning): every id that occurs in
+//!    the prompt (cached prefix included) or the output so far has its logit divided by the penalty when positive,
+//!    multiplied by it otherwise;
+//! 2. **presence and frequency penalties** (OpenAI's meaning, as vLLM applies them): an id generated `c > 0` times
+//!    so far loses `presence_penalty + c · frequency_penalty`; the prompt does not count;
+//! 3. **logit bias**: each listed id gets its bias added (OpenAI's `logit_bias`, −100 … 100).
+//!
+//! The sampler ([`Sampler`]: temperature, top-k, top-p, min-p) then draws from the adjusted logits, and the
+//! log-probabilities reported are those of the adjusted logits at temperature 1 (a log-softmax over the whole
+//! vocabulary in f64, before temperature and truncation), so that a greedy pick is always the first alternative.
+//! A grammar constraint is the next stage to plug in here, after the bias.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::sampling::{Sampler, SamplingParams};
+
+/// Most alternatives a step reports ([`TokenLogprob::top`]), as OpenAI's `top_logprobs` allows.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The log-probability of a sampled token and of the most likely tokens at its step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// The sampled id.
+    pub id: u32,
+    /// Its natural log-probability under the adjusted logits (≤ 0; `-inf` for a token of probability 0 in f64).
+    pub logprob: f32,
+    /// The most likely ids and their log-probabilities, most likely first (ties: lower id first); as many as asked.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Picks each step's token for one sequence, remembering what it generated (for the penalties).
+pub struct Picker {
+    sampler: Sampler,
+    /// Ids of the prompt and the output so far (the repetition penalty's set).
+    seen: HashSet<u32>,
+    /// How often each id was generated.
+    counts: HashMap<u32, u32>,
+    /// Alternatives to report per step (`None`: no log-probabilities).
+    logprobs: Option<usize>,
+    adjusted: Vec<f32>,
+}
+
+impl std::fmt::Debug for Picker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Picker")
+            .field("params", self.sampler.params())
+            .field("logprobs", &self.logprobs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Picker {
+    /// A picker for `params` after `context` (the ids the session holds and the prompt still to come: the repetition
+    /// penalty's starting set), reporting `logprobs` alternatives per step (`Some(0)`: the chosen token's only;
+    /// clamped to [`MAX_TOP_LOGPROBS`]).
+    pub fn new(params: SamplingParams, context: &[u32], logprobs: Option<usize>) -> Self {
+        let seen = if params.repetition_penalty != 1.0 {
+            context.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        Picker {
+            sampler: Sampler::new(params),
+            seen,
+            counts: HashMap::new(),
+            logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
+            adjusted: Vec::new(),
+        }
+    }
+
+    /// The sampling settings.
+    pub fn params(&self) -> &SamplingParams {
+        self.sampler.params()
+    }
+
+    /// Picks the next token from `logits` `[vocab]` f32 (finite) and records it as generated; with log-probabilities
+    /// asked, also returns the chosen token's and the alternatives'.
+    pub fn pick(&mut self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
+        let p = self.sampler.params();
+        let active = p.repetition_penalty != 1.0
+            || ((p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+                && !self.counts.is_empty())
+            || !p.logit_bias.is_empty();
+        let l: &[f32] = if active {
+            self.adjusted.clear();
+            self.adjusted.extend_from_slice(logits);
+            adjust(&mut self.adjusted, p, &self.seen, &self.counts);
+            &self.adjusted
+        } else {
+            logits
+        };
+        let id = self.sampler.sample(l);
+        let lp = self.logprobs.map(|n| token_logprob(l, id, n));
+        *self.counts.entry(id).or_default() += 1;
+        if self.sampler.params().repetition_penalty != 1.0 {
+            self.seen.insert(id);
+        }
+        (id, lp)
+    }
+}
+
+/// Applies the penalties and the bias of `p` to `l` in place (stages 1–3 of the module's list).
+fn adjust(l: &mut [f32], p: &SamplingParams, seen: &HashSet<u32>, counts: &HashMap<u32, u32>) {
+    if p.repetition_penalty != 1.0 {
+        let r = p.repetition_penalty;
+        for &id in seen {
+            if let Some(x) = l.get_mut(id as usize) {
+                *x = if *x > 0.0 { *x / r } else { *x * r };
+            }
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        for (&id, &c) in counts {
+            if let Some(x) = l.get_mut(id as usize) {
+                *x -= p.presence_penalty + c as f32 * p.frequency_penalty;
+            }
+        }
+    }
+    for &(id, b) in &p.logit_bias {
+        if let Some(x) = l.get_mut(id as usize) {
+            *x += b;
+        }
+    }
+}
+
+/// The log-softmax of `l` at `id` and its `n` largest entries (ties: lower id first), summed in f64.
+pub fn token_logprob(l: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = l.iter().map(|&x| (x as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    let lp = |x: f32| (x as f64 - lse) as f32;
+    // the n best by a small insertion-sorted buffer: (logit desc, id asc)
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &x) in l.iter().enumerate() {
+            if top.len() == n && x <= top[n - 1].1 {
+                continue;
+            }
+            let at = top.partition_point(|&(_, y)| y >= x);
+            top.insert(at, (i as u32, x));
+            top.truncate(n);
+        }
+    }
+    TokenLogprob {
+        id,
+        logprob: lp(l[id as usize]),
+        top: top.into_iter().map(|(i, x)| (i, lp(x))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn log_softmax_values_and_the_top_in_order_with_ties_by_id() {
+        let l = [1.0f32, 3.0, 3.0, -2.0, 0.5];
+        let t = token_logprob(&l, 4, 3);
+        let lse = (l.iter().map(|&x| (x as f64).exp()).sum::<f64>()).ln();
+        assert_eq!(t.logprob, (0.5 - lse) as f32);
+        let ids: Vec<u32> = t.top.iter().map(|x| x.0).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        assert_eq!(t.top[0].1, (3.0 - lse) as f32);
+        assert_eq!(t.top[2].1, (1.0 - lse) as f32);
+        assert!(token_logprob(&l, 0, 0).top.is_empty());
+    }
+
+    #[test]
+    fn without_adjustments_the_sampler_sees_the_model_logits() {
+        let l = [0.1f32, 2.0, 1.9];
+        let mut pk = Picker::new(SamplingParams::default(), &[1, 1, 1], Some(1));
+        let (id, lp) = pk.pick(&l);
+        assert_eq!(id, 1);
+        let lp = lp.unwrap();
+        assert_eq!(lp.top, vec![(1, lp.logprob)]);
+        assert!(pk.adjusted.is_empty(), "no copy without adjustments");
+    }
+
+    #[test]
+    fn repetition_divides_positive_and_multiplies_negative_logits_of_seen_ids() {
+        let p = params(|p| p.repetition_penalty = 2.0);
+        let mut l = vec![4.0f32, -1.0, 3.0, 1.0];
+        let seen: HashSet<u32> = [0, 1].into();
+        adjust(&mut l, &p, &seen, &HashMap::new());
+        assert_eq!(l, [2.0, -2.0, 3.0, 1.0]);
+        // greedy: id 0 (4.0) loses to id 2 (3.0) once the prompt holds it
+        let mut pk = Picker::new(p, &[0], None);
+        assert_eq!(pk.pick(&[4.0, -1.0, 3.0, 1.0]).0, 2);
+        // and id 2, generated now, is penalized at the next step too
+        assert_eq!(pk.pick(&[4.0, -1.0, 3.0, 2.5]).0, 3); // [2, -1, 1.5, 2.5]
+    }
+
+    #[test]
+    fn presence_and_frequency_count_generated_ids_only() {
+        let p = params(|p| {
+            p.presence_penalty = 0.5;
+            p.frequency_penalty = 0.25;
+        });
+        let mut pk = Picker::new(p, &[2, 2, 2], Some(0));
+        let l = [1.0f32, 0.2, 0.9];
+        // the prompt's three 2s do not count; each pick does: 0 (1.0), 2 (0 at 0.25), 0 (2 at 0.15), 1 (0 at 0.0)
+        let ids: Vec<u32> = (0..4).map(|_| pk.pick(&l).0).collect();
+        assert_eq!(ids, [0, 2, 0, 1]);
+    }
+
+    #[test]
+    fn logit_bias_adds_and_reported_logprobs_are_of_the_adjusted_logits() {
+        let p = params(|p| p.logit_bias = vec![(2, 5.0), (0, -100.0)]);
+        let mut pk = Picker::new(p, &[], Some(2));
+        let (id, lp) = pk.pick(&[3.0, 1.0, -1.0]);
+        assert_eq!(id, 2);
+        let lp = lp.unwrap();
+        assert_eq!(lp, token_logprob(&[-97.0, 1.0, 4.0], 2, 2));
+        assert_eq!(lp.top.iter().map(|x| x.0).collect::<Vec<_>>(), [2, 1]);
+    }
+}
