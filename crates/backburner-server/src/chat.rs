@@ -10,13 +10,15 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use backburner_engine::serve::common_prefix;
-use backburner_engine::Generation;
+use backburner_engine::{Generation, TokenLogprob};
 use backburner_model::chat::{
     prompt_opens_reasoning, ChatDelta, ChatOutputParser, ChatRequest, ParsedOutput, ToolCall,
 };
+use backburner_model::TextTokenizer;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::logprobs::TokenNames;
 use crate::request::{Body, GenSettings};
 use crate::stream::{self, Chunker};
 use crate::AppState;
@@ -40,7 +42,9 @@ struct Prompt {
 
 async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<Response, ApiError> {
     let b = Body(&map);
-    let gen = GenSettings::read(&b)?;
+    crate::fields::check_chat(&b)?;
+    let mut gen = GenSettings::read(&b)?;
+    gen.logprobs = crate::request::chat_logprobs(&b)?;
     let messages = match b.array("messages")? {
         Some(m) if !m.is_empty() => m.iter().map(developer_as_system).collect(),
         _ => {
@@ -50,14 +54,10 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
             ))
         }
     };
+    // `tool_choice` is "none" or "auto" here (`fields::check_chat`)
     let tools = match b.get("tool_choice") {
         Some(Value::String(s)) if s == "none" => None,
-        Some(Value::String(s)) if s == "auto" || s == "required" => b.array("tools")?.cloned(),
-        Some(Value::Object(_)) | None => b.array("tools")?.cloned(),
-        Some(_) => return Err(ApiError::invalid(
-            Some("tool_choice"),
-            "`tool_choice` must be \"none\", \"auto\", \"required\" or an object naming a function",
-        )),
+        _ => b.array("tools")?.cloned(),
     };
     let kwargs = b
         .object("chat_template_kwargs")?
@@ -76,6 +76,7 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
         include_usage: gen.include_usage,
         parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref()).with_id_prefix(call_ids),
         tool_calls: false,
+        tok: st.tokenizer.clone().filter(|_| gen.logprobs.is_some()),
     };
     if gen.stream {
         return Ok(stream::sse(r, c).into_response());
@@ -93,9 +94,13 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     }
     c.tool_calls = !out.tool_calls.is_empty();
     let reason = stream::finish_reason(g.stop_reason, c.tool_calls);
+    let logprobs = match gen.logprobs {
+        Some(_) => TokenNames(c.tok.as_deref()).chat(&g.logprobs),
+        None => Value::Null,
+    };
     let answer = json!({
         "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}],
         "usage": stream::usage(&r, g.tokens.len()),
     });
     Ok(Json(stream::with_failure(answer, &g)).into_response())
@@ -163,6 +168,8 @@ struct ChatChunks {
     include_usage: bool,
     parser: ChatOutputParser,
     tool_calls: bool,
+    /// The tokenizer, when log-probabilities were asked for.
+    tok: Option<Arc<TextTokenizer>>,
 }
 
 impl ChatChunks {
@@ -204,6 +211,24 @@ impl Chunker for ChatChunks {
     fn text(&mut self, text: &str) -> Vec<Value> {
         let ds = self.parser.push(text);
         self.deltas(ds)
+    }
+
+    /// The token's text as deltas; its log-probabilities ride on the first of them, or on an empty delta when its
+    /// text is held back or is markup the parser consumes.
+    fn token(&mut self, _id: u32, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+        let mut out = if text.is_empty() {
+            Vec::new()
+        } else {
+            self.text(text)
+        };
+        if let Some(lp) = logprob {
+            if out.is_empty() {
+                out.push(self.chunk(json!({}), None));
+            }
+            out[0]["choices"][0]["logprobs"] =
+                TokenNames(self.tok.as_deref()).chat(std::slice::from_ref(lp));
+        }
+        out
     }
 
     fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value> {

@@ -7,10 +7,12 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use backburner_engine::Generation;
+use backburner_engine::{Generation, TokenLogprob};
+use backburner_model::TextTokenizer;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::logprobs::{Legacy, TokenNames};
 use crate::request::{Body, GenSettings};
 use crate::stream::{self, Chunker};
 use crate::AppState;
@@ -25,10 +27,9 @@ pub(crate) async fn handle(
 
 async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<Response, ApiError> {
     let b = Body(&map);
-    let gen = GenSettings::read(&b)?;
-    if b.bool("echo")? == Some(true) {
-        return Err(ApiError::invalid(Some("echo"), "`echo` is not supported"));
-    }
+    crate::fields::check_completions(&b)?;
+    let mut gen = GenSettings::read(&b)?;
+    gen.logprobs = crate::request::legacy_logprobs(&b)?;
     if !gen.stop.is_empty() && st.tokenizer.is_none() {
         // stop strings match the generated text, which a model without a tokenizer does not have (as `run --stop`)
         return Err(ApiError::invalid(
@@ -41,12 +42,14 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     let token_ids = b.bool("return_token_ids")? == Some(true) || st.tokenizer.is_none();
     let prompt = prompt_ids(&st, b.get("prompt")).await?;
     let mut r = stream::start(&st, &id, prompt, "prompt", None, &gen).await?;
-    let meta = Meta {
+    let mut meta = Meta {
         id,
         created: AppState::now(),
         model: st.model_id.clone(),
         include_usage: gen.include_usage,
         token_ids,
+        tok: st.tokenizer.clone().filter(|_| gen.logprobs.is_some()),
+        logprobs: gen.logprobs.map(|_| Legacy::default()),
     };
     if gen.stream {
         return Ok(stream::sse(r, meta).into_response());
@@ -54,6 +57,10 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     let g = stream::collect(&mut r).await?;
     let reason = stream::finish_reason(g.stop_reason, false);
     let mut choice = json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": reason});
+    if let Some(mut l) = meta.logprobs.take() {
+        l.push(&TokenNames(meta.tok.as_deref()), &g.logprobs);
+        choice["logprobs"] = l.take();
+    }
     if meta.token_ids {
         choice["token_ids"] = json!(g.tokens);
     }
@@ -114,6 +121,10 @@ struct Meta {
     include_usage: bool,
     /// Whether each choice carries the generated `token_ids` (a stream: each chunk the ids it completes).
     token_ids: bool,
+    /// The tokenizer, when log-probabilities were asked for.
+    tok: Option<Arc<TextTokenizer>>,
+    /// The log-probabilities not sent yet, when asked for.
+    logprobs: Option<Legacy>,
 }
 
 impl Meta {
@@ -141,8 +152,15 @@ impl Chunker for Meta {
         vec![self.chunk(text, None)]
     }
 
-    fn token(&mut self, id: u32, text: &str) -> Vec<Value> {
-        if !self.token_ids {
+    fn token(&mut self, id: u32, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+        let lp = match (&mut self.logprobs, logprob) {
+            (Some(l), Some(t)) => {
+                l.push(&TokenNames(self.tok.as_deref()), std::slice::from_ref(t));
+                Some(l.take())
+            }
+            _ => None,
+        };
+        if !self.token_ids && lp.is_none() {
             return if text.is_empty() {
                 Vec::new()
             } else {
@@ -150,7 +168,12 @@ impl Chunker for Meta {
             };
         }
         let mut c = self.chunk(text, None);
-        c["choices"][0]["token_ids"] = json!([id]);
+        if self.token_ids {
+            c["choices"][0]["token_ids"] = json!([id]);
+        }
+        if let Some(lp) = lp {
+            c["choices"][0]["logprobs"] = lp;
+        }
         vec![c]
     }
 

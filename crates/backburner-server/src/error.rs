@@ -134,10 +134,21 @@ impl From<EngineError> for ApiError {
                     .with_code("context_length_exceeded")
             }
             EngineError::InvalidInput(m) => {
-                let param = ["temperature", "top_p", "min_p", "top_k", "stop", "token id"]
-                    .into_iter()
-                    .find(|p| m.starts_with(p))
-                    .map(|p| if p == "token id" { "prompt" } else { p });
+                let param = [
+                    "temperature",
+                    "top_p",
+                    "min_p",
+                    "top_k",
+                    "stop",
+                    "presence_penalty",
+                    "frequency_penalty",
+                    "repetition_penalty",
+                    "logit_bias",
+                    "token id",
+                ]
+                .into_iter()
+                .find(|p| m.starts_with(p))
+                .map(|p| if p == "token id" { "prompt" } else { p });
                 ApiError::invalid(param, e.to_string())
             }
             EngineError::EmptyPrompt => ApiError::invalid(Some("prompt"), e.to_string()),

@@ -7,6 +7,8 @@
 mod chat;
 mod completions;
 pub mod error;
+mod fields;
+mod logprobs;
 mod metrics;
 pub mod request;
 pub mod stream;

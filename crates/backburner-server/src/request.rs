@@ -109,6 +109,9 @@ pub struct GenSettings {
     pub include_usage: bool,
     /// `cache_prompt` (llama-server's field; default true): reuse the slot's cached prefix.
     pub cache_prompt: bool,
+    /// Log-probabilities with this many alternatives per token (set by the endpoint: chat's `logprobs` and
+    /// `top_logprobs`, the legacy `logprobs`).
+    pub logprobs: Option<usize>,
 }
 
 impl GenSettings {
@@ -148,6 +151,10 @@ impl GenSettings {
             top_p: f("top_p", 1.0)?,
             min_p: f("min_p", 0.0)?,
             seed,
+            presence_penalty: f("presence_penalty", 0.0)?,
+            frequency_penalty: f("frequency_penalty", 0.0)?,
+            repetition_penalty: f("repetition_penalty", 1.0)?,
+            logit_bias: logit_bias(b)?,
         };
         let stop = match b.get("stop") {
             None => Vec::new(),
@@ -177,6 +184,7 @@ impl GenSettings {
         };
         let cache_prompt = b.bool("cache_prompt")?.unwrap_or(true);
         Ok(GenSettings {
+            logprobs: None,
             cache_prompt,
             max_tokens,
             sampling,
@@ -184,5 +192,56 @@ impl GenSettings {
             stream,
             include_usage,
         })
+    }
+}
+
+/// `logit_bias`: an object from token ids (as strings, OpenAI's shape) to biases; the values are checked by the
+/// engine (−100 … 100, ids inside the vocabulary). Errors: 400 naming `logit_bias` for a key that is not an id or a
+/// value that is not a number.
+fn logit_bias(b: &Body) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(o) = b.object("logit_bias")? else {
+        return Ok(Vec::new());
+    };
+    o.iter()
+        .map(|(k, v)| {
+            let id = k.trim().parse::<u32>().map_err(|_| {
+                ApiError::invalid(
+                    Some("logit_bias"),
+                    format!("`logit_bias` keys must be token ids, not {k:?}"),
+                )
+            })?;
+            let bias = v
+                .as_f64()
+                .ok_or_else(|| wrong("logit_bias", "an object of numbers", v))?;
+            Ok((id, bias as f32))
+        })
+        .collect()
+}
+
+/// Chat's `logprobs` (boolean) and `top_logprobs` (0 … 20, only with `logprobs`), as the alternatives per token.
+pub fn chat_logprobs(b: &Body) -> Result<Option<usize>, ApiError> {
+    let top = b.count("top_logprobs", 0)?;
+    match (b.bool("logprobs")?.unwrap_or(false), top) {
+        (_, Some(n)) if n > backburner_engine::MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+            Some("top_logprobs"),
+            format!("`top_logprobs` must be at most 20, not {n}"),
+        )),
+        (false, Some(_)) => Err(ApiError::invalid(
+            Some("top_logprobs"),
+            "`top_logprobs` needs `logprobs` set to true",
+        )),
+        (true, n) => Ok(Some(n.unwrap_or(0))),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The legacy completions `logprobs` (0 … 20 alternatives per token; OpenAI allows 5, vLLM more).
+pub fn legacy_logprobs(b: &Body) -> Result<Option<usize>, ApiError> {
+    match b.count("logprobs", 0)? {
+        Some(n) if n > backburner_engine::MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+            Some("logprobs"),
+            format!("`logprobs` must be at most 20, not {n}"),
+        )),
+        n => Ok(n),
     }
 }

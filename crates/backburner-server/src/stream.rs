@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use backburner_engine::serve::{Event, Job};
-use backburner_engine::{GenerateParams, Generation, StopReason};
+use backburner_engine::{GenerateParams, Generation, StopReason, TokenLogprob};
 use futures_util::Stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -74,6 +74,7 @@ pub async fn start(
         stop: gen.stop.clone(),
         keep_logits: false,
         cancel: Some(cancel.clone()),
+        logprobs: gen.logprobs,
     };
     let prompt_tokens = prompt.len();
     // Once `/health` says shutting down, no request reaches the engine (its own shutdown may not have begun yet).
@@ -165,9 +166,9 @@ pub trait Chunker: Send + 'static {
     fn begin(&mut self) -> Vec<Value>;
     /// Chunks for a piece of generated text.
     fn text(&mut self, text: &str) -> Vec<Value>;
-    /// Chunks for generated token `id` and the text it completed (may be empty: then none, unless the endpoint
-    /// returns token ids).
-    fn token(&mut self, _id: u32, text: &str) -> Vec<Value> {
+    /// Chunks for generated token `id`, the text it completed (may be empty: then none, unless the endpoint returns
+    /// token ids or log-probabilities) and its log-probabilities when asked.
+    fn token(&mut self, _id: u32, text: &str, _logprob: Option<&TokenLogprob>) -> Vec<Value> {
         if text.is_empty() {
             Vec::new()
         } else {
@@ -212,9 +213,9 @@ pub fn sse(
                 let Some(ev) = ev else { break };
                 let end = matches!(ev, Event::Done { .. } | Event::Failed(_));
                 let chunks = match ev {
-                    Event::Token { id, text } => {
+                    Event::Token { id, text, logprob } => {
                         n += 1;
-                        chunker.token(id, &text)
+                        chunker.token(id, &text, logprob.as_ref())
                     }
                     Event::Done { generation, text } => {
                         let u = usage(&r, generation.tokens.len().max(n));

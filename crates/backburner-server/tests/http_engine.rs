@@ -42,6 +42,7 @@ fn reference(prompt: &[u32], max_tokens: usize) -> Generation {
         stop: Vec::new(),
         keep_logits: false,
         cancel: None,
+        logprobs: None,
     };
     let tok = tokenizer();
     generate(

@@ -216,12 +216,11 @@ async fn unknown_models_long_prompts_bad_sampling_values_and_ids() {
         ("min_p", json!(2)),
         ("min_p", json!(-0.1)),
     ] {
-        for path in ["/v1/chat/completions", "/v1/completions"] {
-            let body = with(
-                json!({"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 2}),
-                field,
-                v.clone(),
-            );
+        for (path, body) in [
+            ("/v1/chat/completions", chat_body("hi", 2)),
+            ("/v1/completions", json!({"prompt": "hi", "max_tokens": 2})),
+        ] {
+            let body = with(body, field, v.clone());
             let m = bad_request(&s.post(path, &body).await, Some(field), None);
             assert!(m.contains(field), "{m}");
         }

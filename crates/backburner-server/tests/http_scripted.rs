@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backburner_engine::serve::{Backend, Event, Job, Metrics, SubmitError};
-use backburner_engine::{Generation, StopReason, Timings};
+use backburner_engine::{Generation, StopReason, Timings, TokenLogprob};
 use common::*;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -84,10 +84,15 @@ impl Backend for Scripted {
                 return;
             }
             let mut n = 0;
+            let mut lps = Vec::new();
+            let asked = job.params.logprobs;
             for p in &script.pieces {
+                let logprob = asked.map(|k| scripted_logprob(n, k));
+                lps.extend(logprob.clone());
                 let t = Event::Token {
                     id: n,
                     text: (*p).to_string(),
+                    logprob,
                 };
                 n += 1;
                 if !(job.events)(t) {
@@ -95,9 +100,12 @@ impl Backend for Scripted {
                 }
             }
             if !script.tail.is_empty() {
+                let logprob = asked.map(|k| scripted_logprob(n, k));
+                lps.extend(logprob.clone());
                 let t = Event::Token {
                     id: n,
                     text: String::new(),
+                    logprob,
                 };
                 n += 1;
                 if !(job.events)(t) {
@@ -111,6 +119,7 @@ impl Backend for Scripted {
                 timings: Timings::default(),
                 step_logits: Vec::new(),
                 error: (script.end == StopReason::Error).then(|| "the scripted step failed".into()),
+                logprobs: lps,
             };
             (job.events)(Event::Done {
                 generation: Box::new(generation),
@@ -133,6 +142,17 @@ impl Backend for Scripted {
         if let Some(gate) = self.gate.lock().unwrap().take() {
             let _ = gate.recv_timeout(LIMIT);
         }
+    }
+}
+
+/// The scripted log-probabilities of the `n`th token (id `n`): `-n / 4`, and `k` alternatives `n, n + 1, …` at
+/// `-(n + j) / 4`.
+fn scripted_logprob(n: u32, k: usize) -> TokenLogprob {
+    let lp = |i: u32| -(i as f32) / 4.0;
+    TokenLogprob {
+        id: n,
+        logprob: lp(n),
+        top: (0..k as u32).map(|j| (n + j, lp(n + j))).collect(),
     }
 }
 

@@ -5,4 +5,6 @@ mod common;
 
 mod http_engine;
 mod http_errors;
+mod http_fields;
+mod http_sampling;
 mod http_scripted;

@@ -1,0 +1,235 @@
+//! Every parameter the official `openai` Python SDK (2.8.0, `chat.completions.create` and `completions.create`)
+//! can send is honoured (200) or refused with a 400 naming it — none is silently ignored; fields the SDK does not
+//! know and this server does not either are refused the same way, as OpenAI refuses them.
+
+use crate::common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The SDK's `CompletionCreateParamsBase` fields for chat (`openai/types/chat/completion_create_params.py`), plus
+/// `stream`, which the SDK adds per overload.
+const SDK_CHAT: &[&str] = &[
+    "messages",
+    "model",
+    "audio",
+    "frequency_penalty",
+    "function_call",
+    "functions",
+    "logit_bias",
+    "logprobs",
+    "max_completion_tokens",
+    "max_tokens",
+    "metadata",
+    "modalities",
+    "n",
+    "parallel_tool_calls",
+    "prediction",
+    "presence_penalty",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "reasoning_effort",
+    "response_format",
+    "safety_identifier",
+    "seed",
+    "service_tier",
+    "stop",
+    "store",
+    "stream_options",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "top_p",
+    "user",
+    "verbosity",
+    "web_search_options",
+    "stream",
+];
+
+/// The same for legacy completions (`openai/types/completion_create_params.py`).
+const SDK_COMPLETIONS: &[&str] = &[
+    "model",
+    "prompt",
+    "best_of",
+    "echo",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "max_tokens",
+    "n",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stream_options",
+    "suffix",
+    "temperature",
+    "top_p",
+    "user",
+    "stream",
+];
+
+fn tool() -> Value {
+    json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}])
+}
+
+/// Values a client sends that this server honours.
+fn honoured_chat() -> Vec<(&'static str, Value)> {
+    vec![
+        ("model", json!(MODEL_ID)),
+        ("frequency_penalty", json!(0.5)),
+        ("logit_bias", json!({"5": -1})),
+        ("logprobs", json!(true)),
+        ("max_completion_tokens", json!(2)),
+        ("max_tokens", json!(2)),
+        ("metadata", json!({"run": "a"})),
+        ("modalities", json!(["text"])),
+        ("n", json!(1)),
+        ("parallel_tool_calls", json!(true)),
+        ("presence_penalty", json!(0.5)),
+        ("prompt_cache_key", json!("k")),
+        ("prompt_cache_retention", json!("in-memory")),
+        ("response_format", json!({"type": "text"})),
+        ("safety_identifier", json!("s")),
+        ("seed", json!(7)),
+        ("service_tier", json!("auto")),
+        ("stop", json!(["zz"])),
+        ("store", json!(false)),
+        ("stream_options", json!({"include_usage": true})),
+        ("temperature", json!(0.7)),
+        ("tool_choice", json!("auto")),
+        ("tools", tool()),
+        ("top_logprobs", json!(2)),
+        ("top_p", json!(0.9)),
+        ("user", json!("u")),
+        ("stream", json!(false)),
+    ]
+}
+
+/// Values that ask for what this server does not do.
+fn refused_chat() -> Vec<(&'static str, Value)> {
+    vec![
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ("function_call", json!("auto")),
+        ("functions", json!([{"name": "f", "parameters": {}}])),
+        ("modalities", json!(["text", "audio"])),
+        ("n", json!(2)),
+        ("parallel_tool_calls", json!(false)),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("prompt_cache_retention", json!("24h")),
+        ("reasoning_effort", json!("low")),
+        ("response_format", json!({"type": "json_object"})),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+        ),
+        ("service_tier", json!("flex")),
+        ("store", json!(true)),
+        ("tool_choice", json!("required")),
+        (
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "f"}}),
+        ),
+        ("verbosity", json!("low")),
+        ("web_search_options", json!({})),
+        ("grammar", json!("root ::= \"a\"")),
+        ("json_schema", json!({})),
+        ("no_such_field", json!(1)),
+    ]
+}
+
+fn honoured_completions() -> Vec<(&'static str, Value)> {
+    vec![
+        ("model", json!(MODEL_ID)),
+        ("best_of", json!(1)),
+        ("echo", json!(false)),
+        ("frequency_penalty", json!(-0.5)),
+        ("logit_bias", json!({"5": 3})),
+        ("logprobs", json!(2)),
+        ("max_tokens", json!(2)),
+        ("n", json!(1)),
+        ("presence_penalty", json!(1)),
+        ("seed", json!(1)),
+        ("stop", json!("zz")),
+        ("stream_options", json!({"include_usage": false})),
+        ("suffix", json!("")),
+        ("temperature", json!(0)),
+        ("top_p", json!(1)),
+        ("user", json!("u")),
+        ("stream", json!(false)),
+    ]
+}
+
+fn refused_completions() -> Vec<(&'static str, Value)> {
+    vec![
+        ("best_of", json!(3)),
+        ("echo", json!(true)),
+        ("n", json!(2)),
+        ("suffix", json!("return x")),
+        ("messages", json!([])),
+        ("top_logprobs", json!(2)),
+        ("no_such_field", json!(1)),
+    ]
+}
+
+#[test]
+fn every_sdk_parameter_has_a_case() {
+    let names = |v: Vec<(&'static str, Value)>| v.into_iter().map(|c| c.0).collect::<Vec<_>>();
+    let mut chat = names(honoured_chat());
+    chat.extend(names(refused_chat()));
+    for p in SDK_CHAT.iter().filter(|p| **p != "messages") {
+        assert!(chat.contains(p), "chat: {p}");
+    }
+    let mut cmpl = names(honoured_completions());
+    cmpl.extend(names(refused_completions()));
+    for p in SDK_COMPLETIONS.iter().filter(|p| **p != "prompt") {
+        assert!(cmpl.contains(p), "completions: {p}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_parameter_is_honoured_or_a_400_naming_it() {
+    let s = Server::engine(Setup::default()).await;
+    let base_chat = chat_body("hi", 2);
+    let base_cmpl = json!({"prompt": [1, 2, 3], "max_tokens": 2});
+    for (path, base, ok, bad) in [
+        (
+            "/v1/chat/completions",
+            &base_chat,
+            honoured_chat(),
+            refused_chat(),
+        ),
+        (
+            "/v1/completions",
+            &base_cmpl,
+            honoured_completions(),
+            refused_completions(),
+        ),
+    ] {
+        for (field, v) in ok {
+            let mut b = base.clone();
+            b[field] = v.clone();
+            if field == "top_logprobs" {
+                b["logprobs"] = json!(true);
+            }
+            let r = s.post(path, &b).await;
+            assert_eq!(r.status.as_u16(), 200, "{path} {field}={v}: {}", r.json);
+        }
+        for (field, v) in bad {
+            let mut b = base.clone();
+            b[field] = v.clone();
+            let r = s.post(path, &b).await;
+            assert_eq!(r.status.as_u16(), 400, "{path} {field}={v}: {}", r.json);
+            let (kind, param, _, msg) = r.error(400);
+            assert_eq!(kind, "invalid_request_error");
+            assert_eq!(param.as_deref(), Some(field), "{path} {field}={v}: {msg}");
+            assert!(msg.contains(field), "{msg}");
+        }
+    }
+    // all honoured values at once, as an SDK call with many arguments sends them
+    let mut b = base_chat.clone();
+    for (field, v) in honoured_chat() {
+        b[field] = v;
+    }
+    s.post("/v1/chat/completions", &b).await.ok();
+}

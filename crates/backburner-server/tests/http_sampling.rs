@@ -1,0 +1,234 @@
+//! Log-probabilities, penalties and `logit_bias` through the HTTP server on the real engine: the values served
+//! equal the engine's own ([`generate`] with the same settings), in OpenAI's shapes, streamed and not, on chat and
+//! legacy completions; values without a meaning are 400s naming their field.
+
+use crate::common;
+
+use backburner_engine::{generate, GenerateParams, Generation, SamplingParams, Session};
+use common::*;
+use serde_json::{json, Value};
+
+/// A prompt of `n` ordinary ids.
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + 11) % 445).collect()
+}
+
+/// `generate` on a fresh session with the server's eos ids and the tokenizer.
+fn reference(prompt: &[u32], max_tokens: usize, sampling: SamplingParams, lp: usize) -> Generation {
+    let mut s = Session::new(model(), session_options(None)).unwrap();
+    let params = GenerateParams {
+        max_tokens,
+        sampling,
+        eos_ids: tokenizer().eos_ids().to_vec(),
+        logprobs: Some(lp),
+        ..Default::default()
+    };
+    let tok = tokenizer();
+    generate(
+        &mut s,
+        prompt,
+        &params,
+        Some(&tok),
+        |_, _| {},
+        |_| {},
+        |_| {},
+    )
+    .unwrap()
+}
+
+/// The token string and bytes the API reports for `id` (`token_id:<id>` and null for an id of the model that the
+/// tiny tokenizer lacks).
+fn name(id: u32) -> (String, Value) {
+    match tokenizer().token_bytes(id) {
+        Some(b) => (String::from_utf8_lossy(&b).into_owned(), json!(b)),
+        None => (format!("token_id:{id}"), Value::Null),
+    }
+}
+
+/// Asserts that chat `content` entries are `want`'s, value for value.
+fn assert_chat_entries(content: &[Value], want: &Generation, top: usize) {
+    assert_eq!(content.len(), want.tokens.len());
+    for (e, lp) in content.iter().zip(&want.logprobs) {
+        let (tok, bytes) = name(lp.id);
+        assert_eq!(e["token"], tok.as_str());
+        assert_eq!(e["bytes"], bytes);
+        assert_eq!(e["logprob"].as_f64().unwrap() as f32, lp.logprob);
+        let alts = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(alts.len(), top);
+        for (a, &(id, v)) in alts.iter().zip(&lp.top) {
+            assert_eq!(a["token"], name(id).0.as_str());
+            assert_eq!(a["bytes"], name(id).1);
+            assert_eq!(a["logprob"].as_f64().unwrap() as f32, v);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_logprobs_whole_and_streamed_equal_the_engine() {
+    let s = Server::engine(Setup::default()).await;
+    let p = prompt(40);
+    let want = reference(&p, 10, SamplingParams::default(), 3);
+    assert!(!want.tokens.is_empty());
+    let body = json!({"prompt": p, "max_tokens": 10, "temperature": 0, "logprobs": 3});
+    let r = s.post("/v1/completions", &body).await.ok();
+    let l = &r["choices"][0]["logprobs"];
+    let names: Vec<String> = want.tokens.iter().map(|&t| name(t).0).collect();
+    assert_eq!(l["tokens"], json!(names));
+    let lps: Vec<f32> = l["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let want_lps: Vec<f32> = want.logprobs.iter().map(|t| t.logprob).collect();
+    assert_eq!(lps, want_lps);
+    let mut offset = 0;
+    for (i, t) in want.logprobs.iter().enumerate() {
+        let top = l["top_logprobs"][i].as_object().unwrap();
+        let mut want_top = std::collections::BTreeMap::new();
+        for &(id, v) in &t.top {
+            want_top.entry(name(id).0).or_insert(v);
+        }
+        let got: std::collections::BTreeMap<String, f32> = top
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap() as f32))
+            .collect();
+        assert_eq!(t.top.len(), 3);
+        assert_eq!(got, want_top, "step {i}");
+        assert_eq!(l["text_offset"][i], offset);
+        offset += names[i].chars().count();
+    }
+
+    // streamed: each chunk carries its token's entries; together the same object
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let st = s.stream("/v1/completions", &sb).await;
+    let streamed: Vec<Value> = st
+        .choices()
+        .filter(|c| !c["logprobs"].is_null())
+        .flat_map(|c| c["logprobs"]["tokens"].as_array().unwrap().clone())
+        .collect();
+    assert_eq!(json!(streamed), json!(names));
+    let streamed_lps: Vec<f32> = st
+        .choices()
+        .filter(|c| !c["logprobs"].is_null())
+        .flat_map(|c| c["logprobs"]["token_logprobs"].as_array().unwrap().clone())
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(streamed_lps, want_lps);
+    // without `logprobs`, null as before
+    let r = s
+        .post("/v1/completions", &json!({"prompt": p, "max_tokens": 2}))
+        .await
+        .ok();
+    assert!(r["choices"][0]["logprobs"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_logprobs_whole_and_streamed_equal_the_engine() {
+    let s = Server::engine(Setup::default()).await;
+    let body = json!({"messages": [{"role": "user", "content": "Tell me about slow cables."}],
+                      "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let tok = tokenizer();
+    let text = tok
+        .render_chat(&backburner_model::chat::ChatRequest {
+            messages: body["messages"].as_array().unwrap(),
+            tools: None,
+            add_generation_prompt: true,
+            kwargs: &Default::default(),
+        })
+        .unwrap();
+    let p = tok.encode(&text).unwrap();
+    let want = reference(&p, 12, SamplingParams::default(), 2);
+    let r = s.post("/v1/chat/completions", &body).await.ok();
+    let l = &r["choices"][0]["logprobs"];
+    assert!(l["refusal"].is_null());
+    assert_chat_entries(l["content"].as_array().unwrap(), &want, 2);
+
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let st = s.stream("/v1/chat/completions", &sb).await;
+    let entries: Vec<Value> = st
+        .choices()
+        .filter(|c| !c["logprobs"].is_null())
+        .flat_map(|c| c["logprobs"]["content"].as_array().unwrap().clone())
+        .collect();
+    assert_chat_entries(&entries, &want, 2);
+
+    // top_logprobs 0: the chosen token's only
+    let mut b0 = body.clone();
+    b0["top_logprobs"] = json!(0);
+    let r = s.post("/v1/chat/completions", &b0).await.ok();
+    let c = r["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(c.len(), want.tokens.len());
+    assert!(c.iter().all(|e| e["top_logprobs"] == json!([])));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalties_and_logit_bias_equal_the_engine() {
+    let s = Server::engine(Setup::default()).await;
+    let p = prompt(30);
+    let plain = reference(&p, 12, SamplingParams::default(), 0);
+    let sampling = SamplingParams {
+        presence_penalty: 0.6,
+        frequency_penalty: 1.1,
+        repetition_penalty: 1.25,
+        logit_bias: vec![(plain.tokens[0], -50.0), (7, 2.0)],
+        ..Default::default()
+    };
+    let want = reference(&p, 12, sampling, 0);
+    assert_ne!(want.tokens, plain.tokens);
+    let body = json!({"prompt": p, "max_tokens": 12, "temperature": 0, "return_token_ids": true,
+                      "presence_penalty": 0.6, "frequency_penalty": 1.1, "repetition_penalty": 1.25,
+                      "logit_bias": {plain.tokens[0].to_string(): -50, "7": 2.0}});
+    let r = s.post("/v1/completions", &body).await.ok();
+    assert_eq!(r["choices"][0]["token_ids"], json!(want.tokens));
+    assert_eq!(r["choices"][0]["text"], want.text.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_without_a_meaning_are_400s_naming_the_field() {
+    let s = Server::engine(Setup::default()).await;
+    let chat = |extra: Value| {
+        let mut b = chat_body("hi", 2);
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let cases = [
+        (chat(json!({"top_logprobs": 2})), "top_logprobs"),
+        (
+            chat(json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+        ),
+        (chat(json!({"logprobs": 1})), "logprobs"),
+        (chat(json!({"presence_penalty": 2.5})), "presence_penalty"),
+        (
+            chat(json!({"frequency_penalty": -2.1})),
+            "frequency_penalty",
+        ),
+        (chat(json!({"repetition_penalty": 0})), "repetition_penalty"),
+        (chat(json!({"logit_bias": {"x": 1}})), "logit_bias"),
+        (chat(json!({"logit_bias": {"5": "high"}})), "logit_bias"),
+        (chat(json!({"logit_bias": {"5": 101}})), "logit_bias"),
+        (chat(json!({"logit_bias": {"99999999": 1}})), "logit_bias"),
+        (chat(json!({"logit_bias": [1, 2]})), "logit_bias"),
+    ];
+    for (body, field) in cases {
+        let (kind, param, _, msg) = s.post("/v1/chat/completions", &body).await.error(400);
+        assert_eq!(kind, "invalid_request_error");
+        assert_eq!(param.as_deref(), Some(field), "{msg}");
+    }
+    let (_, param, _, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [1, 2], "logprobs": 21}),
+        )
+        .await
+        .error(400);
+    assert_eq!(param.as_deref(), Some("logprobs"));
+}
