@@ -21,6 +21,7 @@ mod placement;
 mod plan_cmd;
 mod prompt;
 mod run_cmd;
+mod sampling_args;
 mod serve_cmd;
 mod tokenizer_load;
 mod worker_cmd;

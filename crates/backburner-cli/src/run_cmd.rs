@@ -8,15 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{
-    generate, GenerateParams, Generation, SamplingParams, Session, StopReason,
-};
+use backburner_engine::{generate, GenerateParams, Generation, Session, StopReason};
 use backburner_model::{ChatMessage, TextTokenizer};
 use clap::Args;
 use indicatif::ProgressBar;
 
 use backburner_engine::memory::{self, MemoryNeed};
 
+use crate::sampling_args::SamplingArgs;
 use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
 
 #[derive(Args)]
@@ -49,21 +48,8 @@ pub(crate) struct RunArgs {
     /// Most tokens to generate.
     #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 128)]
     max_tokens: usize,
-    /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    /// Top-k (0 = off).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Top-p (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Min-p (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    /// RNG seed for sampling (default: random; the seed used is printed in the stats line and --json).
-    #[arg(short = 's', long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Stop when the output contains this text (repeatable, up to 16 strings of up to 256 bytes each; needs a
     /// tokenizer).
     #[arg(long)]
@@ -82,30 +68,6 @@ pub(crate) struct RunArgs {
     link: LinkArgs,
 }
 
-/// Rejects sampling settings that have no meaning (the engine's [`SamplingParams::validate`]), naming the flag.
-fn check_sampling(a: &RunArgs) -> Result<()> {
-    let p = SamplingParams {
-        temperature: a.temp,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        seed: 0,
-    };
-    p.validate().map_err(|e| {
-        let m = e.to_string();
-        let m = m.strip_prefix("invalid input: ").unwrap_or(&m);
-        // the engine names the request fields; here they are flags
-        let m = [
-            ("temperature", "--temp"),
-            ("top_p", "--top-p"),
-            ("min_p", "--min-p"),
-        ]
-        .iter()
-        .fold(m.to_string(), |m, (field, flag)| m.replacen(field, flag, 1));
-        anyhow::anyhow!("{m}")
-    })
-}
-
 /// Rejects `--stop` values past the engine's limits ([`backburner_engine::check_stop_strings`]), before the model
 /// loads.
 fn check_stop(a: &RunArgs) -> Result<()> {
@@ -120,7 +82,7 @@ fn check_stop(a: &RunArgs) -> Result<()> {
 
 /// Runs `backburner run`.
 pub(crate) fn run(mut a: RunArgs) -> Result<()> {
-    check_sampling(&a)?;
+    a.sampling.check()?;
     check_stop(&a)?;
     let pool = compute_pool(a.model.threads)?;
     let dir = match &a.model.model {
@@ -165,20 +127,15 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_else(|| loaded.model.config().eos_token_ids.clone())
     };
-    let seed = a.seed.unwrap_or_else(rand::random);
+    let seed = a.sampling.seed.unwrap_or_else(rand::random);
     let params = GenerateParams {
         max_tokens: a.max_tokens,
-        sampling: SamplingParams {
-            temperature: a.temp,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            seed,
-        },
+        sampling: a.sampling.params(seed),
         eos_ids,
         stop: a.stop.clone(),
         keep_logits: a.dump_logits.is_some(),
         cancel: Some(cancel_on_ctrl_c()?),
+        logprobs: None,
     };
     let workers = if a.link.workers_take_pages(a.model.kv_page_size)? {
         workers
@@ -442,7 +399,7 @@ fn report(
             gen.stop_reason.as_str(),
             total_s
         );
-        if a.temp > 0.0 {
+        if a.sampling.temp > 0.0 {
             stats += &format!(" | seed {seed}");
         }
         eprintln!("{stats}");

@@ -840,3 +840,62 @@ fn kv_dtype_bf16_runs_and_a_model_with_an_odd_head_dim_is_refused_before_it_load
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+#[test]
+fn run_takes_penalties_and_a_logit_bias_and_names_a_bad_flag() {
+    let r = reference("tiny-f32");
+    let greedy: Vec<u32> = serde_json::from_value(r["greedy"]["tokens"].clone()).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(r["prompt_ids"].clone()).unwrap();
+    let ids_s = ids
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let m = fixture("tiny-f32");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-tokens",
+            &ids_s,
+            "-n",
+            "6",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend(extra);
+        bb(&args)
+    };
+    // a bias of +100 on a token the greedy run never picks forces it at every step
+    let forced = (0..200u32).find(|t| !greedy.contains(t)).unwrap();
+    let plus = format!("{forced}+100");
+    let v = json_out(&run(&["--logit-bias", &plus]));
+    assert_eq!(v["tokens"], serde_json::json!(vec![forced; 6]));
+    // -100 on the greedy first token moves the first pick away from it
+    let minus = format!("{}-100", greedy[0]);
+    let v = json_out(&run(&["--logit-bias", &minus]));
+    assert_ne!(v["tokens"][0], greedy[0]);
+    // penalties are taken (their effect on tokens: the engine's picker tests)
+    let v = json_out(&run(&[
+        "--frequency-penalty",
+        "2",
+        "--repeat-penalty",
+        "1.5",
+    ]));
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 6);
+    for (flag, value) in [
+        ("--presence-penalty", "2.5"),
+        ("--frequency-penalty", "-3"),
+        ("--repeat-penalty", "0"),
+        ("--logit-bias", "5+101"),
+    ] {
+        let o = run(&[flag, value]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(flag), "{flag}: {err}");
+    }
+    let o = run(&["--logit-bias", "x+1"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("TOKEN_ID+BIAS"));
+}
