@@ -74,6 +74,9 @@ pub enum EngineError {
     /// A request value without a meaning (a sampling value out of its range, ...): nothing ran.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The grammar engine of a constrained generation failed mid-way (`crate::constraint`).
+    #[error("constrained decoding failed: {0}")]
+    Constraint(String),
     /// A bad setting (ubatch 0, page size 0, ...).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),

@@ -30,6 +30,8 @@ pub struct GenerateParams {
     /// Report each sampled token's log-probability with this many alternatives (`Some(0)`: the token's only; at
     /// most [`crate::picker::MAX_TOP_LOGPROBS`]) in [`Generation::logprobs`]; `None`: none.
     pub logprobs: Option<usize>,
+    /// A grammar the output must follow ([`crate::constraint`]); `None`: free.
+    pub constraint: Option<crate::constraint::ConstraintSpec>,
     /// Stop with [`StopReason::Interrupted`] once this flag is set (checked before each token is sampled, so the
     /// prompt is always processed; e.g. set by a Ctrl-C handler).
     pub cancel: Option<Arc<AtomicBool>>,

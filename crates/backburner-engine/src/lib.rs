@@ -5,8 +5,10 @@
 pub mod chain;
 pub mod compute;
 pub mod connection;
+pub mod constraint;
 pub mod error;
 pub mod experts;
+pub mod gbnf;
 pub mod generate;
 pub mod grid;
 pub mod history;

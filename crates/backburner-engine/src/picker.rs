@@ -13,12 +13,14 @@
 //! The sampler ([`Sampler`]: temperature, top-k, top-p, min-p) then draws from the adjusted logits, and the
 //! log-probabilities reported are those of the adjusted logits at temperature 1 (a log-softmax over the whole
 //! vocabulary in f64, before temperature and truncation), so that a greedy pick is always the first alternative.
-//! A grammar constraint is the next stage to plug in here, after the bias.
+//! 4. **a grammar** ([`crate::constraint`]): tokens it does not allow get `-inf`.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
+use crate::constraint::Constraint;
+use crate::error::Result;
 use crate::sampling::{Sampler, SamplingParams};
 
 /// Most alternatives a step reports ([`TokenLogprob::top`]), as OpenAI's `top_logprobs` allows.
@@ -44,6 +46,7 @@ pub struct Picker {
     counts: HashMap<u32, u32>,
     /// Alternatives to report per step (`None`: no log-probabilities).
     logprobs: Option<usize>,
+    constraint: Option<Constraint>,
     adjusted: Vec<f32>,
 }
 
@@ -59,8 +62,13 @@ impl std::fmt::Debug for Picker {
 impl Picker {
     /// A picker for `params` after `context` (the ids the session holds and the prompt still to come: the repetition
     /// penalty's starting set), reporting `logprobs` alternatives per step (`Some(0)`: the chosen token's only;
-    /// clamped to [`MAX_TOP_LOGPROBS`]).
-    pub fn new(params: SamplingParams, context: &[u32], logprobs: Option<usize>) -> Self {
+    /// clamped to [`MAX_TOP_LOGPROBS`]), the output following `constraint` when given.
+    pub fn new(
+        params: SamplingParams,
+        context: &[u32],
+        logprobs: Option<usize>,
+        constraint: Option<Constraint>,
+    ) -> Self {
         let seen = if params.repetition_penalty != 1.0 {
             context.iter().copied().collect()
         } else {
@@ -71,6 +79,7 @@ impl Picker {
             seen,
             counts: HashMap::new(),
             logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
+            constraint,
             adjusted: Vec::new(),
         }
     }
@@ -82,27 +91,37 @@ impl Picker {
 
     /// Picks the next token from `logits` `[vocab]` f32 (finite) and records it as generated; with log-probabilities
     /// asked, also returns the chosen token's and the alternatives'.
-    pub fn pick(&mut self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
+    ///
+    /// Errors: [`crate::EngineError::Constraint`] when the grammar engine fails.
+    pub fn pick(&mut self, logits: &[f32]) -> Result<(u32, Option<TokenLogprob>)> {
         let p = self.sampler.params();
+        let masked = self.constraint.as_ref().is_some_and(Constraint::active);
         let active = p.repetition_penalty != 1.0
             || ((p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
                 && !self.counts.is_empty())
-            || !p.logit_bias.is_empty();
+            || !p.logit_bias.is_empty()
+            || masked;
         let l: &[f32] = if active {
             self.adjusted.clear();
             self.adjusted.extend_from_slice(logits);
             adjust(&mut self.adjusted, p, &self.seen, &self.counts);
+            if let Some(c) = self.constraint.as_mut() {
+                c.mask(&mut self.adjusted)?;
+            }
             &self.adjusted
         } else {
             logits
         };
         let id = self.sampler.sample(l);
         let lp = self.logprobs.map(|n| token_logprob(l, id, n));
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(id)?;
+        }
         *self.counts.entry(id).or_default() += 1;
         if self.sampler.params().repetition_penalty != 1.0 {
             self.seen.insert(id);
         }
-        (id, lp)
+        Ok((id, lp))
     }
 }
 
@@ -181,8 +200,8 @@ mod tests {
     #[test]
     fn without_adjustments_the_sampler_sees_the_model_logits() {
         let l = [0.1f32, 2.0, 1.9];
-        let mut pk = Picker::new(SamplingParams::default(), &[1, 1, 1], Some(1));
-        let (id, lp) = pk.pick(&l);
+        let mut pk = Picker::new(SamplingParams::default(), &[1, 1, 1], Some(1), None);
+        let (id, lp) = pk.pick(&l).unwrap();
         assert_eq!(id, 1);
         let lp = lp.unwrap();
         assert_eq!(lp.top, vec![(1, lp.logprob)]);
@@ -197,10 +216,10 @@ mod tests {
         adjust(&mut l, &p, &seen, &HashMap::new());
         assert_eq!(l, [2.0, -2.0, 3.0, 1.0]);
         // greedy: id 0 (4.0) loses to id 2 (3.0) once the prompt holds it
-        let mut pk = Picker::new(p, &[0], None);
-        assert_eq!(pk.pick(&[4.0, -1.0, 3.0, 1.0]).0, 2);
+        let mut pk = Picker::new(p, &[0], None, None);
+        assert_eq!(pk.pick(&[4.0, -1.0, 3.0, 1.0]).unwrap().0, 2);
         // and id 2, generated now, is penalized at the next step too
-        assert_eq!(pk.pick(&[4.0, -1.0, 3.0, 2.5]).0, 3); // [2, -1, 1.5, 2.5]
+        assert_eq!(pk.pick(&[4.0, -1.0, 3.0, 2.5]).unwrap().0, 3); // [2, -1, 1.5, 2.5]
     }
 
     #[test]
@@ -209,18 +228,18 @@ mod tests {
             p.presence_penalty = 0.5;
             p.frequency_penalty = 0.25;
         });
-        let mut pk = Picker::new(p, &[2, 2, 2], Some(0));
+        let mut pk = Picker::new(p, &[2, 2, 2], Some(0), None);
         let l = [1.0f32, 0.2, 0.9];
         // the prompt's three 2s do not count; each pick does: 0 (1.0), 2 (0 at 0.25), 0 (2 at 0.15), 1 (0 at 0.0)
-        let ids: Vec<u32> = (0..4).map(|_| pk.pick(&l).0).collect();
+        let ids: Vec<u32> = (0..4).map(|_| pk.pick(&l).unwrap().0).collect();
         assert_eq!(ids, [0, 2, 0, 1]);
     }
 
     #[test]
     fn logit_bias_adds_and_reported_logprobs_are_of_the_adjusted_logits() {
         let p = params(|p| p.logit_bias = vec![(2, 5.0), (0, -100.0)]);
-        let mut pk = Picker::new(p, &[], Some(2));
-        let (id, lp) = pk.pick(&[3.0, 1.0, -1.0]);
+        let mut pk = Picker::new(p, &[], Some(2), None);
+        let (id, lp) = pk.pick(&[3.0, 1.0, -1.0]).unwrap();
         assert_eq!(id, 2);
         let lp = lp.unwrap();
         assert_eq!(lp, token_logprob(&[-97.0, 1.0, 4.0], 2, 2));

@@ -116,6 +116,7 @@ impl<'t> Sequence<'t> {
                 params.sampling.clone(),
                 &[session.tokens(), &prompt[..]].concat(),
                 params.logprobs,
+                params.constraint.as_ref().map(|c| c.start()).transpose()?,
             ),
             logprobs: Vec::new(),
             prompt,
@@ -220,7 +221,7 @@ impl<'t> Sequence<'t> {
         if self.params.keep_logits {
             self.step_logits.extend_from_slice(&self.logits);
         }
-        let (id, logprob) = self.picker.pick(&self.logits);
+        let (id, logprob) = self.picker.pick(&self.logits)?;
         if self.tokens.is_empty() {
             let t0 = self.t_start.expect("prefilled");
             self.ttft_ms = t0.elapsed().as_secs_f64() * 1e3;

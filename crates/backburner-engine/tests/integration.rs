@@ -7,6 +7,7 @@ mod worker_common;
 mod cache_exact;
 mod cache_modes;
 mod consistency;
+mod constraint;
 mod experts_limits;
 mod experts_remote;
 mod faults;

@@ -293,6 +293,21 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The added tokens that are markup rather than text: those the tokenizer marks special, and those written
+    /// `<…>` (Qwen's `<think>`, `<tool_call>`), as `(id, content)` in id order. Grammar engines treat them as
+    /// special tokens.
+    pub fn markup_tokens(&self) -> Vec<(u32, String)> {
+        let mut v: Vec<(u32, String)> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special || (t.content.starts_with('<') && t.content.ends_with('>')))
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The bytes one token id stands for (`None` if out of range): for a byte-level BPE vocabulary (Qwen's), its
     /// token string read back through GPT-2's byte-to-character map, so that a token holding part of a UTF-8
     /// character gives that part; otherwise (a character outside the map) the UTF-8 of its decoding alone.
