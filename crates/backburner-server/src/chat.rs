@@ -65,6 +65,9 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
         .unwrap_or_default();
     let p = render(&st, messages, tools.clone(), kwargs).await?;
     tracing::debug!(prompt_tokens = p.ids.len(), stable = p.stable, "rendered");
+    // a constraint applies to the answer: after `</think>` when the prompt opened a reasoning block
+    let after = p.in_reasoning.then(|| "</think>".to_string());
+    gen.constraint = crate::constrain::read(&st, &b, after).await?;
     let mut r = stream::start(&st, &id, p.ids, "messages", Some(p.stable), &gen).await?;
     // tool call ids unique across requests (`call_<request>_<index>`), as clients that keep a conversation's
     // calls by id need

@@ -35,6 +35,8 @@ const COMMON: &[&str] = &[
     "prompt_cache_retention",
     "store",
     "service_tier",
+    "json_schema",
+    "grammar",
 ];
 
 /// `/v1/chat/completions`'s own.
@@ -56,10 +58,13 @@ const COMPLETIONS: &[&str] = &["prompt", "echo", "best_of", "suffix", "return_to
 pub fn check_chat(b: &Body) -> Result<(), ApiError> {
     known(b, CHAT)?;
     common_values(b)?;
-    only(b, "response_format", |v| v == &json!({"type": "text"}),
-        "only `{\"type\": \"text\"}` is supported (no constrained decoding yet: JSON output is not enforced)")?;
-    only(b, "tool_choice", |v| v == "none" || v == "auto",
-        "only \"none\" and \"auto\" are supported (a required or named tool call is not enforced yet)")?;
+    // `response_format` is read by `constrain`
+    only(
+        b,
+        "tool_choice",
+        |v| v == "none" || v == "auto",
+        "only \"none\" and \"auto\" are supported (a required or named tool call is not enforced yet)",
+    )?;
     only(
         b,
         "parallel_tool_calls",

@@ -6,6 +6,7 @@
 
 mod chat;
 mod completions;
+mod constrain;
 pub mod error;
 mod fields;
 mod logprobs;
@@ -54,6 +55,8 @@ pub struct AppState {
     next_id: AtomicU64,
     /// Set while shutting down: `/health` answers 503.
     pub stopping: AtomicBool,
+    /// The vocabulary's grammars for constrained output, built on first use (or why they could not be).
+    pub grammars: std::sync::OnceLock<Result<Arc<backburner_engine::constraint::Grammars>, String>>,
 }
 
 impl AppState {
@@ -82,6 +85,7 @@ impl AppState {
                 .map_or(0, |d| d.as_secs()),
             next_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
+            grammars: std::sync::OnceLock::new(),
         }
     }
 

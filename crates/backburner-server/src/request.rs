@@ -112,6 +112,8 @@ pub struct GenSettings {
     /// Log-probabilities with this many alternatives per token (set by the endpoint: chat's `logprobs` and
     /// `top_logprobs`, the legacy `logprobs`).
     pub logprobs: Option<usize>,
+    /// The grammar the output must follow (set by the endpoint: `response_format`, `json_schema`, `grammar`).
+    pub constraint: Option<backburner_engine::constraint::ConstraintSpec>,
 }
 
 impl GenSettings {
@@ -185,6 +187,7 @@ impl GenSettings {
         let cache_prompt = b.bool("cache_prompt")?.unwrap_or(true);
         Ok(GenSettings {
             logprobs: None,
+            constraint: None,
             cache_prompt,
             max_tokens,
             sampling,

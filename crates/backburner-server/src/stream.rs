@@ -75,6 +75,7 @@ pub async fn start(
         keep_logits: false,
         cancel: Some(cancel.clone()),
         logprobs: gen.logprobs,
+        constraint: gen.constraint.clone(),
     };
     let prompt_tokens = prompt.len();
     // Once `/health` says shutting down, no request reaches the engine (its own shutdown may not have begun yet).

@@ -43,6 +43,7 @@ fn reference(prompt: &[u32], max_tokens: usize) -> Generation {
         keep_logits: false,
         cancel: None,
         logprobs: None,
+        constraint: None,
     };
     let tok = tokenizer();
     generate(
