@@ -14,6 +14,7 @@ mod bench_slots;
 mod bench_split;
 mod calibrate_cmd;
 mod chain_args;
+mod constraint_args;
 mod default_model;
 mod experts_args;
 mod link_args;

@@ -15,6 +15,7 @@ use indicatif::ProgressBar;
 
 use backburner_engine::memory::{self, MemoryNeed};
 
+use crate::constraint_args::ConstraintArgs;
 use crate::sampling_args::SamplingArgs;
 use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
 
@@ -50,6 +51,8 @@ pub(crate) struct RunArgs {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Stop when the output contains this text (repeatable, up to 16 strings of up to 256 bytes each; needs a
     /// tokenizer).
     #[arg(long)]
@@ -83,6 +86,10 @@ fn check_stop(a: &RunArgs) -> Result<()> {
 /// Runs `backburner run`.
 pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     a.sampling.check()?;
+    let grammar = a.constraint.grammar()?;
+    if grammar.is_some() && a.ignore_eos {
+        bail!("--ignore-eos cannot go with --grammar/--json-schema: a complete grammar ends at an eos id");
+    }
     check_stop(&a)?;
     let pool = compute_pool(a.model.threads)?;
     let dir = match &a.model.model {
@@ -127,6 +134,17 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_else(|| loaded.model.config().eos_token_ids.clone())
     };
+    let constraint = match (grammar, tok.as_ref()) {
+        (Some(g), Some(t)) => {
+            // a chat prompt that opens a reasoning block: the grammar applies to the answer after it
+            let opens =
+                a.chat && backburner_model::chat::prompt_opens_reasoning(&t.decode(&prompt)?);
+            let after = opens.then(|| "</think>".to_string());
+            Some(ConstraintArgs::spec(g, t, &eos_ids, after)?)
+        }
+        (Some(_), None) => bail!("--grammar/--json-schema need a tokenizer"),
+        (None, _) => None,
+    };
     let seed = a.sampling.seed.unwrap_or_else(rand::random);
     let params = GenerateParams {
         max_tokens: a.max_tokens,
@@ -136,6 +154,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         keep_logits: a.dump_logits.is_some(),
         cancel: Some(cancel_on_ctrl_c()?),
         logprobs: None,
+        constraint,
     };
     let workers = if a.link.workers_take_pages(a.model.kv_page_size)? {
         workers

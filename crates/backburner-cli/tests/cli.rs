@@ -899,3 +899,36 @@ fn run_takes_penalties_and_a_logit_bias_and_names_a_bad_flag() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("TOKEN_ID+BIAS"));
 }
+
+#[test]
+fn run_follows_a_grammar_or_a_json_schema_and_names_a_bad_one() {
+    let m = fixture("tiny-bf16");
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", m, "-p", "Answer:", "-n", "60", "--json"];
+        args.extend(extra);
+        bb(&args)
+    };
+    let v = json_out(&run(&["--grammar", "root ::= (\"yes\" | \"no\") \"!\""]));
+    assert!(v["text"] == "yes!" || v["text"] == "no!", "{v}");
+    assert_eq!(v["stop_reason"], "eos");
+    let v = json_out(&run(&[
+        "-j",
+        r#"{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}"#,
+    ]));
+    let text = v["text"].as_str().unwrap();
+    let parsed: serde_json::Value = serde_json::from_str(text).unwrap();
+    assert!(parsed["ok"].is_boolean(), "{text}");
+    assert_eq!(v["stop_reason"], "eos");
+    for (args, want) in [
+        (vec!["--grammar", "root ::= \"a"], "--grammar"),
+        (vec!["-j", "{not json"], "--json-schema"),
+        (vec!["-j", r#"{"type":"no-such-type"}"#], "--json-schema"),
+        (vec!["-j", "{}", "--ignore-eos"], "--ignore-eos"),
+    ] {
+        let o = run(&args);
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
