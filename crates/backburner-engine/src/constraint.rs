@@ -43,10 +43,12 @@ impl std::fmt::Debug for Grammars {
 }
 
 /// The tokenizer as llguidance sees it: every id's bytes (markup tokens such as `<|im_end|>` and `<think>` marked
-/// special, ids past the tokenizer's vocabulary too). Text is tokenized greedily on the trie: llguidance only
-/// tokenizes to force tokens, which masks do not use.
+/// special, ids past the tokenizer's vocabulary too), and the tokenizer's own tokenization of text: where a grammar
+/// forces text, llguidance allows the tokens the tokenizer would write for it (what the model saw in training),
+/// not any spelling of it.
 struct Env {
     trie: TokTrie,
+    enc: backburner_model::TextEncoder,
 }
 
 impl TokenizerEnv for Env {
@@ -55,7 +57,8 @@ impl TokenizerEnv for Env {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.greedy_tokenize(s)
+        self.trie
+            .tokenize_with_greedy_fallback(s, |s| self.enc.encode(s).unwrap_or_default())
     }
 }
 
@@ -85,15 +88,28 @@ impl Grammars {
             .map_err(|_| EngineError::InvalidInput(format!("vocabulary of {vocab} ids")))?;
         let trie =
             TokTrie::from(&TokRxInfo::new(vocab_u32, first_eos), &words).with_eos_tokens(eos);
-        let env: TokEnv = Arc::new(Env { trie });
+        let env: TokEnv = Arc::new(Env {
+            trie,
+            enc: tok.encoder(),
+        });
         let mut factory = ParserFactory::new_simple(&env).map_err(grammar_error)?;
         factory.quiet();
         Ok(Grammars { factory })
     }
 
     /// Compiles `g` into a matcher at its start. Errors: [`EngineError::InvalidInput`] naming what the grammar
-    /// engine refused (a malformed schema or grammar).
+    /// engine refused (a malformed schema or grammar, one past [`MAX_GRAMMAR_BYTES`]).
     fn compile(&self, g: &Grammar) -> Result<Matcher> {
+        let size = match g {
+            Grammar::JsonObject => 0,
+            Grammar::JsonSchema(s) => s.to_string().len(),
+            Grammar::Lark(s) => s.len(),
+        };
+        if size > MAX_GRAMMAR_BYTES {
+            return Err(EngineError::InvalidInput(format!(
+                "grammar: {size} bytes, more than the {MAX_GRAMMAR_BYTES} accepted"
+            )));
+        }
         let top = match g {
             Grammar::JsonObject => {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
@@ -121,9 +137,29 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     schema
 }
 
-fn grammar_error(e: impl std::fmt::Display) -> EngineError {
-    EngineError::InvalidInput(format!("grammar: {e}"))
+/// The grammar engine's message: its first line, at most 300 characters (a caught panic's message carries a
+/// backtrace, which says nothing to a client).
+fn short(e: impl std::fmt::Display) -> String {
+    let m = e.to_string();
+    let line = m.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_string(),
+    }
 }
+
+fn grammar_error(e: impl std::fmt::Display) -> EngineError {
+    EngineError::InvalidInput(format!("grammar: {}", short(e)))
+}
+
+/// Stack of the threads that compile grammars and compute their masks (the scheduler's): llguidance recurses on a
+/// grammar's nesting, about 3 KB per level, so a 2 MB stack overflowed at ~700 nested rules (an adversarial trial).
+/// 64 MiB (reserved, touched only as deep as used) takes ~20,000 levels, beyond what [`MAX_GRAMMAR_BYTES`] allows.
+pub const GRAMMAR_STACK: usize = 64 << 20;
+
+/// Largest grammar or JSON schema accepted, in bytes of its text (a grammar of this size nests at most a few
+/// thousand levels).
+pub const MAX_GRAMMAR_BYTES: usize = 128 << 10;
 
 /// One request's constraint, before it is compiled.
 #[derive(Clone, Debug)]
@@ -147,13 +183,46 @@ impl PartialEq for ConstraintSpec {
 }
 
 impl ConstraintSpec {
-    /// Compiles the grammar. Errors: those of the grammar engine, as [`EngineError::InvalidInput`].
+    /// Compiles the grammar (on a thread of [`GRAMMAR_STACK`] bytes). Errors: those of the grammar engine, as
+    /// [`EngineError::InvalidInput`].
     pub fn start(&self) -> Result<Constraint> {
+        let spec = self.clone();
+        let matcher = std::thread::Builder::new()
+            .name("grammar-compile".into())
+            .stack_size(GRAMMAR_STACK)
+            .spawn(move || spec.grammars.compile(&spec.grammar))
+            .map_err(|e| EngineError::Constraint(format!("cannot start a compile thread: {e}")))?
+            .join()
+            .map_err(|_| {
+                EngineError::InvalidInput("grammar: the grammar engine failed".into())
+            })??;
         Ok(Constraint {
-            matcher: self.grammars.compile(&self.grammar)?,
+            matcher,
             waiting: self.after.as_ref().map(|a| a.as_bytes().to_vec()),
             tail: Vec::new(),
         })
+    }
+
+    /// Compiles the grammar and computes its first mask, so that one that cannot produce anything (`root ::= root`,
+    /// a `$ref` cycle) or that the engine cannot run is refused before a request starts. Errors:
+    /// [`EngineError::InvalidInput`].
+    pub fn check(&self) -> Result<()> {
+        let mut c = self.start()?;
+        let spec = self.clone();
+        let n = spec.grammars.factory.tok_env().tok_trie().vocab_size();
+        std::thread::Builder::new()
+            .name("grammar-check".into())
+            .stack_size(GRAMMAR_STACK)
+            .spawn(move || {
+                let m = c.matcher.compute_mask().map_err(grammar_error)?;
+                if m.is_zero() || n == 0 {
+                    return Err(grammar_error("no token can start the output"));
+                }
+                Ok(())
+            })
+            .map_err(|e| EngineError::Constraint(format!("cannot start a check thread: {e}")))?
+            .join()
+            .map_err(|_| EngineError::InvalidInput("grammar: the grammar engine failed".into()))?
     }
 }
 
@@ -181,7 +250,7 @@ impl Constraint {
         let m = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| EngineError::Constraint(e.to_string()))?;
+            .map_err(|e| EngineError::Constraint(short(e)))?;
         let n = m.len();
         for (id, x) in logits.iter_mut().enumerate() {
             if id >= n || !m.is_allowed(id as TokenId) {
@@ -212,6 +281,6 @@ impl Constraint {
         }
         self.matcher
             .consume_token(id)
-            .map_err(|e| EngineError::Constraint(e.to_string()))
+            .map_err(|e| EngineError::Constraint(short(e)))
     }
 }

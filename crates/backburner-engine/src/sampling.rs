@@ -39,7 +39,7 @@ pub struct SamplingParams {
     /// Times an id was generated, times this, is subtracted from its logit (OpenAI's `frequency_penalty`, −2 … 2).
     pub frequency_penalty: f32,
     /// Logits of ids in the prompt or the output are divided by this when positive, multiplied when not (Hugging
-    /// Face's and vLLM's `repetition_penalty`, > 0; 1 = off).
+    /// Face's and vLLM's `repetition_penalty`, 0.01 … 100; 1 = off).
     pub repetition_penalty: f32,
     /// `(id, bias)` pairs added to the logits (OpenAI's `logit_bias`, −100 … 100).
     pub logit_bias: Vec<(u32, f32)>,
@@ -63,7 +63,7 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     /// Checks that every value has a meaning: temperature finite and ≥ 0, top-p in (0, 1], min-p in [0, 1], presence
-    /// and frequency penalties in [−2, 2], a repetition penalty finite and > 0, biases in [−100, 100] (their ids are
+    /// and frequency penalties in [−2, 2], a repetition penalty in [0.01, 100], biases in [−100, 100] (their ids are
     /// checked against the vocabulary by [`crate::Sequence::new`]).
     ///
     /// Errors: [`crate::EngineError::InvalidInput`] naming the value, as the CLI flag (`--temp`, `--top-p`,
@@ -90,10 +90,11 @@ impl SamplingParams {
                 return bad(format!("{name} {v} must be in [-2, 2] (0 = off)"));
             }
         }
+        // bounded so that dividing a logit by it stays finite (1e-39 made every logit infinite)
         let r = self.repetition_penalty;
-        if !(r.is_finite() && r > 0.0) {
+        if !(0.01..=100.0).contains(&r) {
             return bad(format!(
-                "repetition_penalty {r} must be a finite number > 0 (1 = off)"
+                "repetition_penalty {r} must be in [0.01, 100] (1 = off)"
             ));
         }
         if let Some((id, b)) = self

@@ -37,4 +37,4 @@ pub use model::{
 pub use remote::{RemoteError, RemotePages};
 pub use remote_experts::{HolderAsk, RemoteExperts, Segment};
 pub use state::{KvOptions, LayerState, LinearState, ModelState, PageStore, StateSnapshot};
-pub use tokenizer::{ChatMessage, TextTokenizer};
+pub use tokenizer::{ChatMessage, TextEncoder, TextTokenizer};

@@ -293,6 +293,12 @@ impl TextTokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// An owned encoder of this tokenizer's text (a copy of its vocabulary and merges), for code that must own
+    /// one (a grammar engine's tokenizer).
+    pub fn encoder(&self) -> TextEncoder {
+        TextEncoder(self.inner.clone())
+    }
+
     /// The added tokens that are markup rather than text: those the tokenizer marks special, and those written
     /// `<…>` (Qwen's `<think>`, `<tool_call>`), as `(id, content)` in id order. Grammar engines treat them as
     /// special tokens.
@@ -406,4 +412,19 @@ fn byte_level_inverse() -> &'static std::collections::HashMap<char, u8> {
             })
             .collect()
     })
+}
+
+/// Text to ids, as [`TextTokenizer::encode`] (special tokens written in the text map to their ids).
+#[derive(Clone)]
+pub struct TextEncoder(tokenizers::Tokenizer);
+
+impl TextEncoder {
+    /// The ids of `text`. Errors: [`ModelError::Tokenizer`].
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .0
+            .encode(text, false)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
 }

@@ -211,6 +211,8 @@ impl Engine {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("backburner-scheduler".into())
+            // a grammar's parser recurses on its nesting (`constraint::GRAMMAR_STACK`)
+            .stack_size(crate::constraint::GRAMMAR_STACK)
             .spawn(move || scheduler::run(slots, tokenizer, rx, sh))
             .map_err(|e| EngineError::InvalidSetting(format!("cannot start the scheduler: {e}")))?;
         Ok(Engine {
