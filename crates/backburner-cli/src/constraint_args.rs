@@ -70,7 +70,7 @@ impl ConstraintArgs {
             grammar,
             after,
         };
-        spec.start()
+        spec.check()
             .map_err(|e| anyhow::anyhow!("--grammar/--json-schema: {e}"))?;
         Ok(spec)
     }

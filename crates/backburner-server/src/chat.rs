@@ -54,7 +54,7 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
             ))
         }
     };
-    // `tool_choice` is "none" or "auto" here (`fields::check_chat`)
+    // `tool_choice` "required" or a named function is enforced by a grammar (`constrain`)
     let tools = match b.get("tool_choice") {
         Some(Value::String(s)) if s == "none" => None,
         _ => b.array("tools")?.cloned(),
@@ -67,7 +67,7 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     tracing::debug!(prompt_tokens = p.ids.len(), stable = p.stable, "rendered");
     // a constraint applies to the answer: after `</think>` when the prompt opened a reasoning block
     let after = p.in_reasoning.then(|| "</think>".to_string());
-    gen.constraint = crate::constrain::read(&st, &b, after).await?;
+    gen.constraint = crate::constrain::read(&st, &b, after, tools.as_deref()).await?;
     let mut r = stream::start(&st, &id, p.ids, "messages", Some(p.stable), &gen).await?;
     // tool call ids unique across requests (`call_<request>_<index>`), as clients that keep a conversation's
     // calls by id need

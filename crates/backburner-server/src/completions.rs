@@ -30,8 +30,8 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     crate::fields::check_completions(&b)?;
     let mut gen = GenSettings::read(&b)?;
     gen.logprobs = crate::request::legacy_logprobs(&b)?;
-    gen.constraint = crate::constrain::read(&st, &b, None).await?;
-    gen.constraint = crate::constrain::read(&st, &b, None).await?;
+    gen.constraint = crate::constrain::read(&st, &b, None, None).await?;
+    gen.constraint = crate::constrain::read(&st, &b, None, None).await?;
     if !gen.stop.is_empty() && st.tokenizer.is_none() {
         // stop strings match the generated text, which a model without a tokenizer does not have (as `run --stop`)
         return Err(ApiError::invalid(

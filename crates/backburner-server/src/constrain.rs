@@ -5,44 +5,46 @@
 use std::sync::Arc;
 
 use backburner_engine::constraint::{ConstraintSpec, Grammar, Grammars};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::request::Body;
 use crate::AppState;
 
-/// The grammar a request asks for and the field that asked, if any. Errors: 400 naming the field for a malformed
-/// value, or when more than one field asks.
-fn requested(b: &Body) -> Result<Option<(Grammar, &'static str)>, ApiError> {
+/// The grammar a request asks for and the field that asked, if any (`tools`: the chat's tools, for an enforced
+/// `tool_choice`; `markup`: the vocabulary has `<tool_call>` tokens). Errors: 400 naming the field for a
+/// malformed value, or when more than one field asks.
+fn requested(
+    b: &Body,
+    tools: Option<&[Value]>,
+    markup: bool,
+) -> Result<Option<(Grammar, &'static str)>, ApiError> {
     let mut found: Vec<(Grammar, &'static str)> = Vec::new();
+    let choice = match b.get("tool_choice") {
+        Some(Value::String(s)) if s == "required" => Some(None),
+        Some(Value::Object(o)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        Some("tool_choice"),
+                        "`tool_choice` as an object must be {\"type\": \"function\", \"function\": {\"name\": …}}",
+                    )
+                })?;
+            Some(Some(name))
+        }
+        _ => None,
+    };
+    if let Some(name) = choice {
+        let lark = crate::tool_grammar::lark(tools.unwrap_or_default(), name, markup)
+            .map_err(|m| ApiError::invalid(Some("tool_choice"), format!("`tool_choice`: {m}")))?;
+        found.push((Grammar::Lark(lark), "tool_choice"));
+    }
     if let Some(rf) = b.object("response_format")? {
-        let bad = |m: &str| ApiError::invalid(Some("response_format"), m.to_string());
-        match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some("json_object") => found.push((Grammar::JsonObject, "response_format")),
-            Some("json_schema") => {
-                let js = rf
-                    .get("json_schema")
-                    .and_then(Value::as_object)
-                    .ok_or_else(|| {
-                        bad("`response_format.json_schema` must be an object with the `schema`")
-                    })?;
-                let schema = match js.get("schema") {
-                    None | Some(Value::Null) => Value::Object(Default::default()),
-                    Some(s @ Value::Object(_)) => s.clone(),
-                    Some(_) => {
-                        return Err(bad(
-                            "`response_format.json_schema.schema` must be an object",
-                        ))
-                    }
-                };
-                found.push((Grammar::JsonSchema(schema), "response_format"));
-            }
-            _ => {
-                return Err(bad(
-                    "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"",
-                ))
-            }
+        if let Some(g) = response_format(rf)? {
+            found.push((g, "response_format"));
         }
     }
     if let Some(s) = b.object("json_schema")? {
@@ -65,6 +67,66 @@ fn requested(b: &Body) -> Result<Option<(Grammar, &'static str)>, ApiError> {
     Ok(found.pop())
 }
 
+/// OpenAI's `response_format` (and llama-server's `{"type": "json_object", "schema": …}`), every key read.
+fn response_format(rf: &serde_json::Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
+    let bad = |m: String| ApiError::invalid(Some("response_format"), m);
+    let only_keys = |o: &serde_json::Map<String, Value>, what: &str, keys: &[&str]| match o
+        .keys()
+        .find(|k| !keys.contains(&k.as_str()))
+    {
+        Some(k) => Err(bad(format!("unrecognized field `{k}` in `{what}`"))),
+        None => Ok(()),
+    };
+    let schema_of = |v: Option<&Value>, what: &str| match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad(format!("`{what}` must be an object"))),
+    };
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => {
+            only_keys(rf, "response_format", &["type"])?;
+            Ok(None)
+        }
+        Some("json_object") => {
+            only_keys(rf, "response_format", &["type", "schema"])?;
+            Ok(Some(
+                match schema_of(rf.get("schema"), "response_format.schema")? {
+                    Some(s) => Grammar::JsonSchema(s),
+                    None => Grammar::JsonObject,
+                },
+            ))
+        }
+        Some("json_schema") => {
+            only_keys(rf, "response_format", &["type", "json_schema"])?;
+            let js = rf
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    bad("`response_format.json_schema` must be an object with the `schema`".into())
+                })?;
+            only_keys(
+                js,
+                "response_format.json_schema",
+                &["name", "schema", "strict", "description"],
+            )?;
+            if js
+                .get("strict")
+                .is_some_and(|v| !v.is_boolean() && !v.is_null())
+            {
+                return Err(bad(
+                    "`response_format.json_schema.strict` must be a boolean".into(),
+                ));
+            }
+            // no `schema`: any JSON value, as OpenAI's field is optional
+            let s = schema_of(js.get("schema"), "response_format.json_schema.schema")?;
+            Ok(Some(Grammar::JsonSchema(s.unwrap_or_else(|| json!({})))))
+        }
+        _ => Err(bad(
+            "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"".into(),
+        )),
+    }
+}
+
 /// The constraint of a request (`None` without one), checked by compiling it once. `after`: the text after
 /// which the grammar applies (`</think>` when the prompt opened a reasoning block). Errors: 400 naming the field
 /// for a malformed value or a grammar the engine refuses; 400 for a model without a tokenizer.
@@ -72,8 +134,15 @@ pub async fn read(
     st: &Arc<AppState>,
     b: &Body<'_>,
     after: Option<String>,
+    tools: Option<&[Value]>,
 ) -> Result<Option<ConstraintSpec>, ApiError> {
-    let Some((grammar, field)) = requested(b)? else {
+    let markup = st.tokenizer.as_ref().is_some_and(|t| {
+        let m = t.markup_tokens();
+        ["<tool_call>", "</tool_call>"]
+            .iter()
+            .all(|w| m.iter().any(|(_, c)| c == w))
+    });
+    let Some((grammar, field)) = requested(b, tools, markup)? else {
         return Ok(None);
     };
     let grammars = grammars(st).await?;
@@ -83,7 +152,7 @@ pub async fn read(
         after,
     };
     let check = spec.clone();
-    tokio::task::spawn_blocking(move || check.start().map(drop))
+    tokio::task::spawn_blocking(move || check.check())
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
         .map_err(|e| ApiError::invalid(Some(field), format!("`{field}`: {e}")))?;

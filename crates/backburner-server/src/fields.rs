@@ -52,7 +52,14 @@ const CHAT: &[&str] = &[
 ];
 
 /// `/v1/completions`'s own.
-const COMPLETIONS: &[&str] = &["prompt", "echo", "best_of", "suffix", "return_token_ids"];
+const COMPLETIONS: &[&str] = &[
+    "prompt",
+    "echo",
+    "best_of",
+    "suffix",
+    "return_token_ids",
+    "response_format",
+];
 
 /// Checks a chat request's fields. Errors: 400 naming the first field not honoured.
 pub fn check_chat(b: &Body) -> Result<(), ApiError> {
@@ -62,8 +69,8 @@ pub fn check_chat(b: &Body) -> Result<(), ApiError> {
     only(
         b,
         "tool_choice",
-        |v| v == "none" || v == "auto",
-        "only \"none\" and \"auto\" are supported (a required or named tool call is not enforced yet)",
+        |v| v == "none" || v == "auto" || v == "required" || v.is_object(),
+        "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}}",
     )?;
     only(
         b,

@@ -13,6 +13,7 @@ mod logprobs;
 mod metrics;
 pub mod request;
 pub mod stream;
+mod tool_grammar;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -178,6 +178,13 @@ impl GenSettings {
         })?;
         let stream = b.bool("stream")?.unwrap_or(false);
         let include_usage = match b.object("stream_options")? {
+            Some(o) if o.keys().any(|k| k != "include_usage") => {
+                let k = o.keys().find(|k| *k != "include_usage").expect("found");
+                return Err(ApiError::invalid(
+                    Some("stream_options"),
+                    format!("unrecognized field `{k}` in `stream_options` (only `include_usage`)"),
+                ));
+            }
             Some(o) => Body(o)
                 .bool("include_usage")
                 .map_err(|e| e.nested("stream_options"))?

@@ -150,3 +150,150 @@ async fn what_cannot_be_compiled_is_a_400_naming_the_field() {
     let (_, param, _, msg) = s.post("/v1/chat/completions", &b).await.error(400);
     assert_eq!(param.as_deref(), Some("grammar"), "{msg}");
 }
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "set_alarm", "parameters": {"type": "object",
+            "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                           "loud": {"type": "boolean"},
+                           "day": {"type": "string", "enum": ["mon", "tue"]}},
+            "required": ["hour", "loud", "day"]}}},
+        {"type": "function", "function": {"name": "stop", "parameters": {"type": "object", "properties": {}}}}
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_choice_required_or_named_is_enforced_with_typed_arguments() {
+    let s = Server::engine(Setup::default()).await;
+    let body = |choice: Value| {
+        json!({"messages": [{"role": "user", "content": "Wake me up."}], "tools": tools(),
+               "tool_choice": choice, "max_tokens": 120, "temperature": 0,
+               "chat_template_kwargs": {"enable_thinking": false}})
+    };
+    // named: exactly that function, every required parameter typed by its schema
+    let r = s
+        .post(
+            "/v1/chat/completions",
+            &body(json!({"type": "function", "function": {"name": "set_alarm"}})),
+        )
+        .await
+        .ok();
+    let c = &r["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty());
+    for call in calls {
+        assert_eq!(call["function"]["name"], "set_alarm");
+        let args: Value =
+            serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!((0..=23).contains(&args["hour"].as_i64().unwrap()), "{args}");
+        assert!(args["loud"].is_boolean(), "{args}");
+        assert!(args["day"] == "mon" || args["day"] == "tue", "{args}");
+    }
+    // required: some tool is called; the free answer (auto) calls none
+    let r = s
+        .post("/v1/chat/completions", &body(json!("required")))
+        .await
+        .ok();
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+    let r = s
+        .post("/v1/chat/completions", &body(json!("auto")))
+        .await
+        .ok();
+    assert!(
+        r["choices"][0]["message"].get("tool_calls").is_none(),
+        "{r}"
+    );
+    // a name that is not a tool, or no tools
+    let (_, p, _, m) = s
+        .post(
+            "/v1/chat/completions",
+            &body(json!({"type": "function", "function": {"name": "nope"}})),
+        )
+        .await
+        .error(400);
+    assert_eq!(p.as_deref(), Some("tool_choice"), "{m}");
+    let mut b = body(json!("required"));
+    b.as_object_mut().unwrap().remove("tools");
+    let (_, p, _, m) = s.post("/v1/chat/completions", &b).await.error(400);
+    assert_eq!(p.as_deref(), Some("tool_choice"), "{m}");
+}
+
+/// An adversarial trial's findings: deep grammars crashed the server (stack overflow while compiling), grammars
+/// that cannot produce anything were 500s, keys inside `response_format` were ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_unproductive_oversized_and_misspelled_constraints() {
+    let s = Server::engine(Setup::default()).await;
+    let cmpl = |k: &str, v: Value| {
+        let mut b = json!({"prompt": "go", "max_tokens": 4, "temperature": 0});
+        b[k] = v;
+        b
+    };
+    // 2,000 chained GBNF rules (~30 KB) and a 1,000-deep `$ref` chain compile and run
+    let mut chain = String::from("root ::= r0\n");
+    for i in 0..2000 {
+        chain.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    chain.push_str("r2000 ::= \"y\"\n");
+    let r = s
+        .post("/v1/completions", &cmpl("grammar", json!(chain)))
+        .await
+        .ok();
+    assert_eq!(r["choices"][0]["text"], "y");
+    let mut defs = serde_json::Map::new();
+    for i in 0..1000 {
+        defs.insert(
+            format!("d{i}"),
+            json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert("d1000".into(), json!({"type": "boolean"}));
+    let schema = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+    let r = s
+        .post("/v1/completions", &cmpl("json_schema", schema))
+        .await
+        .ok();
+    let t = r["choices"][0]["text"].as_str().unwrap();
+    assert!(t == "true" || t == "false", "{t:?}");
+    // unproductive, oversized, malformed: 400s naming the field; the server stays up
+    let big = format!("root ::= \"{}\"", "a".repeat(130 << 10));
+    let cycle = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"});
+    for (k, v) in [
+        ("grammar", json!("root ::= root")),
+        ("grammar", json!("root ::= a\na ::= b\nb ::= a")),
+        ("grammar", json!(big)),
+        ("json_schema", cycle),
+        (
+            "response_format",
+            json!({"type": "json_object", "extra": 1}),
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"schema": {}, "bogus": 1}}),
+        ),
+        ("stream_options", json!({"include_usage": true, "bogus": 1})),
+        ("repetition_penalty", json!(1e-39)),
+    ] {
+        let r = s.post("/v1/completions", &cmpl(k, v.clone())).await;
+        let (_, p, _, m) = r.error(400);
+        assert_eq!(p.as_deref(), Some(k), "{k}={v}: {m}");
+        assert!(!m.contains("backtrace") && m.len() < 600, "{m}");
+    }
+    // llama-server's `{"type": "json_object", "schema": …}` is a schema; `response_format` on completions
+    let r = s
+        .post(
+            "/v1/completions",
+            &cmpl(
+                "response_format",
+                json!({"type": "json_object", "schema": {"enum": [7]}}),
+            ),
+        )
+        .await
+        .ok();
+    assert_eq!(r["choices"][0]["text"], "7");
+    s.get("/health").await.ok();
+}
