@@ -18,6 +18,7 @@ mod constraint_args;
 mod default_model;
 mod experts_args;
 mod link_args;
+mod llama_flags;
 mod placement;
 mod plan_cmd;
 mod prompt;
@@ -196,6 +197,13 @@ fn main() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let args = match llama_flags::translate(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
             std::process::exit(2);
         }
     };
