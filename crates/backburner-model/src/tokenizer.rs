@@ -254,6 +254,11 @@ impl TextTokenizer {
         &self.eos_ids
     }
 
+    /// The chat template's Jinja source, if one was found.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
     /// Whether a chat template was found.
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()

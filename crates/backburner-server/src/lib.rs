@@ -8,6 +8,7 @@ mod chat;
 mod completions;
 mod constrain;
 pub mod error;
+mod extras;
 mod fields;
 mod logprobs;
 mod metrics;
@@ -201,6 +202,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(extras::model))
+        .route("/tokenize", post(extras::tokenize))
+        .route("/detokenize", post(extras::detokenize))
+        .route("/props", get(extras::props))
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
         .fallback(not_found)

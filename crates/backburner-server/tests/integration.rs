@@ -6,6 +6,7 @@ mod common;
 mod http_constrain;
 mod http_engine;
 mod http_errors;
+mod http_extras;
 mod http_fields;
 mod http_sampling;
 mod http_scripted;

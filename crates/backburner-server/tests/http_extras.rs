@@ -1,0 +1,83 @@
+//! `GET /v1/models/{id}`, and llama-server's `/tokenize`, `/detokenize` and `/props`, on the real engine.
+
+use crate::common;
+
+use common::*;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_by_id_tokenize_detokenize_and_props() {
+    let s = Server::engine(Setup::default()).await;
+    let m = s.get(&format!("/v1/models/{MODEL_ID}")).await.ok();
+    assert_eq!(m["id"], MODEL_ID);
+    assert_eq!(m["object"], "model");
+    let (_, p, code, _) = s.get("/v1/models/gpt-9").await.error(404);
+    assert_eq!(
+        (p.as_deref(), code.as_deref()),
+        (Some("model"), Some("model_not_found"))
+    );
+
+    let text = "Hello slow cables<|im_end|> é";
+    let want = tokenizer().encode(text).unwrap();
+    let r = s.post("/tokenize", &json!({"content": text})).await.ok();
+    assert_eq!(r["tokens"], json!(want));
+    let r = s
+        .post("/tokenize", &json!({"content": text, "with_pieces": true}))
+        .await
+        .ok();
+    let pieces = r["tokens"].as_array().unwrap();
+    assert_eq!(pieces.len(), want.len());
+    let mut joined = Vec::new();
+    for (p, &id) in pieces.iter().zip(&want) {
+        assert_eq!(p["id"], id);
+        match &p["piece"] {
+            Value::String(s) => joined.extend_from_slice(s.as_bytes()),
+            Value::Array(b) => joined.extend(b.iter().map(|x| x.as_u64().unwrap() as u8)),
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(joined, text.as_bytes());
+    let r = s.post("/detokenize", &json!({"tokens": want})).await.ok();
+    assert_eq!(r["content"], text);
+    for bad in [
+        json!({"tokens": [1, 99999]}),
+        json!({"tokens": "x"}),
+        json!({}),
+    ] {
+        let (_, p, _, _) = s.post("/detokenize", &bad).await.error(400);
+        assert_eq!(p.as_deref(), Some("tokens"));
+    }
+    let (_, p, _, _) = s.post("/tokenize", &json!({"content": 5})).await.error(400);
+    assert_eq!(p.as_deref(), Some("content"));
+
+    let p = s.get("/props").await.ok();
+    assert_eq!(p["total_slots"], 1);
+    assert_eq!(
+        p["default_generation_settings"]["n_ctx"],
+        s.state.context_length
+    );
+    assert!(p["chat_template"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_guards_them() {
+    let mut s = Server::engine(Setup {
+        api_key: Some("k"),
+        ..Setup::default()
+    })
+    .await;
+    s.key = None;
+    for path in [&format!("/v1/models/{MODEL_ID}")[..], "/props"] {
+        assert_eq!(
+            s.get(path).await.error(401).2.as_deref(),
+            Some("invalid_api_key")
+        );
+    }
+    for path in ["/tokenize", "/detokenize"] {
+        let r = s.post(path, &json!({"content": "x", "tokens": [1]})).await;
+        assert_eq!(r.error(401).2.as_deref(), Some("invalid_api_key"));
+    }
+}
