@@ -9,13 +9,20 @@ pub const MAX_SCORED_FILE: u64 = 1 << 30;
 /// Most bytes of a small side file (a calibration).
 pub const MAX_SIDE_FILE: u64 = 16 << 20;
 
-/// Reads `path` as UTF-8 text, at most `max` bytes: a larger file, or a stream that does not end (a device, a
+/// Reads `path` (`-`: standard input) as UTF-8 text, at most `max` bytes: a larger file, or a stream that does not end (a device, a
 /// FIFO), is refused once `max` bytes were read, naming `what`.
 ///
 /// Errors: the file cannot be opened or read, is not UTF-8, or holds more than `max` bytes.
 pub fn read_bounded(path: &std::path::Path, max: u64, what: &str) -> Result<String> {
     use std::io::Read;
-    let f = std::fs::File::open(path).with_context(|| format!("read {what} {}", path.display()))?;
+    // `-` is standard input, as in llama-cli and most tools
+    let f: Box<dyn Read> = if path == std::path::Path::new("-") {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(
+            std::fs::File::open(path).with_context(|| format!("read {what} {}", path.display()))?,
+        )
+    };
     let mut buf = Vec::new();
     f.take(max.saturating_add(1))
         .read_to_end(&mut buf)

@@ -932,3 +932,49 @@ fn run_follows_a_grammar_or_a_json_schema_and_names_a_bad_one() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn run_reads_the_prompt_from_standard_input_with_dash() {
+    use std::io::Write;
+    let m = fixture("tiny-bf16");
+    let m = m.to_str().unwrap();
+    let text = "Hello there\nsecond line\n";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_backburner"))
+        .args([
+            "run",
+            "-m",
+            m,
+            "-f",
+            "-",
+            "-n",
+            "4",
+            "--ignore-eos",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let piped = json_out(&child.wait_with_output().unwrap());
+    let direct = json_out(&bb(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        text,
+        "-n",
+        "4",
+        "--ignore-eos",
+        "--json",
+    ]));
+    assert_eq!(piped["prompt_tokens"], direct["prompt_tokens"]);
+    assert_eq!(piped["tokens"], direct["tokens"]);
+    assert!(piped["prompt_tokens"].as_array().unwrap().len() > 3);
+}
