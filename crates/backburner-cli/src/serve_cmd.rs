@@ -135,10 +135,17 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let grace = Duration::from_secs_f64(a.grace);
     rt.block_on(async move {
         let addr = format!("{}:{}", a.host, a.port);
+        let keyed = state.api_key.is_some();
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let local: SocketAddr = listener.local_addr()?;
+        if !local.ip().is_loopback() && !keyed {
+            eprintln!(
+                "warning: serving on {local}, which is not a loopback address, without --api-key: anyone who can \
+                 reach it can use the model"
+            );
+        }
         eprintln!(
             "serving {model_id} on http://{local} ({} slot{}, context {context_length} tokens)",
             a.parallel,

@@ -978,3 +978,51 @@ fn run_reads_the_prompt_from_standard_input_with_dash() {
     assert_eq!(piped["tokens"], direct["tokens"]);
     assert!(piped["prompt_tokens"].as_array().unwrap().len() > 3);
 }
+
+/// `serve` on a non-loopback address without `--api-key` warns before it serves (as `worker` refuses one without a
+/// secret); with a key it does not.
+#[test]
+fn serve_warns_on_a_public_address_without_a_key() {
+    use std::io::{BufRead, BufReader};
+    let m = fixture("tiny-hub");
+    let first_lines = |extra: &[&str]| {
+        let mut args = vec![
+            "serve",
+            "-m",
+            m.to_str().unwrap(),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ];
+        args.extend(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_backburner"))
+            .args(&args)
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = Vec::new();
+        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+            let line = line.unwrap();
+            let done = line.starts_with("serving ");
+            lines.push(line);
+            if done || lines.len() > 50 {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        lines
+    };
+    let open = first_lines(&[]);
+    assert!(
+        open.iter()
+            .any(|l| l.starts_with("warning: serving on 0.0.0.0:") && l.contains("--api-key")),
+        "{open:?}"
+    );
+    assert!(open.last().unwrap().starts_with("serving "), "{open:?}");
+    let keyed = first_lines(&["--api-key", "k"]);
+    assert!(!keyed.iter().any(|l| l.starts_with("warning")), "{keyed:?}");
+    assert!(keyed.last().unwrap().starts_with("serving "), "{keyed:?}");
+}
