@@ -259,3 +259,53 @@ proptest! {
         prop_assert_eq!(streamed(&text, &cuts, in_reasoning), parse_output(&text, in_reasoning, None));
     }
 }
+
+/// Tool-call arguments typed by the whole JSON schema, as pydantic and zod write it: `anyOf`/`oneOf`, type arrays,
+/// nullable types, `$ref` into `$defs`, enums, nested objects and arrays; a value a string alternative allows stays
+/// a string.
+#[test]
+fn arguments_are_typed_by_the_whole_schema() {
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object",
+    "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}},
+              "Level": {"enum": [1, 2, 3]}},
+    "properties": {
+        "maybe_int": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "int_or_str": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+        "num_list": {"type": ["array", "null"], "items": {"type": "number"}},
+        "nullable": {"type": "integer", "nullable": true},
+        "point": {"$ref": "#/$defs/Point"},
+        "level": {"$ref": "#/$defs/Level"},
+        "color": {"enum": ["red", "green"]},
+        "flag": {"const": true},
+        "nested": {"properties": {"a": {"type": "string"}}},
+        "zip": {"type": "string"},
+        "free": {}
+    }}}}]);
+    let body = |name: &str, v: &str| {
+        format!("<tool_call>\n<function=f>\n<parameter={name}>\n{v}\n</parameter>\n</function>\n</tool_call>")
+    };
+    let cases = [
+        ("maybe_int", "7", json!(7)),
+        ("maybe_int", "null", json!(null)),
+        ("maybe_int", "None", json!(null)),
+        ("int_or_str", "42", json!("42")),
+        ("num_list", "[1, 2.5]", json!([1, 2.5])),
+        ("num_list", "null", json!(null)),
+        ("nullable", "null", json!(null)),
+        ("nullable", "5", json!(5)),
+        ("point", "{\"x\": 1.5}", json!({"x": 1.5})),
+        ("level", "2", json!(2)),
+        ("color", "red", json!("red")),
+        ("flag", "true", json!(true)),
+        ("nested", "{\"a\": \"b\"}", json!({"a": "b"})),
+        ("zip", "01234", json!("01234")),
+        ("free", "3.5", json!(3.5)),
+        ("free", "text", json!("text")),
+    ];
+    for (name, raw, want) in cases {
+        let out = parse_output(&body(name, raw), false, Some(tools.as_array().unwrap()));
+        assert_eq!(out.tool_calls.len(), 1, "{name}");
+        assert_eq!(args(&out.tool_calls[0])[name], want, "{name} = {raw:?}");
+    }
+}

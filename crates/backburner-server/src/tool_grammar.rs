@@ -109,7 +109,11 @@ fn value_rule(v: &str, schema: &Value, root: &Value) -> ValueRule {
         }
         _ => {}
     }
-    if is_string && schema.get("pattern").is_none() && schema.get("format").is_none() {
+    // any text is a string: where the schema allows one, the value is raw text, as the output parser reads it
+    // (`allowed_types`), e.g. `anyOf: [integer, string]`
+    let string_ok = backburner_model::chat::allowed_types(schema, root, 0).contains(&"string");
+    if (is_string || string_ok) && schema.get("pattern").is_none() && schema.get("format").is_none()
+    {
         return ValueRule::Raw(format!("{v}[suffix=\"\\n</parameter>\\n\"]: /(?s:.*)/\n"));
     }
     // JSON of the schema, with the tool's definitions for its `$ref`s

@@ -16,6 +16,7 @@ pub use pycompat::{is_py_space, py_split, py_splitlines, py_strip};
 pub use pyvalue::{float_repr, str_repr};
 pub use request::{json_kind, normalize_messages, normalize_tools};
 pub use template::ChatTemplate;
+pub use toolcall::allowed_types;
 
 use crate::error::{ModelError, Result};
 

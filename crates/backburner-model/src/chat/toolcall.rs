@@ -23,7 +23,10 @@ const PARAM_CLOSE: &str = "</parameter>";
 pub(crate) fn parse_tool_call(body: &str, tools: Option<&[Value]>) -> Option<(String, String)> {
     let rest = body.trim_start().strip_prefix(FUNCTION_OPEN)?;
     let (name, mut rest) = tag_name(rest)?;
-    let props = tools.and_then(|t| parameter_schemas(t, name));
+    let params = tools.and_then(|t| parameters(t, name));
+    let props = params
+        .and_then(|p| p.get("properties"))
+        .and_then(Value::as_object);
     let mut args = Map::new();
     loop {
         rest = rest.trim_start();
@@ -34,7 +37,8 @@ pub(crate) fn parse_tool_call(body: &str, tools: Option<&[Value]>) -> Option<(St
             let raw = raw.strip_prefix('\n').unwrap_or(raw);
             let raw = raw.strip_suffix('\n').unwrap_or(raw);
             let schema = props.and_then(|p| p.get(param));
-            args.insert(param.to_string(), convert_value(raw, schema));
+            let types = schema.map(|s| allowed_types(s, params.unwrap_or(s), 0));
+            args.insert(param.to_string(), convert_value(raw, types.as_deref()));
             rest = &r[end + PARAM_CLOSE.len()..];
         } else if let Some(r) = rest.strip_prefix(FUNCTION_CLOSE) {
             rest = r;
@@ -61,44 +65,117 @@ fn tag_name(s: &str) -> Option<(&str, &str)> {
     Some((name, &s[end + 1..]))
 }
 
-/// `parameters.properties` of the tool called `name` (OpenAI `{"function": {...}}` entries or bare schemas).
-fn parameter_schemas<'t>(tools: &'t [Value], name: &str) -> Option<&'t Map<String, Value>> {
+/// `parameters` of the tool called `name` (OpenAI `{"function": {...}}` entries or bare schemas).
+fn parameters<'t>(tools: &'t [Value], name: &str) -> Option<&'t Value> {
     tools
         .iter()
         .map(|t| t.get("function").unwrap_or(t))
         .find(|f| f.get("name").and_then(Value::as_str) == Some(name))?
-        .get("parameters")?
-        .get("properties")?
-        .as_object()
+        .get("parameters")
 }
 
-/// A parameter's value from its raw text. Without a declared type: the JSON value when the text parses as a
+/// The JSON types a value of `schema` may have, as pydantic and zod write schemas: `type` (a name or a list),
+/// the alternatives of `anyOf` / `oneOf` / `allOf`, a `$ref` into `root`'s `$defs` or `definitions`, the types of
+/// an `enum`'s or a `const`'s values, OpenAPI's `nullable`, and `object` for a schema with `properties`. Empty
+/// when the schema says nothing (then any value goes); `$ref`s nest at most 16 deep (a cycle says nothing).
+pub fn allowed_types(schema: &Value, root: &Value, depth: usize) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    if depth > 16 {
+        return out;
+    }
+    let name = |t: &str| -> Option<&'static str> {
+        [
+            "string", "integer", "number", "boolean", "null", "object", "array",
+        ]
+        .into_iter()
+        .find(|n| *n == t)
+    };
+    let of_value = |v: &Value| -> &'static str {
+        match v {
+            Value::String(_) => "string",
+            Value::Bool(_) => "boolean",
+            Value::Null => "null",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        }
+    };
+    match schema.get("type") {
+        Some(Value::String(t)) => out.extend(name(t)),
+        Some(Value::Array(ts)) => out.extend(ts.iter().filter_map(Value::as_str).filter_map(name)),
+        _ => {}
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        for alt in schema
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out.extend(allowed_types(alt, root, depth + 1));
+        }
+    }
+    if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+        let target = r
+            .strip_prefix("#/$defs/")
+            .and_then(|n| root.get("$defs")?.get(n))
+            .or_else(|| {
+                r.strip_prefix("#/definitions/")
+                    .and_then(|n| root.get("definitions")?.get(n))
+            })
+            .or_else(|| (r == "#").then_some(root));
+        if let Some(t) = target {
+            out.extend(allowed_types(t, root, depth + 1));
+        }
+    }
+    for v in schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.push(of_value(v));
+    }
+    if let Some(c) = schema.get("const") {
+        out.push(of_value(c));
+    }
+    if schema.get("nullable") == Some(&Value::Bool(true)) {
+        out.push("null");
+    }
+    if out.is_empty() && schema.get("properties").is_some() {
+        out.push("object");
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A parameter's value from its raw text. Without declared types: the JSON value when the text parses as a
 /// number, boolean, null, object or array, or is `True`/`False`/`None` (the template writes scalar arguments with
-/// Python's `str()`, so the model does too), else the text as a string. With a declared `type` (a name or a list of
-/// names): that value when it has one of the declared non-string types, else the text as a string when `string` is
-/// declared, else as without a type.
-pub(crate) fn convert_value(raw: &str, schema: Option<&Value>) -> Value {
+/// Python's `str()`, so the model does too), else the text as a string. With declared types ([`allowed_types`]):
+/// null for `null`/`None` when `null` is among them, else the text as a string when `string` is (any text is a
+/// string: a value a string alternative allows stays a string), else the parsed value when it has one of them (an
+/// integer is a number too), else as without.
+pub(crate) fn convert_value(raw: &str, types: Option<&[&str]>) -> Value {
     let parsed = match raw.trim() {
         "True" => Some(Value::Bool(true)),
         "False" => Some(Value::Bool(false)),
         "None" => Some(Value::Null),
         _ => serde_json::from_str::<Value>(raw).ok(),
     };
-    let types: Vec<&str> = match schema.and_then(|s| s.get("type")) {
-        Some(Value::String(t)) => vec![t.as_str()],
-        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
-        _ => Vec::new(),
-    };
-    if !types.is_empty() {
-        if let Some(v) = parsed
-            .as_ref()
-            .filter(|v| types.iter().any(|t| has_type(v, t)))
-        {
-            return v.clone();
-        }
-        if types.contains(&"string") {
-            return Value::String(raw.to_string());
-        }
+    let types = types.unwrap_or_default();
+    if types.contains(&"null") && parsed.as_ref().is_some_and(Value::is_null) {
+        return Value::Null; // `null` / `None` where null is allowed, even beside a string
+    }
+    if types.contains(&"string") {
+        return Value::String(raw.to_string());
+    }
+    if let Some(v) = parsed
+        .as_ref()
+        .filter(|v| types.iter().any(|t| has_type(v, t)))
+    {
+        return v.clone();
     }
     match parsed {
         Some(v) if !v.is_string() => v,
