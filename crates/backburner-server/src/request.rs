@@ -214,12 +214,19 @@ fn logit_bias(b: &Body) -> Result<Vec<(u32, f32)>, ApiError> {
     };
     o.iter()
         .map(|(k, v)| {
-            let id = k.trim().parse::<u32>().map_err(|_| {
-                ApiError::invalid(
-                    Some("logit_bias"),
-                    format!("`logit_bias` keys must be token ids, not {k:?}"),
-                )
-            })?;
+            // canonical decimal ids only (`"5"`, not `" 5"`, `"+5"` or `"05"`)
+            let canonical = !k.is_empty()
+                && k.bytes().all(|c| c.is_ascii_digit())
+                && (k == "0" || !k.starts_with('0'));
+            let id = canonical
+                .then(|| k.parse::<u32>().ok())
+                .flatten()
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        Some("logit_bias"),
+                        format!("`logit_bias` keys must be token ids, not {k:?}"),
+                    )
+                })?;
             let bias = v
                 .as_f64()
                 .ok_or_else(|| wrong("logit_bias", "an object of numbers", v))?;
