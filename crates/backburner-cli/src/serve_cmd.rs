@@ -53,6 +53,10 @@ pub(crate) struct ServeArgs {
     /// Most bytes of checkpoints per slot (units as --max-memory).
     #[arg(long, value_name = "BYTES", default_value = "512MiB", value_parser = backburner_engine::offload::parse_bytes)]
     pub cache_bytes: u64,
+    /// Let browser pages from this origin call the API (CORS; repeatable, e.g. `http://localhost:3000`; `*`: any
+    /// origin). Default: no CORS headers, so pages from other origins cannot read the answers.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
     /// Seconds running requests get to finish on Ctrl-C / SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
@@ -119,14 +123,24 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         },
     };
     let engine = Arc::new(Engine::start(sessions, tokenizer.clone(), opts)?);
-    let state = Arc::new(AppState::new(
+    let mut state = AppState::new(
         engine,
         tokenizer,
         model_id.clone(),
         context_length,
         eos_ids,
         api_key,
-    ));
+    );
+    for o in &a.cors_origin {
+        let origin = (o.starts_with("http://") || o.starts_with("https://"))
+            && !o.ends_with('/')
+            && o.bytes().all(|c| c.is_ascii_graphic());
+        if o != "*" && !origin {
+            bail!("--cors-origin {o:?} is not an origin (scheme://host[:port] without a path, e.g. http://localhost:3000; or *)");
+        }
+    }
+    state.cors_origins = a.cors_origin.clone();
+    let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

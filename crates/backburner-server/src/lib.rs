@@ -59,6 +59,8 @@ pub struct AppState {
     pub stopping: AtomicBool,
     /// The vocabulary's grammars for constrained output, built on first use (or why they could not be).
     pub grammars: std::sync::OnceLock<Result<Arc<backburner_engine::constraint::Grammars>, String>>,
+    /// Origins a browser page may call this server from (`--cors-origin`; `*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl AppState {
@@ -88,6 +90,7 @@ impl AppState {
             next_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
             grammars: std::sync::OnceLock::new(),
+            cors_origins: Vec::new(),
         }
     }
 
@@ -196,8 +199,38 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The routes over `state`.
+/// The routes over `state`, with CORS headers for `state.cors_origins` (preflight `OPTIONS` answered; the
+/// `Authorization` and `Content-Type` headers allowed, so a page can send the API key).
 pub fn router(state: Arc<AppState>) -> Router {
+    let cors = cors_layer(&state.cors_origins);
+    let r = routes(state);
+    match cors {
+        Some(c) => r.layer(c),
+        None => r,
+    }
+}
+
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+            .max_age(Duration::from_secs(600))
+            .expose_headers(Any),
+    )
+}
+
+fn routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))

@@ -81,3 +81,63 @@ async fn the_api_key_guards_them() {
         assert_eq!(r.error(401).2.as_deref(), Some("invalid_api_key"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_headers_only_for_the_allowed_origins() {
+    let ctx = model().config().max_position_embeddings;
+    let mut st = state(engine(1, 4, None), ctx, None);
+    st.cors_origins = vec!["http://localhost:3000".into()];
+    let s = Server::start(st, std::time::Duration::from_secs(1)).await;
+    let acao = |r: &reqwest::Response| {
+        r.headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    // the preflight of a page's POST with an API key
+    let r = s
+        .client
+        .request(reqwest::Method::OPTIONS, s.url("/v1/chat/completions"))
+        .header("Origin", "http://localhost:3000")
+        .header("Access-Control-Request-Method", "POST")
+        .header(
+            "Access-Control-Request-Headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(acao(&r).as_deref(), Some("http://localhost:3000"));
+    let allowed = r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(
+        allowed.contains("authorization") && allowed.contains("content-type"),
+        "{allowed}"
+    );
+    for (origin, want) in [
+        ("http://localhost:3000", Some("http://localhost:3000")),
+        ("http://evil.example", None),
+    ] {
+        let r = s
+            .client
+            .get(s.url("/v1/models"))
+            .header("Origin", origin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(acao(&r).as_deref(), want, "{origin}");
+    }
+    // without --cors-origin: no CORS headers at all
+    let plain = Server::engine(Setup::default()).await;
+    let r = plain
+        .client
+        .get(plain.url("/v1/models"))
+        .header("Origin", "http://localhost:3000")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(acao(&r), None);
+}
