@@ -12,6 +12,8 @@ enum Meaning {
     Always(bool, &'static str),
     /// Refused, with why.
     No(&'static str),
+    /// GPU layers: 0 (the CPU only, as scripts pass it) is what happens here; more is refused.
+    Gpu,
 }
 
 fn meaning(flag: &str) -> Option<Meaning> {
@@ -19,10 +21,12 @@ fn meaning(flag: &str) -> Option<Meaning> {
     Some(match flag {
         "-ub" => Long("--ubatch"),
         "-np" => Long("--parallel"),
-        "-ctk" | "-ctv" => Long("--kv-dtype"),
+        "-ctk" | "-ctv" | "--cache-type-k" | "--cache-type-v" => Long("--kv-dtype"),
         "-sys" => Long("--system"),
-        "-fa" => Always(true, "attention over KV pages always runs as a fused online softmax (flash attention)"),
-        "-ngl" | "-ngld" => No("backburner has no GPU backend yet: layers run on the CPU, and on workers with --layer-split"),
+        "-fa" | "--flash-attn" => Always(true, "attention over KV pages always runs as a fused online softmax (flash attention)"),
+        "-no-cnv" | "--no-conversation" => Always(false, "run is single-turn"),
+        "--jinja" => Always(false, "chat templates always render as transformers renders them (Jinja)"),
+        "-ngl" | "-ngld" | "--n-gpu-layers" | "--gpu-layers" => Gpu,
         "-ts" | "-sm" | "-mg" => No("there is no GPU to split across; a model splits across machines with --layer-split"),
         "-cnv" => No("an interactive conversation is not implemented yet; `run --chat` applies the chat template to one prompt"),
         "-b" => No("prompts are ingested in --ubatch chunks with no logical batch above them; set -ub / --ubatch"),
@@ -92,6 +96,16 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
                     "{flag} (llama.cpp's flag) has no meaning here: {why}"
                 ))
             }
+            Meaning::Gpu => match inline.or_else(|| it.next()).as_deref() {
+                Some("0") => {}
+                Some(n) => {
+                    return Err(format!(
+                        "{flag} {n}: backburner has no GPU backend yet: layers run on the CPU (-ngl 0 is accepted), \
+                         and on workers with --layer-split"
+                    ))
+                }
+                None => return Err(format!("{flag} needs a value")),
+            },
         }
     }
     Ok(out)
@@ -142,7 +156,18 @@ mod tests {
         );
         assert!(t(&["run", "-ngl", "99"])
             .unwrap_err()
-            .starts_with("-ngl (llama.cpp's flag) has no meaning here"));
+            .starts_with("-ngl 99: backburner has no GPU backend"));
+        assert_eq!(
+            t(&["run", "-ngl", "0", "-no-cnv", "--jinja"]).unwrap()[1..],
+            ["run"]
+        );
+        assert!(t(&["run", "--n-gpu-layers=99"])
+            .unwrap_err()
+            .contains("--n-gpu-layers 99"));
+        assert_eq!(
+            t(&["run", "--flash-attn", "auto", "--cache-type-k", "bf16"]).unwrap()[1..],
+            ["run", "--kv-dtype", "bf16"]
+        );
         assert!(t(&["run", "-cnv"]).unwrap_err().contains("-cnv"));
         assert!(t(&["run", "-b", "2048"]).unwrap_err().contains("-b"));
         assert!(t(&["run", "-fa", "off"]).unwrap_err().contains("-fa off"));

@@ -214,7 +214,12 @@ impl ConstraintSpec {
             .name("grammar-check".into())
             .stack_size(GRAMMAR_STACK)
             .spawn(move || {
-                let m = c.matcher.compute_mask().map_err(grammar_error)?;
+                let m = c.matcher.compute_mask().map_err(|e| {
+                    grammar_error(format!(
+                        "the grammar cannot produce any output ({})",
+                        short(e)
+                    ))
+                })?;
                 if m.is_zero() || n == 0 {
                     return Err(grammar_error("no token can start the output"));
                 }

@@ -48,7 +48,9 @@ fn requested(
         }
     }
     if let Some(s) = b.object("json_schema")? {
-        found.push((Grammar::JsonSchema(Value::Object(s.clone())), "json_schema"));
+        let mut s = Value::Object(s.clone());
+        closed_objects(&mut s, 0); // llama-server's reading: no properties beyond those listed
+        found.push((Grammar::JsonSchema(s), "json_schema"));
     }
     if let Some(g) = b.str("grammar")? {
         let lark = backburner_engine::gbnf::to_lark(g)
@@ -65,6 +67,32 @@ fn requested(
         ));
     }
     Ok(found.pop())
+}
+
+/// Sets `additionalProperties: false` on every object schema with `properties` that does not say, through
+/// `properties`, `items`, `prefixItems`, `anyOf`/`oneOf`/`allOf`, `$defs` and `definitions` (32 levels at most).
+fn closed_objects(s: &mut Value, depth: usize) {
+    let Some(o) = s.as_object_mut().filter(|_| depth < 32) else {
+        return;
+    };
+    if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in ["properties", "$defs", "definitions"] {
+        if let Some(m) = o.get_mut(key).and_then(Value::as_object_mut) {
+            m.values_mut().for_each(|v| closed_objects(v, depth + 1));
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(v) = o.get_mut(key) {
+            closed_objects(v, depth + 1);
+        }
+    }
+    for key in ["prefixItems", "anyOf", "oneOf", "allOf"] {
+        if let Some(a) = o.get_mut(key).and_then(Value::as_array_mut) {
+            a.iter_mut().for_each(|v| closed_objects(v, depth + 1));
+        }
+    }
 }
 
 /// OpenAI's `response_format` (and llama-server's `{"type": "json_object", "schema": …}`), every key read.
@@ -91,7 +119,10 @@ fn response_format(rf: &serde_json::Map<String, Value>) -> Result<Option<Grammar
             only_keys(rf, "response_format", &["type", "schema"])?;
             Ok(Some(
                 match schema_of(rf.get("schema"), "response_format.schema")? {
-                    Some(s) => Grammar::JsonSchema(s),
+                    Some(mut s) => {
+                        closed_objects(&mut s, 0); // llama-server's reading
+                        Grammar::JsonSchema(s)
+                    }
                     None => Grammar::JsonObject,
                 },
             ))
@@ -117,9 +148,14 @@ fn response_format(rf: &serde_json::Map<String, Value>) -> Result<Option<Grammar
                     "`response_format.json_schema.strict` must be a boolean".into(),
                 ));
             }
-            // no `schema`: any JSON value, as OpenAI's field is optional
+            // no `schema`: any JSON value, as OpenAI's field is optional; strict: objects hold only their
+            // `properties` unless they say otherwise (OpenAI's strict mode, llama.cpp's and vLLM's default)
             let s = schema_of(js.get("schema"), "response_format.json_schema.schema")?;
-            Ok(Some(Grammar::JsonSchema(s.unwrap_or_else(|| json!({})))))
+            let mut s = s.unwrap_or_else(|| json!({}));
+            if js.get("strict") == Some(&Value::Bool(true)) {
+                closed_objects(&mut s, 0);
+            }
+            Ok(Some(Grammar::JsonSchema(s)))
         }
         _ => Err(bad(
             "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"".into(),
@@ -155,7 +191,15 @@ pub async fn read(
     tokio::task::spawn_blocking(move || check.check())
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(|e| ApiError::invalid(Some(field), format!("`{field}`: {e}")))?;
+        .map_err(|e| {
+            // a tool grammar fails on the tools' parameter schemas
+            let f = if field == "tool_choice" {
+                "tools"
+            } else {
+                field
+            };
+            ApiError::invalid(Some(f), format!("`{f}`: {e}"))
+        })?;
     Ok(Some(spec))
 }
 

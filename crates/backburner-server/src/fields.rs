@@ -90,7 +90,12 @@ pub fn check_chat(b: &Body) -> Result<(), ApiError> {
 pub fn check_completions(b: &Body) -> Result<(), ApiError> {
     known(b, COMPLETIONS)?;
     common_values(b)?;
-    only(b, "echo", |v| v == false, "`echo` is not supported")?;
+    only(
+        b,
+        "echo",
+        |v| v == false,
+        "only false is supported (the prompt is not echoed)",
+    )?;
     only(
         b,
         "best_of",
@@ -114,7 +119,10 @@ fn known(b: &Body, own: &[&str]) -> Result<(), ApiError> {
     {
         Some(k) => Err(ApiError::invalid(
             Some(k),
-            format!("unrecognized request field `{k}` (not supported by this server)"),
+            format!(
+                "unrecognized request field `{k}` (not supported by this server){}",
+                hint(k)
+            ),
         )),
         None => Ok(()),
     }
@@ -150,5 +158,19 @@ fn only(b: &Body, name: &str, ok: impl Fn(&Value) -> bool, why: &str) -> Result<
             format!("`{name}`: {why}; got {v}"),
         )),
         _ => Ok(()),
+    }
+}
+
+/// What a client that sent `k` most likely meant.
+fn hint(k: &str) -> &'static str {
+    match k {
+        "prompt" => "; `prompt` belongs to /v1/completions (chat takes `messages`)",
+        "messages" => "; `messages` belong to /v1/chat/completions (completions take `prompt`)",
+        "repeat_penalty" => "; use `repetition_penalty`",
+        "n_predict" | "max_token" | "max_new_tokens" => "; use `max_tokens`",
+        "n_probs" => "; use `logprobs` (and `top_logprobs` on chat)",
+        "temprature" | "temp" => "; use `temperature`",
+        "top_logprobs" => "; on /v1/completions `logprobs` takes the number of alternatives",
+        _ => "",
     }
 }

@@ -143,9 +143,10 @@ impl GenSettings {
                 ))
             }
         };
+        // -1, as in llama-server, is a random seed too
         let seed = match b.i64("seed")? {
+            Some(-1) | None => rand::random(),
             Some(s) => u64::from_le_bytes(s.to_le_bytes()),
-            None => rand::random(),
         };
         let sampling = SamplingParams {
             temperature: f("temperature", 1.0)?,

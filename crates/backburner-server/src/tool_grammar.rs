@@ -11,8 +11,9 @@
 //! </tool_call>
 //! ```
 //!
-//! One call or more (several in one answer, as `parallel_tool_calls` allows), separated by a newline, after optional
-//! whitespace; nothing else. Parameters come in the order of the schema's `properties`, the `required` ones always,
+//! One call or more (several in one answer, as `parallel_tool_calls` allows), separated by a newline, after at most
+//! two newlines (what follows `</think>`; unbounded whitespace let a trial's greedy model write 248 blanks and no
+//! call); nothing else. Parameters come in the order of the schema's `properties`, the `required` ones always,
 //! the others optionally. A value whose schema is a plain string is raw text up to `\n</parameter>\n` (as the
 //! template writes strings); a string `enum` is one of its values; any other schema is JSON of that schema (llguidance's
 //! `%json`), which the output parser reads back by the same schema. `<tool_call>` and `</tool_call>` are the
@@ -50,7 +51,7 @@ pub fn lark(tools: &[Value], choice: Option<&str>, markup: bool) -> Result<Strin
         ("\"<tool_call>\"", "\"</tool_call>\"")
     };
     Ok(format!(
-        "start: /[ \\t\\n]*/ call (\"\\n\" call)*\ncall: {open} \"\\n\" ({}) \"</function>\\n\" {close}\n{rules}",
+        "start: /\\n{{0,2}}/ call (\"\\n\" call)*\ncall: {open} \"\\n\" ({}) \"</function>\\n\" {close}\n{rules}",
         calls.join(" | ")
     ))
 }
@@ -144,7 +145,7 @@ mod tests {
         ]);
         let g = lark(tools.as_array().unwrap(), Some("get_weather"), true).unwrap();
         assert!(g.starts_with(
-            "start: /[ \\t\\n]*/ call (\"\\n\" call)*\ncall: <tool_call> \"\\n\" (call_1) "
+            "start: /\\n{0,2}/ call (\"\\n\" call)*\ncall: <tool_call> \"\\n\" (call_1) "
         ));
         assert!(
             g.contains("call_1: \"<function=get_weather>\\n\" (\"<parameter=city>\\n\" v_1_0) ")

@@ -297,3 +297,32 @@ async fn deep_unproductive_oversized_and_misspelled_constraints() {
     assert_eq!(r["choices"][0]["text"], "7");
     s.get("/health").await.ok();
 }
+
+/// A newcomer's finding: with `strict: true`, a schema that does not say `additionalProperties` let the model add
+/// keys; strict (and llama-server's `json_schema`) now close objects to their `properties`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_schemas_hold_only_their_properties() {
+    let s = Server::engine(Setup::default()).await;
+    let schema =
+        json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]});
+    for seed in 1..4 {
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 48, "seed": seed,
+            "chat_template_kwargs": {"enable_thinking": false},
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "p", "strict": true, "schema": schema}}});
+        let r = s.post("/v1/chat/completions", &body).await.ok();
+        let v: Value =
+            serde_json::from_str(r["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+        assert!(v["ok"].is_boolean());
+        let r = s
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "x", "max_tokens": 48, "seed": seed, "json_schema": schema}),
+            )
+            .await
+            .ok();
+        let v: Value = serde_json::from_str(r["choices"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+    }
+}

@@ -239,3 +239,29 @@ async fn each_parameter_is_honoured_or_a_400_naming_it() {
     }
     s.post("/v1/chat/completions", &b).await.ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misplaced_or_llama_server_named_field_says_what_to_send() {
+    let s = Server::engine(Setup::default()).await;
+    for (path, field, want) in [
+        ("/v1/chat/completions", "prompt", "/v1/completions"),
+        ("/v1/completions", "messages", "/v1/chat/completions"),
+        (
+            "/v1/chat/completions",
+            "repeat_penalty",
+            "repetition_penalty",
+        ),
+        ("/v1/chat/completions", "n_predict", "max_tokens"),
+        ("/v1/completions", "n_probs", "logprobs"),
+    ] {
+        let mut b = if path == "/v1/completions" {
+            json!({"prompt": "x", "max_tokens": 2})
+        } else {
+            chat_body("x", 2)
+        };
+        b[field] = json!(1);
+        let (_, p, _, m) = s.post(path, &b).await.error(400);
+        assert_eq!(p.as_deref(), Some(field));
+        assert!(m.contains(want), "{m}");
+    }
+}
