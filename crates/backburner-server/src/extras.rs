@@ -24,7 +24,8 @@ pub(crate) async fn model(
         if id == st.model_id {
             Ok(Json(
                 json!({"id": st.model_id, "object": "model", "created": st.created,
-                           "owned_by": "backburner"}),
+                       "owned_by": "backburner",
+                       "meta": {"context_length": st.context_length, "slots": st.engine.slots()}}),
             ))
         } else {
             Err(ApiError {

@@ -11,6 +11,7 @@ async fn model_by_id_tokenize_detokenize_and_props() {
     let m = s.get(&format!("/v1/models/{MODEL_ID}")).await.ok();
     assert_eq!(m["id"], MODEL_ID);
     assert_eq!(m["object"], "model");
+    assert_eq!(m["meta"], s.get("/v1/models").await.ok()["data"][0]["meta"]);
     let (_, p, code, _) = s.get("/v1/models/gpt-9").await.error(404);
     assert_eq!(
         (p.as_deref(), code.as_deref()),
