@@ -187,48 +187,51 @@ impl ConstraintSpec {
     /// [`EngineError::InvalidInput`].
     pub fn start(&self) -> Result<Constraint> {
         let spec = self.clone();
-        let matcher = std::thread::Builder::new()
-            .name("grammar-compile".into())
-            .stack_size(GRAMMAR_STACK)
-            .spawn(move || spec.grammars.compile(&spec.grammar))
-            .map_err(|e| EngineError::Constraint(format!("cannot start a compile thread: {e}")))?
-            .join()
-            .map_err(|_| {
-                EngineError::InvalidInput("grammar: the grammar engine failed".into())
-            })??;
-        Ok(Constraint {
-            matcher,
-            waiting: self.after.as_ref().map(|a| a.as_bytes().to_vec()),
-            tail: Vec::new(),
+        let matcher = on_grammar_stack(move || spec.grammars.compile(&spec.grammar))?;
+        Ok(self.constraint(matcher))
+    }
+
+    /// Compiles the grammar and computes its first mask, on one thread of [`GRAMMAR_STACK`] bytes, so that one
+    /// that cannot produce anything (`root ::= root`, a `$ref` cycle) or that the engine cannot run is refused
+    /// before a request starts. Errors: [`EngineError::InvalidInput`].
+    pub fn check(&self) -> Result<()> {
+        let spec = self.clone();
+        on_grammar_stack(move || {
+            let mut m = spec.grammars.compile(&spec.grammar)?;
+            let mask = m.compute_mask().map_err(|e| {
+                grammar_error(format!(
+                    "the grammar cannot produce any output ({})",
+                    short(e)
+                ))
+            })?;
+            if mask.is_zero() {
+                return Err(grammar_error("no token can start the output"));
+            }
+            Ok(())
         })
     }
 
-    /// Compiles the grammar and computes its first mask, so that one that cannot produce anything (`root ::= root`,
-    /// a `$ref` cycle) or that the engine cannot run is refused before a request starts. Errors:
-    /// [`EngineError::InvalidInput`].
-    pub fn check(&self) -> Result<()> {
-        let mut c = self.start()?;
-        let spec = self.clone();
-        let n = spec.grammars.factory.tok_env().tok_trie().vocab_size();
-        std::thread::Builder::new()
-            .name("grammar-check".into())
-            .stack_size(GRAMMAR_STACK)
-            .spawn(move || {
-                let m = c.matcher.compute_mask().map_err(|e| {
-                    grammar_error(format!(
-                        "the grammar cannot produce any output ({})",
-                        short(e)
-                    ))
-                })?;
-                if m.is_zero() || n == 0 {
-                    return Err(grammar_error("no token can start the output"));
-                }
-                Ok(())
-            })
-            .map_err(|e| EngineError::Constraint(format!("cannot start a check thread: {e}")))?
-            .join()
-            .map_err(|_| EngineError::InvalidInput("grammar: the grammar engine failed".into()))?
+    fn constraint(&self, matcher: Matcher) -> Constraint {
+        Constraint {
+            matcher,
+            waiting: self.after.as_ref().map(|a| a.as_bytes().to_vec()),
+            tail: Vec::new(),
+        }
     }
+}
+
+/// Runs `f` on a thread of [`GRAMMAR_STACK`] bytes and waits for it. Errors: `f`'s; [`EngineError::InvalidInput`]
+/// when it panics.
+fn on_grammar_stack<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    std::thread::Builder::new()
+        .name("grammar".into())
+        .stack_size(GRAMMAR_STACK)
+        .spawn(f)
+        .map_err(|e| EngineError::Constraint(format!("cannot start a grammar thread: {e}")))?
+        .join()
+        .map_err(|_| EngineError::InvalidInput("grammar: the grammar engine failed".into()))?
 }
 
 /// A compiled constraint, advancing with each generated token.

@@ -114,7 +114,12 @@ impl<'t> Sequence<'t> {
         Ok(Sequence {
             picker: Picker::new(
                 params.sampling.clone(),
-                &[session.tokens(), &prompt[..]].concat(),
+                // the repetition penalty's set; the rest needs no copy of a long context
+                &if params.sampling.repetition_penalty != 1.0 {
+                    [session.tokens(), &prompt[..]].concat()
+                } else {
+                    Vec::new()
+                },
                 params.logprobs,
                 params.constraint.as_ref().map(|c| c.start()).transpose()?,
             ),
