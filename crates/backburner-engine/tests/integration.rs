@@ -23,6 +23,7 @@ mod offload_limits;
 mod offload_link;
 mod offload_local;
 mod picker;
+mod picker_modes;
 mod reference;
 mod serve;
 mod split;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backburner_engine::serve::{common_prefix, Metrics};
-use backburner_engine::{generate, GenerateParams, Generation, SamplingParams, Session};
+use backburner_engine::{Generation, SamplingParams};
 use backburner_model::chat::{parse_output, ChatRequest};
 use common::*;
 use reqwest::StatusCode;
@@ -34,28 +34,7 @@ fn chat_prompt(messages: &Value, kwargs: &Map<String, Value>) -> (Vec<u32>, usiz
 
 /// Greedy `generate` of `prompt` on a fresh session (the server's eos ids, the tokenizer for the text).
 fn reference(prompt: &[u32], max_tokens: usize) -> Generation {
-    let mut s = Session::new(model(), session_options(None)).unwrap();
-    let params = GenerateParams {
-        max_tokens,
-        sampling: SamplingParams::default(),
-        eos_ids: tokenizer().eos_ids().to_vec(),
-        stop: Vec::new(),
-        keep_logits: false,
-        cancel: None,
-        logprobs: None,
-        constraint: None,
-    };
-    let tok = tokenizer();
-    generate(
-        &mut s,
-        prompt,
-        &params,
-        Some(&tok),
-        |_, _| {},
-        |_| {},
-        |_| {},
-    )
-    .unwrap()
+    generate_fresh(prompt, max_tokens, SamplingParams::default(), None)
 }
 
 /// OpenAI's finish reason of a reference generation.

@@ -4,7 +4,7 @@
 
 use crate::common;
 
-use backburner_engine::{generate, GenerateParams, Generation, SamplingParams, Session};
+use backburner_engine::{Generation, SamplingParams};
 use common::*;
 use serde_json::{json, Value};
 
@@ -13,27 +13,9 @@ fn prompt(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 37 + 11) % 445).collect()
 }
 
-/// `generate` on a fresh session with the server's eos ids and the tokenizer.
+/// [`generate_fresh`] asking for `lp` alternatives.
 fn reference(prompt: &[u32], max_tokens: usize, sampling: SamplingParams, lp: usize) -> Generation {
-    let mut s = Session::new(model(), session_options(None)).unwrap();
-    let params = GenerateParams {
-        max_tokens,
-        sampling,
-        eos_ids: tokenizer().eos_ids().to_vec(),
-        logprobs: Some(lp),
-        ..Default::default()
-    };
-    let tok = tokenizer();
-    generate(
-        &mut s,
-        prompt,
-        &params,
-        Some(&tok),
-        |_, _| {},
-        |_| {},
-        |_| {},
-    )
-    .unwrap()
+    generate_fresh(prompt, max_tokens, sampling, Some(lp))
 }
 
 /// The token string and bytes the API reports for `id` (`token_id:<id>` and null for an id of the model that the
@@ -234,4 +216,70 @@ async fn values_without_a_meaning_are_400s_naming_the_field() {
         .await
         .error(400);
     assert_eq!(param.as_deref(), Some("logprobs"));
+}
+
+/// Two slots decoding as one batch, and a second turn from the slot's cache, give the engine's fresh-session
+/// tokens and log-probabilities with penalties and a bias.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_slots_and_the_prompt_cache_keep_the_adjusted_bits() {
+    let s = Server::engine(Setup {
+        slots: 2,
+        ..Setup::default()
+    })
+    .await;
+    let sampling = SamplingParams {
+        presence_penalty: 0.4,
+        frequency_penalty: 0.9,
+        repetition_penalty: 1.2,
+        logit_bias: vec![(7, 1.5)],
+        ..Default::default()
+    };
+    let body = |p: &[u32]| {
+        json!({"prompt": p, "max_tokens": 10, "temperature": 0, "return_token_ids": true, "logprobs": 2,
+               "presence_penalty": 0.4, "frequency_penalty": 0.9, "repetition_penalty": 1.2,
+               "logit_bias": {"7": 1.5}})
+    };
+    let (pa, pb) = (prompt(40), prompt(33));
+    let (wa, wb) = (
+        reference(&pa, 10, sampling.clone(), 2),
+        reference(&pb, 10, sampling.clone(), 2),
+    );
+    let lps = |r: &Value| -> Vec<f32> {
+        r["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let want_lps = |g: &Generation| -> Vec<f32> { g.logprobs.iter().map(|t| t.logprob).collect() };
+    for round in 0..2 {
+        // round 1 reuses each slot's cached prompt
+        let (ba, bb) = (body(&pa), body(&pb));
+        let (ra, rb) = tokio::join!(
+            s.post("/v1/completions", &ba),
+            s.post("/v1/completions", &bb)
+        );
+        let (ra, rb) = (ra.ok(), rb.ok());
+        assert_eq!(
+            ra["choices"][0]["token_ids"],
+            json!(wa.tokens),
+            "round {round}"
+        );
+        assert_eq!(
+            rb["choices"][0]["token_ids"],
+            json!(wb.tokens),
+            "round {round}"
+        );
+        assert_eq!(lps(&ra), want_lps(&wa), "round {round}");
+        assert_eq!(lps(&rb), want_lps(&wb), "round {round}");
+        if round == 1 {
+            assert!(
+                ra["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap()
+                    > 0
+            );
+        }
+    }
 }

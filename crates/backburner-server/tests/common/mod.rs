@@ -506,3 +506,32 @@ pub fn chat_body(user: &str, max_tokens: usize) -> Value {
         "temperature": 0,
     })
 }
+
+/// `generate` of `prompt` on a fresh session with `sampling`, the server's eos ids, the tokenizer for the text and
+/// `logprobs` alternatives per token: what the server must answer.
+pub fn generate_fresh(
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: backburner_engine::SamplingParams,
+    logprobs: Option<usize>,
+) -> backburner_engine::Generation {
+    let mut s = Session::new(model(), session_options(None)).unwrap();
+    let params = backburner_engine::GenerateParams {
+        max_tokens,
+        sampling,
+        eos_ids: tokenizer().eos_ids().to_vec(),
+        logprobs,
+        ..Default::default()
+    };
+    let tok = tokenizer();
+    backburner_engine::generate(
+        &mut s,
+        prompt,
+        &params,
+        Some(&tok),
+        |_, _| {},
+        |_| {},
+        |_| {},
+    )
+    .unwrap()
+}
