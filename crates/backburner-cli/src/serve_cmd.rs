@@ -34,9 +34,14 @@ pub(crate) struct ServeArgs {
     /// as one batch.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
-    /// Requests that may wait for a free slot; beyond it the server answers 503 with Retry-After.
+    /// Requests that may wait for a free slot; beyond it the server answers 503 with Retry-After (0: no queue, a
+    /// request that finds every slot busy gets the 503 at once).
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Seconds between health pings to the workers while the server is idle: `/health` turns `degraded` when a
+    /// required worker stops answering, and `ok` again when it is back.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub worker_ping: f64,
     /// Require `Authorization: Bearer KEY` on /v1 requests.
     #[arg(long, value_name = "KEY", conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
@@ -71,6 +76,9 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     }
     if !a.grace.is_finite() || a.grace < 0.0 {
         bail!("--grace must be a number of seconds ≥ 0");
+    }
+    if !a.worker_ping.is_finite() || a.worker_ping < 0.05 || a.worker_ping > 86_400.0 {
+        bail!("--worker-ping must be a number of seconds in [0.05, 86400]");
     }
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
@@ -121,6 +129,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             max_checkpoints: a.cache_checkpoints,
             max_bytes: usize::try_from(a.cache_bytes).unwrap_or(usize::MAX),
         },
+        ping_every: std::time::Duration::from_secs_f64(a.worker_ping),
     };
     let engine = Arc::new(Engine::start(sessions, tokenizer.clone(), opts)?);
     let mut state = AppState::new(

@@ -18,4 +18,5 @@ mod offload;
 mod plan;
 mod qwen35_tokenizer;
 mod serve;
+mod serve_health;
 mod worker;

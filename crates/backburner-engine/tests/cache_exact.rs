@@ -153,6 +153,7 @@ fn local_engine(model: &Arc<Model>, slots: usize, ubatch: usize) -> Engine {
     let serve = ServeOptions {
         queue: 4,
         cache: CacheLimits::default(),
+        ..Default::default()
     };
     Engine::start(sessions, None, serve).unwrap()
 }

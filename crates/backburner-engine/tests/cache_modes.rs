@@ -18,6 +18,7 @@ pub fn serve(sessions: Vec<Session>) -> Engine {
     let o = ServeOptions {
         queue: 4,
         cache: CacheLimits::default(),
+        ..Default::default()
     };
     Engine::start(sessions, None, o).unwrap()
 }

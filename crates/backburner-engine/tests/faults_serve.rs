@@ -22,6 +22,7 @@ fn serve(sessions: Vec<Session>) -> Engine {
     let o = ServeOptions {
         queue: 8,
         cache: CacheLimits::default(),
+        ..Default::default()
     };
     Engine::start(sessions, None, o).unwrap()
 }

@@ -307,6 +307,7 @@ fn the_prompt_cache_with_bf16_kv_answers_with_the_bits_of_cold_runs() {
         let serve = ServeOptions {
             queue: 4,
             cache: CacheLimits::default(),
+            ..Default::default()
         };
         let e = Engine::start(sessions, None, serve).unwrap();
         let m = model.clone();

@@ -31,7 +31,16 @@ fn engine(model: &Arc<Model>, slots: usize, queue: usize, cache: CacheLimits) ->
     let sessions = (0..slots)
         .map(|_| Session::new(model.clone(), opts()).unwrap())
         .collect();
-    Engine::start(sessions, None, ServeOptions { queue, cache }).unwrap()
+    Engine::start(
+        sessions,
+        None,
+        ServeOptions {
+            queue,
+            cache,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn greedy(max_tokens: usize) -> GenerateParams {
@@ -361,6 +370,7 @@ fn shutdown_refuses_queued_jobs_at_once_while_running_ones_finish() {
             ServeOptions {
                 queue: 4,
                 cache: CacheLimits::default(),
+                ..Default::default()
             },
         )
         .unwrap(),
@@ -421,6 +431,7 @@ fn a_running_job_turns_on_a_compute_thread_and_an_idle_scheduler_leaves_the_pool
         ServeOptions {
             queue: 4,
             cache: CacheLimits::default(),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -153,8 +153,11 @@ impl From<EngineError> for ApiError {
             }
             EngineError::EmptyPrompt => ApiError::invalid(Some("prompt"), e.to_string()),
             EngineError::ShuttingDown => ApiError::unavailable(e.to_string()),
-            // A worker holding experts is gone (after its retry): not a busy server, so not `server_busy`.
-            EngineError::ExpertsLost { .. } => {
+            // A worker the request needs (its layers, experts or pages) is gone after its retry: a 503 that says so,
+            // not `server_busy` (waiting does not help until the worker is back), and not a 500 (nothing is broken here).
+            EngineError::ExpertsLost { .. }
+            | EngineError::WorkerLost { .. }
+            | EngineError::WorkerUnavailable { .. } => {
                 ApiError::unavailable(e.to_string()).with_code("worker_unavailable")
             }
             _ => ApiError::internal(e.to_string()),

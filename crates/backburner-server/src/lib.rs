@@ -291,13 +291,24 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
             .into_response();
     }
     let m = st.engine.metrics();
-    Json(json!({
+    use backburner_engine::serve::Metrics;
+    let mut body = json!({
         "status": "ok",
         "slots": st.engine.slots(),
-        "slots_busy": backburner_engine::serve::Metrics::get(&m.active),
-        "queue_depth": backburner_engine::serve::Metrics::get(&m.queue_depth),
-    }))
-    .into_response()
+        "slots_busy": Metrics::get(&m.active),
+        "queue_depth": Metrics::get(&m.queue_depth),
+        "workers_attached": Metrics::get(&m.workers_attached),
+        "workers_connected": Metrics::get(&m.workers_available),
+    });
+    match m.degraded() {
+        // a load balancer should send requests elsewhere while a worker the answers need is gone
+        Some(reason) => {
+            body["status"] = "degraded".into();
+            body["reason"] = reason.into();
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+        None => Json(body).into_response(),
+    }
 }
 
 async fn metrics_page(State(st): State<Arc<AppState>>) -> Response {

@@ -442,7 +442,8 @@ async fn a_full_queue_answers_503_and_a_dropped_stream_cancels_and_frees_the_slo
     let h = s.get("/health").await.ok();
     assert_eq!(
         h,
-        json!({"status": "ok", "slots": 1, "slots_busy": 1, "queue_depth": 1})
+        json!({"status": "ok", "slots": 1, "slots_busy": 1, "queue_depth": 1,
+               "workers_attached": 0, "workers_connected": 0})
     );
     // the third finds the queue full
     let r = s
@@ -534,7 +535,8 @@ async fn models_health_and_metrics() {
     let h = s.get("/health").await.ok();
     assert_eq!(
         h,
-        json!({"status": "ok", "slots": 2, "slots_busy": 0, "queue_depth": 0})
+        json!({"status": "ok", "slots": 2, "slots_busy": 0, "queue_depth": 0,
+               "workers_attached": 0, "workers_connected": 0})
     );
     let (status, page) = s.get_text("/metrics").await;
     assert_eq!(status, StatusCode::OK);
@@ -625,6 +627,7 @@ async fn slow_ingest(slots: usize) -> Server {
     let opts = backburner_engine::serve::ServeOptions {
         queue: 4,
         cache: backburner_engine::serve::CacheLimits::default(),
+        ..Default::default()
     };
     let e = Arc::new(
         backburner_engine::serve::Engine::start(sessions, Some(tokenizer()), opts).expect("engine"),

@@ -16,6 +16,7 @@
 //! and the next request re-ingests them through fresh worker sessions (once the worker is back).
 
 pub mod calibrate;
+mod health;
 mod rewind;
 mod run;
 mod session;

@@ -74,6 +74,8 @@ pub struct Connection {
     lost_at: Option<Instant>,
     /// Experts on the worker: the expert ids its sessions hold (`SessionParams.experts`; empty otherwise).
     experts: Vec<u32>,
+    /// Why the last exchange failed (cleared by a success), for `/health`.
+    last_error: Option<String>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -107,6 +109,7 @@ impl Connection {
             sessions_lost: 0,
             lost_at: None,
             experts: Vec::new(),
+            last_error: None,
         }
     }
 
@@ -160,6 +163,11 @@ impl Connection {
     /// before the first one. Unlike [`Connection::available`] this does not change with time alone.
     pub fn failing(&self) -> bool {
         self.retry_at.is_some()
+    }
+
+    /// Why the last exchange failed, while [`Connection::failing`].
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
     }
 
     /// The deadline budget of a message of `bytes` bytes whose reply also waits for `compute` on the worker.
@@ -341,6 +349,7 @@ impl Connection {
             self.lost_at = Some(Instant::now());
         }
         warn!(addr = %self.settings.addr, "worker failed: {err}");
+        self.last_error = Some(err.to_string());
         tracing::debug!(addr = %self.settings.addr, "next try in {:?} at the earliest", self.backoff);
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(Duration::from_secs(60));
@@ -351,6 +360,7 @@ impl Connection {
         self.backoff = Duration::from_millis(500);
         self.retry_at = None;
         self.lost_at = None;
+        self.last_error = None;
         self.account();
     }
 }

@@ -48,10 +48,15 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     /// Link statistics summed over the slots' sessions (published after every prefill chunk and decode step).
     pub link: Mutex<LinkStats>,
-    /// Gauge: workers attached to the slots whose last exchange did not fail (or that were not tried yet).
+    /// Gauge: workers attached to the slots (split prefill, KV offload and layer split; one per slot and worker)
+    /// whose last exchange did not fail (or that were not tried yet).
     pub workers_available: AtomicU64,
-    /// Gauge: workers attached to the slots.
+    /// Gauge: workers attached to the slots (split prefill, KV offload and layer split; one per slot and worker).
     pub workers_attached: AtomicU64,
+    /// Why the server cannot serve every request now: a worker it needs is unreachable (a layer-split worker, or
+    /// every KV-offload worker of a slot with a KV budget); `None` while all is well. A split-prefill worker is
+    /// never needed (the host falls back to local prefill).
+    pub degraded: Mutex<Option<String>>,
     /// Gauge: the largest round trip of the idle health pings to the slots' workers (µs; 0 before any).
     pub link_rtt_us: AtomicU64,
     /// Idle health pings that failed.
@@ -75,6 +80,14 @@ impl Metrics {
     /// Sets gauge `c`.
     pub fn set(c: &AtomicU64, v: u64) {
         c.store(v, Relaxed);
+    }
+
+    /// Why the server is degraded, as last published ([`Metrics::degraded`]).
+    pub fn degraded(&self) -> Option<String> {
+        self.degraded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The slots' link statistics as last published.

@@ -23,6 +23,7 @@ use backburner_model::TextTokenizer;
 
 pub use self::batch::decode_batch;
 pub use self::cache::{CacheLimits, Checkpoints};
+pub use self::links::PING_EVERY;
 pub use self::metrics::Metrics;
 pub use self::slot::{common_prefix, Reuse, Slot};
 use crate::error::{EngineError, Result};
@@ -32,10 +33,13 @@ use crate::session::Session;
 /// Settings of the serving engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServeOptions {
-    /// Requests that may wait for a slot; beyond it [`Engine::submit`] refuses with [`SubmitError::QueueFull`].
+    /// Requests that may wait for a slot; beyond it [`Engine::submit`] refuses with [`SubmitError::QueueFull`]. 0:
+    /// no queue, a request that finds every slot busy is refused at once.
     pub queue: usize,
     /// Bounds of each slot's checkpoints.
     pub cache: CacheLimits,
+    /// How often the slots' workers get a health ping while no job runs ([`links::PING_EVERY`] by default).
+    pub ping_every: Duration,
 }
 
 impl Default for ServeOptions {
@@ -43,6 +47,7 @@ impl Default for ServeOptions {
         ServeOptions {
             queue: 64,
             cache: CacheLimits::default(),
+            ping_every: links::PING_EVERY,
         }
     }
 }
@@ -162,6 +167,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     /// After this instant, cancel what is still running.
     pub(crate) deadline: Mutex<Option<Instant>>,
+    /// How often idle workers get a health ping.
+    pub(crate) ping_every: Duration,
 }
 
 /// The handle of a running serving engine: submit jobs, read metrics, shut down.
@@ -201,9 +208,11 @@ impl Engine {
             metrics: Arc::new(Metrics::default()),
             stopping: AtomicBool::new(false),
             deadline: Mutex::new(None),
+            ping_every: opts.ping_every,
         });
-        // the channel holds the queue; the scheduler takes a job only when a slot is free
-        let (tx, rx) = sync_channel(opts.queue.max(1));
+        // the channel holds the queue; the scheduler takes a job only when a slot is free (with no queue, the channel
+        // only hands jobs over: `submit` refuses one that would wait)
+        let (tx, rx) = sync_channel(if opts.queue == 0 { n_slots } else { opts.queue });
         let slots = sessions
             .into_iter()
             .map(|s| Slot::new(s, opts.cache))
@@ -218,7 +227,7 @@ impl Engine {
         Ok(Engine {
             tx: Mutex::new(Some(tx)),
             shared,
-            queue: opts.queue.max(1),
+            queue: opts.queue,
             n_slots,
             thread: Mutex::new(Some(thread)),
         })
@@ -226,7 +235,8 @@ impl Engine {
 
     /// Queues `job`; its events go to [`Job::events`] on the scheduler's thread.
     ///
-    /// Errors: [`SubmitError::QueueFull`] when `queue` jobs already wait; [`SubmitError::ShuttingDown`].
+    /// Errors: [`SubmitError::QueueFull`] when `queue` jobs already wait (with `queue` 0: when every slot is busy or
+    /// taken by a job about to start); [`SubmitError::ShuttingDown`].
     pub fn submit(&self, job: Job) -> std::result::Result<(), SubmitError> {
         let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = guard.as_ref() else {
@@ -236,6 +246,11 @@ impl Engine {
             return Err(SubmitError::ShuttingDown);
         }
         let m = &self.shared.metrics;
+        let waiting = Metrics::get(&m.queue_depth) + Metrics::get(&m.active);
+        if self.queue == 0 && waiting >= self.n_slots as u64 {
+            Metrics::add(&m.requests_rejected, 1);
+            return Err(SubmitError::QueueFull(0));
+        }
         Metrics::add(&m.queue_depth, 1);
         match tx.try_send((job, Instant::now())) {
             Ok(()) => Ok(()),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use backburner_model::TextTokenizer;
 
-use super::links::{ping_workers, publish_link, PING_EVERY};
+use super::links::{ping_workers, publish_link};
 use super::metrics::Metrics;
 use super::{decode_batch, Event, Job, Shared, Slot};
 use crate::error::EngineError;
@@ -84,7 +84,7 @@ pub(super) fn run(
             if l.closed {
                 return;
             }
-            if l.last_ping.elapsed() >= PING_EVERY {
+            if l.last_ping.elapsed() >= l.shared.ping_every {
                 ping_workers(&mut l.slots, &l.m);
                 l.last_ping = Instant::now();
             }

@@ -99,6 +99,11 @@ impl WorkerClient {
         self.link.failing()
     }
 
+    /// Why the last exchange failed, while [`WorkerClient::failing`].
+    pub fn last_error(&self) -> Option<&str> {
+        self.link.last_error()
+    }
+
     /// How long the backoff after the last failure still runs ([`crate::connection::Connection::retry_in`]).
     pub fn retry_in(&self) -> Option<Duration> {
         self.link.retry_in()

@@ -125,6 +125,7 @@ pub fn engine_with(
     let opts = ServeOptions {
         queue,
         cache: CacheLimits::default(),
+        ..Default::default()
     };
     Arc::new(Engine::start(sessions, tok, opts).expect("engine starts"))
 }
