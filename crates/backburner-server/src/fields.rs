@@ -28,6 +28,7 @@ const COMMON: &[&str] = &[
     "logit_bias",
     "logprobs",
     "cache_prompt",
+    "ignore_eos",
     "user",
     "metadata",
     "safety_identifier",

@@ -109,6 +109,9 @@ pub struct GenSettings {
     pub include_usage: bool,
     /// `cache_prompt` (llama-server's field; default true): reuse the slot's cached prefix.
     pub cache_prompt: bool,
+    /// `ignore_eos` (llama-server's and vLLM's field; default false): generate past the end-of-sequence tokens, up
+    /// to `max_tokens` or a stop string (benchmarks use it for a fixed length).
+    pub ignore_eos: bool,
     /// Log-probabilities with this many alternatives per token (set by the endpoint: chat's `logprobs` and
     /// `top_logprobs`, the legacy `logprobs`).
     pub logprobs: Option<usize>,
@@ -193,7 +196,9 @@ impl GenSettings {
             None => false,
         };
         let cache_prompt = b.bool("cache_prompt")?.unwrap_or(true);
+        let ignore_eos = b.bool("ignore_eos")?.unwrap_or(false);
         Ok(GenSettings {
+            ignore_eos,
             logprobs: None,
             constraint: None,
             cache_prompt,

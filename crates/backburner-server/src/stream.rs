@@ -65,12 +65,22 @@ pub async fn start(
         )
         .with_code("context_length_exceeded"));
     }
+    if gen.ignore_eos && gen.constraint.is_some() {
+        return Err(ApiError::invalid(
+            Some("ignore_eos"),
+            "`ignore_eos` does not combine with constrained output (a grammar ends on the end-of-sequence token)",
+        ));
+    }
     let cancel = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let params = GenerateParams {
         max_tokens: gen.max_tokens.unwrap_or(usize::MAX),
         sampling: gen.sampling.clone(),
-        eos_ids: st.eos_ids.clone(),
+        eos_ids: if gen.ignore_eos {
+            Vec::new()
+        } else {
+            st.eos_ids.clone()
+        },
         stop: gen.stop.clone(),
         keep_logits: false,
         cancel: Some(cancel.clone()),

@@ -283,3 +283,37 @@ async fn batched_slots_and_the_prompt_cache_keep_the_adjusted_bits() {
         }
     }
 }
+
+/// `ignore_eos` (llama-server's and vLLM's): an end-of-sequence token no longer ends the generation, so a request
+/// biased to eos runs to `max_tokens` ("length") instead of stopping at once; with a grammar it is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_eos_generates_past_eos_to_max_tokens() {
+    let s = Server::engine(Setup::default()).await;
+    let body = |ignore: bool| {
+        json!({"prompt": prompt(8), "max_tokens": 7, "temperature": 0, "logit_bias": {"445": 100},
+               "ignore_eos": ignore, "logprobs": 1})
+    };
+    let stopped = s.post("/v1/completions", &body(false)).await.ok();
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    // (the eos that ends a generation is not one of its tokens)
+    assert_eq!(stopped["usage"]["completion_tokens"], 0);
+    let long = s.post("/v1/completions", &body(true)).await.ok();
+    assert_eq!(long["choices"][0]["finish_reason"], "length");
+    assert_eq!(long["usage"]["completion_tokens"], 7);
+    let toks = long["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(toks.len(), 7);
+    assert!(toks.iter().all(|t| t == "<|endoftext|>"), "{toks:?}");
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true,
+                      "response_format": {"type": "json_object"}});
+    let (_, param, _, _) = s.post("/v1/chat/completions", &chat).await.error(400);
+    assert_eq!(param.as_deref(), Some("ignore_eos"));
+    let (_, param, _, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "x", "ignore_eos": "yes"}),
+        )
+        .await
+        .error(400);
+    assert_eq!(param.as_deref(), Some("ignore_eos"));
+    s.stop().await;
+}
