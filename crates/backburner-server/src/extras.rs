@@ -40,10 +40,13 @@ pub(crate) async fn model(
     r.into_response()
 }
 
+/// The fields `/tokenize` reads (llama-server's).
+const TOKENIZE_FIELDS: &[&str] = &["content", "with_pieces", "add_special", "parse_special"];
+
 /// `POST /tokenize` `{"content": text, "with_pieces": bool}` → `{"tokens": [ids]}`, or with pieces
 /// `{"tokens": [{"id", "piece"}]}` (a piece is the token's text, or its bytes as a list when they are not UTF-8).
-/// Special tokens written in the text map to their ids (llama-server's `add_special`/`parse_special` defaults for
-/// a Qwen model, which adds no BOS).
+/// Special tokens written in the text map to their ids (llama-server's `parse_special` default; `false` is a 400);
+/// `add_special` is accepted either way (a Qwen model adds no BOS). Another field is a 400 naming it.
 pub(crate) async fn tokenize(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -57,6 +60,23 @@ pub(crate) async fn tokenize(
             .str("content")?
             .ok_or_else(|| ApiError::invalid(Some("content"), "`content` (a string) is required"))?
             .to_string();
+        if let Some(k) = map.keys().find(|k| !TOKENIZE_FIELDS.contains(&k.as_str())) {
+            return Err(ApiError::invalid(
+                Some(k),
+                format!(
+                    "unrecognized field `{k}` (known: {})",
+                    TOKENIZE_FIELDS.join(", ")
+                ),
+            ));
+        }
+        // a Qwen tokenizer adds no BOS: `add_special` changes nothing, either way
+        b.bool("add_special")?;
+        if b.bool("parse_special")? == Some(false) {
+            return Err(ApiError::invalid(
+                Some("parse_special"),
+                "`parse_special: false` (special tokens' text tokenized as plain text) is not supported",
+            ));
+        }
         let pieces = b.bool("with_pieces")?.unwrap_or(false);
         st.check_text_len(&text, "content")?;
         let tok = st.tokenizer()?;

@@ -66,6 +66,8 @@ const COMPLETIONS: &[&str] = &[
 pub fn check_chat(b: &Body) -> Result<(), ApiError> {
     known(b, CHAT)?;
     common_values(b)?;
+    crate::nested::check(b.array("messages")?, b.array("tools")?)?;
+    crate::nested::check_tool_choice(b.get("tool_choice"))?;
     // `response_format` is read by `constrain`
     only(
         b,

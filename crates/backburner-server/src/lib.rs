@@ -12,6 +12,7 @@ mod extras;
 mod fields;
 mod logprobs;
 mod metrics;
+mod nested;
 pub mod request;
 pub mod stream;
 mod tool_grammar;

@@ -142,3 +142,66 @@ async fn cors_headers_only_for_the_allowed_origins() {
         .unwrap();
     assert_eq!(acao(&r), None);
 }
+
+/// Fields nobody honours are 400s naming them, inside a chat request's messages and tools too, and in `/tokenize`;
+/// `add_special` is accepted either way (no BOS for this family) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_nested_fields_and_tokenize_options_are_named() {
+    let s = Server::engine(Setup::default()).await;
+    let chat = |messages: Value, extra: Value| {
+        let mut b = json!({"messages": messages, "max_tokens": 2, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (body, want) in [
+        (
+            chat(json!([{"role": "user", "contnet": "hi"}]), json!({})),
+            "messages[0].contnet",
+        ),
+        (
+            chat(
+                json!([{"role": "user", "content": "hi"}]),
+                json!({"tools": [{"type": "function", "function": {"name": "f", "paramters": {}}}]}),
+            ),
+            "tools[0].function.paramters",
+        ),
+    ] {
+        let (_, param, _, msg) = s.post("/v1/chat/completions", &body).await.error(400);
+        assert_eq!(param.as_deref(), Some(want), "{msg}");
+    }
+    // an answer appended to the history as the SDK dumps it is fine
+    let echoed = json!([{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo", "refusal": null, "annotations": [], "audio": null,
+         "function_call": null, "tool_calls": null},
+        {"role": "user", "content": "again"}]);
+    s.post("/v1/chat/completions", &chat(echoed, json!({})))
+        .await
+        .ok();
+
+    let text = "hi<|im_end|>";
+    let want = json!({"tokens": tokenizer().encode(text).unwrap()});
+    for extra in [
+        json!({}),
+        json!({"add_special": true}),
+        json!({"add_special": false, "parse_special": true}),
+    ] {
+        let mut b = json!({"content": text});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        assert_eq!(s.post("/tokenize", &b).await.ok(), want);
+    }
+    for (b, want) in [
+        (
+            json!({"content": text, "parse_special": false}),
+            "parse_special",
+        ),
+        (json!({"content": text, "with_piece": true}), "with_piece"),
+    ] {
+        let (_, param, _, _) = s.post("/tokenize", &b).await.error(400);
+        assert_eq!(param.as_deref(), Some(want));
+    }
+    s.stop().await;
+}
