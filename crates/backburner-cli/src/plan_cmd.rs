@@ -20,9 +20,10 @@ pub struct PlanArgs {
     /// dtype), or a GGUF file (or a directory holding one). Default: the bundled model.
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
-    /// Memory the host may use: bytes with a unit, `24GiB` (2^30) or `24GB` (10^9).
+    /// Memory the host may use: bytes with a unit, `24GiB` (2^30) or `24GB` (10^9). Default: this machine's
+    /// physical memory (`MemTotal` of /proc/meminfo).
     #[arg(long, value_parser = parse_bytes)]
-    host_memory: u64,
+    host_memory: Option<u64>,
     /// Memory of a worker, once per worker in chain order (same units).
     #[arg(long, value_parser = parse_bytes)]
     worker_memory: Vec<u64>,
@@ -76,7 +77,10 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let req = PlanRequest {
         config,
         costs,
-        host_memory: a.host_memory,
+        host_memory: match a.host_memory {
+            Some(m) => m,
+            None => this_machine_memory()?,
+        },
         worker_memory: a.worker_memory,
         ctx: a.ctx,
         ubatch: a.ubatch,
@@ -152,4 +156,20 @@ fn print_plan(p: &Plan) {
     for n in &p.notes {
         out_line(&format!("note: {n}"));
     }
+}
+
+/// This machine's physical memory (bytes), from `/proc/meminfo`. Errors: where it cannot be read (then
+/// `--host-memory` is needed).
+fn this_machine_memory() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .and_then(|kib| kib.checked_mul(1024))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "cannot read this machine's memory from /proc/meminfo: give --host-memory"
+            )
+        })
 }

@@ -253,3 +253,22 @@ fn calibrate_measures_the_host_a_worker_and_the_link() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn plan_without_host_memory_takes_this_machines() {
+    let tiny = fixture("tiny-hub");
+    let o = bb(&["plan", "--model", tiny.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(v["host"]["memory"].as_u64(), Some(kib * 1024));
+}
