@@ -471,3 +471,66 @@ fn a_running_job_turns_on_a_compute_thread_and_an_idle_scheduler_leaves_the_pool
         assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(7));
     }
 }
+
+#[test]
+fn the_slot_board_shows_a_running_job_and_then_the_idle_history() {
+    use backburner_engine::serve::Backend;
+    let model = load_model("tiny-f32");
+    let vocab = model.config().vocab_size;
+    let e = engine(&model, 2, 4, CacheLimits::default());
+    assert_eq!(e.slot_states().len(), 2);
+    assert!(e
+        .slot_states()
+        .iter()
+        .all(|s| s.task.is_none() && s.n_past == 0));
+    // the job's sink holds the scheduler at its third token: the board shows the end of the turn before
+    let (reached, at) = channel();
+    let (release, gate) = channel::<()>();
+    let (tx, rx) = channel();
+    let mut tokens = 0;
+    e.submit(Job {
+        id: "paused".into(),
+        prompt: prompt(21, 40, vocab),
+        params: greedy(10),
+        stable_prefix: None,
+        cache_prompt: true,
+        events: Box::new(move |ev| {
+            if matches!(ev, Event::Token { .. }) {
+                tokens += 1;
+                if tokens == 3 {
+                    reached.send(()).unwrap();
+                    gate.recv_timeout(Duration::from_secs(60)).unwrap();
+                }
+            }
+            tx.send(ev).is_ok()
+        }),
+    })
+    .unwrap();
+    at.recv_timeout(Duration::from_secs(60)).unwrap();
+    let states = e.slot_states();
+    let busy: Vec<_> = states.iter().filter(|s| s.task.is_some()).collect();
+    assert_eq!(busy.len(), 1, "{states:?}");
+    let t = busy[0].task.as_ref().unwrap();
+    assert_eq!(
+        (t.id.as_str(), t.prompt_tokens, t.cached_tokens),
+        ("paused", 40, 0)
+    );
+    assert_eq!((t.prompt_done, t.generated, t.max_tokens), (40, 2, 10));
+    assert_eq!(busy[0].n_past, 42, "the prompt and the two tokens decoded");
+    let slot = busy[0].id;
+    assert_eq!(states[1 - slot].n_past, 0);
+    release.send(()).unwrap();
+    let o = collect(rx);
+    assert_eq!(o.tokens.len(), 10);
+    // the board is published after the turn that sent `Done`
+    let t0 = std::time::Instant::now();
+    while e.slot_states()[slot].task.is_some() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the slot never went idle"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let idle = &e.slot_states()[slot];
+    assert!((49..=50).contains(&idle.n_past), "{idle:?}");
+}

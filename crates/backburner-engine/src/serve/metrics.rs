@@ -64,6 +64,8 @@ pub struct Metrics {
     /// Requests whose steps waited for a worker's backoff to end (KV offload: pages had to move and every worker
     /// that could take them was backing off after a failure); the other slots' steps went on meanwhile.
     pub requests_delayed: AtomicU64,
+    /// What each slot is doing (published when a slot takes a request and after every scheduler turn).
+    pub slots: super::SlotBoard,
 }
 
 impl Metrics {

@@ -7,6 +7,7 @@
 //! pending ([`decode_batch`]), so a long prompt delays the others' next token by at most one ubatch.
 
 mod batch;
+mod board;
 mod cache;
 mod links;
 mod metrics;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use backburner_model::TextTokenizer;
 
 pub use self::batch::decode_batch;
+pub use self::board::{SlotBoard, SlotInfo, SlotTask};
 pub use self::cache::{CacheLimits, Checkpoints};
 pub use self::links::PING_EVERY;
 pub use self::metrics::Metrics;
@@ -140,6 +142,20 @@ pub trait Backend: Send + Sync {
     fn slots(&self) -> usize;
     /// Stops ([`Engine::shutdown`]).
     fn shutdown(&self, grace: Duration);
+    /// What each slot is doing, one [`SlotInfo`] per slot in order: those the scheduler published on
+    /// [`Metrics::slots`], or every slot idle when none were.
+    fn slot_states(&self) -> Vec<SlotInfo> {
+        let s = self.metrics().slots.snapshot();
+        if !s.is_empty() {
+            return s;
+        }
+        (0..self.slots())
+            .map(|id| SlotInfo {
+                id,
+                ..SlotInfo::default()
+            })
+            .collect()
+    }
 }
 
 impl Backend for Engine {
@@ -210,6 +226,7 @@ impl Engine {
             deadline: Mutex::new(None),
             ping_every: opts.ping_every,
         });
+        shared.metrics.slots.reset(n_slots);
         // the channel holds the queue; the scheduler takes a job only when a slot is free (with no queue, the channel
         // only hands jobs over: `submit` refuses one that would wait)
         let (tx, rx) = sync_channel(if opts.queue == 0 { n_slots } else { opts.queue });

@@ -186,6 +186,9 @@ impl Turns<'_> {
         let wait = step(&mut self.slots, &mut self.active, self.turn, m);
         self.active.retain_mut(|a| a.seq.phase() != Phase::Done);
         Metrics::set(&m.active, self.active.len() as u64);
+        let running = self.active.iter();
+        let running = running.map(|a| (a.slot, a.seq.prompt_left(), a.seq.tokens().len()));
+        m.slots.update(&self.slots, running);
         wait
     }
 }
@@ -278,6 +281,8 @@ fn admit<'t>(
         cached_tokens: cached,
         queue_ms: queued.elapsed().as_secs_f64() * 1e3,
     };
+    let (id, n, max) = (&a.job.id, a.job.prompt.len(), a.job.params.max_tokens);
+    m.slots.start(slot, id, n, cached, max);
     a.send(started);
     Some(a)
 }
