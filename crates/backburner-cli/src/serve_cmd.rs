@@ -62,6 +62,9 @@ pub(crate) struct ServeArgs {
     /// origin). Default: no CORS headers, so pages from other origins cannot read the answers.
     #[arg(long, value_name = "ORIGIN")]
     pub cors_origin: Vec<String>,
+    /// Turn off `GET /slots` (what each slot is doing; it answers 501 then), as llama-server's `--no-slots`.
+    #[arg(long)]
+    pub no_slots: bool,
     /// Seconds running requests get to finish on Ctrl-C / SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
@@ -149,6 +152,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         }
     }
     state.cors_origins = a.cors_origin.clone();
+    state.slots_endpoint = !a.no_slots;
     let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

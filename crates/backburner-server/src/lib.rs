@@ -1,7 +1,7 @@
 //! Backburner's OpenAI-compatible HTTP server: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as
-//! server-sent events or not), `GET /v1/models`, `GET /health`, `GET /metrics`, over a serving
-//! [`Engine`](backburner_engine::serve::Engine) whose scheduler thread does the compute: handlers only parse,
-//! render, tokenize (on the blocking pool), submit and forward.
+//! server-sent events or not), `GET /v1/models`, `GET /health`, `GET /metrics`, `GET /slots`, a chat page at `GET /`,
+//! over a serving [`Engine`](backburner_engine::serve::Engine) whose scheduler thread does the compute: handlers only
+//! parse, render, tokenize (on the blocking pool), submit and forward.
 #![warn(missing_docs)]
 
 mod chat;
@@ -13,7 +13,9 @@ mod fields;
 mod logprobs;
 mod metrics;
 mod nested;
+mod page;
 pub mod request;
+mod slots;
 pub mod stream;
 mod tool_grammar;
 
@@ -62,6 +64,8 @@ pub struct AppState {
     pub grammars: std::sync::OnceLock<Result<Arc<backburner_engine::constraint::Grammars>, String>>,
     /// Origins a browser page may call this server from (`--cors-origin`; `*`: any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Whether `GET /slots` answers (`serve --no-slots`: 501).
+    pub slots_endpoint: bool,
 }
 
 impl AppState {
@@ -92,6 +96,7 @@ impl AppState {
             stopping: AtomicBool::new(false),
             grammars: std::sync::OnceLock::new(),
             cors_origins: Vec::new(),
+            slots_endpoint: true,
         }
     }
 
@@ -240,6 +245,8 @@ fn routes(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(extras::tokenize))
         .route("/detokenize", post(extras::detokenize))
         .route("/props", get(extras::props))
+        .route("/slots", get(slots::handle))
+        .route("/", get(page::handle))
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
         .fallback(not_found)

@@ -8,5 +8,6 @@ mod http_engine;
 mod http_errors;
 mod http_extras;
 mod http_fields;
+mod http_page;
 mod http_sampling;
 mod http_scripted;
