@@ -1,6 +1,6 @@
-//! The chat page at `GET /`: served as HTML without the API key; and, in a real headless Chromium (`--dump-dom`
-//! after the page's streamed request), it sends `?q=` as the first message and shows the scripted answer, with the
-//! reasoning apart, all as text; or the server's error message. Without a browser the browser tests print
+//! The chat page at `GET /`: served as HTML without the API key; and, in a real headless Chromium (driven over the
+//! DevTools protocol until the page's streamed answer is over), it sends `?q=` as the first message and shows the
+//! scripted answer, with the reasoning apart, all as text; or the server's error message. Without a browser the browser tests print
 //! "skipped: no chromium", unless `CI` is set: then they fail (CI must install one).
 
 use crate::common;
@@ -14,6 +14,7 @@ use backburner_engine::serve::{Backend, Event, Job, Metrics, SubmitError};
 use backburner_engine::{Generation, StopReason, Timings};
 use common::*;
 use reqwest::StatusCode;
+use serde_json::{json, Value};
 
 /// Answers every job with these pieces (reasoning, `</think>` split across pieces, then the answer).
 const PIECES: [&str; 4] = [
@@ -204,53 +205,151 @@ fn browser() -> Option<PathBuf> {
     found
 }
 
-/// The DOM of `url` once its scripts and requests are done, as headless Chromium's `--dump-dom` prints it.
+/// The page's DOM (`<!DOCTYPE html>` and the root's HTML, as `--dump-dom` prints it) once its answer is over (its
+/// assistant message is no longer `running`), read from headless Chromium over the DevTools protocol: `--dump-dom`
+/// with a virtual time budget does not wait for a streamed body.
 async fn dump_dom(browser: &Path, url: &str) -> String {
     let (browser, url) = (browser.to_path_buf(), url.to_string());
-    let run = tokio::task::spawn_blocking(move || run_browser(&browser, &url));
+    let run = tokio::task::spawn_blocking(move || Browser::start(&browser).dom_when_done(&url));
     bounded("the browser", run)
         .await
         .expect("the browser thread")
 }
 
-fn run_browser(browser: &Path, url: &str) -> String {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let (out, err) = (dir.path().join("dom.html"), dir.path().join("stderr.txt"));
-    let mut child = Command::new(browser)
-        .args([
+/// What the page's answer is done at: the DOM, else "".
+const DONE_DOM: &str = "(() => { const m = document.querySelector('.msg.assistant'); \
+    return m && m.dataset.state !== 'running' ? '<!DOCTYPE html>\\n' + document.documentElement.outerHTML : ''; })()";
+
+/// Headless Chromium driven over `--remote-debugging-pipe` (JSON messages ending in a NUL byte; commands on its fd
+/// 3, answers and events on its fd 4). Killed when dropped.
+struct Browser {
+    child: std::process::Child,
+    to: std::io::PipeWriter,
+    from: std::io::BufReader<std::io::PipeReader>,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn start(path: &Path) -> Browser {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let profile = tempfile::tempdir().expect("a temp dir");
+        let (their_in, to) = std::io::pipe().expect("a pipe");
+        let (from, their_out) = std::io::pipe().expect("a pipe");
+        let (r, w) = (their_in.as_raw_fd(), their_out.as_raw_fd());
+        let mut cmd = Command::new(path);
+        cmd.args([
             "--headless",
             "--disable-gpu",
             "--no-sandbox",
             "--no-first-run",
         ])
         .args(["--disable-extensions", "--disable-background-networking"])
-        .arg(format!(
-            "--user-data-dir={}",
-            dir.path().join("profile").display()
-        ))
-        // virtual time waits for the page's network requests, the streamed fetch included
-        .args(["--virtual-time-budget=10000", "--dump-dom", url])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--remote-debugging-pipe", "about:blank"])
         .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).expect("a file for the DOM"))
-        .stderr(std::fs::File::create(&err).expect("a file for stderr"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", browser.display()));
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("waiting for the browser") {
-            break s;
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        // SAFETY: only async-signal-safe calls between fork and exec: the pipe ends become fds 3 and 4 (moved above
+        // 10 first, so neither overwrites the other), kept open across exec
+        unsafe {
+            cmd.pre_exec(move || {
+                let (a, b) = (
+                    libc::fcntl(r, libc::F_DUPFD, 10),
+                    libc::fcntl(w, libc::F_DUPFD, 10),
+                );
+                if a < 0 || b < 0 || libc::dup2(a, 3) < 0 || libc::dup2(b, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::fcntl(3, libc::F_SETFD, 0);
+                libc::fcntl(4, libc::F_SETFD, 0);
+                Ok(())
+            });
         }
-        if t0.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(&err).unwrap_or_default();
-            panic!("the browser ran over 60 s:\n{log}");
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", path.display()));
+        drop((their_in, their_out));
+        Browser {
+            child,
+            to,
+            from: std::io::BufReader::new(from),
+            next_id: 0,
+            _profile: profile,
         }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let dom = std::fs::read_to_string(&out).expect("the DOM");
-    let log = std::fs::read_to_string(&err).unwrap_or_default();
-    assert!(status.success(), "the browser failed ({status}):\n{log}");
-    assert!(dom.contains("</html>"), "no DOM dumped:\n{log}");
-    dom
+    }
+
+    /// Sends a command (to the page's session when given) and returns its `result`, skipping events.
+    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+        use std::io::{BufRead, Write};
+        self.next_id += 1;
+        let mut msg = json!({"id": self.next_id, "method": method, "params": params});
+        if let Some(s) = session {
+            msg["sessionId"] = json!(s);
+        }
+        let mut bytes = serde_json::to_vec(&msg).unwrap();
+        bytes.push(0);
+        self.to.write_all(&bytes).expect("writing to the browser");
+        loop {
+            let mut buf = Vec::new();
+            let n = self
+                .from
+                .read_until(0, &mut buf)
+                .expect("reading the browser");
+            assert!(n > 0, "the browser closed its pipe (during {method})");
+            buf.pop_if(|b| *b == 0);
+            let v: Value = serde_json::from_slice(&buf).expect("a JSON message");
+            if v["id"] == self.next_id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Opens `url` in a new page and polls it until [`DONE_DOM`] gives its DOM (at most 60 s).
+    fn dom_when_done(mut self, url: &str) -> String {
+        let target =
+            self.call(None, "Target.createTarget", json!({"url": url}))["targetId"].clone();
+        let attach = json!({"targetId": target, "flatten": true});
+        let session = self.call(None, "Target.attachToTarget", attach)["sessionId"]
+            .as_str()
+            .expect("a session")
+            .to_string();
+        let t0 = Instant::now();
+        loop {
+            let eval = json!({"expression": DONE_DOM, "returnByValue": true});
+            let r = self.call(Some(&session), "Runtime.evaluate", eval);
+            match r["result"]["value"].as_str() {
+                Some(dom) if !dom.is_empty() => return dom.to_string(),
+                _ => {}
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the page's answer never ended"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Browser {
+    /// Asks the browser to close (so it ends its helper processes), and kills it after 5 s.
+    fn drop(&mut self) {
+        use std::io::Write;
+        let close = format!(
+            "{{\"id\":{},\"method\":\"Browser.close\"}}\0",
+            self.next_id + 1
+        );
+        let _ = self.to.write_all(close.as_bytes());
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

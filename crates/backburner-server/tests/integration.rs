@@ -11,3 +11,4 @@ mod http_fields;
 mod http_page;
 mod http_sampling;
 mod http_scripted;
+mod http_slots;
