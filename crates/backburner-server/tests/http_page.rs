@@ -183,6 +183,45 @@ async fn in_a_browser_the_servers_error_message_is_shown() {
     s.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_browser_the_conversation_goes_on_with_the_system_prompt() {
+    let Some(browser) = browser() else { return };
+    let (s, b) = canned(None).await;
+    let url = s.url("/?q=Hello");
+    let run = tokio::task::spawn_blocking(move || {
+        let mut br = Browser::start(&browser);
+        let page = br.open(&url);
+        br.wait(&page, &dom_when_done(1));
+        let second = "document.getElementById('system').value = 'Be brief.'; \
+            document.getElementById('input').value = 'And again?'; \
+            document.getElementById('form').requestSubmit(); 'sent'";
+        assert_eq!(br.eval(&page, second), "sent");
+        br.wait(&page, &dom_when_done(2))
+    });
+    let dom = bounded("the browser", run)
+        .await
+        .expect("the browser thread");
+    assert!(
+        dom.contains(r#"<div class="msg user">And again?</div>"#),
+        "{dom}"
+    );
+    assert_eq!(dom.matches(r#"data-state="done""#).count(), 2, "{dom}");
+    // the second request: the system prompt, the first turn with its answer (its reasoning dropped by the
+    // template), the new question
+    let prompts = b.prompts.lock().unwrap().clone();
+    assert_eq!(prompts.len(), 2, "{prompts:?}");
+    let want = format!(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n\
+         <|im_start|>assistant\n{ANSWER}<|im_end|>\n<|im_start|>user\nAnd again?<|im_end|>\n"
+    );
+    assert!(
+        prompts[1].starts_with(&want),
+        "{want:?}\nnot at the start of\n{:?}",
+        prompts[1]
+    );
+    s.stop().await;
+}
+
 /// The browser to run: `$CHROMIUM`, else `chromium`, `chromium-browser` or `google-chrome` on the `PATH`. `None`
 /// (after saying so) when there is none, unless `CI` is set: then the test fails.
 fn browser() -> Option<PathBuf> {
@@ -205,20 +244,29 @@ fn browser() -> Option<PathBuf> {
     found
 }
 
-/// The page's DOM (`<!DOCTYPE html>` and the root's HTML, as `--dump-dom` prints it) once its answer is over (its
-/// assistant message is no longer `running`), read from headless Chromium over the DevTools protocol: `--dump-dom`
-/// with a virtual time budget does not wait for a streamed body.
+/// The page's DOM (`<!DOCTYPE html>` and the root's HTML, as `--dump-dom` prints it) once its first answer is over
+/// (its assistant message is no longer `running`), read from headless Chromium over the DevTools protocol:
+/// `--dump-dom` with a virtual time budget does not wait for a streamed body.
 async fn dump_dom(browser: &Path, url: &str) -> String {
     let (browser, url) = (browser.to_path_buf(), url.to_string());
-    let run = tokio::task::spawn_blocking(move || Browser::start(&browser).dom_when_done(&url));
+    let run = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(&browser);
+        let page = b.open(&url);
+        b.wait(&page, &dom_when_done(1))
+    });
     bounded("the browser", run)
         .await
         .expect("the browser thread")
 }
 
-/// What the page's answer is done at: the DOM, else "".
-const DONE_DOM: &str = "(() => { const m = document.querySelector('.msg.assistant'); \
-    return m && m.dataset.state !== 'running' ? '<!DOCTYPE html>\\n' + document.documentElement.outerHTML : ''; })()";
+/// An expression giving the page's DOM once it shows `n` answers and the last is over, else "".
+fn dom_when_done(n: usize) -> String {
+    format!(
+        "(() => {{ const m = document.querySelectorAll('.msg.assistant'); \
+         return m.length === {n} && m[{n} - 1].dataset.state !== 'running' \
+         ? '<!DOCTYPE html>\\n' + document.documentElement.outerHTML : ''; }})()"
+    )
+}
 
 /// Headless Chromium driven over `--remote-debugging-pipe` (JSON messages ending in a NUL byte; commands on its fd
 /// 3, answers and events on its fd 4). Killed when dropped.
@@ -307,26 +355,32 @@ impl Browser {
         }
     }
 
-    /// Opens `url` in a new page and polls it until [`DONE_DOM`] gives its DOM (at most 60 s).
-    fn dom_when_done(mut self, url: &str) -> String {
+    /// Opens `url` in a new page; returns the page's session.
+    fn open(&mut self, url: &str) -> String {
         let target =
             self.call(None, "Target.createTarget", json!({"url": url}))["targetId"].clone();
         let attach = json!({"targetId": target, "flatten": true});
-        let session = self.call(None, "Target.attachToTarget", attach)["sessionId"]
-            .as_str()
-            .expect("a session")
-            .to_string();
+        let session = self.call(None, "Target.attachToTarget", attach)["sessionId"].clone();
+        session.as_str().expect("a session").to_string()
+    }
+
+    /// The value of `expr` in the page.
+    fn eval(&mut self, page: &str, expr: &str) -> Value {
+        let eval = json!({"expression": expr, "returnByValue": true});
+        self.call(Some(page), "Runtime.evaluate", eval)["result"]["value"].clone()
+    }
+
+    /// Polls `expr` in the page until it gives a non-empty string, and returns it (at most 60 s).
+    fn wait(&mut self, page: &str, expr: &str) -> String {
         let t0 = Instant::now();
         loop {
-            let eval = json!({"expression": DONE_DOM, "returnByValue": true});
-            let r = self.call(Some(&session), "Runtime.evaluate", eval);
-            match r["result"]["value"].as_str() {
-                Some(dom) if !dom.is_empty() => return dom.to_string(),
+            match self.eval(page, expr).as_str() {
+                Some(v) if !v.is_empty() => return v.to_string(),
                 _ => {}
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
-                "the page's answer never ended"
+                "never true in the page: {expr}"
             );
             std::thread::sleep(Duration::from_millis(25));
         }
