@@ -242,12 +242,24 @@ pub fn generate(
     params: &GenerateParams,
     tokenizer: Option<&TextTokenizer>,
     mut on_prefill: impl FnMut(usize, usize),
-    mut on_token: impl FnMut(u32) + Send,
-    mut on_text: impl FnMut(&str) + Send,
+    on_token: impl FnMut(u32) + Send,
+    on_text: impl FnMut(&str) + Send,
 ) -> Result<Generation> {
     let mut seq = Sequence::new(session, prompt.to_vec(), params.clone(), tokenizer)?;
     // the whole prompt in one call: split prefill pipelines its ubatches across the worker
     seq.prefill_step(session, prompt.len(), &mut on_prefill)?;
+    drive(session, &mut seq, params, on_token, on_text)?;
+    Ok(seq.finish())
+}
+
+/// Samples and decodes `seq` (prefilled, in `session`) to its end, as [`generate`] does after the prompt.
+pub(crate) fn drive(
+    session: &mut Session,
+    seq: &mut Sequence<'_>,
+    params: &GenerateParams,
+    mut on_token: impl FnMut(u32) + Send,
+    mut on_text: impl FnMut(&str) + Send,
+) -> Result<()> {
     let cancelled = || {
         params
             .cancel
@@ -272,6 +284,5 @@ pub fn generate(
                 on_text(&std::mem::take(&mut step.text));
             }
         }
-    })?;
-    Ok(seq.finish())
+    })
 }

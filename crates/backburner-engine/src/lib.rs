@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 
 pub mod chain;
+pub mod choices;
 pub mod compute;
 pub mod connection;
 pub mod constraint;
@@ -28,6 +29,7 @@ pub mod stop;
 pub mod wire;
 pub mod worker;
 
+pub use choices::{choice_params, generate_choices, MAX_CHOICES};
 pub use compute::ComputePool;
 pub use error::{EngineError, Result};
 pub use generate::{generate, GenerateParams, Generation, StopReason, TextStream, Timings};

@@ -63,6 +63,8 @@ pub struct Sequence<'t> {
     picker: Picker,
     logprobs: Vec<TokenLogprob>,
     stream: Option<TextStream<'t>>,
+    /// The tokenizer of `stream` (a fork starts its own stream).
+    tok: Option<&'t TextTokenizer>,
     /// Tokens the session may still take (context room after the prompt).
     room: usize,
     logits: Vec<f32>,
@@ -128,6 +130,7 @@ impl<'t> Sequence<'t> {
             fed: 0,
             params,
             stream,
+            tok: tokenizer,
             room,
             logits: Vec::new(),
             pending: None,
@@ -139,6 +142,68 @@ impl<'t> Sequence<'t> {
             t_start: None,
             t_first: None,
             prefill_ms: 0.0,
+            ttft_ms: 0.0,
+        })
+    }
+
+    /// Another sequence from the same prompt, ready to sample its first token from this one's prompt logits with
+    /// `params` (`n` > 1: one prompt, several choices; see [`crate::choice_params`]). `context` is the whole history
+    /// the prompt left in the session (the cached prefix and the prompt: the repetition penalty's set). The fork has
+    /// its own sampler, constraint and text stream; run it against a session holding the same state (a copy, or the
+    /// same session rewound to the end of the prompt). Only before this sequence sampled anything (phase
+    /// [`Phase::Sample`], no token yet); `None` otherwise.
+    ///
+    /// Errors: those of [`Sequence::new`] for `params` (sampling values, stop strings, `logit_bias` ids).
+    pub fn fork(&self, context: &[u32], params: GenerateParams) -> Option<Result<Sequence<'t>>> {
+        if self.phase != Phase::Sample || !self.tokens.is_empty() {
+            return None;
+        }
+        Some(self.fork_checked(context, params))
+    }
+
+    fn fork_checked(&self, context: &[u32], params: GenerateParams) -> Result<Sequence<'t>> {
+        params.sampling.validate()?;
+        crate::stop::check_stop_strings(&params.stop)?;
+        let vocab = self.logits.len();
+        if let Some((id, _)) = params
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= vocab)
+        {
+            return Err(EngineError::InvalidInput(format!(
+                "logit_bias names token id {id}, out of range for the model's vocabulary of {vocab}"
+            )));
+        }
+        let penalized: &[u32] = if params.sampling.repetition_penalty != 1.0 {
+            context
+        } else {
+            &[]
+        };
+        Ok(Sequence {
+            picker: Picker::new(
+                params.sampling.clone(),
+                penalized,
+                params.logprobs,
+                params.constraint.as_ref().map(|c| c.start()).transpose()?,
+            ),
+            logprobs: Vec::new(),
+            prompt: self.prompt.clone(),
+            fed: self.fed,
+            stream: self.tok.map(|tok| TextStream::new(tok, &params.stop)),
+            params,
+            tok: self.tok,
+            room: self.room,
+            logits: self.logits.clone(),
+            pending: None,
+            tokens: Vec::new(),
+            step_logits: Vec::new(),
+            phase: Phase::Sample,
+            stop: None,
+            error: None,
+            t_start: self.t_start,
+            t_first: None,
+            prefill_ms: self.prefill_ms,
             ttft_ms: 0.0,
         })
     }

@@ -43,6 +43,7 @@ pub fn ask(e: &Engine, prompt: &[u32], params: &GenerateParams, stable: Option<u
         params: params.clone(),
         stable_prefix: stable,
         cache_prompt: true,
+        siblings: Vec::new(),
         events: Box::new(move |ev| tx.send(ev).is_ok()),
     })
     .unwrap();

@@ -45,6 +45,7 @@ fn submit(e: &Engine, log: &Log, name: &str, prompt: &[u32], max_tokens: usize) 
         params: greedy(max_tokens),
         stable_prefix: None,
         cache_prompt: true,
+        siblings: Vec::new(),
         events: Box::new(move |ev| {
             let kind = match &ev {
                 Event::Started { .. } => "started",

@@ -6,6 +6,7 @@ mod worker_common;
 
 mod cache_exact;
 mod cache_modes;
+mod choices;
 mod consistency;
 mod constraint;
 mod experts_limits;

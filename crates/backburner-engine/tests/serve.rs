@@ -83,6 +83,7 @@ fn try_submit(
         params,
         stable_prefix: None,
         cache_prompt: true,
+        siblings: Vec::new(),
         events: Box::new(move |ev| tx.send(ev).is_ok()),
     })?;
     Ok(rx)
@@ -302,6 +303,7 @@ fn a_client_gone_cancels_and_bad_requests_fail_with_typed_errors() {
         params: greedy(100_000),
         stable_prefix: None,
         cache_prompt: true,
+        siblings: Vec::new(),
         events: Box::new(move |ev| {
             n += 1;
             let _ = tx.send(ev);
@@ -444,6 +446,7 @@ fn a_running_job_turns_on_a_compute_thread_and_an_idle_scheduler_leaves_the_pool
             params: greedy(6),
             stable_prefix: None,
             cache_prompt: true,
+            siblings: Vec::new(),
             events: Box::new(move |ev| {
                 let name = std::thread::current().name().unwrap_or("").to_owned();
                 tx.send((name, matches!(ev, Event::Done { .. }))).is_ok()

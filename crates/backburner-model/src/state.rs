@@ -394,6 +394,43 @@ impl ModelState {
         self.n_tokens = n;
     }
 
+    /// Makes this state an exact copy of `src` (another sequence's state on the same layers and KV settings): its KV
+    /// pages and linear states are copied, its position taken; the activation buffers and the remote store stay.
+    /// How a prompt prefilled once is forked into other sequences (`n` > 1). Returns false, changing nothing, when
+    /// the layers or KV settings differ or either state has pages held elsewhere (KV offload) or a remote failure.
+    pub fn copy_from(&mut self, src: &ModelState) -> bool {
+        let movable = |s: &ModelState| s.offloaded() == 0 && s.remote.error.is_none();
+        let same_kinds = self.layers.len() == src.layers.len()
+            && self.layers.iter().zip(&src.layers).all(|(d, s)| {
+                matches!(
+                    (d, s),
+                    (None, None)
+                        | (
+                            Some(LayerState::Attention(_)),
+                            Some(LayerState::Attention(_))
+                        )
+                        | (Some(LayerState::Linear(_)), Some(LayerState::Linear(_)))
+                )
+            });
+        if !same_kinds
+            || self.range != src.range
+            || self.kv != src.kv
+            || !movable(self)
+            || !movable(src)
+        {
+            return false;
+        }
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
+            match (d, s) {
+                (Some(LayerState::Attention(d)), Some(LayerState::Attention(s))) => d.clone_from(s),
+                (Some(LayerState::Linear(d)), Some(LayerState::Linear(s))) => d.clone_from(s),
+                _ => {}
+            }
+        }
+        self.n_tokens = src.n_tokens;
+        true
+    }
+
     /// Copies the linear states and records the position, for [`ModelState::restore`].
     pub fn snapshot(&self) -> StateSnapshot {
         let linear = self

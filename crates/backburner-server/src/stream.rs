@@ -99,6 +99,7 @@ pub async fn start(
         stable_prefix,
         cache_prompt: gen.cache_prompt,
         events: Box::new(move |ev| tx.send(ev).is_ok()),
+        siblings: Vec::new(),
     })?;
     let guard = CancelGuard(cancel);
     match rx.recv().await {

@@ -9,6 +9,7 @@
 mod batch;
 mod board;
 mod cache;
+mod fork;
 mod links;
 mod metrics;
 mod scheduler;
@@ -109,6 +110,14 @@ pub struct Job {
     pub cache_prompt: bool,
     /// Where events go.
     pub events: EventSink,
+    /// The sinks of more choices from the same prompt (OpenAI's `n` > 1: choices 1 … n−1; empty for one): choice
+    /// `i` runs with [`crate::choice_params`]`(&params, i)` (seed + i) and sends its own events (`Started`, tokens,
+    /// `Done`) to `siblings[i − 1]`. The prompt is prefilled once and its state forked into free slots, the choices
+    /// then decoding batched together; a choice that finds no free slot waits for one ahead of new jobs and starts
+    /// from a slot still holding the prompt (rewound or copied, no second prefill). Where the state is partly on
+    /// workers (KV offload, a layer split) each choice prefills the prompt as a job of its own. A job that fails or is
+    /// cancelled before its prompt is prefilled sends `Failed` to its siblings too.
+    pub siblings: Vec<EventSink>,
 }
 
 impl std::fmt::Debug for Job {

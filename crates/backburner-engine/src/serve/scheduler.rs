@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use backburner_model::TextTokenizer;
 
+use super::fork::{self, Forks};
 use super::links::{ping_workers, publish_link};
 use super::metrics::Metrics;
 use super::{decode_batch, Event, Job, Shared, Slot};
@@ -17,10 +18,10 @@ use crate::generate::StopReason;
 use crate::sequence::{Phase, Sampled, Sequence};
 
 /// A job in a slot.
-struct Active<'t> {
-    slot: usize,
-    seq: Sequence<'t>,
-    job: Job,
+pub(super) struct Active<'t> {
+    pub(super) slot: usize,
+    pub(super) seq: Sequence<'t>,
+    pub(super) job: Job,
     /// Absolute position where a pipelined prefill call ends at the latest (the grid point at or before the stable
     /// prefix), if ahead.
     cut: Option<usize>,
@@ -34,7 +35,21 @@ struct Active<'t> {
     waited: bool,
 }
 
-impl Active<'_> {
+impl<'t> Active<'t> {
+    /// `job` in `slot`, running `seq`.
+    pub(super) fn new(slot: usize, seq: Sequence<'t>, job: Job, cut: Option<usize>) -> Self {
+        Active {
+            slot,
+            seq,
+            cut,
+            gone: false,
+            expired: false,
+            wait: None,
+            waited: false,
+            job,
+        }
+    }
+
     fn cancelled(&self) -> bool {
         self.gone
             || self.expired
@@ -46,7 +61,7 @@ impl Active<'_> {
                 .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
-    fn send(&mut self, e: Event) {
+    pub(super) fn send(&mut self, e: Event) {
         if !self.gone && !(self.job.events)(e) {
             self.gone = true;
         }
@@ -75,6 +90,7 @@ pub(super) fn run(
         turn: 0,
         closed: false,
         last_ping: Instant::now(),
+        forks: Forks::default(),
     };
     publish_link(&l.slots, &l.m);
     let mut pause = Duration::ZERO;
@@ -126,6 +142,8 @@ struct Turns<'t> {
     turn: u64,
     closed: bool,
     last_ping: Instant,
+    /// Choices of `n` > 1 requests waiting for a slot ([`super::fork`]).
+    forks: Forks<'t>,
 }
 
 impl Turns<'_> {
@@ -136,6 +154,25 @@ impl Turns<'_> {
         self.turn += 1;
         // shutting down, every queued job is taken (and refused below) now, not when a slot frees
         let stopping = || self.shared.stopping.load(Ordering::Relaxed);
+        // the choices of requests already running go before new jobs
+        if !self.forks.is_empty() {
+            if stopping() {
+                self.forks.refuse(m);
+            }
+            let (slots, active) = (&mut self.slots, &mut self.active);
+            self.forks.place(slots, active, self.turn, m);
+            while self.active.len() < self.slots.len() {
+                let Some((job, queued)) = self.forks.jobs.pop_front() else {
+                    break;
+                };
+                let (slots, active) = (&mut self.slots, &self.active);
+                if let Some(a) = admit(slots, active, job, queued, self.tok, self.turn, m) {
+                    self.forks.taken(a.slot);
+                    self.active.push(a);
+                }
+            }
+            Metrics::set(&m.active, self.active.len() as u64);
+        }
         while !self.closed && (self.active.len() < self.slots.len() || stopping()) {
             if self.active.is_empty() {
                 block = Duration::from_millis(200);
@@ -158,6 +195,7 @@ impl Turns<'_> {
                     }
                     let (slots, active) = (&mut self.slots, &self.active);
                     if let Some(a) = admit(slots, active, job, queued, self.tok, self.turn, m) {
+                        self.forks.taken(a.slot);
                         self.active.push(a);
                         Metrics::set(&m.active, self.active.len() as u64);
                     }
@@ -183,7 +221,8 @@ impl Turns<'_> {
                 a.expired = true;
             }
         }
-        let wait = step(&mut self.slots, &mut self.active, self.turn, m);
+        let (forks, turn) = (&mut self.forks, self.turn);
+        let wait = step(&mut self.slots, &mut self.active, forks, turn, m);
         self.active.retain_mut(|a| a.seq.phase() != Phase::Done);
         Metrics::set(&m.active, self.active.len() as u64);
         let running = self.active.iter();
@@ -196,7 +235,7 @@ impl Turns<'_> {
 /// A job refused at shutdown.
 fn refuse(mut job: Job, m: &Metrics) {
     Metrics::add(&m.requests_cancelled, 1);
-    (job.events)(Event::Failed(EngineError::ShuttingDown));
+    fork::fail_all(&mut job, EngineError::ShuttingDown);
 }
 
 /// Puts `job` in the free slot with the longest reusable prefix (least recently used on ties), prepares the cache
@@ -228,7 +267,7 @@ fn admit<'t>(
     // check before touching the slot's cache
     if let Err(e) = check(s, &job) {
         Metrics::add(&m.requests_invalid, 1);
-        (job.events)(Event::Failed(e));
+        fork::fail_all(&mut job, e);
         return None;
     }
     let (reused, cached) = if job.cache_prompt {
@@ -243,7 +282,7 @@ fn admit<'t>(
         Ok(q) => q,
         Err(e) => {
             Metrics::add(&m.requests_invalid, 1);
-            (job.events)(Event::Failed(e));
+            fork::fail_all(&mut job, e);
             return None;
         }
     };
@@ -265,16 +304,7 @@ fn admit<'t>(
         .stable_prefix
         .map(|p| grid.floor(p.min(n)))
         .filter(|&p| p > reused && grid.resumes(p, n));
-    let mut a = Active {
-        slot,
-        seq,
-        cut,
-        gone: false,
-        expired: false,
-        wait: None,
-        waited: false,
-        job,
-    };
+    let mut a = Active::new(slot, seq, job, cut);
     let started = Event::Started {
         slot,
         prompt_tokens: a.job.prompt.len(),
@@ -303,7 +333,13 @@ fn check(s: &Slot, job: &Job) -> crate::Result<()> {
 
 /// One turn: cancellations, one prefill chunk, the sampling steps, one batched decode step; a job whose step would
 /// wait for a worker's backoff sits the turn out. Returns the shortest such wait when every job left waits.
-fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) -> Option<Duration> {
+fn step<'t>(
+    slots: &mut [Slot],
+    active: &mut Vec<Active<'t>>,
+    forks: &mut Forks<'t>,
+    turn: u64,
+    m: &Metrics,
+) -> Option<Duration> {
     for a in active.iter_mut() {
         if a.cancelled() && a.seq.phase() != Phase::Done {
             let end = a.seq.cancel();
@@ -315,6 +351,8 @@ fn step(slots: &mut [Slot], active: &mut [Active<'_>], turn: u64, m: &Metrics) -
         return all_wait;
     }
     prefill_one(slots, active, turn, m);
+    // `n` > 1: a prompt just prefilled is forked into free slots before anything samples from it
+    forks.split(slots, active, turn, m);
     for a in active.iter_mut().filter(|a| a.seq.phase() == Phase::Sample) {
         match a.seq.sample_step(false) {
             Ok(s) if s.stop.is_some() => finish(a, s, m),
@@ -472,6 +510,7 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
         _ => &m.requests_ok,
     };
     Metrics::add(counter, 1);
+    fork::orphan(&mut a.job, None);
     let generation = Box::new(a.seq.take_generation());
     tracing::info!(
         request = %a.job.id, stop = reason.as_str(), tokens = generation.tokens.len(),
@@ -498,5 +537,6 @@ fn fail(a: &mut Active<'_>, e: EngineError, m: &Metrics) {
     Metrics::add(&m.requests_failed, 1);
     tracing::warn!(request = %a.job.id, error = %e, "request failed");
     a.seq.cancel();
+    fork::orphan(&mut a.job, Some(&e));
     a.send(Event::Failed(e));
 }

@@ -1,6 +1,8 @@
 //! A slot: one session the server keeps between requests, with its prompt cache, and the routing of a request to
 //! the slot holding its longest reusable prefix.
 
+use backburner_model::StateSnapshot;
+
 use crate::serve::cache::{CacheLimits, Checkpoints};
 use crate::session::Session;
 
@@ -101,6 +103,44 @@ impl Slot {
                 Reuse { kept: 0, cached: 0 }
             }
         }
+    }
+
+    /// Whether the session's whole state is on this host and can be copied into another slot or rewound in place
+    /// ([`Slot::fork_from`]): no layer split, no KV page on a worker, no pending rebuild.
+    pub(crate) fn forkable(&self) -> bool {
+        let s = &self.session;
+        s.chain.is_none()
+            && !s.rebuild
+            && s.state.offloaded() == 0
+            && s.state.remote_error().is_none()
+    }
+
+    /// Makes this slot hold `src`'s history up to `snap` (a snapshot of `src`'s at a position of its history), with
+    /// the same bits: KV pages and linear states copied, then rewound to `snap`; `src`'s checkpoints up to there
+    /// come along. When `src` is this slot, it rewinds in place. False (the slot then cleared) when `src` is not
+    /// [`Slot::forkable`] or the sessions differ (model, layers, KV settings, a layer split here).
+    pub(crate) fn fork_from(&mut self, src: Option<&Slot>, snap: &StateSnapshot) -> bool {
+        let n = snap.n_tokens();
+        let Some(src) = src else {
+            let ok = self.session.rewind(snap);
+            self.checkpoints.truncate(n);
+            return ok;
+        };
+        self.clear();
+        let same = std::sync::Arc::ptr_eq(src.session.model(), self.session.model())
+            && self.session.chain.is_none()
+            && src.forkable();
+        if !same || !self.session.state.copy_from(&src.session.state) {
+            self.clear();
+            return false;
+        }
+        self.session.history = src.session.history.clone();
+        for c in src.checkpoints.positions().into_iter().filter(|&p| p <= n) {
+            if let Some(c) = src.checkpoints.at(c) {
+                self.checkpoints.push(c.clone());
+            }
+        }
+        self.session.rewind(snap)
     }
 
     /// Forgets the history and the checkpoints.
