@@ -69,44 +69,62 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     let after = p.in_reasoning.then(|| "</think>".to_string());
     gen.constraint = crate::constrain::read(&st, &b, after, tools.as_deref()).await?;
     let mut r = stream::start(&st, &id, p.ids, "messages", Some(p.stable), &gen).await?;
-    // tool call ids unique across requests (`call_<request>_<index>`), as clients that keep a conversation's
-    // calls by id need
-    let call_ids = format!("call_{}_", id.trim_start_matches("chatcmpl-"));
-    let mut c = ChatChunks {
-        id,
-        created: AppState::now(),
-        model: st.model_id.clone(),
-        include_usage: gen.include_usage,
-        parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref()).with_id_prefix(call_ids),
-        tool_calls: false,
-        tok: st.tokenizer.clone().filter(|_| gen.logprobs.is_some()),
-    };
+    // tool call ids unique across requests (`call_<request>_<index>`; choice i > 0: `call_<request>_c<i>_<index>`),
+    // as clients that keep a conversation's calls by id need
+    let req = id.trim_start_matches("chatcmpl-").to_string();
+    let created = AppState::now();
+    let mut cs: Vec<ChatChunks> = (0..r.choices)
+        .map(|i| {
+            let call_ids = match i {
+                0 => format!("call_{req}_"),
+                i => format!("call_{req}_c{i}_"),
+            };
+            ChatChunks {
+                id: id.clone(),
+                created,
+                model: st.model_id.clone(),
+                include_usage: gen.include_usage,
+                parser: ChatOutputParser::new(p.in_reasoning, tools.as_deref())
+                    .with_id_prefix(call_ids),
+                tool_calls: false,
+                tok: st.tokenizer.clone().filter(|_| gen.logprobs.is_some()),
+            }
+        })
+        .collect();
     if gen.stream {
-        return Ok(stream::sse(r, c).into_response());
+        return Ok(stream::sse(r, cs).into_response());
     }
-    let g = stream::collect(&mut r).await?;
-    let mut deltas = c.parser.push(&g.text);
-    deltas.extend(c.parser.finish());
-    let out = ParsedOutput::from_deltas(deltas);
-    let mut message = json!({"role": "assistant", "content": out.content});
-    if let Some(rc) = out.reasoning {
-        message["reasoning_content"] = Value::String(rc);
-    }
-    if !out.tool_calls.is_empty() {
-        message["tool_calls"] = out.tool_calls.iter().map(tool_call_json).collect();
-    }
-    c.tool_calls = !out.tool_calls.is_empty();
-    let reason = stream::finish_reason(g.stop_reason, c.tool_calls);
-    let logprobs = match gen.logprobs {
-        Some(_) => TokenNames(c.tok.as_deref()).chat(&g.logprobs),
-        None => Value::Null,
-    };
+    let gs = stream::collect(&mut r).await?;
+    let choices: Vec<Value> = cs
+        .iter_mut()
+        .zip(&gs)
+        .enumerate()
+        .map(|(i, (c, g))| {
+            let mut deltas = c.parser.push(&g.text);
+            deltas.extend(c.parser.finish());
+            let out = ParsedOutput::from_deltas(deltas);
+            let mut message = json!({"role": "assistant", "content": out.content});
+            if let Some(rc) = out.reasoning {
+                message["reasoning_content"] = Value::String(rc);
+            }
+            if !out.tool_calls.is_empty() {
+                message["tool_calls"] = out.tool_calls.iter().map(tool_call_json).collect();
+            }
+            let reason = stream::finish_reason(g.stop_reason, !out.tool_calls.is_empty());
+            let logprobs = match gen.logprobs {
+                Some(_) => TokenNames(c.tok.as_deref()).chat(&g.logprobs),
+                None => Value::Null,
+            };
+            json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason})
+        })
+        .collect();
+    let completion = gs.iter().map(|g| g.tokens.len()).sum();
     let answer = json!({
-        "id": c.id, "object": "chat.completion", "created": c.created, "model": c.model,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}],
-        "usage": stream::usage(&r, g.tokens.len()),
+        "id": id, "object": "chat.completion", "created": created, "model": st.model_id,
+        "choices": choices,
+        "usage": stream::usage(&r, completion),
     });
-    Ok(Json(stream::with_failure(answer, &g)).into_response())
+    Ok(Json(stream::with_failure(answer, &gs)).into_response())
 }
 
 /// Renders the conversation (with and without the generation prompt) and tokenizes it, on the blocking pool.
@@ -234,18 +252,21 @@ impl Chunker for ChatChunks {
         out
     }
 
-    fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value> {
+    fn done(&mut self, g: &Generation, tail: &str) -> Vec<Value> {
         let mut ds = self.parser.push(tail);
         ds.extend(self.parser.finish());
         let mut out = self.deltas(ds);
         let reason = stream::finish_reason(g.stop_reason, self.tool_calls);
         out.push(self.chunk(json!({}), Some(reason)));
-        if self.include_usage {
-            out.push(json!({
+        out
+    }
+
+    fn usage(&self, usage: Value) -> Option<Value> {
+        self.include_usage.then(|| {
+            json!({
                 "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": [], "usage": usage,
-            }));
-        }
-        out
+            })
+        })
     }
 }

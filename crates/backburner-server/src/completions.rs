@@ -44,34 +44,47 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     let token_ids = b.bool("return_token_ids")? == Some(true) || st.tokenizer.is_none();
     let prompt = prompt_ids(&st, b.get("prompt")).await?;
     let mut r = stream::start(&st, &id, prompt, "prompt", None, &gen).await?;
-    let mut meta = Meta {
-        id,
-        created: AppState::now(),
-        model: st.model_id.clone(),
-        include_usage: gen.include_usage,
-        token_ids,
-        tok: st.tokenizer.clone().filter(|_| gen.logprobs.is_some()),
-        logprobs: gen.logprobs.map(|_| Legacy::default()),
-    };
+    let created = AppState::now();
+    let mut metas: Vec<Meta> = (0..r.choices)
+        .map(|_| Meta {
+            id: id.clone(),
+            created,
+            model: st.model_id.clone(),
+            include_usage: gen.include_usage,
+            token_ids,
+            tok: st.tokenizer.clone().filter(|_| gen.logprobs.is_some()),
+            logprobs: gen.logprobs.map(|_| Legacy::default()),
+        })
+        .collect();
     if gen.stream {
-        return Ok(stream::sse(r, meta).into_response());
+        return Ok(stream::sse(r, metas).into_response());
     }
-    let g = stream::collect(&mut r).await?;
-    let reason = stream::finish_reason(g.stop_reason, false);
-    let mut choice = json!({"index": 0, "text": g.text, "logprobs": null, "finish_reason": reason});
-    if let Some(mut l) = meta.logprobs.take() {
-        l.push(&TokenNames(meta.tok.as_deref()), &g.logprobs);
-        choice["logprobs"] = l.take();
-    }
-    if meta.token_ids {
-        choice["token_ids"] = json!(g.tokens);
-    }
+    let gs = stream::collect(&mut r).await?;
+    let choices: Vec<Value> = metas
+        .iter_mut()
+        .zip(&gs)
+        .enumerate()
+        .map(|(i, (meta, g))| {
+            let reason = stream::finish_reason(g.stop_reason, false);
+            let mut choice =
+                json!({"index": i, "text": g.text, "logprobs": null, "finish_reason": reason});
+            if let Some(mut l) = meta.logprobs.take() {
+                l.push(&TokenNames(meta.tok.as_deref()), &g.logprobs);
+                choice["logprobs"] = l.take();
+            }
+            if meta.token_ids {
+                choice["token_ids"] = json!(g.tokens);
+            }
+            choice
+        })
+        .collect();
+    let completion = gs.iter().map(|g| g.tokens.len()).sum();
     let answer = json!({
-        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
-        "choices": [choice],
-        "usage": stream::usage(&r, g.tokens.len()),
+        "id": id, "object": "text_completion", "created": created, "model": st.model_id,
+        "choices": choices,
+        "usage": stream::usage(&r, completion),
     });
-    Ok(Json(stream::with_failure(answer, &g)).into_response())
+    Ok(Json(stream::with_failure(answer, &gs)).into_response())
 }
 
 /// The prompt as ids: a string (tokenized), an array of ids, or a one-element array of either.
@@ -179,14 +192,16 @@ impl Chunker for Meta {
         vec![c]
     }
 
-    fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value> {
-        let mut out = vec![self.chunk(tail, Some(stream::finish_reason(g.stop_reason, false)))];
-        if self.include_usage {
-            out.push(json!({
+    fn done(&mut self, g: &Generation, tail: &str) -> Vec<Value> {
+        vec![self.chunk(tail, Some(stream::finish_reason(g.stop_reason, false)))]
+    }
+
+    fn usage(&self, usage: Value) -> Option<Value> {
+        self.include_usage.then(|| {
+            json!({
                 "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": [], "usage": usage,
-            }));
-        }
-        out
+            })
+        })
     }
 }

@@ -101,6 +101,9 @@ pub struct GenSettings {
     pub max_tokens: Option<usize>,
     /// Sampling values (checked by the engine; a bad one is a 400 naming it).
     pub sampling: SamplingParams,
+    /// Choices (`n`, 1 … [`backburner_engine::MAX_CHOICES`]): the prompt is prefilled once, choice `i` samples with
+    /// seed `seed + i`.
+    pub n: usize,
     /// Stop strings.
     pub stop: Vec<String>,
     /// `stream`.
@@ -128,10 +131,16 @@ impl GenSettings {
             Some(n) => Some(n),
             None => b.count("max_tokens", 1)?,
         };
-        if let Some(n) = b.count("n", 1)? {
-            if n != 1 {
-                return Err(ApiError::invalid(Some("n"), "only `n` = 1 is supported"));
-            }
+        // several choices share the prompt's prefill; choice i samples with seed + i
+        let n = b.count("n", 1)?.unwrap_or(1);
+        if n > backburner_engine::MAX_CHOICES {
+            return Err(ApiError::invalid(
+                Some("n"),
+                format!(
+                    "`n` must be at most {}, not {n}",
+                    backburner_engine::MAX_CHOICES
+                ),
+            ));
         }
         let f = |name: &str, default: f32| -> Result<f32, ApiError> {
             Ok(b.f64(name)?.map_or(default, |v| v as f32))
@@ -199,6 +208,7 @@ impl GenSettings {
         let ignore_eos = b.bool("ignore_eos")?.unwrap_or(false);
         Ok(GenSettings {
             ignore_eos,
+            n,
             logprobs: None,
             constraint: None,
             cache_prompt,

@@ -31,8 +31,10 @@ impl Drop for CancelGuard {
 
 /// A job that a slot took.
 pub struct Running {
-    /// The job's events after `Started`.
-    pub rx: mpsc::UnboundedReceiver<Event>,
+    /// The job's events after `Started`, each with its choice's index (`n` > 1: choices 1 … n−1 start later).
+    pub rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    /// Choices asked for (`n`).
+    pub choices: usize,
     /// Cancels the job when dropped.
     pub guard: CancelGuard,
     /// Prompt tokens.
@@ -41,7 +43,8 @@ pub struct Running {
     pub cached_tokens: usize,
 }
 
-/// Submits `prompt` (ids `[n]`) with `gen`'s settings and waits until a slot takes it. `prompt_field` is the
+/// Submits `prompt` (ids `[n]`) with `gen`'s settings (`gen.n` choices: the engine prefills the prompt once and forks
+/// it, choice `i` seeded `seed + i`) and waits until a slot takes it (choice 0). `prompt_field` is the
 /// request field the prompt came from (`messages`, `prompt`): errors about the prompt name it.
 ///
 /// Errors: 400 for a prompt that does not fit the context or values the engine refuses; 503 when the queue is full
@@ -72,7 +75,7 @@ pub async fn start(
         ));
     }
     let cancel = Arc::new(AtomicBool::new(false));
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Event)>();
     let params = GenerateParams {
         max_tokens: gen.max_tokens.unwrap_or(usize::MAX),
         sampling: gen.sampling.clone(),
@@ -92,19 +95,27 @@ pub async fn start(
     if st.stopping.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(backburner_engine::serve::SubmitError::ShuttingDown.into());
     }
+    let choices = gen.n.max(1);
+    let sink = |i: usize| -> backburner_engine::serve::EventSink {
+        let tx = tx.clone();
+        Box::new(move |ev| tx.send((i, ev)).is_ok())
+    };
     st.engine.submit(Job {
         id: id.to_string(),
         prompt,
         params,
         stable_prefix,
         cache_prompt: gen.cache_prompt,
-        events: Box::new(move |ev| tx.send(ev).is_ok()),
-        siblings: Vec::new(),
+        events: sink(0),
+        siblings: (1..choices).map(sink).collect(),
     })?;
+    drop(tx);
     let guard = CancelGuard(cancel);
-    match rx.recv().await {
+    // choice 0 starts first (the others fork from its prefill)
+    match rx.recv().await.map(|(_, ev)| ev) {
         Some(Event::Started { cached_tokens, .. }) => Ok(Running {
             rx,
+            choices,
             guard,
             prompt_tokens,
             cached_tokens,
@@ -122,16 +133,23 @@ pub async fn start(
     }
 }
 
-/// Waits for the whole generation. Errors: 500 when the engine failed mid-way with nothing to show, or stopped.
-pub async fn collect(r: &mut Running) -> Result<Generation, ApiError> {
-    while let Some(ev) = r.rx.recv().await {
+/// Waits for every choice's whole generation (in choice order). Errors: 500 when the engine failed mid-way with
+/// nothing to show, or stopped; a choice that failed to start fails the request.
+pub async fn collect(r: &mut Running) -> Result<Vec<Generation>, ApiError> {
+    let mut out: Vec<Option<Generation>> = (0..r.choices).map(|_| None).collect();
+    let mut left = r.choices;
+    while let Some((i, ev)) = r.rx.recv().await {
         match ev {
             Event::Done { generation, .. } => {
                 if generation.stop_reason == StopReason::Error && generation.tokens.is_empty() {
                     let why = generation.error.clone().unwrap_or_default();
                     return Err(ApiError::internal(format!("generation failed: {why}")));
                 }
-                return Ok(*generation);
+                out[i] = Some(*generation);
+                left -= 1;
+                if left == 0 {
+                    return Ok(out.into_iter().flatten().collect());
+                }
             }
             Event::Failed(e) => return Err(e.into()),
             Event::Started { .. } | Event::Token { .. } => {}
@@ -140,10 +158,10 @@ pub async fn collect(r: &mut Running) -> Result<Generation, ApiError> {
     Err(ApiError::internal("the engine stopped during the request"))
 }
 
-/// A whole (non-streamed) answer with, when the engine failed after some tokens (`finish_reason: "error"`), the
-/// `error` object a stream ends with beside its choices, so the client learns why.
-pub fn with_failure(mut answer: Value, g: &Generation) -> Value {
-    if g.stop_reason == StopReason::Error {
+/// A whole (non-streamed) answer with, when the engine failed after some tokens in a choice
+/// (`finish_reason: "error"`), the `error` object a stream ends with beside its choices, so the client learns why.
+pub fn with_failure(mut answer: Value, gs: &[Generation]) -> Value {
+    if let Some(g) = gs.iter().find(|g| g.stop_reason == StopReason::Error) {
         let why = g.error.clone().unwrap_or_default();
         answer["error"] =
             ApiError::internal(format!("generation failed: {why}")).body()["error"].take();
@@ -187,15 +205,28 @@ pub trait Chunker: Send + 'static {
             self.text(text)
         }
     }
-    /// The last chunks: the rest of the text, the finish reason, and the usage when asked.
-    fn done(&mut self, g: &Generation, tail: &str, usage: Value) -> Vec<Value>;
+    /// The last chunks of a choice: the rest of the text and the finish reason.
+    fn done(&mut self, g: &Generation, tail: &str) -> Vec<Value>;
+    /// The chunk carrying the usage, sent once after every choice's last chunks, when asked (`include_usage`).
+    fn usage(&self, usage: Value) -> Option<Value>;
 }
 
-/// Streams the job as server-sent events: the chunks, `data: [DONE]` at the end, an `error` object if the engine
-/// failed mid-way; keep-alive comments while a long prompt is prefilled.
-pub fn sse(
+/// Gives every choice of `chunk` the index `i` (the chunkers write choice 0).
+fn stamp(mut chunk: Value, i: usize) -> Value {
+    if let Some(cs) = chunk.get_mut("choices").and_then(Value::as_array_mut) {
+        for c in cs {
+            c["index"] = json!(i);
+        }
+    }
+    chunk
+}
+
+/// Streams the job as server-sent events: each choice's chunks (from `chunkers[i]`, with `index` i; choices
+/// interleave), the usage once after the last choice's end, `data: [DONE]` at the end, an `error` object if the
+/// engine failed mid-way; keep-alive comments while a long prompt is prefilled.
+pub fn sse<C: Chunker>(
     mut r: Running,
-    mut chunker: impl Chunker,
+    mut chunkers: Vec<C>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let (tx, rx) = mpsc::channel::<Result<SseEvent, Infallible>>(64);
     let span = tracing::Span::current();
@@ -209,12 +240,16 @@ pub fn sse(
                         .is_ok()
                 }
             };
-            for c in chunker.begin() {
-                if !send(c).await {
-                    return;
+            for (i, chunker) in chunkers.iter_mut().enumerate() {
+                for c in chunker.begin() {
+                    if !send(stamp(c, i)).await {
+                        return;
+                    }
                 }
             }
-            let mut n = 0;
+            // tokens per choice, choices not done yet, completion tokens of those done
+            let mut n = vec![0; chunkers.len()];
+            let (mut left, mut completion) = (chunkers.len(), 0);
             loop {
                 // a client gone while the prompt is ingested (no event for a while) is noticed here: the
                 // response stream dropped its receiver, and dropping `r` cancels the job at the next step
@@ -222,16 +257,27 @@ pub fn sse(
                     ev = r.rx.recv() => ev,
                     _ = tx.closed() => return,
                 };
-                let Some(ev) = ev else { break };
-                let end = matches!(ev, Event::Done { .. } | Event::Failed(_));
+                let Some((i, ev)) = ev else { break };
+                let chunker = &mut chunkers[i];
+                let mut end = matches!(ev, Event::Failed(_));
                 let chunks = match ev {
                     Event::Token { id, text, logprob } => {
-                        n += 1;
-                        chunker.token(id, &text, logprob.as_ref())
+                        n[i] += 1;
+                        let c = chunker.token(id, &text, logprob.as_ref());
+                        c.into_iter().map(|c| stamp(c, i)).collect()
                     }
                     Event::Done { generation, text } => {
-                        let u = usage(&r, generation.tokens.len().max(n));
-                        let mut c = chunker.done(&generation, &text, u);
+                        completion += generation.tokens.len().max(n[i]);
+                        left -= 1;
+                        end = left == 0;
+                        let mut c: Vec<Value> = chunker
+                            .done(&generation, &text)
+                            .into_iter()
+                            .map(|c| stamp(c, i))
+                            .collect();
+                        if end {
+                            c.extend(chunker.usage(usage(&r, completion)));
+                        }
                         if generation.stop_reason == StopReason::Error {
                             let why = generation.error.clone().unwrap_or_default();
                             c.push(ApiError::internal(format!("generation failed: {why}")).body());

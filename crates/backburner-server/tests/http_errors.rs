@@ -67,7 +67,7 @@ async fn malformed_bodies_and_wrong_field_types_are_400s_naming_the_field() {
         ("tool_choice", json!(3)),
         ("chat_template_kwargs", json!([])),
         ("cache_prompt", json!(1)),
-        ("n", json!(2)),
+        ("n", json!(17)),
         ("n", json!(0)),
     ];
     for (field, v) in cases {

@@ -120,7 +120,7 @@ fn refused_chat() -> Vec<(&'static str, Value)> {
         ("function_call", json!("auto")),
         ("functions", json!([{"name": "f", "parameters": {}}])),
         ("modalities", json!(["text", "audio"])),
-        ("n", json!(2)),
+        ("n", json!(17)),
         ("parallel_tool_calls", json!(false)),
         ("prediction", json!({"type": "content", "content": "x"})),
         ("prompt_cache_retention", json!("24h")),
@@ -167,7 +167,7 @@ fn refused_completions() -> Vec<(&'static str, Value)> {
     vec![
         ("best_of", json!(3)),
         ("echo", json!(true)),
-        ("n", json!(2)),
+        ("n", json!(17)),
         ("suffix", json!("return x")),
         ("messages", json!([])),
         ("top_logprobs", json!(2)),

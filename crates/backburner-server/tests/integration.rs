@@ -3,6 +3,7 @@
 
 mod common;
 
+mod http_choices;
 mod http_constrain;
 mod http_engine;
 mod http_errors;
