@@ -37,6 +37,7 @@ fn engine(model: &Arc<Model>, slots: usize) -> Engine {
     let so = ServeOptions {
         queue: 8,
         cache: CacheLimits::default(),
+        ..Default::default()
     };
     Engine::start(sessions, None, so).unwrap()
 }

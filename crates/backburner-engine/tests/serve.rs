@@ -497,6 +497,7 @@ fn the_slot_board_shows_a_running_job_and_then_the_idle_history() {
         params: greedy(10),
         stable_prefix: None,
         cache_prompt: true,
+        siblings: Vec::new(),
         events: Box::new(move |ev| {
             if matches!(ev, Event::Token { .. }) {
                 tokens += 1;
