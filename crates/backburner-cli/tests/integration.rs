@@ -19,5 +19,6 @@ mod offload;
 mod plan;
 mod qwen35_tokenizer;
 mod serve;
+mod serve_choices;
 mod serve_health;
 mod worker;
