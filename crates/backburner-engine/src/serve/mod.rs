@@ -239,10 +239,12 @@ impl Engine {
         // the channel holds the queue; the scheduler takes a job only when a slot is free (with no queue, the channel
         // only hands jobs over: `submit` refuses one that would wait)
         let (tx, rx) = sync_channel(if opts.queue == 0 { n_slots } else { opts.queue });
-        let slots = sessions
+        let slots: Vec<Slot> = sessions
             .into_iter()
             .map(|s| Slot::new(s, opts.cache))
             .collect();
+        // the worker gauges hold from the start, before the scheduler's first turn (`/health` may ask at once)
+        links::publish_link(&slots, &shared.metrics);
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("backburner-scheduler".into())
