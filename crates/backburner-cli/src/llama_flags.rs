@@ -28,7 +28,7 @@ fn meaning(flag: &str) -> Option<Meaning> {
         "--jinja" => Always(false, "chat templates always render as transformers renders them (Jinja)"),
         "-ngl" | "-ngld" | "--n-gpu-layers" | "--gpu-layers" => Gpu,
         "-ts" | "-sm" | "-mg" => No("there is no GPU to split across; a model splits across machines with --layer-split"),
-        "-cnv" => No("an interactive conversation is not implemented yet; `run --chat` applies the chat template to one prompt"),
+        "-cnv" | "--conversation" => No("the interactive conversation is `backburner chat`, or `backburner run -cnv`"),
         "-b" => No("prompts are ingested in --ubatch chunks with no logical batch above them; set -ub / --ubatch"),
         "-tb" => No("prefill and decode share one thread pool: set -t / --threads"),
         "-nkvo" => No("the KV cache lives in host memory (or on workers with --kv-budget); there is no device memory to keep it from"),
@@ -41,6 +41,7 @@ fn meaning(flag: &str) -> Option<Meaning> {
 /// `args` (program name first) with llama.cpp's multi-letter short flags rewritten. Errors: a message naming a flag
 /// that means nothing here, one that lacks its value, or `-ctk` and `-ctv` with different types.
 pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
+    let args = conversation(args)?;
     let mut out = Vec::with_capacity(args.len());
     let mut kv: Option<String> = None;
     let mut it = args.into_iter();
@@ -111,6 +112,43 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// `run -cnv` (or `--conversation`) is `chat`, as llama-cli's `-cnv` starts its conversation: the subcommand becomes
+/// `chat` and the flag (with `--chat`, which the conversation always does) is dropped; `chat -cnv` drops it too.
+/// Errors: a prompt option beside it (the conversation reads its prompts from the terminal).
+fn conversation(mut args: Vec<String>) -> Result<Vec<String>, String> {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let is_cnv = |a: &String| a == "-cnv" || a == "--conversation";
+    let sub = args.get(1).map(String::as_str);
+    if !matches!(sub, Some("run" | "chat")) || !args[..end].iter().any(is_cnv) {
+        return Ok(args);
+    }
+    let prompt = [
+        "-p",
+        "--prompt",
+        "-f",
+        "--prompt-file",
+        "--file",
+        "--prompt-tokens",
+        "--prompt-tokens-file",
+    ];
+    if let Some(p) = args[..end]
+        .iter()
+        .find(|a| prompt.contains(&a.split('=').next().unwrap_or(a)))
+    {
+        return Err(format!(
+            "-cnv starts the interactive chat (`backburner chat`), which reads its prompts from the terminal: leave \
+             out {p} (a system prompt goes in -sys / --system)"
+        ));
+    }
+    args[1] = "chat".into();
+    let mut i = 0;
+    args.retain(|a| {
+        i += 1;
+        i > end || !(is_cnv(a) || a == "--chat")
+    });
+    Ok(args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::translate;
@@ -168,7 +206,21 @@ mod tests {
             t(&["run", "--flash-attn", "auto", "--cache-type-k", "bf16"]).unwrap()[1..],
             ["run", "--kv-dtype", "bf16"]
         );
-        assert!(t(&["run", "-cnv"]).unwrap_err().contains("-cnv"));
+        assert_eq!(
+            t(&["run", "-m", "x", "-cnv", "-sys", "Be terse.", "--chat"]).unwrap()[1..],
+            ["chat", "-m", "x", "--system", "Be terse."]
+        );
+        assert_eq!(
+            t(&["run", "--conversation", "-n", "5"]).unwrap()[1..],
+            ["chat", "-n", "5"]
+        );
+        assert_eq!(t(&["chat", "-cnv"]).unwrap()[1..], ["chat"]);
+        assert!(t(&["run", "-cnv", "-p", "hi"])
+            .unwrap_err()
+            .contains("leave out -p"));
+        assert!(t(&["serve", "-cnv"])
+            .unwrap_err()
+            .contains("backburner run -cnv"));
         assert!(t(&["run", "-b", "2048"]).unwrap_err().contains("-b"));
         assert!(t(&["run", "-fa", "off"]).unwrap_err().contains("-fa off"));
         assert!(t(&["run", "-ctk", "f16", "-ctv", "bf16"])

@@ -14,6 +14,9 @@ mod bench_slots;
 mod bench_split;
 mod calibrate_cmd;
 mod chain_args;
+mod chat_cmd;
+mod chat_conv;
+mod chat_repl;
 mod constraint_args;
 mod default_model;
 mod experts_args;
@@ -60,6 +63,9 @@ struct Cli {
 enum Cmd {
     /// Generate text from a prompt (streams to stdout, stats to stderr).
     Run(Box<run_cmd::RunArgs>),
+    /// Chat in the terminal: a multi-turn conversation through the chat template, each turn resuming from the
+    /// previous one's prompt cache; /clear, /system, /save, /help, /exit; Ctrl-C stops a reply (also `run -cnv`).
+    Chat(Box<chat_cmd::ChatArgs>),
     /// Perplexity of a text file.
     Perplexity(PplArgs),
     /// Benchmarks.
@@ -218,6 +224,7 @@ fn main() {
         .init();
     let r = match cli.cmd {
         Cmd::Run(a) => run_cmd::run(*a),
+        Cmd::Chat(a) => chat_cmd::run(*a),
         Cmd::Perplexity(a) => run_perplexity(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Worker(a) => worker_cmd::run(a),

@@ -96,19 +96,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         bail!("the API key is empty");
     }
     let pool = compute_pool(a.model.threads)?;
-    let away = match a.link.expert_split.is_empty() {
-        true => Vec::new(),
-        false => {
-            let dir = a
-                .model
-                .model
-                .clone()
-                .map_or_else(crate::default_model::ensure, Ok)?;
-            crate::experts_args::away(&a.link, &backburner_model::ModelConfig::from_dir(&dir)?)?
-        }
-    };
-    let loaded = crate::load_host_without(&a.model, &pool, a.link.host_layers(), &away)?;
-    crate::experts_args::attach(&a.link, &loaded, &away, &a.model, pool.threads())?;
+    let loaded = load_placed(&a.model, &a.link, &pool)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         loaded
             .dir
@@ -118,7 +106,13 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let with_workers = a.link.workers_take_pages(a.model.kv_page_size)?;
     let mut sessions = Vec::new();
     for _ in 0..a.parallel {
-        sessions.push(slot_session(&a, &loaded, &pool, with_workers)?);
+        sessions.push(slot_session(
+            &a.model,
+            &a.link,
+            &loaded,
+            &pool,
+            with_workers,
+        )?);
     }
     let context_length = sessions[0].context_length();
     let eos_ids = match &loaded.tokenizer {
@@ -184,22 +178,45 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     })
 }
 
+/// Loads `--model` as the placement flags ask: only the host's layers with `--layer-split`, without the routed
+/// experts on workers with `--expert-split` (which are attached). Shared by `serve` and `chat`.
+pub(crate) fn load_placed(
+    model: &ModelArgs,
+    link: &LinkArgs,
+    pool: &backburner_engine::ComputePool,
+) -> Result<crate::Loaded> {
+    let away = match link.expert_split.is_empty() {
+        true => Vec::new(),
+        false => {
+            let dir = model
+                .model
+                .clone()
+                .map_or_else(crate::default_model::ensure, Ok)?;
+            crate::experts_args::away(link, &backburner_model::ModelConfig::from_dir(&dir)?)?
+        }
+    };
+    let loaded = crate::load_host_without(model, pool, link.host_layers(), &away)?;
+    crate::experts_args::attach(link, &loaded, &away, model, pool.threads())?;
+    Ok(loaded)
+}
+
 /// One slot's session: its own workers' connections (split prefill / KV offload; none when `with_workers` is false,
 /// see [`LinkArgs::workers_take_pages`](crate::link_args::LinkArgs::workers_take_pages)) or layer-split chain.
-fn slot_session(
-    a: &ServeArgs,
+pub(crate) fn slot_session(
+    model: &ModelArgs,
+    link: &LinkArgs,
     loaded: &crate::Loaded,
     pool: &backburner_engine::ComputePool,
     with_workers: bool,
 ) -> Result<Session> {
-    let mut workers = a.link.clients(loaded, pool.threads())?;
+    let mut workers = link.clients(loaded, pool.threads())?;
     if !with_workers {
         workers.clear();
     }
-    let chain = crate::chain_args::layer_split(&a.link, loaded, pool.threads())?;
-    let mut opts = a.model.session_options(pool);
-    opts.kv_budget = a.link.kv_budget;
-    opts.interleave = !a.link.no_interleave;
+    let chain = crate::chain_args::layer_split(link, loaded, pool.threads())?;
+    let mut opts = model.session_options(pool);
+    opts.kv_budget = link.kv_budget;
+    opts.interleave = !link.no_interleave;
     let mut s = match chain {
         Some(c) => Session::with_layer_split(loaded.model.clone(), opts, c)?,
         None => Session::new(loaded.model.clone(), opts)?,
