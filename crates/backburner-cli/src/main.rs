@@ -63,8 +63,7 @@ struct Cli {
 enum Cmd {
     /// Generate text from a prompt (streams to stdout, stats to stderr).
     Run(Box<run_cmd::RunArgs>),
-    /// Chat in the terminal: a multi-turn conversation through the chat template, each turn resuming from the
-    /// previous one's prompt cache; /clear, /system, /save, /help, /exit; Ctrl-C stops a reply (also `run -cnv`).
+    /// Chat in the terminal, multi-turn, each turn resuming from the previous one's prompt cache (also `run -cnv`).
     Chat(Box<chat_cmd::ChatArgs>),
     /// Perplexity of a text file.
     Perplexity(PplArgs),
