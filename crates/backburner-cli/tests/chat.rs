@@ -332,46 +332,77 @@ fn ctrl_c_stops_a_reply_and_the_chat_goes_on_until_ctrl_d() {
     assert_eq!(c.wait(), Some(0));
 }
 
+/// `backburner ARGS` (a chat) greedy on one thread, with `input` on standard input (not a terminal): its stdout and
+/// stderr; asserts exit code 0.
+fn talk(args: &[&str], input: &str) -> (String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_backburner"))
+        .args(args)
+        .args(["--threads", "1", "--temp", "0"])
+        .env("BACKBURNER_CACHE", cache())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // typed ahead: the lines wait for the reply before them
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    (String::from_utf8(o.stdout).unwrap(), err)
+}
+
 #[test]
 fn run_cnv_is_the_chat_and_reads_piped_input() {
-    let talk = |args: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_backburner"))
-            .args(args)
-            .args([
-                "-n",
-                "4",
-                "--threads",
-                "1",
-                "--temp",
-                "0",
-                "-sys",
-                "Be terse.",
-            ])
-            .env("BACKBURNER_CACHE", cache())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // typed ahead: the lines wait for the reply before them
-        let mut input = child.stdin.take().unwrap();
-        input.write_all(b"Hi\n/help\n").unwrap();
-        drop(input);
-        let o = child.wait_with_output().unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    };
-    let chat = talk(&["chat"]);
+    let args = ["-n", "4", "-sys", "Be terse."];
+    let (chat, _) = talk(&[&["chat"][..], &args].concat(), "Hi\n/help\n");
     // not a terminal: no color, the text as generated after the `<think>` the template opened
     assert!(
         chat.starts_with("> <think>\n") && chat.contains("\n> commands:\n"),
         "{chat}"
     );
-    assert!(chat.ends_with("/exit, /quit    leave (also Ctrl-D)\nA line ending in \\ continues on the next line; //text sends /text. Ctrl-C stops a reply (what it wrote stays in\nthe conversation).\n> \n"), "{chat}");
-    assert_eq!(talk(&["run", "-cnv"]), chat);
+    assert!(
+        chat.ends_with("Ctrl-C stops a reply (what it wrote stays in\nthe conversation).\n> \n"),
+        "{chat}"
+    );
+    assert_eq!(
+        talk(&[&["run", "-cnv"][..], &args].concat(), "Hi\n/help\n").0,
+        chat
+    );
+}
+
+#[test]
+fn a_layer_split_chat_gives_the_local_replies_and_reuse() {
+    let m = crate::common::fixture("tiny-hub");
+    let w = crate::common::worker_for(&m, &[], &[]);
+    let input = "Hello there, how are you today?\nAnd what comes next?\n";
+    let chat = |extra: &[&str]| {
+        let model = [
+            "chat",
+            "--model",
+            m.to_str().unwrap(),
+            "-n",
+            "6",
+            "--verbose",
+        ];
+        let args = [&model[..], &["--system", SYSTEM], extra].concat();
+        let (out, err) = talk(&args, input);
+        // the token counts of the stats lines, not the rates
+        let counts: Vec<String> = err
+            .lines()
+            .filter(|l| l.starts_with("prompt "))
+            .map(|l| l.split(" | prefill").next().unwrap().to_string())
+            .collect();
+        (out, counts)
+    };
+    let local = chat(&[]);
+    // the second turn resumes from the first's checkpoints (the system prompt makes them reachable)
+    assert_eq!(local.1.len(), 2, "{local:?}");
+    assert!(
+        local.1[1].starts_with("prompt 167 tokens (128 cached, 39 prefilled)"),
+        "{local:?}"
+    );
+    assert_eq!(chat(&["--worker", &w.addr, "--layer-split", "4"]), local);
 }
