@@ -232,6 +232,7 @@ impl Repl {
             stable_prefix: Some(r.stable),
             cache_prompt: !std::mem::take(&mut self.cold),
             events: Box::new(move |e| tx.send(Msg::Event(e)).is_ok()),
+            siblings: Vec::new(),
         };
         if let Err(e) = self.engine.submit(job) {
             return self.drop_turn(&format!("error: {e}"));
