@@ -98,7 +98,29 @@ fn a_layer_split_worker_gone_makes_health_degraded_until_it_is_back() {
     wait_health(&s, "ok");
     assert_eq!(s.metric("workers_connected"), 1.0);
     assert_eq!(text(&s.post_ok("/v1/completions", &request())), want);
+
+    // a hung worker (stopped, not gone: its connection stays open) is found by a ping's own short deadline, not by
+    // the 60 s --worker-timeout of a request; resumed, it serves again
+    signal(w.child.id(), libc::SIGSTOP);
+    let t = std::time::Instant::now();
+    let body = wait_health(&s, "degraded");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "a hung worker took {:?} to notice",
+        t.elapsed()
+    );
+    assert!(body["reason"].as_str().unwrap().contains(&addr), "{body}");
+    signal(w.child.id(), libc::SIGCONT);
+    wait_health(&s, "ok");
+    assert_eq!(text(&s.post_ok("/v1/completions", &request())), want);
     drop(w);
+}
+
+/// Sends `sig` to `pid`.
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a child's pid with a valid signal number has no memory effects here.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill -{sig} {pid}");
 }
 
 #[test]

@@ -10,7 +10,8 @@ use super::{LayerSplit, StageError};
 use crate::connection::SessionShape;
 
 impl LayerSplit {
-    /// A health check while idle, per worker in chain order (the error as text): the round trip of an empty `Ping` on an open
+    /// A health check while idle, per worker in chain order (the error as text; each connect, handshake and ping
+    /// waits at most [`crate::connection::HEALTH_PING_TIMEOUT`]): the round trip of an empty `Ping` on an open
     /// connection; for a worker whose last exchange failed and whose backoff has ended, a fresh connection (a new
     /// session at position 0: the next request sees the workers' state is not the host's and re-ingests the
     /// history, as after any loss). `None` for a worker not tried: never connected yet (connections are made by the
@@ -19,6 +20,28 @@ impl LayerSplit {
     /// A failed ping or connect fails the chain as a failed request does ([`LayerSplit::fail`]): every worker
     /// session closes and the failed worker backs off.
     pub fn probe(
+        &mut self,
+        cfg: &ModelConfig,
+        shape: SessionShape,
+    ) -> Vec<Option<Result<Duration, String>>> {
+        let cap = crate::connection::HEALTH_PING_TIMEOUT;
+        let saved: Vec<Duration> = self
+            .stages
+            .iter_mut()
+            .map(|s| {
+                let t = s.link.settings.timeout.min(cap);
+                s.link.swap_timeout(t)
+            })
+            .collect();
+        let out = self.probe_capped(cfg, shape);
+        for (s, t) in self.stages.iter_mut().zip(saved) {
+            s.link.swap_timeout(t);
+        }
+        out
+    }
+
+    /// [`LayerSplit::probe`] with the timeouts capped.
+    fn probe_capped(
         &mut self,
         cfg: &ModelConfig,
         shape: SessionShape,

@@ -28,6 +28,11 @@ pub const MAX_BACKOFF_WAIT: Duration = Duration::from_secs(2);
 /// worker restarting: one started without `--layers` maps its file and listens within about 0.1–0.3 s), polling
 /// every [`RECONNECT_POLL`].
 pub const RECONNECT_PATIENCE: Duration = Duration::from_secs(1);
+/// The longest an idle health check (connect, handshake and `Ping`) waits for a worker: a hung worker (stopped,
+/// swapped out) is found within this, not within a request's `--worker-timeout`, and the scheduler, which pings
+/// between requests, is not held longer by it.
+pub const HEALTH_PING_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The poll interval of [`RECONNECT_PATIENCE`].
 const RECONNECT_POLL: Duration = Duration::from_millis(50);
 /// How long after a lost session a refused reconnect is taken for a restart (and waited for) rather than a worker
@@ -116,6 +121,12 @@ impl Connection {
     /// Settings.
     pub fn settings(&self) -> &WorkerSettings {
         &self.settings
+    }
+
+    /// Sets the base timeout of connecting, the handshake and `Ping` (a health check caps it at
+    /// [`HEALTH_PING_TIMEOUT`]), returning the one it replaces.
+    pub(crate) fn swap_timeout(&mut self, t: Duration) -> Duration {
+        std::mem::replace(&mut self.settings.timeout, t)
     }
 
     /// Whether a connection is open.

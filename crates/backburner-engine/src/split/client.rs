@@ -268,7 +268,8 @@ impl WorkerClient {
         self.mirror_linear_at = None;
     }
 
-    /// A health check while idle: the round trip of an empty `Ping` (connecting first if needed), or the error,
+    /// A health check while idle: the round trip of an empty `Ping` (connecting first if needed; each step waits at
+    /// most [`crate::connection::HEALTH_PING_TIMEOUT`]), or the error,
     /// after which the worker counts as unavailable until its backoff ends (no fallback is counted: nothing ran).
     /// Skipped (`None`) while the backoff after an earlier failure runs.
     pub fn probe(
@@ -281,7 +282,10 @@ impl WorkerClient {
         if !self.available() {
             return None;
         }
+        let cap = crate::connection::HEALTH_PING_TIMEOUT;
+        let saved = self.link.swap_timeout(self.link.settings.timeout.min(cap));
         let r = self.ping(cfg, kv, page, ubatch, &[]);
+        self.link.swap_timeout(saved);
         if let Err(e) = &r {
             self.lost(e);
         }
