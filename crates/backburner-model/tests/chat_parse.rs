@@ -309,3 +309,22 @@ fn arguments_are_typed_by_the_whole_schema() {
         assert_eq!(args(&out.tool_calls[0])[name], want, "{name} = {raw:?}");
     }
 }
+
+/// `-0` (which JSON parsers read as the float -0.0) and `3.0` for an integer parameter come back as the integers 0
+/// and 3, as strict clients need; a number parameter keeps the float, and 2.5 stays 2.5 (not an integer).
+#[test]
+fn integral_floats_for_integer_parameters_are_integers() {
+    let tools = [
+        json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"i": {"type": "integer"}, "j": {"type": "integer"}, "k": {"type": "integer"},
+                       "n": {"type": "number"}}}}}),
+    ];
+    let text = "<tool_call>\n<function=f>\n<parameter=i>\n-0\n</parameter>\n<parameter=j>\n3.0\n</parameter>\n<parameter=k>\n2.5\n</parameter>\n<parameter=n>\n-0\n</parameter>\n</function>\n</tool_call>";
+    let a = args(&parse_output(text, false, Some(&tools)).tool_calls[0]);
+    assert_eq!(a["i"], json!(0));
+    assert!(a["i"].is_i64(), "{a}");
+    assert_eq!(serde_json::to_string(&a["i"]).unwrap(), "0");
+    assert_eq!(serde_json::to_string(&a["j"]).unwrap(), "3");
+    assert_eq!(serde_json::to_string(&a["k"]).unwrap(), "2.5");
+    assert_eq!(serde_json::to_string(&a["n"]).unwrap(), "-0.0");
+}

@@ -175,6 +175,13 @@ pub(crate) fn convert_value(raw: &str, types: Option<&[&str]>) -> Value {
         .as_ref()
         .filter(|v| types.iter().any(|t| has_type(v, t)))
     {
+        // an integral number written with a sign or fraction (`-0`, `3.0`) where only an integer fits is that
+        // integer: JSON parsers read `-0` as a float, which strict clients refuse for an integer parameter
+        if types.contains(&"integer") && !types.contains(&"number") {
+            if let Some(i) = integral(v) {
+                return Value::from(i);
+            }
+        }
         return v.clone();
     }
     match parsed {
@@ -183,10 +190,19 @@ pub(crate) fn convert_value(raw: &str, types: Option<&[&str]>) -> Value {
     }
 }
 
-/// Whether `v` is of the JSON-schema type `t` (strings never match: a string parameter keeps its raw text).
+/// `v` as an i64 when it is a float with no fractional part inside the i64 range (`-0.0`, `3.0`).
+fn integral(v: &Value) -> Option<i64> {
+    let f = v.as_f64().filter(|_| v.is_f64())?;
+    // the range check keeps the cast exact: every integral f64 in [-2^63, 2^63) is an i64
+    (f.fract() == 0.0 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f))
+        .then_some(f as i64)
+}
+
+/// Whether `v` is of the JSON-schema type `t` (strings never match: a string parameter keeps its raw text; an
+/// integral float such as `-0` counts as an integer, as JSON Schema says).
 fn has_type(v: &Value, t: &str) -> bool {
     match t {
-        "integer" => v.is_i64() || v.is_u64(),
+        "integer" => v.is_i64() || v.is_u64() || integral(v).is_some(),
         "number" => v.is_number(),
         "boolean" => v.is_boolean(),
         "null" => v.is_null(),
