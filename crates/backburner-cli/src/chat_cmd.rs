@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use backburner_engine::serve::{Engine, ServeOptions};
 use clap::Args;
 
@@ -25,8 +25,8 @@ use crate::{compute_pool, LinkArgs, ModelArgs};
 pub(crate) struct ChatArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// System prompt (`/system TEXT` changes it during the chat).
-    #[arg(long)]
+    /// System prompt (`/system TEXT` changes it during the chat; it may start with `-`).
+    #[arg(long, allow_hyphen_values = true)]
     system: Option<String>,
     /// Ask a thinking model to answer without a thinking block (sets `enable_thinking=false` in the template).
     #[arg(long)]
@@ -53,11 +53,7 @@ pub(crate) struct ChatArgs {
 /// Runs `backburner chat` until `/exit`, Ctrl-D or the end of the input.
 pub(crate) fn run(a: ChatArgs) -> Result<()> {
     a.sampling.check()?;
-    let max_tokens = match a.max_tokens {
-        n if n < 0 => usize::MAX,
-        0 => bail!("--max-tokens 0 leaves no room for a reply (-1: until eos or a full context)"),
-        n => usize::try_from(n).unwrap_or(usize::MAX),
-    };
+    let max_tokens = crate::run_cmd::max_tokens(a.max_tokens, false)?;
     let pool = compute_pool(a.model.threads)?;
     let mut loaded = crate::serve_cmd::load_placed(&a.model, &a.link, &pool)?;
     crate::need_tok(&loaded.tokenizer, &loaded.dir, "chat", "")?;

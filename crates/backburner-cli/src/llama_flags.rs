@@ -1,47 +1,131 @@
-//! llama.cpp's multi-letter short flags (`-ngl`, `-cnv`, `-fa`, `-np`, `-ctk`, `-ctv`, `-ub`, `-b`, …), read before
-//! clap sees the arguments, which would otherwise take them as clusters of one-letter flags (`-fa` as `-f a`, a
-//! prompt file named `a`; `-np 4` as `-n p`). Each is rewritten to this CLI's long flag where it means the same here,
-//! accepted without effect where what it asks for is what happens anyway, and refused with a message naming it
-//! otherwise.
+//! llama.cpp's multi-letter short flags (`-ngl`, `-cnv`, `-fa`, `-np`, `-ctk`, `-ctv`, `-ub`, `-b`, …) and a few of
+//! its (and vLLM's) long flags, read before clap sees the arguments, which would otherwise take a multi-letter short
+//! flag as a cluster of one-letter flags (`-fa` as `-f a`, a prompt file named `a`; `-st` as `-s t`, a seed `t`).
+//! Each flag of the table is rewritten to this CLI's long flag where it means the same here, accepted without effect
+//! where what it asks for is what happens anyway, and refused with a message naming it otherwise. Any other argument
+//! of the shape `-` and two or more letters where a flag stands is refused with a message naming it: every short
+//! flag here but `-h` takes a value, so such an argument is never a cluster of one-letter flags.
+//!
+//! Where a flag stands is read from clap's own description of the command ([`crate::cli_command`]): the argument
+//! after a flag that takes a value is that value (`-p -fa` is the prompt `-fa`) and is passed on untouched.
+
+use clap::Command;
 
 /// What one llama.cpp flag becomes.
 enum Meaning {
     /// The same flag here, taking the same value.
     Long(&'static str),
-    /// Accepted: what it asks for is what this engine always does (takes a value when `bool` says so).
+    /// Accepted: what it asks for is what this engine always does. With `true`, it takes an optional
+    /// `on`/`auto`/`off` value (`-fa`); `off` is refused.
     Always(bool, &'static str),
     /// Refused, with why.
     No(&'static str),
     /// GPU layers: 0 (the CPU only, as scripts pass it) is what happens here; more is refused.
     Gpu,
+    /// llama.cpp's `--reasoning-budget N`: 0 is `--no-think`, -1 (no budget) what happens anyway; others refused.
+    Budget,
+    /// llama.cpp's `--repeat-last-n N`: -1 (the whole context) is what `--repeat-penalty` covers here.
+    RepeatLastN,
 }
 
-fn meaning(flag: &str) -> Option<Meaning> {
+fn meaning(flag: &str, sub: &str) -> Option<Meaning> {
     use Meaning::*;
     Some(match flag {
         "-ub" => Long("--ubatch"),
         "-np" => Long("--parallel"),
         "-ctk" | "-ctv" | "--cache-type-k" | "--cache-type-v" => Long("--kv-dtype"),
         "-sys" => Long("--system"),
+        "-a" | "--served-model-name" => Long("--alias"),
+        "--max-model-len" => Long("--ctx-size"),
+        "-r" | "--reverse-prompt" => Long("--stop"),
         "-fa" | "--flash-attn" => Always(true, "attention over KV pages always runs as a fused online softmax (flash attention)"),
         "-no-cnv" | "--no-conversation" => Always(false, "run is single-turn"),
+        "-st" | "--single-turn" if sub == "chat" => No(
+            "chat is the multi-turn conversation; for a single answer use `backburner run --chat -p TEXT`",
+        ),
+        "-st" | "--single-turn" => Always(false, "run is single-turn"),
+        "-cb" | "--cont-batching" => Always(false, "serve always batches the decode steps of its slots (continuous batching)"),
+        "-nocb" | "--no-cont-batching" => No("serve always batches the decode steps of its slots; it cannot be turned off"),
+        "--metrics" => Always(false, "serve's GET /metrics is always on"),
+        "--slots" => Always(false, "serve's GET /slots is on unless --no-slots turns it off"),
+        "--no-warmup" => Always(false, "there is no warmup run"),
+        "--no-mmap" => Always(
+            false,
+            "the weights are copied (packed) into this process's memory at load; the files are only read through a \
+             map, whose pages are dropped once copied",
+        ),
+        "-cmoe" | "--cpu-moe" => Always(false, "the experts run on the CPU (or on workers with --expert-split)"),
         "--jinja" => Always(false, "chat templates always render as transformers renders them (Jinja)"),
+        "--mlock" => No("not supported: the weights are not locked in memory"),
+        "-dev" | "--device" => No("there is no GPU backend yet: everything runs on the CPU (and on workers over the link)"),
         "-ngl" | "-ngld" | "--n-gpu-layers" | "--gpu-layers" => Gpu,
+        "--reasoning-budget" => Budget,
+        "--repeat-last-n" => RepeatLastN,
         "-ts" | "-sm" | "-mg" => No("there is no GPU to split across; a model splits across machines with --layer-split"),
         "-cnv" | "--conversation" => No("the interactive conversation is `backburner chat`, or `backburner run -cnv`"),
         "-b" => No("prompts are ingested in --ubatch chunks with no logical batch above them; set -ub / --ubatch"),
         "-tb" => No("prefill and decode share one thread pool: set -t / --threads"),
         "-nkvo" => No("the KV cache lives in host memory (or on workers with --kv-budget); there is no device memory to keep it from"),
-        "-ot" => No("tensors go to devices by layer (--layer-split) or by expert (--experts-worker), not by pattern"),
+        "-ot" => No("tensors go to devices by layer (--layer-split) or by expert (--expert-split), not by pattern"),
         "-hf" | "-hfr" | "-hff" => No("no model hub is reached: give a local checkpoint directory or GGUF file with -m"),
         _ => return None,
     })
 }
 
-/// `args` (program name first) with llama.cpp's multi-letter short flags rewritten. Errors: a message naming a flag
-/// that means nothing here, one that lacks its value, or `-ctk` and `-ctv` with different types.
+/// The options that give `run` its prompt: `chat` has none of them (it reads its messages from the terminal).
+const PROMPT_FLAGS: [&str; 7] = [
+    "-p",
+    "--prompt",
+    "-f",
+    "--prompt-file",
+    "--file",
+    "--prompt-tokens",
+    "--prompt-tokens-file",
+];
+
+/// `-` and two or more letters (then letters, digits or `-`): a llama.cpp-style multi-letter short flag, which
+/// clap would read as a cluster of one-letter flags.
+fn multi_letter_short(flag: &str) -> bool {
+    let b = flag.as_bytes();
+    b.len() >= 3
+        && b[0] == b'-'
+        && b[1].is_ascii_alphabetic()
+        && b[2].is_ascii_alphabetic()
+        && b[3..]
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+}
+
+/// The argument of `cmd` that `flag` (`--long`, or `-s` with or without an attached value) names.
+fn find_arg<'a>(cmd: &'a Command, flag: &str) -> Option<&'a clap::Arg> {
+    if let Some(long) = flag.strip_prefix("--") {
+        return cmd.get_arguments().find(|a| {
+            a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|v| v.contains(&long))
+        });
+    }
+    let c = flag.strip_prefix('-')?.chars().next()?;
+    cmd.get_arguments().find(|a| {
+        a.get_short() == Some(c) || a.get_all_short_aliases().is_some_and(|v| v.contains(&c))
+    })
+}
+
+/// Whether the argument after `arg` (which stands where a flag does in `cmd`) is its value: a flag of `cmd` that
+/// takes a value, given without one (`--seed 5`, `-s 5`; not `--seed=5` nor `-s5`).
+fn takes_next(cmd: &Command, arg: &str) -> bool {
+    if arg.contains('=') || (!arg.starts_with("--") && arg.len() > 2) {
+        return false;
+    }
+    find_arg(cmd, arg).is_some_and(|a| a.get_action().takes_values())
+}
+
+/// `args` (program name first) with llama.cpp's flags rewritten. Errors: a message naming a flag that means nothing
+/// here (or is no flag of the command), one that lacks its value, `-ctk` and `-ctv` with different types, or a
+/// prompt given to `chat`.
 pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
     let args = conversation(args)?;
+    let root = crate::cli_command();
+    let mut cmd: &Command = &root;
+    let mut path = String::from("backburner");
     let mut out = Vec::with_capacity(args.len());
     let mut kv: Option<String> = None;
     let mut it = args.into_iter();
@@ -52,20 +136,53 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
             out.extend(it);
             break;
         }
+        let sub = path.strip_prefix("backburner ").unwrap_or("");
+        // a word where a flag stands: a subcommand's name, or (to chat) a message
+        if !a.starts_with('-') || a == "-" {
+            if let Some(sc) = cmd.find_subcommand(&a) {
+                cmd = sc;
+                path = format!("{path} {}", sc.get_name());
+            } else if sub == "chat" {
+                return Err(format!(
+                    "chat takes no message on the command line ({a:?}): {CHAT_READS}; for a one-shot answer use \
+                     `backburner run --chat -p {a:?}`"
+                ));
+            }
+            out.push(a);
+            continue;
+        }
         let (flag, inline) = match a.split_once('=') {
             Some((f, v)) => (f.to_string(), Some(v.to_string())),
             None => (a.clone(), None),
         };
-        let Some(m) = meaning(&flag) else {
+        if sub == "chat" && PROMPT_FLAGS.contains(&flag.as_str()) {
+            return Err(format!(
+                "chat has no {flag}: {CHAT_READS}; for a one-shot answer use `backburner run --chat -p TEXT`"
+            ));
+        }
+        let Some(m) = meaning(&flag, sub) else {
+            if multi_letter_short(&flag) {
+                return Err(not_a_flag(cmd, &path, &flag));
+            }
+            let value = takes_next(cmd, &a);
             out.push(a);
+            if value {
+                out.extend(it.next());
+            }
             continue;
+        };
+        let value = |it: &mut std::vec::IntoIter<String>| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{flag} needs a value"))
         };
         match m {
             Meaning::Long(long) => {
-                let v = match inline.or_else(|| it.next()) {
-                    Some(v) => v,
-                    None => return Err(format!("{flag} ({long}) needs a value")),
-                };
+                if find_arg(cmd, long).is_none() {
+                    return Err(format!("{flag} ({long} here) is not a flag of `{path}`; see `{path} --help`"));
+                }
+                let v = value(&mut it).map_err(|_| format!("{flag} ({long}) needs a value"))?;
                 if long == "--kv-dtype" {
                     match &kv {
                         Some(prev) if *prev != v => {
@@ -93,23 +210,58 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
                 }
             }
             Meaning::No(why) => {
-                return Err(format!(
-                    "{flag} (llama.cpp's flag) has no meaning here: {why}"
-                ))
+                return Err(format!("{flag} (llama.cpp's flag) has no meaning here: {why}"))
             }
-            Meaning::Gpu => match inline.or_else(|| it.next()).as_deref() {
-                Some("0") => {}
-                Some(n) => {
+            Meaning::Gpu => match value(&mut it)?.as_str() {
+                "0" => {}
+                n => {
                     return Err(format!(
                         "{flag} {n}: backburner has no GPU backend yet: layers run on the CPU (-ngl 0 is accepted), \
                          and on workers with --layer-split"
                     ))
                 }
-                None => return Err(format!("{flag} needs a value")),
+            },
+            Meaning::Budget => match value(&mut it)?.as_str() {
+                "-1" => {}
+                "0" if find_arg(cmd, "--no-think").is_some() => out.push("--no-think".into()),
+                "0" => return Err(format!("{flag} 0 (--no-think here) is not a flag of `{path}`")),
+                n => {
+                    return Err(format!(
+                        "{flag} {n}: there is no thinking budget here: 0 (--no-think) turns thinking off, and -1 (no \
+                         budget) is what happens anyway"
+                    ))
+                }
+            },
+            Meaning::RepeatLastN => match value(&mut it)?.as_str() {
+                "-1" => {}
+                n => {
+                    return Err(format!(
+                        "{flag} {n}: --repeat-penalty here applies to every token of the context (the prompt, its \
+                         cached part included, and the output so far), as transformers' repetition_penalty: there is \
+                         no window to set (-1, the whole context, is accepted)"
+                    ))
+                }
             },
         }
     }
     Ok(out)
+}
+
+/// How `chat` reads its messages (for the errors that point a prompt elsewhere).
+const CHAT_READS: &str =
+    "it reads its messages from the terminal (piped: from standard input, a line each)";
+
+/// The error for `-xy…`, which is no flag of `cmd` (at `path`), saying how to give a value to a one-letter flag
+/// when `-x` is one.
+fn not_a_flag(cmd: &Command, path: &str, flag: &str) -> String {
+    let (short, rest) = flag[1..].split_at(1);
+    let hint = match find_arg(cmd, &format!("-{short}")) {
+        Some(a) if a.get_action().takes_values() => {
+            format!(" (a value of -{short} goes after a space: `-{short} {rest}`)")
+        }
+        _ => String::new(),
+    };
+    format!("{flag} is not a flag of `{path}`; see `{path} --help`{hint}")
 }
 
 /// `run -cnv` (or `--conversation`) is `chat`, as llama-cli's `-cnv` starts its conversation: the subcommand becomes
@@ -122,18 +274,9 @@ fn conversation(mut args: Vec<String>) -> Result<Vec<String>, String> {
     if !matches!(sub, Some("run" | "chat")) || !args[..end].iter().any(is_cnv) {
         return Ok(args);
     }
-    let prompt = [
-        "-p",
-        "--prompt",
-        "-f",
-        "--prompt-file",
-        "--file",
-        "--prompt-tokens",
-        "--prompt-tokens-file",
-    ];
     if let Some(p) = args[..end]
         .iter()
-        .find(|a| prompt.contains(&a.split('=').next().unwrap_or(a)))
+        .find(|a| PROMPT_FLAGS.contains(&a.split('=').next().unwrap_or(a)))
     {
         return Err(format!(
             "-cnv starts the interactive chat (`backburner chat`), which reads its prompts from the terminal: leave \
@@ -236,5 +379,186 @@ mod tests {
             t(&["run", "--", "-ngl"]).unwrap()[1..],
             ["run", "--", "-ngl"]
         );
+    }
+
+    fn err(a: &[&str]) -> String {
+        t(a).unwrap_err()
+    }
+
+    #[test]
+    fn new_entries_have_their_meanings() {
+        // accepted: what they ask for happens anyway
+        for a in [
+            &["run", "-st"][..],
+            &["run", "--single-turn"],
+            &["serve", "-cb"],
+            &["serve", "--cont-batching"],
+            &["serve", "--metrics", "--slots"],
+            &["run", "--no-warmup", "--no-mmap", "-cmoe"],
+            &["serve", "--cpu-moe"],
+            &["run", "--reasoning-budget", "-1"],
+            &["run", "--repeat-last-n", "-1"],
+        ] {
+            assert_eq!(t(a).unwrap()[1..], a[..1], "{a:?}");
+        }
+        // rewritten
+        assert_eq!(
+            t(&["serve", "-a", "q", "--max-model-len", "4096"]).unwrap()[1..],
+            ["serve", "--alias", "q", "--ctx-size", "4096"]
+        );
+        assert_eq!(
+            t(&["serve", "--served-model-name=q"]).unwrap()[1..],
+            ["serve", "--alias", "q"]
+        );
+        assert_eq!(
+            t(&["run", "-r", "User:", "--reverse-prompt", "-x"]).unwrap()[1..],
+            ["run", "--stop", "User:", "--stop", "-x"]
+        );
+        assert_eq!(
+            t(&["run", "--chat", "--reasoning-budget", "0"]).unwrap()[1..],
+            ["run", "--chat", "--no-think"]
+        );
+        assert_eq!(
+            t(&["chat", "--reasoning-budget=0"]).unwrap()[1..],
+            ["chat", "--no-think"]
+        );
+        // refused, naming the flag and why
+        assert!(err(&["serve", "-nocb"])
+            .starts_with("-nocb (llama.cpp's flag) has no meaning here: serve always"));
+        assert!(err(&["run", "--mlock"]).contains("not supported"));
+        assert!(err(&["run", "-dev", "CUDA0"]).contains("no GPU backend"));
+        assert!(err(&["serve", "--device", "none"]).contains("no GPU backend"));
+        assert!(err(&["chat", "-st"]).contains("backburner run --chat -p"));
+        assert!(err(&["run", "-ot", "exps=CPU"]).contains("--expert-split"));
+        assert!(!err(&["run", "-ot", "x"]).contains("--experts-worker"));
+        assert!(err(&["run", "--reasoning-budget", "512"]).contains("no thinking budget"));
+        assert!(err(&["serve", "--reasoning-budget", "0"]).contains("--no-think here"));
+        let e = err(&["run", "--repeat-last-n", "64"]);
+        assert!(
+            e.contains("--repeat-last-n 64") && e.contains("whole context"),
+            "{e}"
+        );
+        // a rewrite to a flag the command lacks names both
+        assert_eq!(
+            err(&["run", "-a", "x"]),
+            "-a (--alias here) is not a flag of `backburner run`; see `backburner run --help`"
+        );
+        assert!(
+            err(&["chat", "-r", "x"]).contains("(--stop here) is not a flag of `backburner chat`")
+        );
+        assert!(err(&["serve", "-sys", "x"]).contains("not a flag of `backburner serve`"));
+    }
+
+    #[test]
+    fn other_multi_letter_short_flags_are_refused_where_a_flag_stands() {
+        for (a, flag) in [
+            (&["run", "-sp"][..], "-sp"),
+            (&["run", "-sysf", "sys.txt"], "-sysf"),
+            (&["run", "-co"], "-co"),
+            (&["run", "-fit", "on"], "-fit"),
+            (&["run", "-fit=on"], "-fit"),
+            (&["run", "-lv", "3"], "-lv"),
+            (&["serve", "-kvu"], "-kvu"),
+            (&["chat", "-xy-z9"], "-xy-z9"),
+            (&["bench", "local", "-ab"], "-ab"),
+        ] {
+            let e = err(a);
+            assert!(
+                e.starts_with(&format!("{flag} is not a flag of `backburner ")),
+                "{a:?}: {e}"
+            );
+            assert!(e.contains("--help"), "{e}");
+        }
+        assert_eq!(
+            err(&["run", "-sysf", "x"]),
+            "-sysf is not a flag of `backburner run`; see `backburner run --help` (a value of -s goes after a \
+             space: `-s ysf`)"
+        );
+        assert_eq!(
+            err(&["bench", "local", "-ab"]),
+            "-ab is not a flag of `backburner bench local`; see `backburner bench local --help`"
+        );
+        // the value of a flag that takes one passes untouched, however it looks (clap's own table says which do)
+        for a in [
+            &["run", "-p", "-st"][..],
+            &["run", "--prompt", "-fa"],
+            &["run", "--stop", "-xy", "-s", "-1"],
+            &["run", "--seed", "-1"],
+            &["run", "-n", "-1"],
+            &["run", "-m", "-ngl", "--logit-bias", "-ab"],
+            &["chat", "--system", "-sys"],
+            &["serve", "--alias", "-cb", "--api-key", "-nocb"],
+            &["perplexity", "-f", "-cnv"],
+            &["bench", "local", "-m", "-ot"],
+        ] {
+            assert_eq!(t(a).unwrap()[1..], a[..], "{a:?}");
+        }
+        // after a value given inline, or a flag without a value, the next argument stands where a flag does
+        assert!(err(&["run", "--seed=5", "-st", "-xy"]).starts_with("-xy is not"));
+        assert!(err(&["run", "-s5", "-xy"]).starts_with("-xy is not"));
+        assert!(err(&["run", "--json", "-xy"]).starts_with("-xy is not"));
+        assert!(err(&["run", "--chat", "-fa", "-xy"]).starts_with("-xy is not"));
+        // the table's flags are read only where a flag stands: `-p -fa` is the prompt `-fa`
+        assert_eq!(
+            t(&["run", "-p", "-fa", "-ngl", "0"]).unwrap()[1..],
+            ["run", "-p", "-fa"]
+        );
+        assert_eq!(
+            t(&["run", "-p", "-ngl", "-ub", "8"]).unwrap()[1..],
+            ["run", "-p", "-ngl", "--ubatch", "8"]
+        );
+        // one-letter flags, negative numbers and words still go to clap as they are
+        assert_eq!(
+            t(&["run", "-n5", "-1", "x"]).unwrap()[1..],
+            ["run", "-n5", "-1", "x"]
+        );
+        assert_eq!(t(&["-V"]).unwrap()[1..], ["-V"]);
+    }
+
+    #[test]
+    fn chat_points_a_prompt_to_run() {
+        for a in [
+            &["chat", "-p", "hi"][..],
+            &["chat", "--prompt=hi"],
+            &["chat", "-f", "x.txt"],
+            &["chat", "-m", "x", "hello there"],
+        ] {
+            let e = err(a);
+            assert!(
+                e.contains("it reads its messages from the terminal"),
+                "{a:?}: {e}"
+            );
+            assert!(e.contains("backburner run --chat -p"), "{e}");
+        }
+        assert!(
+            err(&["chat", "hello there"]).contains("`backburner run --chat -p \"hello there\"`")
+        );
+        // a value that is a word is no message
+        assert_eq!(
+            t(&["chat", "-m", "x", "-n", "4"]).unwrap()[1..],
+            ["chat", "-m", "x", "-n", "4"]
+        );
+    }
+
+    /// The guard's premise: every short flag of every command takes a value, but -h (and the top level's -V), so
+    /// `-` and two letters is never a cluster of one-letter flags.
+    #[test]
+    fn every_short_flag_takes_a_value() {
+        fn walk(c: &clap::Command, path: &str) {
+            for a in c.get_arguments() {
+                if let Some(s) = a.get_short() {
+                    assert!(
+                        a.get_action().takes_values() || s == 'h' || (path.is_empty() && s == 'V'),
+                        "{path} -{s} takes no value"
+                    );
+                }
+            }
+            for sc in c.get_subcommands() {
+                walk(sc, &format!("{path} {}", sc.get_name()));
+            }
+        }
+        let mut c = crate::cli_command();
+        c.build();
+        walk(&c, "");
     }
 }

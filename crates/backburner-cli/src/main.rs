@@ -183,6 +183,11 @@ struct PplArgs {
     json: bool,
 }
 
+/// The command line's description (what [`llama_flags`] reads to know which flags take a value).
+pub(crate) fn cli_command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 fn main() {
     let args: Vec<String> = match std::env::args_os()
         .enumerate()

@@ -24,8 +24,8 @@ use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs,
 pub(crate) struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt text.
-    #[arg(short = 'p', long, group = "input")]
+    /// Prompt text (it may start with `-`, as llama.cpp reads it: `-p -x` is the prompt `-x`).
+    #[arg(short = 'p', long, group = "input", allow_hyphen_values = true)]
     prompt: Option<String>,
     /// Read the prompt text from a file.
     #[arg(short = 'f', long, visible_alias = "file", group = "input")]
@@ -46,9 +46,9 @@ pub(crate) struct RunArgs {
     /// template, as transformers does).
     #[arg(long, requires = "chat")]
     no_think: bool,
-    /// Most tokens to generate.
+    /// Most tokens to generate (-1: until an eos id or a full context, as llama-cli's -n -1).
     #[arg(short = 'n', long, visible_alias = "n-predict", default_value_t = 128)]
-    max_tokens: usize,
+    max_tokens: i64,
     /// Generate this many sequences from the prompt (the server's `n`, 1 … 16): the prompt is prefilled once and
     /// sequence i samples with seed + i (so it is `run --seed <seed + i>`'s output); each is printed after a
     /// `[choice i]` line (with --json: a `choices` array). Not `-n` (max tokens, as in llama.cpp) nor `--parallel`
@@ -60,8 +60,8 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     constraint: ConstraintArgs,
     /// Stop when the output contains this text (repeatable, up to 16 strings of up to 256 bytes each; needs a
-    /// tokenizer).
-    #[arg(long)]
+    /// tokenizer; it may start with `-`).
+    #[arg(long, allow_hyphen_values = true)]
     stop: Vec<String>,
     /// Do not stop at the model's eos ids.
     #[arg(long)]
@@ -89,9 +89,27 @@ fn check_stop(a: &RunArgs) -> Result<()> {
     })
 }
 
+/// `-n`/`--max-tokens` as a count: -1 (or llama.cpp's -2, "until the context is full", the same here) is no limit
+/// but an eos id or a full context; other negative counts are refused, and 0 unless `zero_ok` (`run`'s 0: the
+/// prompt is prefilled and nothing generated).
+pub(crate) fn max_tokens(n: i64, zero_ok: bool) -> Result<usize> {
+    match n {
+        -2 | -1 => Ok(usize::MAX),
+        0 if zero_ok => Ok(0),
+        0 => bail!(
+            "--max-tokens 0 leaves no room for a reply (-1: until an eos id or a full context)"
+        ),
+        n if n < 0 => {
+            bail!("--max-tokens {n}: give a count, or -1 for until an eos id or a full context")
+        }
+        n => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+    }
+}
+
 /// Runs `backburner run`.
 pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     a.sampling.check()?;
+    let max_tokens = max_tokens(a.max_tokens, true)?;
     let grammar = a.constraint.grammar()?;
     if grammar.is_some() && a.ignore_eos {
         bail!("--ignore-eos cannot go with --grammar/--json-schema: a complete grammar ends at an eos id");
@@ -115,7 +133,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         bail!("the prompt is empty after tokenization");
     }
     let need = crate::placement::RunNeed {
-        positions: prompt.len().saturating_add(a.max_tokens),
+        positions: prompt.len().saturating_add(max_tokens),
         ubatch: a.model.ubatch.min(prompt.len()),
     };
     let plan = crate::placement::plan_run(&a.model, &dir, &mut a.link, need)?;
@@ -153,7 +171,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     };
     let seed = a.sampling.seed.unwrap_or_else(rand::random);
     let params = GenerateParams {
-        max_tokens: a.max_tokens,
+        max_tokens,
         sampling: a.sampling.params(seed),
         eos_ids,
         stop: a.stop.clone(),
@@ -167,7 +185,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    check_session_memory(&a, &loaded.model, prompt.len())?;
+    check_session_memory(&a, &loaded.model, prompt.len(), max_tokens)?;
     let mut opts = a.model.session_options(&pool);
     if let Some(p) = &plan {
         // the plan's memory holds this much context
@@ -554,14 +572,19 @@ fn report(
 /// and `--max-tokens`, within the context and, with workers, `--kv-budget`), the recurrent states and the forward
 /// pass's buffers (an estimate) fit `--max-memory` beside the loaded weights, and fit the OS's limits now. Errors:
 /// the [`memory::OverMemory`] message naming what did not fit.
-fn check_session_memory(a: &RunArgs, model: &backburner_model::Model, prompt: usize) -> Result<()> {
+fn check_session_memory(
+    a: &RunArgs,
+    model: &backburner_model::Model,
+    prompt: usize,
+    max_tokens: usize,
+) -> Result<()> {
     let cfg = model.config();
     let kv = backburner_model::KvOptions {
         page_size: a.model.kv_page_size,
         dtype: a.model.kv_dtype,
     };
     let ctx = a.model.ctx_limit().unwrap_or(cfg.max_position_embeddings);
-    let mut positions = prompt.saturating_add(a.max_tokens).min(ctx);
+    let mut positions = prompt.saturating_add(max_tokens).min(ctx);
     if let (Some(b), false) = (a.link.kv_budget, a.link.worker.is_empty()) {
         positions = positions.min(b.positions(cfg, kv));
     }
