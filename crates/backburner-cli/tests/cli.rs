@@ -210,6 +210,91 @@ fn generation_stops_when_the_context_is_full() {
 }
 
 #[test]
+fn n_minus_1_generates_until_the_context_is_full_as_in_llama_cpp() {
+    let m = fixture("tiny-f32");
+    let m = m.to_str().unwrap();
+    for n in ["-1", "-2"] {
+        let o = bb(&[
+            "run",
+            "-m",
+            m,
+            "--prompt-tokens",
+            "1,2,3",
+            "-c",
+            "10",
+            "-n",
+            n,
+            "--ignore-eos",
+            "--json",
+        ]);
+        let v = json_out(&o);
+        assert_eq!(v["stop_reason"], "context_full", "-n {n}");
+        assert_eq!(v["tokens"].as_array().unwrap().len(), 7, "-n {n}");
+    }
+    let o = bb(&["run", "-m", m, "--prompt-tokens", "1", "-n", "-3"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-tokens -3: give a count, or -1"));
+}
+
+#[test]
+fn multi_letter_short_flags_are_never_clusters_and_values_that_look_like_flags_pass() {
+    let m = fixture("tiny-hub");
+    let m = m.to_str().unwrap();
+    // accepted llama.cpp flags, and a prompt and a stop string that look like flags
+    let o = bb(&[
+        "run",
+        "-m",
+        m,
+        "-st",
+        "-cmoe",
+        "--no-mmap",
+        "-p",
+        "-st",
+        "--stop",
+        "-xy",
+        "-n",
+        "2",
+        "-t",
+        "1",
+        "--json",
+    ]);
+    let v = json_out(&o);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 2);
+    // the errors name the flag instead of a one-letter flag it does not contain
+    for (args, msg) in [
+        (
+            &["run", "-st", "-sysf", "s.txt"][..],
+            "error: -sysf is not a flag of `backburner run`",
+        ),
+        (
+            &["run", "-fit", "on"],
+            "error: -fit is not a flag of `backburner run`",
+        ),
+        (
+            &["serve", "-cb", "-kvu"],
+            "error: -kvu is not a flag of `backburner serve`",
+        ),
+        (
+            &["run", "-dev", "CUDA0"],
+            "error: -dev (llama.cpp's flag) has no meaning here",
+        ),
+        (
+            &["chat", "-p", "hi"],
+            "for a one-shot answer use `backburner run --chat -p TEXT`",
+        ),
+        (
+            &["chat", "hello there"],
+            "chat takes no message on the command line (\"hello there\")",
+        ),
+    ] {
+        let o = bb(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(msg), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn ctx_size_0_means_the_models_own_context_as_in_llama_cpp() {
     let m = fixture("tiny-f32");
     let run = |extra: &[&str]| {
