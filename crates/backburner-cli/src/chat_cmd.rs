@@ -16,7 +16,7 @@ use backburner_engine::serve::{Engine, ServeOptions};
 use clap::Args;
 
 use crate::chat_conv::Conversation;
-use crate::chat_repl::{Msg, Repl, Settings};
+use crate::chat_repl::{Msg, Repl, Settings, TTY_LINE_MAX};
 use crate::sampling_args::SamplingArgs;
 use crate::{compute_pool, LinkArgs, ModelArgs};
 
@@ -85,6 +85,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
         eos_ids,
         context,
         color,
+        visible_controls: std::io::stdout().is_terminal(),
         verbose: a.verbose,
     };
     let name = loaded
@@ -102,8 +103,10 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
 }
 
 /// Reads standard input on a thread of its own, a line at a time (invalid UTF-8 replaced), into `tx`; the end of the
-/// input (or a read error) sends [`Msg::Eof`].
+/// input (or a read error) sends [`Msg::Eof`]; a line that a terminal cut at its limit ([`TTY_LINE_MAX`]) sends
+/// [`Msg::Cut`] instead of the part that came through.
 fn read_lines(tx: Sender<Msg>) -> Result<()> {
+    let tty = std::io::stdin().is_terminal();
     std::thread::Builder::new()
         .name("chat-input".into())
         .spawn(move || {
@@ -117,6 +120,13 @@ fn read_lines(tx: Sender<Msg>) -> Result<()> {
                         return;
                     }
                     Ok(_) => {
+                        let body = buf.strip_suffix(b"\n").unwrap_or(&buf);
+                        if tty && body.len() >= TTY_LINE_MAX {
+                            if tx.send(Msg::Cut).is_err() {
+                                return;
+                            }
+                            continue;
+                        }
                         let line = String::from_utf8_lossy(&buf);
                         let line = line.strip_suffix('\n').unwrap_or(&line);
                         let line = line.strip_suffix('\r').unwrap_or(line);

@@ -21,6 +21,9 @@ use crate::sampling_args::SamplingArgs;
 pub enum Msg {
     /// A line typed (without its newline).
     Line(String),
+    /// A line the terminal cut at its limit for a typed line ([`TTY_LINE_MAX`] bytes): what was typed past it is
+    /// lost.
+    Cut,
     /// The end of the input (Ctrl-D at an empty prompt, or a closed pipe).
     Eof,
     /// Ctrl-C.
@@ -41,6 +44,9 @@ pub struct Settings {
     pub context: usize,
     /// Dim the thinking with ANSI escapes (else plain `<think>` … `</think>` text).
     pub color: bool,
+    /// Show the control characters of the model's text visibly ([`visible`]): stdout is a terminal, which would
+    /// act on them (retitle, clear, move the cursor).
+    pub visible_controls: bool,
     /// A stats line on stderr after each reply.
     pub verbose: bool,
 }
@@ -54,6 +60,33 @@ const HELP: &str = "commands:
   /exit, /quit    leave (also Ctrl-D)
 A line ending in \\ continues on the next line; //text sends /text. Ctrl-C stops a reply (what it wrote stays in
 the conversation).";
+
+/// The longest line a terminal in canonical mode passes on (Linux's line discipline: 4096 bytes with the newline);
+/// the bytes typed or pasted past it are dropped.
+pub const TTY_LINE_MAX: usize = 4095;
+
+/// `s` with the characters a terminal would act on rather than show, shown visibly: C0 controls other than `\n`
+/// and `\t` and DEL in caret notation (ESC as `^[`, CR as `^M`, DEL as `^?`), C1 controls as `<U+0085>`. A model
+/// writes what it likes; on a terminal, escape sequences in it could retitle or clear the window, or spoof output.
+pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(hidden) {
+        return s.into();
+    }
+    let mut o = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c as u32 {
+            _ if !hidden(c) => o.push(c),
+            n @ 0..=0x1f => {
+                o.push('^');
+                o.push(char::from(n as u8 + 0x40));
+            }
+            0x7f => o.push_str("^?"),
+            n => o.push_str(&format!("<U+{n:04X}>")),
+        }
+    }
+    o.into()
+}
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
@@ -155,6 +188,16 @@ impl Repl {
                     }
                 },
                 Msg::Eof => return None,
+                Msg::Cut => {
+                    text.clear();
+                    eprintln!(
+                        "(the terminal cut this line at {TTY_LINE_MAX} bytes, its limit for a typed line, and \
+                         dropped the rest: the message was not sent. Type or paste long text in lines shorter than \
+                         that, each but the last ending in \\ (they join into one message), or pipe it in: \
+                         `backburner chat < file`)"
+                    );
+                    out("> ");
+                }
                 Msg::Interrupt => {
                     self.interrupt.store(false, Ordering::SeqCst);
                     text.clear();
@@ -277,7 +320,11 @@ impl Repl {
             match ev {
                 Event::Started { cached_tokens, .. } => {
                     cached = cached_tokens;
-                    printer = Some(Printer::new(self.s.color, r.in_reasoning));
+                    printer = Some(Printer::new(
+                        self.s.color,
+                        self.s.visible_controls,
+                        r.in_reasoning,
+                    ));
                 }
                 Event::Token { text, .. } => printer.iter_mut().for_each(|p| p.push(&text)),
                 Event::Done { generation, text } => {
@@ -338,16 +385,27 @@ impl Repl {
 struct Printer {
     parser: Option<ChatOutputParser>,
     dim: bool,
+    /// The model's control characters shown visibly ([`visible`]).
+    visible_controls: bool,
 }
 
 impl Printer {
-    fn new(color: bool, in_reasoning: bool) -> Self {
+    fn new(color: bool, visible_controls: bool, in_reasoning: bool) -> Self {
         if !color && in_reasoning {
             out("<think>\n");
         }
         Printer {
             parser: color.then(|| ChatOutputParser::new(in_reasoning, None)),
             dim: false,
+            visible_controls,
+        }
+    }
+
+    /// Writes the model's `text`, its control characters shown when they would reach a terminal.
+    fn text(&self, text: &str) {
+        match self.visible_controls {
+            true => out(&visible(text)),
+            false => out(text),
         }
     }
 
@@ -357,7 +415,7 @@ impl Printer {
                 let deltas = p.push(text);
                 self.show(deltas);
             }
-            None => out(text),
+            None => self.text(text),
         }
     }
 
@@ -368,15 +426,17 @@ impl Printer {
                     if !std::mem::replace(&mut self.dim, true) {
                         out(DIM);
                     }
-                    out(&s);
+                    self.text(&s);
                 }
                 ChatDelta::Content(s) => {
                     if std::mem::replace(&mut self.dim, false) {
                         out(&format!("{RESET}\n\n"));
                     }
-                    out(&s);
+                    self.text(&s);
                 }
-                ChatDelta::ToolCall(c) => out(&format!("[tool call {}({})]", c.name, c.arguments)),
+                ChatDelta::ToolCall(c) => {
+                    self.text(&format!("[tool call {}({})]", c.name, c.arguments))
+                }
             }
         }
     }
@@ -391,5 +451,24 @@ impl Printer {
             out(RESET);
         }
         out("\n");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible;
+
+    #[test]
+    fn control_characters_are_shown_not_sent() {
+        assert!(matches!(
+            visible("plain\ttext\nand é ✓"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            visible("\x1b]0;pwned\x07\x1b[2J\r\0x\x7f"),
+            "^[]0;pwned^G^[[2J^M^@x^?"
+        );
+        assert_eq!(visible("a\u{9b}31mb\u{85}"), "a<U+009B>31mb<U+0085>");
+        assert_eq!(visible("\u{1f}\u{a0}"), "^_\u{a0}");
     }
 }

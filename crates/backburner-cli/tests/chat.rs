@@ -406,3 +406,58 @@ fn a_layer_split_chat_gives_the_local_replies_and_reuse() {
     );
     assert_eq!(chat(&["--worker", &w.addr, "--layer-split", "4"]), local);
 }
+
+#[test]
+fn the_models_control_characters_are_shown_on_a_terminal_and_exact_in_a_pipe() {
+    // token 215 of tiny-hub is the byte 0x1b (ESC): a reply of nothing but escapes
+    let m = crate::common::fixture("tiny-hub");
+    let args = [
+        "-m",
+        m.to_str().unwrap(),
+        "-n",
+        "6",
+        "--logit-bias",
+        "215+100",
+    ];
+    let mut c = Pty::chat(&[&args[..], &["--no-color", "--threads", "1"]].concat());
+    c.expect(GREETING_END);
+    c.send("hello\n");
+    let shown = c.expect("\n> ");
+    assert!(shown.contains("^[^[^[^[^[^["), "{shown:?}");
+    assert!(!shown.contains('\x1b'), "{shown:?}");
+    c.send("/exit\n");
+    assert_eq!(c.wait(), Some(0));
+    // piped: the bytes as generated
+    let (out, _) = talk(&[&["chat"][..], &args].concat(), "hello\n/exit\n");
+    assert!(out.contains("\x1b\x1b\x1b\x1b\x1b\x1b"), "{out:?}");
+    assert!(!out.contains("^["), "{out:?}");
+}
+
+#[test]
+fn a_line_the_terminal_cuts_is_not_sent_and_says_how_to_send_long_text() {
+    let m = crate::common::fixture("tiny-hub");
+    let mut c = Pty::chat(&[
+        "-m",
+        m.to_str().unwrap(),
+        "-n",
+        "2",
+        "--threads",
+        "1",
+        "--verbose",
+    ]);
+    c.expect(GREETING_END);
+    // past the line discipline's 4095 bytes: the rest is dropped, the line ends at the newline
+    c.send(&format!("{}\n", "y".repeat(5000)));
+    c.expect("(the terminal cut this line at 4095 bytes");
+    c.expect("each but the last ending in \\ (they join into one message)");
+    c.expect("> ");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.json");
+    c.send(&format!("/save {}\n", file.display()));
+    c.expect("(saved 0 messages to ");
+    // a shorter line goes through
+    c.send(&format!("{}\n", "y ".repeat(100)));
+    c.expect("generated 2 tokens");
+    c.send("/exit\n");
+    assert_eq!(c.wait(), Some(0));
+}
