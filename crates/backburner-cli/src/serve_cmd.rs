@@ -172,6 +172,8 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             a.parallel,
             if a.parallel == 1 { "" } else { "s" }
         );
+        // a line of its own: scripts and tests read the address from the one above
+        eprintln!("chat page: http://{local}/ (the OpenAI API under http://{local}/v1)");
         backburner_server::serve(listener, state, shutdown_signal(), grace)
             .await
             .context("serving")

@@ -1088,7 +1088,8 @@ fn serve_warns_on_a_public_address_without_a_key() {
             .spawn()
             .unwrap();
         let mut lines = Vec::new();
-        for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+        for line in stderr.by_ref() {
             let line = line.unwrap();
             let done = line.starts_with("serving ");
             lines.push(line);
@@ -1096,6 +1097,14 @@ fn serve_warns_on_a_public_address_without_a_key() {
                 break;
             }
         }
+        // the line after it says where the chat page is
+        let page = stderr.next().unwrap().unwrap();
+        let addr = lines.last().unwrap().split(" on http://").nth(1).unwrap();
+        let addr = addr.split_whitespace().next().unwrap();
+        assert_eq!(
+            page,
+            format!("chat page: http://{addr}/ (the OpenAI API under http://{addr}/v1)")
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         lines
