@@ -160,7 +160,9 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
                 "chat has no {flag}: {CHAT_READS}; for a one-shot answer use `backburner run --chat -p TEXT`"
             ));
         }
-        let Some(m) = meaning(&flag, sub) else {
+        // a flag of the command itself is clap's (`bench slots --slots 1,2`), whatever llama.cpp means by it
+        let own = (flag.starts_with("--") || flag.len() == 2) && find_arg(cmd, &flag).is_some();
+        let Some(m) = meaning(&flag, sub).filter(|_| !own) else {
             if multi_letter_short(&flag) {
                 return Err(not_a_flag(cmd, &path, &flag));
             }
@@ -506,6 +508,11 @@ mod tests {
         assert_eq!(
             t(&["run", "-p", "-ngl", "-ub", "8"]).unwrap()[1..],
             ["run", "-p", "-ngl", "--ubatch", "8"]
+        );
+        // a command's own flag of the same name is its own
+        assert_eq!(
+            t(&["bench", "slots", "--slots", "1,2", "-ub", "8"]).unwrap()[1..],
+            ["bench", "slots", "--slots", "1,2", "--ubatch", "8"]
         );
         // one-letter flags, negative numbers and words still go to clap as they are
         assert_eq!(
