@@ -19,8 +19,9 @@ pub struct SamplingArgs {
     /// Min-p (0 = off).
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
-    /// RNG seed for sampling (default: random; the seed used is printed in the stats line and --json).
-    #[arg(short = 's', long)]
+    /// RNG seed for sampling (default, or -1 as in llama.cpp: random; the seed used is printed in the stats line
+    /// and --json).
+    #[arg(short = 's', long, value_parser = parse_seed, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Subtracted from the logit of every token generated so far (OpenAI's presence_penalty, -2..2; 0 = off).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -98,5 +99,15 @@ mod tests {
         for bad in ["+1", "-1", "x+1", "7", "7+", "7+x"] {
             assert!(parse_bias(bad).is_err(), "{bad}");
         }
+    }
+}
+
+/// `--seed`: a u64, or -1 (llama.cpp's "random"), which draws one here.
+fn parse_seed(v: &str) -> Result<u64, String> {
+    match v.trim() {
+        "-1" => Ok(rand::random()),
+        t => t.parse().map_err(|_| {
+            format!("{v:?} is not a seed: an integer in 0..=2^64-1, or -1 for a random one")
+        }),
     }
 }

@@ -1120,3 +1120,25 @@ fn serve_warns_on_a_public_address_without_a_key() {
     assert!(!keyed.iter().any(|l| l.starts_with("warning")), "{keyed:?}");
     assert!(keyed.last().unwrap().starts_with("serving "), "{keyed:?}");
 }
+
+#[test]
+fn seed_minus_one_draws_a_random_seed_and_other_negatives_are_refused() {
+    let seed = |o: &std::process::Output| -> u64 {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["seed"].as_u64().expect("the seed used")
+    };
+    let a = seed(&crate::common::run_tiny(&["--seed", "-1", "--temp", "0.8"]));
+    let b = seed(&crate::common::run_tiny(&["--seed", "-1", "--temp", "0.8"]));
+    assert_ne!(a, b, "two random seeds");
+    assert_eq!(
+        seed(&crate::common::run_tiny(&[
+            "--seed",
+            "18446744073709551615"
+        ])),
+        u64::MAX
+    );
+    let o = crate::common::run_tiny(&["--seed", "-2"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("-1 for a random one"));
+}
