@@ -94,10 +94,11 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     if gen.stream {
         return Ok(stream::sse(r, cs).into_response());
     }
-    let gs = stream::collect(&mut r).await?;
+    let done = stream::collect(&mut r).await?;
+    let gs = &done.gs;
     let choices: Vec<Value> = cs
         .iter_mut()
-        .zip(&gs)
+        .zip(gs)
         .enumerate()
         .map(|(i, (c, g))| {
             let mut deltas = c.parser.push(&g.text);
@@ -124,7 +125,7 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
         "choices": choices,
         "usage": stream::usage(&r, completion),
     });
-    Ok(Json(stream::with_failure(answer, &gs)).into_response())
+    Ok(Json(done.with_failure(answer)).into_response())
 }
 
 /// Renders the conversation (with and without the generation prompt) and tokenizes it, on the blocking pool.

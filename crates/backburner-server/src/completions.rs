@@ -31,7 +31,6 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     let mut gen = GenSettings::read(&b)?;
     gen.logprobs = crate::request::legacy_logprobs(&b)?;
     gen.constraint = crate::constrain::read(&st, &b, None, None).await?;
-    gen.constraint = crate::constrain::read(&st, &b, None, None).await?;
     if !gen.stop.is_empty() && st.tokenizer.is_none() {
         // stop strings match the generated text, which a model without a tokenizer does not have (as `run --stop`)
         return Err(ApiError::invalid(
@@ -59,10 +58,11 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     if gen.stream {
         return Ok(stream::sse(r, metas).into_response());
     }
-    let gs = stream::collect(&mut r).await?;
+    let done = stream::collect(&mut r).await?;
+    let gs = &done.gs;
     let choices: Vec<Value> = metas
         .iter_mut()
-        .zip(&gs)
+        .zip(gs)
         .enumerate()
         .map(|(i, (meta, g))| {
             let reason = stream::finish_reason(g.stop_reason, false);
@@ -84,7 +84,7 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
         "choices": choices,
         "usage": stream::usage(&r, completion),
     });
-    Ok(Json(stream::with_failure(answer, &gs)).into_response())
+    Ok(Json(done.with_failure(answer)).into_response())
 }
 
 /// The prompt as ids: a string (tokenized), an array of ids, or a one-element array of either.

@@ -133,40 +133,88 @@ pub async fn start(
     }
 }
 
-/// Waits for every choice's whole generation (in choice order). Errors: 500 when the engine failed mid-way with
-/// nothing to show, or stopped; a choice that failed to start fails the request.
-pub async fn collect(r: &mut Running) -> Result<Vec<Generation>, ApiError> {
+/// Every choice's whole generation (in choice order), and why one failed, if one did.
+pub struct Choices {
+    /// Choice `i`'s generation; a choice that failed before generating has none: an empty one ending in
+    /// [`StopReason::Error`].
+    pub gs: Vec<Generation>,
+    /// The error of the first choice (by index) that ended in one.
+    failure: Option<ApiError>,
+}
+
+impl Choices {
+    /// A whole (non-streamed) answer with, when a choice failed (`finish_reason: "error"`), the `error` object a
+    /// stream ends with beside its choices, so the client learns why.
+    pub fn with_failure(&self, mut answer: Value) -> Value {
+        if let Some(e) = &self.failure {
+            answer["error"] = e.body()["error"].take();
+        }
+        answer
+    }
+}
+
+/// The error a choice whose generation ended in [`StopReason::Error`] reports.
+fn generation_failed(g: &Generation) -> ApiError {
+    let why = g.error.clone().unwrap_or_default();
+    ApiError::internal(format!("generation failed: {why}"))
+}
+
+/// The generation of a choice that failed before generating anything (`Event::Failed`): empty, ending in an error.
+fn failed_generation(e: &ApiError) -> Generation {
+    Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        stop_reason: StopReason::Error,
+        timings: Default::default(),
+        step_logits: Vec::new(),
+        error: Some(e.message.clone()),
+        logprobs: Vec::new(),
+    }
+}
+
+/// Waits for every choice's end. Each choice is answered as a request of `n` = 1 would be: one that failed after
+/// some tokens keeps them (finish reason `error`), one that failed before any is empty (finish reason `error`); the
+/// answer carries the first failure's error ([`Choices::with_failure`]). Errors, when no choice has anything to
+/// show (every one failed before generating): the first choice's error, the status a request of `n` = 1 gets (500
+/// for an engine failure, 503 `worker_unavailable` for a lost worker, …); 500 when the engine stopped.
+pub async fn collect(r: &mut Running) -> Result<Choices, ApiError> {
     let mut out: Vec<Option<Generation>> = (0..r.choices).map(|_| None).collect();
+    let mut errors: Vec<Option<ApiError>> = vec![None; r.choices];
     let mut left = r.choices;
     while let Some((i, ev)) = r.rx.recv().await {
-        match ev {
+        if out[i].is_some() {
+            continue;
+        }
+        let g = match ev {
             Event::Done { generation, .. } => {
-                if generation.stop_reason == StopReason::Error && generation.tokens.is_empty() {
-                    let why = generation.error.clone().unwrap_or_default();
-                    return Err(ApiError::internal(format!("generation failed: {why}")));
+                if generation.stop_reason == StopReason::Error {
+                    errors[i] = Some(generation_failed(&generation));
                 }
-                out[i] = Some(*generation);
-                left -= 1;
-                if left == 0 {
-                    return Ok(out.into_iter().flatten().collect());
-                }
+                *generation
             }
-            Event::Failed(e) => return Err(e.into()),
-            Event::Started { .. } | Event::Token { .. } => {}
+            Event::Failed(e) => {
+                let e = ApiError::from(e);
+                let g = failed_generation(&e);
+                errors[i] = Some(e);
+                g
+            }
+            Event::Started { .. } | Event::Token { .. } => continue,
+        };
+        out[i] = Some(g);
+        left -= 1;
+        if left == 0 {
+            let gs: Vec<Generation> = out.into_iter().flatten().collect();
+            let failure = errors.into_iter().flatten().next();
+            let answered = gs
+                .iter()
+                .any(|g| !g.tokens.is_empty() || g.stop_reason != StopReason::Error);
+            return match failure {
+                Some(e) if !answered => Err(e),
+                failure => Ok(Choices { gs, failure }),
+            };
         }
     }
     Err(ApiError::internal("the engine stopped during the request"))
-}
-
-/// A whole (non-streamed) answer with, when the engine failed after some tokens in a choice
-/// (`finish_reason: "error"`), the `error` object a stream ends with beside its choices, so the client learns why.
-pub fn with_failure(mut answer: Value, gs: &[Generation]) -> Value {
-    if let Some(g) = gs.iter().find(|g| g.stop_reason == StopReason::Error) {
-        let why = g.error.clone().unwrap_or_default();
-        answer["error"] =
-            ApiError::internal(format!("generation failed: {why}")).body()["error"].take();
-    }
-    answer
 }
 
 /// OpenAI's `finish_reason` for a stop reason: `tool_calls` when the answer has complete tool calls, unless the
@@ -222,8 +270,10 @@ fn stamp(mut chunk: Value, i: usize) -> Value {
 }
 
 /// Streams the job as server-sent events: each choice's chunks (from `chunkers[i]`, with `index` i; choices
-/// interleave), the usage once after the last choice's end, `data: [DONE]` at the end, an `error` object if the
-/// engine failed mid-way; keep-alive comments while a long prompt is prefilled.
+/// interleave), each choice ending with one finish chunk (`finish_reason: "error"` for a choice that failed, with
+/// or without tokens), the usage once after the last choice's end, then one `error` object (the first failed
+/// choice's) if the engine failed mid-way, and `data: [DONE]`; keep-alive comments while a long prompt is
+/// prefilled.
 pub fn sse<C: Chunker>(
     mut r: Running,
     mut chunkers: Vec<C>,
@@ -247,10 +297,13 @@ pub fn sse<C: Chunker>(
                     }
                 }
             }
-            // tokens per choice, choices not done yet, completion tokens of those done
+            // tokens per choice, which choices ended, choices not ended yet, completion tokens of those ended, the
+            // error of each choice that failed (the first one's is sent once, after every choice ended)
             let mut n = vec![0; chunkers.len()];
+            let mut ended = vec![false; chunkers.len()];
             let (mut left, mut completion) = (chunkers.len(), 0);
-            loop {
+            let mut errors: Vec<Option<ApiError>> = vec![None; chunkers.len()];
+            while left > 0 {
                 // a client gone while the prompt is ingested (no event for a while) is noticed here: the
                 // response stream dropped its receiver, and dropping `r` cancels the job at the next step
                 let ev = tokio::select! {
@@ -258,42 +311,64 @@ pub fn sse<C: Chunker>(
                     _ = tx.closed() => return,
                 };
                 let Some((i, ev)) = ev else { break };
+                if ended[i] {
+                    continue;
+                }
                 let chunker = &mut chunkers[i];
-                let mut end = matches!(ev, Event::Failed(_));
-                let chunks = match ev {
+                // every choice ends with one finish chunk: its generation's, or an empty one ending in an error
+                let (generation, tail) = match ev {
                     Event::Token { id, text, logprob } => {
                         n[i] += 1;
-                        let c = chunker.token(id, &text, logprob.as_ref());
-                        c.into_iter().map(|c| stamp(c, i)).collect()
+                        for c in chunker.token(id, &text, logprob.as_ref()) {
+                            if !send(stamp(c, i)).await {
+                                return; // the client is gone: dropping `r` cancels the job
+                            }
+                        }
+                        continue;
                     }
                     Event::Done { generation, text } => {
-                        completion += generation.tokens.len().max(n[i]);
-                        left -= 1;
-                        end = left == 0;
-                        let mut c: Vec<Value> = chunker
-                            .done(&generation, &text)
-                            .into_iter()
-                            .map(|c| stamp(c, i))
-                            .collect();
-                        if end {
-                            c.extend(chunker.usage(usage(&r, completion)));
-                        }
                         if generation.stop_reason == StopReason::Error {
-                            let why = generation.error.clone().unwrap_or_default();
-                            c.push(ApiError::internal(format!("generation failed: {why}")).body());
+                            errors[i] = Some(generation_failed(&generation));
                         }
-                        c
+                        (*generation, text)
                     }
-                    Event::Failed(e) => vec![ApiError::from(e).body()],
+                    Event::Failed(e) => {
+                        let e = ApiError::from(e);
+                        let g = failed_generation(&e);
+                        errors[i] = Some(e);
+                        (g, String::new())
+                    }
                     Event::Started { .. } => continue,
                 };
-                for c in chunks {
-                    if !send(c).await {
-                        return; // the client is gone: dropping `r` cancels the job
+                ended[i] = true;
+                left -= 1;
+                completion += generation.tokens.len().max(n[i]);
+                for c in chunker.done(&generation, &tail) {
+                    if !send(stamp(c, i)).await {
+                        return;
                     }
                 }
-                if end {
-                    break;
+            }
+            if left == 0 {
+                if let Some(u) = chunkers
+                    .first()
+                    .and_then(|c| c.usage(usage(&r, completion)))
+                {
+                    if !send(u).await {
+                        return;
+                    }
+                }
+            }
+            let failure = match errors.into_iter().flatten().next() {
+                Some(e) => Some(e),
+                None if left > 0 => {
+                    Some(ApiError::internal("the engine stopped during the request"))
+                }
+                None => None,
+            };
+            if let Some(e) = failure {
+                if !send(e.body()).await {
+                    return;
                 }
             }
             let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backburner_engine::serve::{Backend, Event, Job, Metrics, SubmitError};
+use backburner_engine::serve::{Backend, Event, EventSink, Job, Metrics, SubmitError};
+use backburner_engine::EngineError;
 use backburner_engine::{Generation, StopReason, Timings, TokenLogprob};
 use common::*;
 use reqwest::StatusCode;
@@ -23,6 +24,8 @@ struct Script {
     /// Sent as `Done`'s `text` (held back until the end, as stop strings are), after an empty `Token`.
     tail: &'static str,
     end: StopReason,
+    /// After `Started`, the job fails before any token (`Event::Failed`, a lost layer-split worker) instead.
+    lost: bool,
 }
 
 impl From<Vec<&'static str>> for Script {
@@ -31,11 +34,31 @@ impl From<Vec<&'static str>> for Script {
             pieces,
             tail: "",
             end: StopReason::Eos,
+            lost: false,
         }
     }
 }
 
-/// Answers each job with the next script: `Started`, a `Token` per piece, `Done` with the whole text.
+impl Script {
+    /// `pieces`, then a failed step (`StopReason::Error`).
+    fn failing(pieces: Vec<&'static str>) -> Self {
+        Script {
+            end: StopReason::Error,
+            ..pieces.into()
+        }
+    }
+
+    /// A job that fails after `Started`, before any token, as one whose layer-split worker is lost.
+    fn lost() -> Self {
+        Script {
+            lost: true,
+            ..Vec::new().into()
+        }
+    }
+}
+
+/// Answers each job with the next script: `Started`, a `Token` per piece, `Done` with the whole text; each of its
+/// siblings (`n` > 1) with the script after, on threads of their own.
 #[derive(Default)]
 struct Scripted {
     scripts: Mutex<VecDeque<Script>>,
@@ -59,73 +82,23 @@ impl Scripted {
 }
 
 impl Backend for Scripted {
-    fn submit(&self, mut job: Job) -> Result<(), SubmitError> {
+    fn submit(&self, job: Job) -> Result<(), SubmitError> {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(SubmitError::ShuttingDown);
         }
-        let script = self
-            .scripts
-            .lock()
-            .unwrap()
-            .pop_front()
-            .expect("a script for each job");
+        let mut scripts = self.scripts.lock().unwrap();
+        let mut next = || scripts.pop_front().expect("a script for each choice");
         self.prompts
             .lock()
             .unwrap()
             .push(tokenizer().decode(&job.prompt).unwrap());
-        std::thread::spawn(move || {
-            let started = Event::Started {
-                slot: 0,
-                prompt_tokens: job.prompt.len(),
-                cached_tokens: 0,
-                queue_ms: 0.0,
-            };
-            if !(job.events)(started) {
-                return;
-            }
-            let mut n = 0;
-            let mut lps = Vec::new();
-            let asked = job.params.logprobs;
-            for p in &script.pieces {
-                let logprob = asked.map(|k| scripted_logprob(n, k));
-                lps.extend(logprob.clone());
-                let t = Event::Token {
-                    id: n,
-                    text: (*p).to_string(),
-                    logprob,
-                };
-                n += 1;
-                if !(job.events)(t) {
-                    return;
-                }
-            }
-            if !script.tail.is_empty() {
-                let logprob = asked.map(|k| scripted_logprob(n, k));
-                lps.extend(logprob.clone());
-                let t = Event::Token {
-                    id: n,
-                    text: String::new(),
-                    logprob,
-                };
-                n += 1;
-                if !(job.events)(t) {
-                    return;
-                }
-            }
-            let generation = Generation {
-                tokens: (0..n).collect(),
-                text: script.pieces.concat() + script.tail,
-                stop_reason: script.end,
-                timings: Timings::default(),
-                step_logits: Vec::new(),
-                error: (script.end == StopReason::Error).then(|| "the scripted step failed".into()),
-                logprobs: lps,
-            };
-            (job.events)(Event::Done {
-                generation: Box::new(generation),
-                text: script.tail.to_string(),
-            });
-        });
+        let (n, asked) = (job.prompt.len(), job.params.logprobs);
+        let first = (job.events, next());
+        let siblings: Vec<(EventSink, Script)> =
+            job.siblings.into_iter().map(|s| (s, next())).collect();
+        for (events, script) in std::iter::once(first).chain(siblings) {
+            std::thread::spawn(move || play(events, script, n, asked));
+        }
         Ok(())
     }
 
@@ -143,6 +116,68 @@ impl Backend for Scripted {
             let _ = gate.recv_timeout(LIMIT);
         }
     }
+}
+
+/// One choice's script on its sink (`prompt_tokens` in the prompt; `asked` log-probabilities per token).
+fn play(mut events: EventSink, script: Script, prompt_tokens: usize, asked: Option<usize>) {
+    let started = Event::Started {
+        slot: 0,
+        prompt_tokens,
+        cached_tokens: 0,
+        queue_ms: 0.0,
+    };
+    if !events(started) {
+        return;
+    }
+    if script.lost {
+        events(Event::Failed(EngineError::WorkerUnavailable {
+            addr: "127.0.0.1:1".into(),
+            layers: "1..2".into(),
+            reason: "connection refused".into(),
+        }));
+        return;
+    }
+    let mut n = 0;
+    let mut lps = Vec::new();
+    for p in &script.pieces {
+        let logprob = asked.map(|k| scripted_logprob(n, k));
+        lps.extend(logprob.clone());
+        let t = Event::Token {
+            id: n,
+            text: (*p).to_string(),
+            logprob,
+        };
+        n += 1;
+        if !events(t) {
+            return;
+        }
+    }
+    if !script.tail.is_empty() {
+        let logprob = asked.map(|k| scripted_logprob(n, k));
+        lps.extend(logprob.clone());
+        let t = Event::Token {
+            id: n,
+            text: String::new(),
+            logprob,
+        };
+        n += 1;
+        if !events(t) {
+            return;
+        }
+    }
+    let generation = Generation {
+        tokens: (0..n).collect(),
+        text: script.pieces.concat() + script.tail,
+        stop_reason: script.end,
+        timings: Timings::default(),
+        step_logits: Vec::new(),
+        error: (script.end == StopReason::Error).then(|| "the scripted step failed".into()),
+        logprobs: lps,
+    };
+    events(Event::Done {
+        generation: Box::new(generation),
+        text: script.tail.to_string(),
+    });
 }
 
 /// The scripted log-probabilities of the `n`th token (id `n`): `-n / 4`, and `k` alternatives `n, n + 1, …` at
@@ -426,11 +461,13 @@ async fn held_back_tails_ends_and_engine_errors() {
         pieces: vec!["<think>\nhm", "m\n</think>\n\nThe ans"],
         tail: "wer.\n<tool_call>\n<function=f>\n</function>\n</tool_call>",
         end,
+        lost: false,
     };
     let failed = Script {
         pieces: vec![],
         tail: "",
         end: StopReason::Error,
+        lost: false,
     };
     let (s, _) = scripted(vec![
         tail(StopReason::MaxTokens),
@@ -503,5 +540,108 @@ async fn held_back_tails_ends_and_engine_errors() {
         .find(|c| c.get("error").is_some())
         .expect("an error event");
     assert_eq!(err["error"]["type"], "server_error");
+    s.stop().await;
+}
+
+/// The finish reasons of a stream by choice index, its error events, and its text.
+fn by_choice(st: &Stream, n: usize) -> (Vec<Vec<String>>, Vec<Value>, String) {
+    let (errors, chunks): (Vec<Value>, Vec<Value>) = st
+        .chunks
+        .iter()
+        .cloned()
+        .partition(|c| c.get("error").is_some());
+    let st = Stream { chunks, done: true };
+    let mut reasons = vec![Vec::new(); n];
+    for c in st.choices() {
+        if let Some(r) = c["finish_reason"].as_str() {
+            reasons[c["index"].as_u64().unwrap() as usize].push(r.to_string());
+        }
+    }
+    (reasons, errors, st.text())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_that_fail_are_answered_each_as_one_request_would_be() {
+    // per request: choice 0, then choice 1
+    let (s, _) = scripted(vec![
+        // choice 0 fails after two tokens, choice 1 loses its worker before any: whole, then streamed
+        Script::failing(vec!["Hel", "lo"]),
+        Script::lost(),
+        Script::failing(vec!["Hel", "lo"]),
+        Script::lost(),
+        // choice 0 finishes, choice 1 loses its worker
+        vec!["Fine."].into(),
+        Script::lost(),
+        // both lose their worker before any token: whole, then streamed
+        Script::lost(),
+        Script::lost(),
+        Script::lost(),
+        Script::lost(),
+    ])
+    .await;
+    let body = json!({"prompt": "q", "max_tokens": 10, "n": 2, "temperature": 0});
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    sb["stream_options"] = json!({"include_usage": true});
+
+    // 200 with choice 0's tokens, choice 1 empty, both `error`, and the first failure's error object
+    let r = s.post("/v1/completions", &body).await.ok();
+    let cs = r["choices"].as_array().unwrap();
+    assert_eq!(cs.len(), 2, "{r}");
+    assert_eq!(
+        (&cs[0]["text"], &cs[0]["finish_reason"]),
+        (&json!("Hello"), &json!("error"))
+    );
+    assert_eq!(
+        (&cs[1]["text"], &cs[1]["finish_reason"]),
+        (&json!(""), &json!("error"))
+    );
+    assert_eq!(r["usage"]["completion_tokens"], 2);
+    assert_eq!(r["error"]["type"], "server_error");
+    assert_eq!(
+        r["error"]["message"],
+        "generation failed: the scripted step failed"
+    );
+    // streamed: one finish chunk per choice, the usage, one error event, [DONE]
+    let st = s.stream("/v1/completions", &sb).await;
+    assert!(st.done);
+    let (reasons, errors, text) = by_choice(&st, 2);
+    assert_eq!(reasons, [["error"], ["error"]]);
+    assert_eq!(text, "Hello");
+    assert_eq!(errors.len(), 1, "{:?}", st.chunks);
+    assert_eq!(
+        errors[0]["error"]["message"],
+        "generation failed: the scripted step failed"
+    );
+    let n = st.chunks.len();
+    assert!(st.chunks[n - 1].get("error").is_some());
+    assert_eq!(st.chunks[n - 2]["usage"]["completion_tokens"], 2);
+
+    // choice 0 fine, choice 1 lost: 200, the lost worker's error beside the answer
+    let r = s.post("/v1/completions", &body).await.ok();
+    assert_eq!(r["choices"][0]["text"], "Fine.");
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    assert_eq!(r["choices"][1]["finish_reason"], "error");
+    assert_eq!(r["error"]["code"], "worker_unavailable");
+
+    // nothing generated at all: the status a single request gets (503 worker_unavailable); streamed, each choice
+    // still ends with `error` and one error event says why
+    let r = s.post("/v1/completions", &body).await;
+    let (kind, _, code, _) = r.error(503);
+    assert_eq!(
+        (kind.as_str(), code.as_deref()),
+        ("server_error", Some("worker_unavailable"))
+    );
+    let st = s.stream("/v1/completions", &sb).await;
+    assert!(st.done);
+    let (reasons, errors, text) = by_choice(&st, 2);
+    assert_eq!(reasons, [["error"], ["error"]]);
+    assert_eq!(text, "");
+    assert_eq!(errors.len(), 1, "{:?}", st.chunks);
+    assert_eq!(errors[0]["error"]["code"], "worker_unavailable");
+    assert_eq!(
+        st.chunks.last().unwrap()["error"]["code"],
+        "worker_unavailable"
+    );
     s.stop().await;
 }
