@@ -140,8 +140,10 @@ fn choice_i_is_the_single_request_with_seed_plus_i_forked_or_resumed() {
         // the prompt was prefilled once
         assert_eq!(Metrics::get(&m.prefill_tokens), 70, "{slots} slots");
         assert_eq!(Metrics::get(&m.prompt_tokens), 70);
+        // four sequences took a slot; one request with four choices finished
         assert_eq!(Metrics::get(&m.requests), 4);
-        assert_eq!(Metrics::get(&m.requests_ok), 4);
+        assert_eq!(Metrics::get(&m.requests_ok), 1);
+        assert_eq!(Metrics::get(&m.sequences_ok), 4);
         if slots == 4 {
             // the four choices decoded together: 11 steps of 4 rows (the 12th token is not decoded)
             assert_eq!(Metrics::get(&m.decode_rows), 44);

@@ -304,7 +304,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         "status": "ok",
         "slots": st.engine.slots(),
         "slots_busy": Metrics::get(&m.active),
-        "queue_depth": Metrics::get(&m.queue_depth),
+        "queue_depth": m.waiting(),
         "workers_attached": Metrics::get(&m.workers_attached),
         "workers_connected": Metrics::get(&m.workers_available),
     });

@@ -21,13 +21,28 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         &mut o,
         "requests_total",
         "counter",
-        "Requests by outcome (invalid: refused by the engine's checks; rejected: the queue was full).",
+        "Requests by outcome, each counted once whatever its n, when its last choice ends: the worst of its choices' \
+         (failed, invalid, cancelled, ok; invalid: refused by the engine's checks; rejected: the queue was full).",
         &[
             ("{outcome=\"ok\"}", g(&m.requests_ok)),
             ("{outcome=\"invalid\"}", g(&m.requests_invalid)),
             ("{outcome=\"failed\"}", g(&m.requests_failed)),
             ("{outcome=\"cancelled\"}", g(&m.requests_cancelled)),
             ("{outcome=\"rejected\"}", g(&m.requests_rejected)),
+        ],
+    );
+    family(
+        &mut o,
+        "sequences_total",
+        "counter",
+        "Sequences (choices: a request counts n) by outcome, as requests_total (cancelled: choices still waiting for \
+         a slot included).",
+        &[
+            ("{outcome=\"ok\"}", g(&m.sequences_ok)),
+            ("{outcome=\"invalid\"}", g(&m.sequences_invalid)),
+            ("{outcome=\"failed\"}", g(&m.sequences_failed)),
+            ("{outcome=\"cancelled\"}", g(&m.sequences_cancelled)),
+            ("{outcome=\"rejected\"}", g(&m.sequences_rejected)),
         ],
     );
     family(
@@ -41,7 +56,7 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         &mut o,
         "requests_running",
         "gauge",
-        "Requests in slots.",
+        "Sequences in slots (each choice of a request takes one).",
         &[("", g(&m.active))],
     );
     family(
@@ -55,8 +70,9 @@ pub fn render(m: &Metrics, slots: usize) -> String {
         &mut o,
         "queue_depth",
         "gauge",
-        "Requests waiting for a slot.",
-        &[("", g(&m.queue_depth))],
+        "Sequences waiting for a slot: every choice of the queued requests, and the choices of running requests not \
+         in a slot yet.",
+        &[("", m.waiting() as f64)],
     );
     family(
         &mut o,
@@ -258,5 +274,24 @@ mod tests {
             page.contains("\nbackburner_requests_delayed_total 3\n"),
             "{page}"
         );
+    }
+
+    #[test]
+    fn sequences_have_their_own_family_and_the_queue_counts_waiting_choices() {
+        let m = Metrics::default();
+        Metrics::add(&m.requests_cancelled, 1);
+        Metrics::add(&m.sequences_cancelled, 3);
+        Metrics::set(&m.queue_depth, 2);
+        Metrics::set(&m.choices_waiting, 4);
+        let page = render(&m, 1);
+        for line in [
+            "backburner_requests_total{outcome=\"cancelled\"} 1",
+            "backburner_sequences_total{outcome=\"cancelled\"} 3",
+            "backburner_sequences_total{outcome=\"ok\"} 0",
+            "# TYPE backburner_sequences_total counter",
+            "backburner_queue_depth 6",
+        ] {
+            assert!(page.contains(&format!("\n{line}\n")), "{line}: {page}");
+        }
     }
 }

@@ -83,10 +83,9 @@ async fn completions_choice_i_is_seed_plus_i_prefilled_once() {
             s.metric("backburner_generated_tokens_total").await,
             completion as f64
         );
-        assert_eq!(
-            s.metric("backburner_requests_total{outcome=\"ok\"}").await,
-            3.0
-        );
+        // one request, three sequences
+        assert_eq!(outcomes(&s, "requests").await, [("ok", 1.0)]);
+        assert_eq!(outcomes(&s, "sequences").await, [("ok", 3.0)]);
 
         // streamed: the same tokens per index, one finish reason per choice, the usage once at the end
         let mut sb = body.clone();
@@ -285,6 +284,13 @@ async fn a_client_gone_cancels_every_choice() {
     for _ in 0..3 {
         rd.next_json().await;
     }
+    // choice 0 in the slot, the two others waiting for it
+    let t0 = std::time::Instant::now();
+    while s.metric("backburner_queue_depth").await != 2.0 {
+        assert!(t0.elapsed() < LIMIT, "the waiting choices never showed");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(s.metric("backburner_requests_running").await, 1.0);
     drop(rd);
     // the next request gets the slot soon: nothing of the request gone runs on
     let r = s
@@ -295,16 +301,49 @@ async fn a_client_gone_cancels_every_choice() {
         .await
         .ok();
     assert_eq!(r["choices"].as_array().unwrap().len(), 1);
-    let cancelled = s
-        .metric("backburner_requests_total{outcome=\"cancelled\"}")
-        .await;
-    assert_eq!(cancelled, 1.0);
+    // the request counts once; its three choices each once (the waiting two included)
+    assert_eq!(
+        outcomes(&s, "requests").await,
+        [("ok", 1.0), ("cancelled", 1.0)]
+    );
+    assert_eq!(
+        outcomes(&s, "sequences").await,
+        [("ok", 1.0), ("cancelled", 3.0)]
+    );
+    assert_eq!(s.metric("backburner_queue_depth").await, 0.0);
+    assert_eq!(s.metric("backburner_requests_running").await, 0.0);
     // choice 0 stopped early, and the waiting choices never generated anything
     let generated = s.metric("backburner_generated_tokens_total").await;
     assert!(generated < 1000.0, "{generated}");
-    assert_eq!(
-        s.metric("backburner_requests_total{outcome=\"ok\"}").await,
-        1.0
-    );
+    s.stop().await;
+}
+
+/// The non-zero samples of `backburner_<family>_total` by outcome, in the page's order.
+async fn outcomes(s: &Server, family: &str) -> Vec<(&'static str, f64)> {
+    let (_, page) = s.get_text("/metrics").await;
+    ["ok", "invalid", "failed", "cancelled", "rejected"]
+        .into_iter()
+        .map(|o| {
+            let sample = format!("backburner_{family}_total{{outcome=\"{o}\"}}");
+            (o, metric_value(&page, &sample))
+        })
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_n_choices_counts_once_and_its_choices_each_once() {
+    let s = Server::engine(Setup {
+        slots: 2,
+        ..Setup::default()
+    })
+    .await;
+    let body =
+        json!({"prompt": prompt(10), "max_tokens": 4, "temperature": 0.7, "seed": 3, "n": 3});
+    let r = s.post("/v1/completions", &body).await.ok();
+    assert_eq!(r["choices"].as_array().unwrap().len(), 3);
+    assert_eq!(outcomes(&s, "requests").await, [("ok", 1.0)]);
+    assert_eq!(outcomes(&s, "sequences").await, [("ok", 3.0)]);
+    assert_eq!(s.metric("backburner_queue_depth").await, 0.0);
     s.stop().await;
 }

@@ -10,18 +10,23 @@ use super::Slot;
 pub struct SlotInfo {
     /// The slot's index.
     pub id: usize,
-    /// The request running in it; `None` while it is idle.
+    /// The choice of a request running in it; `None` while it is idle.
     pub task: Option<SlotTask>,
     /// Tokens the slot's session holds: while idle, the history a next request may reuse a prefix of; while
     /// running, the prompt ingested so far and the tokens decoded.
     pub n_past: usize,
 }
 
-/// The request a slot runs.
+/// The request (one of its choices) a slot runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlotTask {
-    /// The request's id ([`super::Job::id`]).
+    /// The task's number: sequential from 0, one per choice taking a slot (a choice run again as a job of its own
+    /// gets a new one).
+    pub task: u64,
+    /// The request's id ([`super::Job::id`] of its choice 0: every choice of an `n` > 1 request shows it).
     pub id: String,
+    /// The choice's index in its request (0 … n−1; 0 for `n` = 1).
+    pub choice: usize,
     /// Prompt tokens (cached ones included).
     pub prompt_tokens: usize,
     /// Of those, tokens reused from the slot's cache.
@@ -45,6 +50,8 @@ struct Board {
     infos: Vec<SlotInfo>,
     /// Scratch for [`SlotBoard::update`]: which slots have a running job this turn.
     busy: Vec<bool>,
+    /// The next task's number.
+    next_task: u64,
 }
 
 impl SlotBoard {
@@ -64,17 +71,19 @@ impl SlotBoard {
         b.busy = vec![false; n];
     }
 
-    /// Slot `slot` took request `id` of `prompt_tokens` tokens, `cached_tokens` of them from its cache, to generate
-    /// at most `max_tokens`.
+    /// Slot `slot` took choice `choice` of request `id`, of `prompt_tokens` tokens, `cached_tokens` of them from its
+    /// cache, to generate at most `max_tokens`; returns the task's number ([`SlotTask::task`]).
     pub fn start(
         &self,
         slot: usize,
-        id: &str,
+        (id, choice): (&str, usize),
         prompt_tokens: usize,
         cached_tokens: usize,
         max_tokens: usize,
-    ) {
+    ) -> u64 {
         let mut b = self.lock();
+        let task = b.next_task;
+        b.next_task += 1;
         if b.infos.len() <= slot {
             let n = b.infos.len();
             b.infos.extend((n..=slot).map(|id| SlotInfo {
@@ -86,13 +95,16 @@ impl SlotBoard {
         let info = &mut b.infos[slot];
         info.n_past = cached_tokens;
         info.task = Some(SlotTask {
+            task,
             id: id.to_string(),
+            choice,
             prompt_tokens,
             cached_tokens,
             prompt_done: cached_tokens,
             generated: 0,
             max_tokens,
         });
+        task
     }
 
     /// The end of a scheduler turn: every slot's history length; for each running job `(slot, prompt tokens left,
@@ -135,18 +147,14 @@ mod tests {
     fn start_publishes_a_task_and_snapshot_copies() {
         let b = SlotBoard::default();
         b.reset(2);
-        b.start(1, "req-1", 40, 16, 100);
+        assert_eq!(b.start(1, ("req-1", 0), 40, 16, 100), 0);
+        assert_eq!(b.start(0, ("req-1", 1), 40, 40, 100), 1);
         let s = b.snapshot();
         assert_eq!(s.len(), 2);
-        assert_eq!(
-            s[0],
-            SlotInfo {
-                id: 0,
-                task: None,
-                n_past: 0
-            }
-        );
+        let t = s[0].task.as_ref().expect("a task");
+        assert_eq!((t.task, t.id.as_str(), t.choice), (1, "req-1", 1));
         let t = s[1].task.as_ref().expect("a task");
+        assert_eq!((t.task, t.choice), (0, 0));
         assert_eq!(
             (t.id.as_str(), t.prompt_tokens, t.cached_tokens),
             ("req-1", 40, 16)

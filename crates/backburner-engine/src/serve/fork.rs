@@ -16,6 +16,7 @@ use backburner_model::StateSnapshot;
 
 use super::metrics::Metrics;
 use super::scheduler::Active;
+use super::tally::{Outcome, Ticket};
 use super::{Event, Job, Slot};
 use crate::error::EngineError;
 use crate::sequence::{Phase, Sequence};
@@ -25,8 +26,11 @@ use crate::sequence::{Phase, Sequence};
 pub(super) struct Forks<'t> {
     groups: Vec<Group<'t>>,
     /// Choices whose prompt state could not be copied: taken, before new jobs, as jobs of their own.
-    pub(super) jobs: VecDeque<(Job, Instant)>,
+    pub(super) jobs: VecDeque<Waiting>,
 }
+
+/// A choice waiting for a slot: its job, since when, its share of the request's outcome.
+pub(super) type Waiting = (Job, Instant, Ticket);
 
 /// The waiting choices of one request.
 struct Group<'t> {
@@ -39,13 +43,18 @@ struct Group<'t> {
     /// Slots whose history starts with the prompt as choice 0 computed it.
     holders: Vec<usize>,
     /// The choices waiting for a slot (their jobs carry their settings and sinks).
-    waiting: VecDeque<(Job, Instant)>,
+    waiting: VecDeque<Waiting>,
 }
 
 impl<'t> Forks<'t> {
     /// Whether no choice waits.
     pub(super) fn is_empty(&self) -> bool {
         self.groups.is_empty() && self.jobs.is_empty()
+    }
+
+    /// Choices waiting for a slot.
+    pub(super) fn len(&self) -> usize {
+        self.jobs.len() + self.groups.iter().map(|g| g.waiting.len()).sum::<usize>()
     }
 
     /// For every job whose prefill just ended (its logits ready, nothing sampled yet) and that has siblings: makes
@@ -64,6 +73,7 @@ impl<'t> Forks<'t> {
             }
             let sinks = std::mem::take(&mut a.job.siblings);
             let now = Instant::now();
+            let ticket = &mut a.ticket;
             let jobs = sinks.into_iter().enumerate().map(|(k, events)| {
                 let index = k + 1;
                 let job = Job {
@@ -75,8 +85,9 @@ impl<'t> Forks<'t> {
                     events,
                     siblings: Vec::new(),
                 };
-                (job, now)
+                (job, now, ticket.split(index))
             });
+            let jobs: Vec<Waiting> = jobs.collect();
             let slot = &slots[a.slot];
             let template = slot
                 .forkable()
@@ -91,7 +102,7 @@ impl<'t> Forks<'t> {
                         snap: slot.session().snapshot(),
                         template,
                         holders: vec![a.slot],
-                        waiting: jobs.collect(),
+                        waiting: jobs.into(),
                     });
                 }
                 None => {
@@ -119,7 +130,8 @@ impl<'t> Forks<'t> {
         while g < self.groups.len() {
             {
                 let group = &mut self.groups[g];
-                group.waiting.retain(|(j, _)| !cancelled(j));
+                // a cancelled choice is dropped: its ticket ends it as cancelled
+                group.waiting.retain(|(j, _, _)| !cancelled(j));
                 let prompt = &group.prompt[..];
                 group.holders.retain(|&h| holds(&slots[h], prompt));
             }
@@ -138,7 +150,7 @@ impl<'t> Forks<'t> {
                 else {
                     break;
                 };
-                let (job, queued) = group.waiting.pop_front().expect("a waiting choice");
+                let (job, queued, ticket) = group.waiting.pop_front().expect("a waiting choice");
                 let ok = if group.holders.contains(&d) {
                     slots[d].fork_from(None, &group.snap)
                 } else {
@@ -148,14 +160,14 @@ impl<'t> Forks<'t> {
                 if !ok {
                     // the state could not be placed there: this choice prefills the prompt instead
                     group.holders.retain(|&h| h != d);
-                    self.jobs.push_back((job, queued));
+                    self.jobs.push_back((job, queued, ticket));
                     continue;
                 }
                 self.taken(d);
                 let group = &mut self.groups[g];
                 group.holders.push(d);
                 slots[d].last_used = turn;
-                if let Some(a) = start(d, job, queued, &group.template, m) {
+                if let Some(a) = start(d, job, queued, ticket, &group.template, m) {
                     active.push(a);
                 }
             }
@@ -173,7 +185,7 @@ impl<'t> Forks<'t> {
                 g += 1;
             }
         }
-        self.jobs.retain(|(j, _)| !cancelled(j));
+        self.jobs.retain(|(j, _, _)| !cancelled(j));
     }
 
     /// Slot `slot` took another job: it no longer holds any waiting choice's prompt.
@@ -184,10 +196,10 @@ impl<'t> Forks<'t> {
     }
 
     /// Shutting down: every waiting choice is refused.
-    pub(super) fn refuse(&mut self, m: &Metrics) {
+    pub(super) fn refuse(&mut self) {
         let waiting = self.groups.drain(..).flat_map(|g| g.waiting);
-        for (mut job, _) in waiting.chain(self.jobs.drain(..)) {
-            Metrics::add(&m.requests_cancelled, 1);
+        for (mut job, _, mut ticket) in waiting.chain(self.jobs.drain(..)) {
+            ticket.close(Outcome::Cancelled);
             (job.events)(Event::Failed(EngineError::ShuttingDown));
         }
     }
@@ -198,6 +210,7 @@ fn start<'t>(
     d: usize,
     mut job: Job,
     queued: Instant,
+    mut ticket: Ticket,
     template: &Sequence<'t>,
     m: &Metrics,
 ) -> Option<Active<'t>> {
@@ -205,7 +218,7 @@ fn start<'t>(
     let seq = match template.fork(&job.prompt, job.params.clone()) {
         Some(Ok(s)) => s,
         Some(Err(e)) => {
-            Metrics::add(&m.requests_invalid, 1);
+            ticket.close(Outcome::Invalid);
             (job.events)(Event::Failed(e));
             return None;
         }
@@ -213,7 +226,10 @@ fn start<'t>(
     };
     tracing::info!(request = %job.id, slot = d, "choice started from the prompt's state");
     let n = job.prompt.len();
-    let mut a = Active::new(d, seq, job, None);
+    let max = job.params.max_tokens;
+    m.slots
+        .start(d, (ticket.request(), ticket.choice), n, n, max);
+    let mut a = Active::new(d, seq, job, None, ticket);
     a.send(Event::Started {
         slot: d,
         prompt_tokens: n,

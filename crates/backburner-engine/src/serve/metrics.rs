@@ -9,24 +9,39 @@ use crate::split::LinkStats;
 /// The scheduler's counters (totals since start unless marked a gauge).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Requests taken by a slot.
+    /// Sequences taken by a slot (each choice of a request, `n` > 1: [`super::Job::siblings`], counts; a choice run
+    /// again as a job of its own counts again).
     pub requests: AtomicU64,
-    /// Requests that finished normally (eos, max tokens, stop string, full context).
+    /// Requests (each counted once, whatever its `n`) whose choices all finished normally (eos, max tokens, stop
+    /// string, full context). A request's outcome is the worst of its choices': failed, invalid, cancelled, ok.
     pub requests_ok: AtomicU64,
-    /// Requests that failed in the engine (a prefill or decode error).
+    /// Requests with a choice that failed in the engine (a prefill or decode error).
     pub requests_failed: AtomicU64,
     /// Requests refused by the engine's checks (invalid sampling values or token ids, a prompt over the context).
     pub requests_invalid: AtomicU64,
     /// Requests the HTTP server answered with a 400, whatever refused them (its parsing of the body and fields, or the
     /// engine's checks); counted by the server.
     pub bad_requests: AtomicU64,
-    /// Requests cancelled (client gone, shutdown).
+    /// Requests with a choice cancelled (client gone, shutdown) and none failed.
     pub requests_cancelled: AtomicU64,
     /// Requests refused because the queue was full.
     pub requests_rejected: AtomicU64,
-    /// Gauge: requests waiting for a slot.
+    /// Sequences (choices: a request counts `n`) that finished normally.
+    pub sequences_ok: AtomicU64,
+    /// Sequences that failed in the engine.
+    pub sequences_failed: AtomicU64,
+    /// Sequences refused by the engine's checks.
+    pub sequences_invalid: AtomicU64,
+    /// Sequences cancelled (client gone, shutdown), those still waiting for a slot included.
+    pub sequences_cancelled: AtomicU64,
+    /// Sequences of the requests refused because the queue was full.
+    pub sequences_rejected: AtomicU64,
+    /// Gauge: sequences of the queued requests (each counts its `n` choices); see [`Metrics::waiting`].
     pub queue_depth: AtomicU64,
-    /// Gauge: requests in slots.
+    /// Gauge: choices of running requests waiting for a slot (published by the scheduler every turn); see
+    /// [`Metrics::waiting`].
+    pub choices_waiting: AtomicU64,
+    /// Gauge: sequences in slots (each choice of a request takes one).
     pub active: AtomicU64,
     /// Prompt tokens of the requests (cached ones included).
     pub prompt_tokens: AtomicU64,
@@ -82,6 +97,12 @@ impl Metrics {
     /// Sets gauge `c`.
     pub fn set(c: &AtomicU64, v: u64) {
         c.store(v, Relaxed);
+    }
+
+    /// Gauge: sequences waiting for a slot: every choice of the queued requests, and the choices of running requests
+    /// not in a slot yet.
+    pub fn waiting(&self) -> u64 {
+        Self::get(&self.queue_depth) + Self::get(&self.choices_waiting)
     }
 
     /// Why the server is degraded, as last published ([`Metrics::degraded`]).

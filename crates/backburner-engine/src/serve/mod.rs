@@ -14,6 +14,7 @@ mod links;
 mod metrics;
 mod scheduler;
 mod slot;
+mod tally;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
@@ -274,19 +275,25 @@ impl Engine {
             return Err(SubmitError::ShuttingDown);
         }
         let m = &self.shared.metrics;
+        // the queue's gauge counts sequences: each choice of a request will take a slot
+        let choices = 1 + job.siblings.len() as u64;
+        let rejected = || {
+            Metrics::add(&m.requests_rejected, 1);
+            Metrics::add(&m.sequences_rejected, choices);
+        };
         let waiting = Metrics::get(&m.queue_depth) + Metrics::get(&m.active);
         if self.queue == 0 && waiting >= self.n_slots as u64 {
-            Metrics::add(&m.requests_rejected, 1);
+            rejected();
             return Err(SubmitError::QueueFull(0));
         }
-        Metrics::add(&m.queue_depth, 1);
+        Metrics::add(&m.queue_depth, choices);
         match tx.try_send((job, Instant::now())) {
             Ok(()) => Ok(()),
             Err(e) => {
-                m.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                m.queue_depth.fetch_sub(choices, Ordering::Relaxed);
                 match e {
                     TrySendError::Full(_) => {
-                        Metrics::add(&m.requests_rejected, 1);
+                        rejected();
                         Err(SubmitError::QueueFull(self.queue))
                     }
                     TrySendError::Disconnected(_) => Err(SubmitError::ShuttingDown),

@@ -12,6 +12,7 @@ use backburner_model::TextTokenizer;
 use super::fork::{self, Forks};
 use super::links::{ping_workers, publish_link};
 use super::metrics::Metrics;
+use super::tally::{Outcome, Ticket};
 use super::{decode_batch, Event, Job, Shared, Slot};
 use crate::error::EngineError;
 use crate::generate::StopReason;
@@ -33,11 +34,19 @@ pub(super) struct Active<'t> {
     wait: Option<Duration>,
     /// It waited at least once (counted in [`Metrics::requests_delayed`]).
     waited: bool,
+    /// Its choices' share of the request's outcome (its own, and its siblings' until they split off).
+    pub(super) ticket: Ticket,
 }
 
 impl<'t> Active<'t> {
     /// `job` in `slot`, running `seq`.
-    pub(super) fn new(slot: usize, seq: Sequence<'t>, job: Job, cut: Option<usize>) -> Self {
+    pub(super) fn new(
+        slot: usize,
+        seq: Sequence<'t>,
+        job: Job,
+        cut: Option<usize>,
+        ticket: Ticket,
+    ) -> Self {
         Active {
             slot,
             seq,
@@ -47,6 +56,7 @@ impl<'t> Active<'t> {
             wait: None,
             waited: false,
             job,
+            ticket,
         }
     }
 
@@ -157,21 +167,22 @@ impl Turns<'_> {
         // the choices of requests already running go before new jobs
         if !self.forks.is_empty() {
             if stopping() {
-                self.forks.refuse(m);
+                self.forks.refuse();
             }
             let (slots, active) = (&mut self.slots, &mut self.active);
             self.forks.place(slots, active, self.turn, m);
             while self.active.len() < self.slots.len() {
-                let Some((job, queued)) = self.forks.jobs.pop_front() else {
+                let Some((job, queued, ticket)) = self.forks.jobs.pop_front() else {
                     break;
                 };
                 let (slots, active) = (&mut self.slots, &self.active);
-                if let Some(a) = admit(slots, active, job, queued, self.tok, self.turn, m) {
+                let (tok, turn) = (self.tok, self.turn);
+                if let Some(a) = admit(slots, active, (job, queued, ticket), tok, turn, m) {
                     self.forks.taken(a.slot);
                     self.active.push(a);
                 }
             }
-            Metrics::set(&m.active, self.active.len() as u64);
+            self.publish();
         }
         while !self.closed && (self.active.len() < self.slots.len() || stopping()) {
             if self.active.is_empty() {
@@ -188,17 +199,20 @@ impl Turns<'_> {
             };
             match got {
                 Ok((job, queued)) => {
-                    m.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    let choices = 1 + job.siblings.len();
+                    m.queue_depth.fetch_sub(choices as u64, Ordering::Relaxed);
+                    let ticket = Ticket::new(&self.m, &job.id, choices);
                     if stopping() {
-                        refuse(job, m);
+                        refuse(job, ticket);
                         continue;
                     }
                     let (slots, active) = (&mut self.slots, &self.active);
-                    if let Some(a) = admit(slots, active, job, queued, self.tok, self.turn, m) {
+                    let (tok, turn) = (self.tok, self.turn);
+                    if let Some(a) = admit(slots, active, (job, queued, ticket), tok, turn, m) {
                         self.forks.taken(a.slot);
                         self.active.push(a);
-                        Metrics::set(&m.active, self.active.len() as u64);
                     }
+                    self.publish();
                 }
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => self.closed = true,
@@ -224,7 +238,7 @@ impl Turns<'_> {
         let (forks, turn) = (&mut self.forks, self.turn);
         let wait = step(&mut self.slots, &mut self.active, forks, turn, m);
         self.active.retain_mut(|a| a.seq.phase() != Phase::Done);
-        Metrics::set(&m.active, self.active.len() as u64);
+        self.publish();
         let running = self.active.iter();
         let running = running.map(|a| (a.slot, a.seq.prompt_left(), a.seq.tokens().len()));
         m.slots.update(&self.slots, running);
@@ -232,9 +246,20 @@ impl Turns<'_> {
     }
 }
 
+impl Turns<'_> {
+    /// The gauges of sequences in slots and of choices waiting for one (the siblings of running jobs not split off
+    /// yet, and those in [`Forks`]).
+    fn publish(&self) {
+        let m = &*self.m;
+        Metrics::set(&m.active, self.active.len() as u64);
+        let unsplit: usize = self.active.iter().map(|a| a.job.siblings.len()).sum();
+        Metrics::set(&m.choices_waiting, (unsplit + self.forks.len()) as u64);
+    }
+}
+
 /// A job refused at shutdown.
-fn refuse(mut job: Job, m: &Metrics) {
-    Metrics::add(&m.requests_cancelled, 1);
+fn refuse(mut job: Job, mut ticket: Ticket) {
+    ticket.close(Outcome::Cancelled);
     fork::fail_all(&mut job, EngineError::ShuttingDown);
 }
 
@@ -243,8 +268,7 @@ fn refuse(mut job: Job, m: &Metrics) {
 fn admit<'t>(
     slots: &mut [Slot],
     active: &[Active<'t>],
-    mut job: Job,
-    queued: Instant,
+    (mut job, queued, mut ticket): fork::Waiting,
     tok: Option<&'t TextTokenizer>,
     turn: u64,
     m: &Metrics,
@@ -266,7 +290,7 @@ fn admit<'t>(
     s.last_used = turn;
     // check before touching the slot's cache
     if let Err(e) = check(s, &job) {
-        Metrics::add(&m.requests_invalid, 1);
+        ticket.close(Outcome::Invalid);
         fork::fail_all(&mut job, e);
         return None;
     }
@@ -281,7 +305,7 @@ fn admit<'t>(
     let seq = match Sequence::new(s.session(), rest, job.params.clone(), tok) {
         Ok(q) => q,
         Err(e) => {
-            Metrics::add(&m.requests_invalid, 1);
+            ticket.close(Outcome::Invalid);
             fork::fail_all(&mut job, e);
             return None;
         }
@@ -304,15 +328,20 @@ fn admit<'t>(
         .stable_prefix
         .map(|p| grid.floor(p.min(n)))
         .filter(|&p| p > reused && grid.resumes(p, n));
-    let mut a = Active::new(slot, seq, job, cut);
+    let (id, choice, n, max) = (
+        ticket.request(),
+        ticket.choice,
+        job.prompt.len(),
+        job.params.max_tokens,
+    );
+    m.slots.start(slot, (id, choice), n, cached, max);
+    let mut a = Active::new(slot, seq, job, cut, ticket);
     let started = Event::Started {
         slot,
         prompt_tokens: a.job.prompt.len(),
         cached_tokens: cached,
         queue_ms: queued.elapsed().as_secs_f64() * 1e3,
     };
-    let (id, n, max) = (&a.job.id, a.job.prompt.len(), a.job.params.max_tokens);
-    m.slots.start(slot, id, n, cached, max);
     a.send(started);
     Some(a)
 }
@@ -370,7 +399,7 @@ fn step<'t>(
                     logprob,
                 });
             }
-            Err(e) => fail(a, e, m),
+            Err(e) => fail(a, e),
         }
     }
     decode_all(slots, active, m);
@@ -458,7 +487,7 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
     // before the job's next event: a client that reads /metrics after its answer sees this step's link use
     publish_link(slots, m);
     if let Err(e) = r {
-        fail(a, e, m);
+        fail(a, e);
     }
 }
 
@@ -504,12 +533,13 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
     if end.token.is_some() {
         Metrics::add(&m.generated_tokens, 1);
     }
-    let counter = match reason {
-        StopReason::Interrupted => &m.requests_cancelled,
-        StopReason::Error => &m.requests_failed,
-        _ => &m.requests_ok,
-    };
-    Metrics::add(counter, 1);
+    // before the events: a client that reads /metrics after its answer sees it counted (siblings that never
+    // started end as this job did)
+    a.ticket.close(match reason {
+        StopReason::Interrupted => Outcome::Cancelled,
+        StopReason::Error => Outcome::Failed,
+        _ => Outcome::Ok,
+    });
     fork::orphan(&mut a.job, None);
     let generation = Box::new(a.seq.take_generation());
     tracing::info!(
@@ -533,8 +563,8 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
 }
 
 /// A job whose prefill or sampling failed: its error, then it is done.
-fn fail(a: &mut Active<'_>, e: EngineError, m: &Metrics) {
-    Metrics::add(&m.requests_failed, 1);
+fn fail(a: &mut Active<'_>, e: EngineError) {
+    a.ticket.close(Outcome::Failed);
     tracing::warn!(request = %a.job.id, error = %e, "request failed");
     a.seq.cancel();
     fork::orphan(&mut a.job, Some(&e));
