@@ -17,9 +17,13 @@ use crate::AppState;
 /// `GET /slots`: a JSON array with one object per slot, in llama-server's shape where a field has a meaning here:
 ///
 /// - `id`: the slot's index; `n_ctx`: its context length (tokens); `speculative`: always `false`;
-/// - `is_processing`: a request runs in it;
-/// - `id_task`: that request's id (the `id` of its response, a string here where llama-server has a number), or
-///   `-1` while idle, as llama-server;
+/// - `is_processing`: a request runs in it (one of its choices: each choice of an `n` > 1 request runs in a slot of
+///   its own);
+/// - `id_task`: the task's number, an integer as llama-server's: sequential from 0, one per choice taking a slot;
+///   `-1` while idle;
+/// - `id_request` (not in llama-server): the request's id, the `id` of its response (every choice of an `n` > 1
+///   request shows the same); `null` while idle;
+/// - `choice` (not in llama-server): the index of the choice it runs (0 … n−1); `null` while idle;
 /// - `n_past`: tokens the slot holds (its history: the prompt and tokens decoded so far, or after a request what the
 ///   prompt cache may reuse);
 /// - `n_prompt_tokens`, `n_prompt_tokens_cache` (reused from the slot's cache) and `n_prompt_tokens_processed`
@@ -64,7 +68,7 @@ pub(crate) async fn handle(
 /// One slot's object (see [`handle`]).
 fn slot_json(s: &SlotInfo, n_ctx: usize) -> Value {
     let t = s.task.as_ref();
-    let id_task = t.map_or(json!(-1), |t| json!(t.id));
+    let id_task = t.map_or(json!(-1), |t| json!(t.task));
     let field = |f: fn(&backburner_engine::serve::SlotTask) -> usize| t.map_or(0, f);
     let remain = t.map_or(json!(0), |t| match t.max_tokens {
         usize::MAX => json!(-1),
@@ -73,6 +77,8 @@ fn slot_json(s: &SlotInfo, n_ctx: usize) -> Value {
     json!({
         "id": s.id,
         "id_task": id_task,
+        "id_request": t.map(|t| t.id.as_str()),
+        "choice": t.map(|t| t.choice),
         "n_ctx": n_ctx,
         "speculative": false,
         "is_processing": t.is_some(),

@@ -90,6 +90,8 @@ async fn held_server(api_key: Option<&'static str>) -> (Server, Arc<Held>, Recei
 fn idle(slot: &Value) {
     assert_eq!(slot["is_processing"], false, "{slot}");
     assert_eq!(slot["id_task"], -1, "{slot}");
+    assert_eq!(slot["id_request"], Value::Null, "{slot}");
+    assert_eq!(slot["choice"], Value::Null, "{slot}");
     assert_eq!(slot["n_ctx"], CONTEXT, "{slot}");
     assert_eq!(slot["next_token"]["has_next_token"], false, "{slot}");
     assert_eq!(slot["n_prompt_tokens"], 0, "{slot}");
@@ -134,7 +136,9 @@ async fn slots_show_a_running_request_then_idle_slots_holding_its_history() {
         .collect();
     assert_eq!(busy.len(), 1, "{during}");
     let slot = busy[0];
-    assert_eq!(slot["id_task"], id.as_str());
+    assert_eq!(slot["id_request"], id.as_str());
+    assert_eq!(slot["choice"], 0);
+    assert_eq!(slot["id_task"], 0, "the first task: {slot}");
     let prompt = slot["n_prompt_tokens"].as_u64().unwrap();
     assert!(prompt > 5, "{slot}");
     assert_eq!(slot["n_prompt_tokens_cache"], 0, "{slot}");
@@ -178,6 +182,63 @@ async fn slots_show_a_running_request_then_idle_slots_holding_its_history() {
     idle(slot);
     let past = slot["n_past"].as_u64().unwrap();
     assert!((prompt + 5..=prompt + 6).contains(&past), "{slot}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_choices_of_an_n_request_each_show_in_their_slot_and_fill_them() {
+    let (s, held, at) = held_server(None).await;
+    // two choices on two slots, held at choice 0's third token: choice 1 was forked when the prompt's prefill ended
+    // and decoded beside it
+    let body = json!({"prompt": "Count slowly", "max_tokens": 6, "n": 2, "temperature": 0,
+                      "logit_bias": {"445": -100, "447": -100}});
+    let (c, url) = (s.client.clone(), s.url("/v1/completions"));
+    let req = tokio::spawn(async move {
+        let r = c.post(url).json(&body).send().await.unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    let wait = tokio::task::spawn_blocking(move || at.recv_timeout(LIMIT).expect("held"));
+    let id = bounded("the third token", wait).await.unwrap();
+    let during = s.get("/slots").await.ok();
+    let list = during.as_array().unwrap();
+    let prompt = list[0]["n_prompt_tokens"].as_u64().unwrap();
+    assert!(prompt > 1, "{during}");
+    let mut choices = Vec::new();
+    let mut tasks = Vec::new();
+    for slot in list {
+        assert_eq!(slot["is_processing"], true, "{during}");
+        assert_eq!(slot["id_request"], id.as_str(), "{during}");
+        assert_eq!(slot["n_prompt_tokens"], prompt, "{during}");
+        assert_eq!(slot["n_prompt_tokens_processed"], prompt, "{during}");
+        assert_eq!(
+            slot["next_token"],
+            json!({"has_next_token": true, "n_decoded": 2, "n_remain": 4}),
+            "{during}"
+        );
+        assert_eq!(slot["n_past"], prompt + 2, "{during}");
+        choices.push(slot["choice"].as_u64().unwrap());
+        tasks.push(slot["id_task"].as_u64().expect("an integer task id"));
+        // choice 0 prefilled the prompt; choice 1 started from its state
+        let cached = if slot["choice"] == 0 { 0 } else { prompt };
+        assert_eq!(slot["n_prompt_tokens_cache"], cached, "{during}");
+    }
+    choices.sort_unstable();
+    tasks.sort_unstable();
+    assert_eq!(choices, [0, 1]);
+    assert_eq!(tasks, [0, 1], "one task per choice, numbered from 0");
+    // no slot is free
+    let (_, _, code, _) = s.get("/slots?fail_on_no_slot=1").await.error(503);
+    assert_eq!(code.as_deref(), Some("server_busy"));
+    let h = s.get("/health").await.ok();
+    assert_eq!(
+        (&h["slots_busy"], &h["queue_depth"]),
+        (&json!(2), &json!(0))
+    );
+    held.release();
+    let (status, r) = bounded("the request", req).await.unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["id"], id.as_str());
+    assert_eq!(r["usage"]["completion_tokens"], 12);
     s.stop().await;
 }
 
