@@ -136,6 +136,58 @@ fn normalization_drops_nulls_parses_arguments_and_aliases_reasoning() {
 }
 
 #[test]
+fn an_assistant_refusal_part_becomes_a_text_part() {
+    let msgs = json!([
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}, {"type": "text", "text": "sorry"}]}
+    ]);
+    let out = normalize_messages(msgs.as_array().unwrap()).unwrap();
+    assert_eq!(
+        out[1]["content"],
+        json!([{"type": "text", "text": "no"}, {"type": "text", "text": "sorry"}])
+    );
+    // rendered as text by the Qwen3.5 template (which raises on any other part type)
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../assets/qwen3.5/chat_template.jinja"
+    ))
+    .unwrap();
+    let t = ChatTemplate::new(&src).unwrap();
+    let kwargs = serde_json::Map::new();
+    let req = ChatRequest {
+        messages: msgs.as_array().unwrap(),
+        tools: None,
+        add_generation_prompt: false,
+        kwargs: &kwargs,
+    };
+    let text = t.render(&req, &[]).unwrap();
+    assert!(
+        text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\nnosorry<|im_end|>\n"),
+        "{text:?}"
+    );
+    // a refusal part elsewhere, or without its text, is refused naming the field
+    for (messages, want) in [
+        (
+            json!([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!([{"role": "assistant", "content": [{"type": "refusal"}]}]),
+            "messages[0].content[0].refusal",
+        ),
+        (
+            json!([{"role": "assistant", "content": [{"type": "refusal", "refusal": 1}]}]),
+            "messages[0].content[0].refusal",
+        ),
+    ] {
+        assert_eq!(
+            field_of(normalize_messages(messages.as_array().unwrap())).0,
+            want
+        );
+    }
+}
+
+#[test]
 fn template_kwargs_cannot_replace_the_request_itself() {
     let t = ChatTemplate::new("{{ messages|length }}").unwrap();
     let msgs = [json!({"role": "user", "content": "x"})];

@@ -109,8 +109,9 @@ fn normalize_message(m: &Value, at: &str) -> Result<Value> {
         }
         None => return Err(bad(format!("{at}.role"), "is required")),
     }
-    if let Some(content) = out.get("content") {
-        check_content(content, &format!("{at}.content"))?;
+    let assistant = out.get("role").and_then(Value::as_str) == Some("assistant");
+    if let Some(content) = out.get_mut("content") {
+        normalize_content(content, assistant, &format!("{at}.content"))?;
     }
     for key in ["tool_call_id", "name"] {
         if let Some(v) = out.get(key).filter(|v| !v.is_string()) {
@@ -127,7 +128,10 @@ fn normalize_message(m: &Value, at: &str) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
-fn check_content(content: &Value, at: &str) -> Result<()> {
+/// Checks a message's content; in an assistant message a refusal part (`{"type": "refusal", "refusal": text}`, the
+/// OpenAI SDK's shape) becomes the text part `{"type": "text", "text": text}`, as vLLM renders it (templates know
+/// text parts only).
+fn normalize_content(content: &mut Value, assistant: bool, at: &str) -> Result<()> {
     let parts = match content {
         Value::String(_) => return Ok(()),
         Value::Array(parts) => parts,
@@ -141,7 +145,7 @@ fn check_content(content: &Value, at: &str) -> Result<()> {
             ));
         }
     };
-    for (j, part) in parts.iter().enumerate() {
+    for (j, part) in parts.iter_mut().enumerate() {
         let at = format!("{at}[{j}]");
         let Value::Object(p) = part else {
             return Err(bad(
@@ -149,6 +153,28 @@ fn check_content(content: &Value, at: &str) -> Result<()> {
                 format!("expected a content part object, got {}", json_kind(part)),
             ));
         };
+        if assistant && p.get("type").and_then(Value::as_str) == Some("refusal") {
+            let text = match p.get("refusal") {
+                Some(Value::String(t)) => t.clone(),
+                Some(v) => {
+                    return Err(bad(
+                        format!("{at}.refusal"),
+                        format!("expected a string, got {}", json_kind(v)),
+                    ))
+                }
+                None => {
+                    return Err(bad(
+                        format!("{at}.refusal"),
+                        "is required for a refusal part",
+                    ))
+                }
+            };
+            let mut text_part = Map::new();
+            text_part.insert("type".into(), Value::String("text".into()));
+            text_part.insert("text".into(), Value::String(text));
+            *p = text_part;
+            continue;
+        }
         match p.get("type").and_then(Value::as_str) {
             Some("text") | None if p.contains_key("text") => {}
             Some("text") => return Err(bad(format!("{at}.text"), "is required for a text part")),
