@@ -155,11 +155,7 @@ impl GenSettings {
                 ))
             }
         };
-        // -1, as in llama-server, is a random seed too
-        let seed = match b.i64("seed")? {
-            Some(-1) | None => rand::random(),
-            Some(s) => u64::from_le_bytes(s.to_le_bytes()),
-        };
+        let seed = read_seed(b)?.unwrap_or_else(rand::random);
         let sampling = SamplingParams {
             temperature: f("temperature", 1.0)?,
             top_k,
@@ -191,17 +187,26 @@ impl GenSettings {
         })?;
         let stream = b.bool("stream")?.unwrap_or(false);
         let include_usage = match b.object("stream_options")? {
-            Some(o) if o.keys().any(|k| k != "include_usage") => {
-                let k = o.keys().find(|k| *k != "include_usage").expect("found");
-                return Err(ApiError::invalid(
-                    Some("stream_options"),
-                    format!("unrecognized field `{k}` in `stream_options` (only `include_usage`)"),
-                ));
+            Some(o) => {
+                if let Some(k) = o.keys().find(|k| !STREAM_OPTIONS.contains(&k.as_str())) {
+                    return Err(ApiError::invalid(
+                        Some("stream_options"),
+                        format!(
+                            "unrecognized field `{k}` in `stream_options` (known: {})",
+                            STREAM_OPTIONS.join(", ")
+                        ),
+                    ));
+                }
+                let o = Body(o);
+                // OpenAI pads each streamed chunk with an `obfuscation` string of random length (on by default
+                // there) so that an observer of the encrypted traffic cannot tell tokens by their sizes; this server
+                // sends no padding, so `true` asks for nothing it does and `false` for what it does anyway
+                o.bool("include_obfuscation")
+                    .map_err(|e| e.nested("stream_options"))?;
+                o.bool("include_usage")
+                    .map_err(|e| e.nested("stream_options"))?
+                    .unwrap_or(false)
             }
-            Some(o) => Body(o)
-                .bool("include_usage")
-                .map_err(|e| e.nested("stream_options"))?
-                .unwrap_or(false),
             None => false,
         };
         let cache_prompt = b.bool("cache_prompt")?.unwrap_or(true);
@@ -218,6 +223,30 @@ impl GenSettings {
             stream,
             include_usage,
         })
+    }
+}
+
+/// The keys `stream_options` may have (the `openai` SDK's).
+const STREAM_OPTIONS: &[&str] = &["include_usage", "include_obfuscation"];
+
+/// `seed`: any integer 0 … 2^64 − 1, each its own seed (the sampler's seed is a u64; choice `i` of `n` samples with
+/// `seed + i`, wrapping); -1 (llama-server's) or absent is `None`, a random seed. Errors: 400 naming `seed` for
+/// another negative value (OpenAI's seed is an int64, but a negative one would have to alias a seed ≥ 2^63 here, and
+/// distinct seeds must sample differently) or a value that is not an integer in that range.
+fn read_seed(b: &Body) -> Result<Option<u64>, ApiError> {
+    let Some(v) = b.get("seed") else {
+        return Ok(None);
+    };
+    match (v.as_u64(), v.as_i64()) {
+        (Some(s), _) => Ok(Some(s)),
+        (None, Some(-1)) => Ok(None),
+        _ => Err(ApiError::invalid(
+            Some("seed"),
+            format!(
+                "`seed` must be an integer from 0 to {} (or -1: random), not {v}",
+                u64::MAX
+            ),
+        )),
     }
 }
 
@@ -276,5 +305,89 @@ pub fn legacy_logprobs(b: &Body) -> Result<Option<usize>, ApiError> {
             format!("`logprobs` must be at most 20, not {n}"),
         )),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `GenSettings::read` of the JSON object `body`.
+    fn read(body: &str) -> Result<GenSettings, ApiError> {
+        GenSettings::read(&Body(&parse(body.as_bytes()).unwrap()))
+    }
+
+    #[test]
+    fn every_u64_seed_is_its_own() {
+        for (text, want) in [
+            ("0", 0),
+            ("7", 7),
+            ("9223372036854775807", (1 << 63) - 1),
+            ("9223372036854775808", 1 << 63),
+            ("18446744073709551614", u64::MAX - 1),
+            ("18446744073709551615", u64::MAX),
+        ] {
+            let g = read(&format!(r#"{{"seed": {text}}}"#)).unwrap();
+            assert_eq!(g.sampling.seed, want, "{text}");
+        }
+        // -1 (llama-server's) and no seed: random, so two requests differ (all but surely)
+        for body in [r#"{"seed": -1}"#, "{}", r#"{"seed": null}"#] {
+            assert_ne!(
+                read(body).unwrap().sampling.seed,
+                read(body).unwrap().sampling.seed,
+                "{body}"
+            );
+        }
+        // other negatives (they would alias seeds ≥ 2^63), 2^64 and non-integers: 400 naming `seed`
+        for text in [
+            "-2",
+            "-9223372036854775808",
+            "18446744073709551616",
+            "1.5",
+            "1e3",
+            "\"7\"",
+        ] {
+            let e = read(&format!(r#"{{"seed": {text}}}"#)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("seed"), "{text}");
+            assert!(
+                e.message
+                    .starts_with("`seed` must be an integer from 0 to 18446744073709551615 (or -1: random), not "),
+                "{text}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn stream_options_take_the_sdks_keys() {
+        for (opts, usage) in [
+            (
+                r#"{"include_usage": true, "include_obfuscation": false}"#,
+                true,
+            ),
+            (
+                r#"{"include_usage": false, "include_obfuscation": true}"#,
+                false,
+            ),
+            (r#"{"include_obfuscation": true}"#, false),
+            (
+                r#"{"include_usage": true, "include_obfuscation": null}"#,
+                true,
+            ),
+        ] {
+            let g = read(&format!(r#"{{"stream": true, "stream_options": {opts}}}"#)).unwrap();
+            assert_eq!(g.include_usage, usage, "{opts}");
+        }
+        let e = read(r#"{"stream_options": {"include_obfuscation": "no"}}"#).unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("stream_options.include_obfuscation")
+        );
+        let e = read(r#"{"stream_options": {"include_usage": true, "pad": 1}}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options"));
+        assert_eq!(
+            e.message,
+            "unrecognized field `pad` in `stream_options` (known: include_usage, include_obfuscation)"
+        );
     }
 }

@@ -317,3 +317,54 @@ async fn ignore_eos_generates_past_eos_to_max_tokens() {
     assert_eq!(param.as_deref(), Some("ignore_eos"));
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeds_past_2_63_stay_distinct_and_choices_wrap_in_u64() {
+    let s = Server::engine(Setup::default()).await;
+    let p = prompt(20);
+    let max = 12;
+    let seeds = [(1u64 << 63) - 1, 1 << 63, u64::MAX - 1, u64::MAX];
+    let sampled = |seed: u64| {
+        generate_fresh(
+            &p,
+            max,
+            SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..SamplingParams::default()
+            },
+            None,
+        )
+        .tokens
+    };
+    let mut got = Vec::new();
+    for seed in seeds {
+        let body = json!({"prompt": p, "max_tokens": max, "temperature": 1.0, "seed": seed,
+                          "return_token_ids": true});
+        let r = s.post("/v1/completions", &body).await.ok();
+        let ids: Vec<u32> = serde_json::from_value(r["choices"][0]["token_ids"].clone()).unwrap();
+        // the engine's own answer with that very seed
+        assert_eq!(ids, sampled(seed), "seed {seed}");
+        got.push(ids);
+    }
+    for i in 0..got.len() {
+        for j in i + 1..got.len() {
+            assert_ne!(got[i], got[j], "seeds {} and {}", seeds[i], seeds[j]);
+        }
+    }
+    // choice i samples with seed + i, wrapping: past 2^64 - 1 comes 0
+    let body = json!({"prompt": p, "max_tokens": max, "temperature": 1.0, "seed": u64::MAX - 1, "n": 3,
+                      "return_token_ids": true});
+    let r = s.post("/v1/completions", &body).await.ok();
+    for (i, seed) in [u64::MAX - 1, u64::MAX, 0].into_iter().enumerate() {
+        let ids: Vec<u32> = serde_json::from_value(r["choices"][i]["token_ids"].clone()).unwrap();
+        assert_eq!(ids, sampled(seed), "choice {i}");
+    }
+    // 2^64 and negatives other than -1: 400s naming `seed`
+    for bad in ["18446744073709551616", "-2"] {
+        let body = format!(r#"{{"prompt": "x", "max_tokens": 2, "seed": {bad}}}"#);
+        let r = s.post_bytes("/v1/completions", body.into_bytes()).await;
+        let (_, param, _, m) = r.error(400);
+        assert_eq!(param.as_deref(), Some("seed"), "{bad}: {m}");
+    }
+}
