@@ -103,7 +103,7 @@ pub fn check_completions(b: &Body) -> Result<(), ApiError> {
         b,
         "best_of",
         |v| v == 1,
-        "only 1 is supported (one sequence per request)",
+        "only 1 is supported (no server-side best-of selection); use `n` for several sequences",
     )?;
     only(
         b,

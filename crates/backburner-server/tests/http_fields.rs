@@ -103,6 +103,11 @@ fn honoured_chat() -> Vec<(&'static str, Value)> {
         ("stop", json!(["zz"])),
         ("store", json!(false)),
         ("stream_options", json!({"include_usage": true})),
+        (
+            "stream_options",
+            json!({"include_usage": true, "include_obfuscation": false}),
+        ),
+        ("stream_options", json!({"include_obfuscation": true})),
         ("temperature", json!(0.7)),
         ("tool_choice", json!("auto")),
         ("tools", tool()),
@@ -153,6 +158,8 @@ fn honoured_completions() -> Vec<(&'static str, Value)> {
         ("n", json!(1)),
         ("presence_penalty", json!(1)),
         ("seed", json!(1)),
+        ("seed", json!(u64::MAX)),
+        ("seed", json!(-1)),
         ("stop", json!("zz")),
         ("stream_options", json!({"include_usage": false})),
         ("suffix", json!("")),
@@ -166,6 +173,7 @@ fn honoured_completions() -> Vec<(&'static str, Value)> {
 fn refused_completions() -> Vec<(&'static str, Value)> {
     vec![
         ("best_of", json!(3)),
+        ("seed", json!(-2)),
         ("echo", json!(true)),
         ("n", json!(17)),
         ("suffix", json!("return x")),
@@ -264,4 +272,82 @@ async fn a_misplaced_or_llama_server_named_field_says_what_to_send() {
         assert_eq!(p.as_deref(), Some(field));
         assert!(m.contains(want), "{m}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_shapes_are_taken_or_refused_naming_their_path() {
+    let s = Server::engine(Setup::default()).await;
+    // an assistant message's refusal part (the SDK's shape) is taken, as text
+    let history = json!([
+        {"role": "user", "content": "Do a bad thing"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+        {"role": "user", "content": "OK"}
+    ]);
+    let r = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": history, "max_tokens": 2}),
+        )
+        .await
+        .ok();
+    assert_eq!(r["object"], "chat.completion");
+    let user = |content: Value| json!([{"role": "user", "content": content}]);
+    let f = |name: &str| json!({"type": "function", "function": {"name": name}});
+    let accepted = "(accepted: system, developer, user, assistant, tool)";
+    for (field, v, param, message) in [
+        (
+            "messages",
+            json!([{"role": "wizard", "content": "hi"}]),
+            "messages[0].role",
+            format!("unknown role \"wizard\" {accepted}"),
+        ),
+        (
+            "messages",
+            json!([{"role": "user", "content": "hi"}, {"role": "function", "name": "f", "content": "1"}]),
+            "messages[1].role",
+            format!(
+                "unknown role \"function\" {accepted}; the deprecated `function` role is not supported: send tool \
+                 results as `tool`"
+            ),
+        ),
+        (
+            "messages",
+            user(json!([{"type": "text", "text": "what is it?"},
+                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}])),
+            "messages[0].content[1].type",
+            "image inputs are not supported: this model reads text only (a part of type \"image_url\")".into(),
+        ),
+        (
+            "tools",
+            json!([f("get"), f("get")]),
+            "tools[1].function.name",
+            "duplicate function name \"get\": `tools[0]` has it too (tool names must be unique)".into(),
+        ),
+        (
+            "tool_choice",
+            json!({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [f("get")]}}),
+            "tool_choice.type",
+            "`tool_choice` of type \"allowed_tools\" is not supported; an object `tool_choice` must be \
+             {\"type\": \"function\", \"function\": {\"name\": …}} (or send \"none\", \"auto\" or \"required\")"
+                .into(),
+        ),
+    ] {
+        let mut b = chat_body("hi", 2);
+        b[field] = v;
+        if field == "tool_choice" {
+            b["tools"] = json!([f("get")]);
+        }
+        let (kind, p, _, m) = s.post("/v1/chat/completions", &b).await.error(400);
+        assert_eq!(kind, "invalid_request_error");
+        assert_eq!((p.as_deref(), m), (Some(param), message));
+    }
+    let b = json!({"prompt": "x", "max_tokens": 2, "best_of": 2});
+    let (_, p, _, m) = s.post("/v1/completions", &b).await.error(400);
+    assert_eq!(p.as_deref(), Some("best_of"));
+    assert_eq!(
+        m,
+        "`best_of`: only 1 is supported (no server-side best-of selection); use `n` for several sequences; got 2"
+    );
+    // each of these 400s counted
+    assert_eq!(s.metric("backburner_bad_requests_total").await, 6.0);
 }
