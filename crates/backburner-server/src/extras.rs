@@ -43,6 +43,30 @@ pub(crate) async fn model(
 /// The fields `/tokenize` reads (llama-server's).
 const TOKENIZE_FIELDS: &[&str] = &["content", "with_pieces", "add_special", "parse_special"];
 
+/// The fields `/detokenize` reads (llama-server's).
+const DETOKENIZE_FIELDS: &[&str] = &["tokens"];
+
+/// A 400 naming the first field of `map` not in `known`.
+fn known_fields(map: &serde_json::Map<String, Value>, known: &[&str]) -> Result<(), ApiError> {
+    match map.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::invalid(
+            Some(k),
+            format!("unrecognized field `{k}` (known: {})", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The response of `r`; a 400 counts in `backburner_bad_requests_total`, as the completions' do.
+fn answer(st: &AppState, r: Result<Json<Value>, ApiError>) -> Response {
+    if let Err(e) = &r {
+        if e.status == axum::http::StatusCode::BAD_REQUEST {
+            backburner_engine::serve::Metrics::add(&st.engine.metrics().bad_requests, 1);
+        }
+    }
+    r.into_response()
+}
+
 /// `POST /tokenize` `{"content": text, "with_pieces": bool}` → `{"tokens": [ids]}`, or with pieces
 /// `{"tokens": [{"id", "piece"}]}` (a piece is the token's text, or its bytes as a list when they are not UTF-8).
 /// Special tokens written in the text map to their ids (llama-server's `parse_special` default; `false` is a 400);
@@ -60,15 +84,7 @@ pub(crate) async fn tokenize(
             .str("content")?
             .ok_or_else(|| ApiError::invalid(Some("content"), "`content` (a string) is required"))?
             .to_string();
-        if let Some(k) = map.keys().find(|k| !TOKENIZE_FIELDS.contains(&k.as_str())) {
-            return Err(ApiError::invalid(
-                Some(k),
-                format!(
-                    "unrecognized field `{k}` (known: {})",
-                    TOKENIZE_FIELDS.join(", ")
-                ),
-            ));
-        }
+        known_fields(&map, TOKENIZE_FIELDS)?;
         // a Qwen tokenizer adds no BOS: `add_special` changes nothing, either way
         b.bool("add_special")?;
         if b.bool("parse_special")? == Some(false) {
@@ -104,11 +120,11 @@ pub(crate) async fn tokenize(
         .map_err(|e| ApiError::internal(e.to_string()))??;
         Ok::<_, ApiError>(Json(out))
     };
-    r.await.into_response()
+    answer(&st, r.await)
 }
 
 /// `POST /detokenize` `{"tokens": [ids]}` → `{"content": text}`. Errors: 400 naming `tokens` for a value that is
-/// not an id of the vocabulary.
+/// not an id of the vocabulary, or naming another field.
 pub(crate) async fn detokenize(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -117,6 +133,7 @@ pub(crate) async fn detokenize(
     let r = async {
         st.authorize(&headers)?;
         let map = request::parse(&body)?;
+        known_fields(&map, DETOKENIZE_FIELDS)?;
         let b = Body(&map);
         let tok = st.tokenizer()?;
         let ids: Vec<u32> = b
@@ -143,7 +160,7 @@ pub(crate) async fn detokenize(
             .map_err(|e| ApiError::invalid(Some("tokens"), e.to_string()))?;
         Ok::<_, ApiError>(Json(json!({"content": content})))
     };
-    r.await.into_response()
+    answer(&st, r.await)
 }
 
 /// `GET /props`: llama-server's server properties, those this server has.

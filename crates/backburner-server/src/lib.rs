@@ -255,12 +255,43 @@ fn routes(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Unknown paths: 404 in OpenAI's error shape (clients parse it), not an empty body.
+/// The endpoints [`routes`] serves, as the 404 lists them.
+pub const ENDPOINTS: &[&str] = &[
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "GET /v1/models",
+    "GET /v1/models/{id}",
+    "POST /tokenize",
+    "POST /detokenize",
+    "GET /props",
+    "GET /slots",
+    "GET /health",
+    "GET /metrics",
+    "GET /",
+];
+
+/// Unknown paths: 404 in OpenAI's error shape (clients parse it), not an empty body, listing what this server has
+/// and, for the paths other servers use (llama-server's `/completion`, Ollama's `/api/…`), what to call instead.
 async fn not_found(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    let instead = match path.trim_end_matches('/') {
+        "/completion" | "/completions" | "/v1/completion" | "/api/generate" => {
+            "; use /v1/completions (or /v1/chat/completions)"
+        }
+        "/chat/completions" | "/v1/chat/completion" | "/api/chat" => "; use /v1/chat/completions",
+        "/v1/embeddings" | "/embedding" | "/embeddings" | "/api/embed" | "/api/embeddings" => {
+            "; embeddings are not served (this server generates text)"
+        }
+        "/models" | "/api/tags" => "; use /v1/models",
+        _ => "",
+    };
     ApiError {
         status: StatusCode::NOT_FOUND,
         kind: "invalid_request_error",
-        message: format!("no such endpoint: {}", uri.path()),
+        message: format!(
+            "no such endpoint: {path}{instead}; this server has {}",
+            ENDPOINTS.join(", ")
+        ),
         param: None,
         code: Some("not_found"),
     }

@@ -137,9 +137,43 @@ async fn unknown_paths_and_methods_answer_in_the_error_shape() {
         (kind.as_str(), code.as_deref()),
         ("invalid_request_error", Some("not_found"))
     );
-    assert!(m.contains("/v1/nope"), "{m}");
-    let r = s.post("/v1/embeddings", &json!({"input": "x"})).await;
-    assert_eq!(r.error(404).2.as_deref(), Some("not_found"));
+    let has = "this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, \
+               GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /props, GET /slots, GET /health, \
+               GET /metrics, GET /";
+    assert_eq!(m, format!("no such endpoint: /v1/nope; {has}"));
+    // what llama-server's, Ollama's and OpenAI's other endpoints are called here
+    for (path, instead) in [
+        (
+            "/completion",
+            "use /v1/completions (or /v1/chat/completions)",
+        ),
+        (
+            "/api/generate",
+            "use /v1/completions (or /v1/chat/completions)",
+        ),
+        ("/api/chat", "use /v1/chat/completions"),
+        ("/chat/completions", "use /v1/chat/completions"),
+        (
+            "/v1/embeddings",
+            "embeddings are not served (this server generates text)",
+        ),
+    ] {
+        let r = s.post(path, &json!({"prompt": "x"})).await;
+        let (_, _, code, m) = r.error(404);
+        assert_eq!(code.as_deref(), Some("not_found"));
+        assert_eq!(m, format!("no such endpoint: {path}; {instead}; {has}"));
+    }
+    // and what it lists is there
+    for e in backburner_server::ENDPOINTS {
+        let (method, path) = e.split_once(' ').unwrap();
+        let url = s.url(&path.replace("{id}", MODEL_ID));
+        let r = match method {
+            "GET" => s.client.get(url).send().await.unwrap(),
+            _ => s.client.post(url).json(&json!({})).send().await.unwrap(),
+        };
+        assert_ne!(r.status(), reqwest::StatusCode::NOT_FOUND, "{e}");
+        assert_ne!(r.status(), reqwest::StatusCode::METHOD_NOT_ALLOWED, "{e}");
+    }
     let r = s.get("/v1/chat/completions").await;
     let (_, _, code, _) = r.error(405);
     assert_eq!(code.as_deref(), Some("method_not_allowed"));
@@ -297,14 +331,14 @@ async fn messages_the_template_cannot_take_and_tool_calls_without_content() {
             .await;
         bad_request(&r, Some(field), None);
     }
-    // the template's own refusal (an unknown role)
+    // an unknown role, named (not the template's "No user query found in messages.")
     let r = s
         .post(
             "/v1/chat/completions",
             &json!({"messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 2}),
         )
         .await;
-    bad_request(&r, Some("messages"), None);
+    bad_request(&r, Some("messages[0].role"), None);
     s.stop().await;
 }
 

@@ -50,6 +50,18 @@ async fn model_by_id_tokenize_detokenize_and_props() {
     }
     let (_, p, _, _) = s.post("/tokenize", &json!({"content": 5})).await.error(400);
     assert_eq!(p.as_deref(), Some("content"));
+    // an unknown field, as /tokenize answers it
+    let bad = json!({"tokens": [1], "with_pieces": true});
+    let (_, p, _, m) = s.post("/detokenize", &bad).await.error(400);
+    assert_eq!(
+        (p.as_deref(), m.as_str()),
+        (
+            Some("with_pieces"),
+            "unrecognized field `with_pieces` (known: tokens)"
+        )
+    );
+    // every 400 of these endpoints counted
+    assert_eq!(s.metric("backburner_bad_requests_total").await, 5.0);
 
     let p = s.get("/props").await.ok();
     assert_eq!(p["total_slots"], 1);
