@@ -14,11 +14,15 @@ pub(crate) async fn handle() -> Response {
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
-            // the page only talks to this server, and runs no script but its own
+            // the page only talks to this server, and runs no script but its own; no other site may frame it (it has
+            // an API key field: a framing page could overlay it and take clicks or keys)
             (
                 header::CONTENT_SECURITY_POLICY,
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; \
+                 frame-ancestors 'none'",
             ),
+            // the same for browsers without CSP's `frame-ancestors`
+            (header::X_FRAME_OPTIONS, "DENY"),
         ],
         PAGE,
     )

@@ -27,17 +27,43 @@ const PIECES: [&str; 4] = [
 const REASONING: &str = "The user says hello; greet back.";
 const ANSWER: &str = "Hi! I am <b>tiny</b> & glad to \"help\".";
 
-/// A backend answering every job with [`PIECES`] from a thread of its own; it keeps the prompts it got.
+/// A backend answering every job with [`PIECES`] from a thread of its own; it keeps the prompts and `max_tokens` it
+/// got. With a gate it waits after the first piece until the gate opens.
 #[derive(Default)]
 struct Canned {
     metrics: Metrics,
     prompts: Mutex<Vec<String>>,
+    max_tokens: Mutex<Vec<usize>>,
+    gate: Option<Arc<Gate>>,
+}
+
+/// Opens once: the answer goes on past its first piece.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
 }
 
 impl Backend for Canned {
     fn submit(&self, mut job: Job) -> Result<(), SubmitError> {
         let prompt = tokenizer().decode(&job.prompt).expect("a prompt of text");
         self.prompts.lock().unwrap().push(prompt);
+        self.max_tokens.lock().unwrap().push(job.params.max_tokens);
+        let gate = self.gate.clone();
         std::thread::spawn(move || {
             let n = job.prompt.len();
             let started = Event::Started {
@@ -48,6 +74,9 @@ impl Backend for Canned {
             };
             let mut ok = (job.events)(started);
             for (id, p) in PIECES.iter().enumerate() {
+                if let (1, Some(g)) = (id, &gate) {
+                    g.wait();
+                }
                 let text = (*p).to_string();
                 let id = id as u32;
                 ok = ok
@@ -88,7 +117,11 @@ impl Backend for Canned {
 }
 
 async fn canned(api_key: Option<&str>) -> (Server, Arc<Canned>) {
-    let b = Arc::new(Canned::default());
+    start(Canned::default(), api_key).await
+}
+
+async fn start(b: Canned, api_key: Option<&str>) -> (Server, Arc<Canned>) {
+    let b = Arc::new(b);
     let s = Server::start(state(b.clone(), 4096, api_key), Duration::from_secs(1)).await;
     (s, b)
 }
@@ -103,7 +136,13 @@ async fn the_page_is_html_and_needs_no_key() {
     assert_eq!(r.status(), StatusCode::OK);
     let ct = r.headers()["content-type"].to_str().unwrap().to_string();
     assert_eq!(ct, "text/html; charset=utf-8");
-    assert!(r.headers().contains_key("content-security-policy"));
+    assert_eq!(
+        r.headers()["content-security-policy"],
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; \
+         frame-ancestors 'none'"
+    );
+    // no other site may frame the page (it has an API key field)
+    assert_eq!(r.headers()["x-frame-options"], "DENY");
     let html = bounded("the page", r.text()).await.unwrap();
     assert!(html.starts_with("<!doctype html>"), "{}", &html[..40]);
     assert!(html.contains("/v1/chat/completions"));
@@ -157,9 +196,10 @@ async fn in_a_browser_q_sends_the_first_message_and_the_answer_streams_in() {
         "the stream ended: {dom}"
     );
     assert!(!dom.contains("<b>tiny"), "model text became markup: {dom}");
-    // the request: one user turn with the text of `q`
+    // the request: one user turn with the text of `q`, and the page's default token limit
     let prompts = b.prompts.lock().unwrap().clone();
     assert_eq!(prompts.len(), 1, "{prompts:?}");
+    assert_eq!(*b.max_tokens.lock().unwrap(), [1024]);
     assert!(
         prompts[0].contains("<|im_start|>user\nHello <there> & hi<|im_end|>"),
         "{prompts:?}"
@@ -193,14 +233,22 @@ async fn in_a_browser_the_conversation_goes_on_with_the_system_prompt() {
         let page = br.open(&url);
         br.wait(&page, &dom_when_done(1));
         let second = "document.getElementById('system').value = 'Be brief.'; \
+            const max = document.getElementById('max-tokens'); max.value = '7'; \
+            max.dispatchEvent(new Event('change')); \
             document.getElementById('input').value = 'And again?'; \
             document.getElementById('form').requestSubmit(); 'sent'";
         assert_eq!(br.eval(&page, second), "sent");
-        br.wait(&page, &dom_when_done(2))
+        let dom = br.wait(&page, &dom_when_done(2));
+        // the limit is kept for the next visit
+        let kept = "localStorage.getItem('backburner.maxTokens')";
+        (dom, br.eval(&page, kept))
     });
-    let dom = bounded("the browser", run)
+    let (dom, kept) = bounded("the browser", run)
         .await
         .expect("the browser thread");
+    assert_eq!(kept, "7");
+    // the first request with the default limit, the second with the one set
+    assert_eq!(*b.max_tokens.lock().unwrap(), [1024, 7]);
     assert!(
         dom.contains(r#"<div class="msg user">And again?</div>"#),
         "{dom}"
@@ -219,6 +267,35 @@ async fn in_a_browser_the_conversation_goes_on_with_the_system_prompt() {
         "{want:?}\nnot at the start of\n{:?}",
         prompts[1]
     );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_browser_the_reasoning_summary_counts_while_it_streams() {
+    let Some(browser) = browser() else { return };
+    let gate = Arc::new(Gate::default());
+    let canned = Canned {
+        gate: Some(gate.clone()),
+        ..Canned::default()
+    };
+    let (s, _) = start(canned, None).await;
+    let url = s.url("/?q=Hi");
+    let run = tokio::task::spawn_blocking(move || {
+        let mut br = Browser::start(&browser);
+        let page = br.open(&url);
+        // the first piece is in, the answer held: the collapsed summary counts it
+        let summary = "(() => { const d = document.querySelector('.msg.assistant details.reasoning'); \
+            return d && !d.hidden ? (d.open ? 'open ' : '') + d.querySelector('summary').textContent : ''; })()";
+        let live = br.wait(&page, summary);
+        gate.open();
+        br.wait(&page, &dom_when_done(1));
+        (live, br.eval(&page, summary))
+    });
+    let (live, done) = bounded("the browser", run)
+        .await
+        .expect("the browser thread");
+    assert_eq!(live, "Reasoning\u{2026} (1 token)");
+    assert_eq!(done, "Reasoning");
     s.stop().await;
 }
 
