@@ -155,12 +155,45 @@ impl From<EngineError> for ApiError {
             EngineError::ShuttingDown => ApiError::unavailable(e.to_string()),
             // A worker the request needs (its layers, experts or pages) is gone after its retry: a 503 that says so,
             // not `server_busy` (waiting does not help until the worker is back), and not a 500 (nothing is broken here).
+            // `KvBudget`: no KV-offload worker could take the pages the request must move (the session keeps its
+            // tokens, as after a lost layer-split worker)
             EngineError::ExpertsLost { .. }
             | EngineError::WorkerLost { .. }
-            | EngineError::WorkerUnavailable { .. } => {
+            | EngineError::WorkerUnavailable { .. }
+            | EngineError::KvBudget { .. } => {
                 ApiError::unavailable(e.to_string()).with_code("worker_unavailable")
             }
             _ => ApiError::internal(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_the_request_needs_is_a_503_worker_unavailable() {
+        let kv = EngineError::KvBudget {
+            budget: 128,
+            need: 200,
+            why: "worker 10.0.0.2:50060: connection refused".into(),
+        };
+        let e = ApiError::from(kv);
+        assert_eq!(
+            (e.status, e.kind, e.code),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("worker_unavailable")
+            )
+        );
+        assert_eq!(
+            e.message,
+            "KV budget exceeded: 200 positions of KV cache would be on this host but --kv-budget allows 128: \
+             worker 10.0.0.2:50060: connection refused"
+        );
+        let r = e.into_response();
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 }
