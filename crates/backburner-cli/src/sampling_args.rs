@@ -87,6 +87,16 @@ impl SamplingArgs {
     }
 }
 
+/// `--seed`: a u64, or -1 (llama.cpp's "random"), which draws one here.
+fn parse_seed(v: &str) -> Result<u64, String> {
+    match v.trim() {
+        "-1" => Ok(rand::random()),
+        t => t.parse().map_err(|_| {
+            format!("{v:?} is not a seed: an integer in 0..=2^64-1, or -1 for a random one")
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_bias;
@@ -99,15 +109,5 @@ mod tests {
         for bad in ["+1", "-1", "x+1", "7", "7+", "7+x"] {
             assert!(parse_bias(bad).is_err(), "{bad}");
         }
-    }
-}
-
-/// `--seed`: a u64, or -1 (llama.cpp's "random"), which draws one here.
-fn parse_seed(v: &str) -> Result<u64, String> {
-    match v.trim() {
-        "-1" => Ok(rand::random()),
-        t => t.parse().map_err(|_| {
-            format!("{v:?} is not a seed: an integer in 0..=2^64-1, or -1 for a random one")
-        }),
     }
 }
