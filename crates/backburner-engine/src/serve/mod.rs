@@ -6,6 +6,7 @@
 //! would take it and nothing else is decoding) and then one batched decode step of every sequence that has a token
 //! pending ([`decode_batch`]), so a long prompt delays the others' next token by at most one ubatch.
 
+mod admit;
 mod batch;
 mod board;
 mod cache;
