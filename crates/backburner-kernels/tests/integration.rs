@@ -6,6 +6,7 @@ mod common;
 mod attention;
 mod gdn;
 mod gdn_decode;
+mod gdn_rollback;
 mod kv;
 mod matmul;
 mod merge;
