@@ -213,6 +213,14 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     let mut out = std::io::stdout();
     let has_tok = tok.is_some();
     let t_start = Instant::now();
+    let progress = |done: usize, total: usize| {
+        if show_bar {
+            pb.set_position(done as u64);
+            if done == total {
+                pb.finish_and_clear();
+            }
+        }
+    };
     if a.n_choices > 1 {
         if a.dump_logits.is_some() {
             bail!("--dump-logits writes one sequence's logits: it cannot go with --n-choices");
@@ -224,14 +232,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
             &params,
             n,
             tok.as_ref(),
-            |done, total| {
-                if show_bar {
-                    pb.set_position(done as u64);
-                    if done == total {
-                        pb.finish_and_clear();
-                    }
-                }
-            },
+            progress,
             |_, _| {},
             |_, _| {},
         )
@@ -243,14 +244,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         &prompt,
         &params,
         tok.as_ref(),
-        |done, total| {
-            if show_bar {
-                pb.set_position(done as u64);
-                if done == total {
-                    pb.finish_and_clear();
-                }
-            }
-        },
+        progress,
         |id| {
             if !json && !has_tok && write!(out, "{id} ").and_then(|_| out.flush()).is_err() {
                 quiet_exit_on_closed_stdout();

@@ -93,23 +93,12 @@ impl<'t> Sequence<'t> {
         params: GenerateParams,
         tokenizer: Option<&'t TextTokenizer>,
     ) -> Result<Self> {
-        params.sampling.validate()?;
-        crate::stop::check_stop_strings(&params.stop)?;
+        let vocab = session.model().config().vocab_size;
+        check_params(&params, vocab)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let vocab = session.model().config().vocab_size;
         check_token_ids(&prompt, vocab)?;
-        if let Some((id, _)) = params
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(id, _)| *id as usize >= vocab)
-        {
-            return Err(EngineError::InvalidInput(format!(
-                "logit_bias names token id {id}, out of range for the model's vocabulary of {vocab}"
-            )));
-        }
         session.check_fits(prompt.len())?;
         let room = session.context_length() - session.tokens().len() - prompt.len();
         let stream = tokenizer.map(|tok| TextStream::new(tok, &params.stop));
@@ -162,19 +151,7 @@ impl<'t> Sequence<'t> {
     }
 
     fn fork_checked(&self, context: &[u32], params: GenerateParams) -> Result<Sequence<'t>> {
-        params.sampling.validate()?;
-        crate::stop::check_stop_strings(&params.stop)?;
-        let vocab = self.logits.len();
-        if let Some((id, _)) = params
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(id, _)| *id as usize >= vocab)
-        {
-            return Err(EngineError::InvalidInput(format!(
-                "logit_bias names token id {id}, out of range for the model's vocabulary of {vocab}"
-            )));
-        }
+        check_params(&params, self.logits.len())?;
         let penalized: &[u32] = if params.sampling.repetition_penalty != 1.0 {
             context
         } else {
@@ -452,4 +429,22 @@ impl<'t> Sequence<'t> {
             logprobs: self.logprobs.clone(),
         }
     }
+}
+
+/// The checks of a request's settings that need no session: sampling values, stop strings, and `logit_bias` ids
+/// inside a vocabulary of `vocab`. Errors: [`EngineError::InvalidInput`] naming the value.
+fn check_params(params: &GenerateParams, vocab: usize) -> Result<()> {
+    params.sampling.validate()?;
+    crate::stop::check_stop_strings(&params.stop)?;
+    if let Some((id, _)) = params
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
+        return Err(EngineError::InvalidInput(format!(
+            "logit_bias names token id {id}, out of range for the model's vocabulary of {vocab}"
+        )));
+    }
+    Ok(())
 }
