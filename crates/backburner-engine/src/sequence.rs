@@ -14,6 +14,8 @@ use crate::generate::{GenerateParams, Generation, StopReason, TextStream, Timing
 use crate::picker::{Picker, TokenLogprob};
 use crate::session::{Logits, Session};
 
+mod spec_step;
+
 /// Checks that every id of `ids` is inside a vocabulary of `vocab` ids, as requests (the server's and `run`'s)
 /// are checked before anything runs. Errors: [`EngineError::InvalidInput`] naming the first id out of range.
 pub fn check_token_ids(ids: &[u32], vocab: usize) -> Result<()> {

@@ -78,6 +78,8 @@ pub struct Session {
     pub(crate) chain: Option<crate::chain::LayerSplit>,
     /// KV offload: the current request already waited once for a worker's backoff ([`Session::worker_wait`]).
     pub(crate) backoff_waited: bool,
+    /// A verify step run and not yet settled ([`Session::verify`], [`Session::keep_verified`]).
+    pub(crate) open_verify: Option<crate::session_verify::OpenVerify>,
 }
 
 impl Session {
@@ -124,6 +126,7 @@ impl Session {
             offload_stats: LinkStats::default(),
             chain: None,
             backoff_waited: false,
+            open_verify: None,
         })
     }
 
@@ -235,6 +238,7 @@ impl Session {
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        self.settle_verify();
         self.check_fits(ids.len())?;
         self.model.check_ids(ids)?;
         if self.chain.is_some() {
@@ -403,6 +407,7 @@ impl Session {
     /// bits): going back below the positions held by workers (KV offload) elsewhere than at a page boundary, or a
     /// layer split whose workers do not all hold a checkpoint at the snapshot's position.
     pub fn rewind(&mut self, snap: &StateSnapshot) -> bool {
+        self.settle_verify();
         let n = snap.n_tokens();
         self.taken.retain(|c| c.n_tokens() <= n);
         let from = self.history.len();
@@ -444,6 +449,7 @@ impl Session {
 
     /// Forgets every token (and the pages on workers).
     pub fn clear(&mut self) {
+        self.open_verify = None;
         self.drop_state_for_rebuild();
         self.rebuild = false;
         self.history.clear();

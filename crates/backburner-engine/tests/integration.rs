@@ -27,6 +27,7 @@ mod picker;
 mod picker_modes;
 mod reference;
 mod serve;
+mod speculative;
 mod split;
 mod text_stream;
 mod worker_core;

@@ -1,0 +1,102 @@
+//! Verify steps for speculative decoding: a session runs the last accepted token and k drafts as one step of
+//! `T = k + 1` positions, returns the logits of every position, then keeps the accepted prefix and drops the rest
+//! (docs/ENGINE_CORE.md). The logits of a verify equal, bit for bit, those of decoding the same tokens one by one, so
+//! what the caller samples from them is what plain decoding would have sampled.
+
+use backburner_kernels::profile::{self, Phase};
+
+use crate::error::{EngineError, Result};
+use crate::session::Session;
+
+/// What an open verify step left to settle: where it started, its ids, and (until the model's rollback lands) the
+/// state before it.
+#[derive(Debug)]
+pub(crate) struct OpenVerify {
+    pub(crate) pos0: usize,
+    pub(crate) ids: Vec<u32>,
+    pub(crate) before: backburner_model::StateSnapshot,
+}
+
+impl Session {
+    /// Whether [`Session::verify`] can run a step of several positions here: the whole state on this host (no KV
+    /// page on a worker or due to move there, no layer split, experts held here, no pending rebuild). Elsewhere a
+    /// speculative caller drafts nothing and decodes one token per step.
+    pub fn can_verify(&self) -> bool {
+        self.chain.is_none() && !self.offload_needed(1) && !self.model.has_remote_experts()
+    }
+
+    /// Runs `ids` (`[T]`: the last accepted token, then the drafts) at the next `T` positions and returns the logits
+    /// of every position, `[T, vocab]` f32, equal bit for bit to `T` [`Session::decode`] calls. The step stays open
+    /// until [`Session::keep_verified`] says how many positions to keep; until then the session holds all `T`.
+    ///
+    /// Errors: [`EngineError::EmptyPrompt`] for no ids, [`EngineError::ContextOverflow`], [`EngineError::Model`]
+    /// for an id outside the vocabulary, [`EngineError::InvalidSetting`] where [`Session::can_verify`] is false or
+    /// a verify step is still open. An error leaves the session as it was.
+    pub fn verify(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if !self.can_verify() {
+            return Err(EngineError::InvalidSetting(
+                "a verify step needs the whole state on this host".into(),
+            ));
+        }
+        if self.open_verify.is_some() {
+            return Err(EngineError::InvalidSetting(
+                "the last verify step was not settled with keep_verified".into(),
+            ));
+        }
+        self.check_fits(ids.len())?;
+        self.model.check_ids(ids)?;
+        profile::set_phase(Phase::Decode);
+        let pos0 = self.history.len();
+        let before = self.state.snapshot();
+        let (model, state) = (&self.model, &mut self.state);
+        let logits = self.opts.pool.install(|| {
+            let mut out = Vec::new();
+            for &id in ids {
+                out.extend(model.forward_tokens(&[id], state, Some(0..1)));
+            }
+            out
+        });
+        for &id in ids {
+            self.history.push_call(&[id], self.grid());
+        }
+        self.open_verify = Some(OpenVerify {
+            pos0,
+            ids: ids.to_vec(),
+            before,
+        });
+        Ok(logits)
+    }
+
+    /// Settles the open verify step: keeps its first `m` positions (`1 ≤ m ≤ T`; the last accepted token and the
+    /// `m − 1` drafts accepted) and drops the rest, as if only those `m` tokens had been decoded one by one.
+    ///
+    /// Panics (a caller bug) without an open verify step or with `m` outside `1..=T`.
+    pub fn keep_verified(&mut self, m: usize) {
+        let open = self
+            .open_verify
+            .take()
+            .expect("keep_verified without an open verify step");
+        let n = open.ids.len();
+        assert!((1..=n).contains(&m), "keep_verified({m}) outside 1..={n}");
+        if m < n {
+            self.state.restore(&open.before);
+            let (model, state) = (&self.model, &mut self.state);
+            self.opts.pool.install(|| {
+                for &id in &open.ids[..m] {
+                    model.forward_tokens(&[id], state, None);
+                }
+            });
+        }
+        self.history.truncate(open.pos0 + m);
+    }
+
+    /// Keeps every position of a verify step still open (a caller that moves on without settling it).
+    pub(crate) fn settle_verify(&mut self) {
+        if let Some(n) = self.open_verify.as_ref().map(|o| o.ids.len()) {
+            self.keep_verified(n);
+        }
+    }
+}
