@@ -14,6 +14,10 @@
 //! * `verify_a/T`: option A, per-position states: `T` one-position calls, the state copied into a slot after each;
 //! * `verify_b/T`: option B, inputs kept and replayed: the pre-verify state copied, then one `T`-position call;
 //! * `replay_b/T`: option B's rollback in the worst case, `m = T − 1` accepted positions replayed from the copy;
+//! * `verify_oop/T`: option B without the copy: one [`delta_rule_recurrent_from`] call on `T` positions, reading
+//!   the state from one buffer and writing it to another (the pre-verify state is kept as it is);
+//! * `replay_oop/T`: its rollback in the worst case: [`delta_rule_replay`] of `m = T − 1` positions from the kept
+//!   state into the live buffer (no output);
 //! * `chunked/T`: one [`delta_rule_chunked`] call (chunk 64) on `T` positions;
 //! * `copy`: one state copy (`copy_from_slice`), and `copy_par` split over the pool's threads.
 //!
@@ -26,7 +30,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use backburner_kernels::gdn::{
-    delta_rule_chunked, delta_rule_decode_step, delta_rule_recurrent, DecodeInputs, GdnDims,
+    delta_rule_chunked, delta_rule_decode_step, delta_rule_recurrent, delta_rule_recurrent_from,
+    delta_rule_replay, DecodeInputs, GdnDims,
 };
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
@@ -119,6 +124,44 @@ impl Inputs {
             &self.beta[a * hv..b * hv],
             s,
             &mut out[..n * vv],
+        );
+    }
+
+    /// [`Inputs::recurrent`] on positions `[0, n)` out of place, from `src` into `dst`.
+    fn recurrent_from(&self, n: usize, src: &[f32], dst: &mut [f32], out: &mut [f32]) {
+        let d = GdnDims {
+            n_tokens: n,
+            ..self.d
+        };
+        let (qk, vv, hv) = (d.n_k_heads * d.d_k, d.n_v_heads * d.d_v, d.n_v_heads);
+        delta_rule_recurrent_from(
+            d,
+            &self.q[..n * qk],
+            &self.k[..n * qk],
+            &self.v[..n * vv],
+            &self.g[..n * hv],
+            &self.beta[..n * hv],
+            src,
+            dst,
+            &mut out[..n * vv],
+        );
+    }
+
+    /// The state-only replay of positions `[0, n)` from `src` into `dst`.
+    fn replay(&self, n: usize, src: &[f32], dst: &mut [f32]) {
+        let d = GdnDims {
+            n_tokens: n,
+            ..self.d
+        };
+        let (qk, vv, hv) = (d.n_k_heads * d.d_k, d.n_v_heads * d.d_v, d.n_v_heads);
+        delta_rule_replay(
+            d,
+            &self.k[..n * qk],
+            &self.v[..n * vv],
+            &self.g[..n * hv],
+            &self.beta[..n * hv],
+            src,
+            dst,
         );
     }
 
@@ -275,6 +318,20 @@ fn bench_shape(c: &mut Criterion, name: &str, x: &Inputs) {
             b.iter(|| {
                 x.recurrent(0, t - 1, states.take(), &mut out);
                 black_box(&out);
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("verify_oop", t), &t, |b, &t| {
+            b.iter(|| {
+                let (kept, live) = states.take2();
+                x.recurrent_from(t, kept, live, &mut out);
+                black_box(&out);
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("replay_oop", t), &t, |b, &t| {
+            b.iter(|| {
+                let (kept, live) = states.take2();
+                x.replay(t - 1, kept, live);
+                black_box(&live);
             })
         });
         group.bench_with_input(BenchmarkId::new("chunked", t), &t, |b, &t| {

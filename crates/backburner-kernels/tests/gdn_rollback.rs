@@ -1,14 +1,15 @@
 //! Rolling a Gated DeltaNet layer back after a speculative verify (issue 37), exactly: the state after each of `T`
 //! verified positions, kept per position (option A) or replayed from the pre-verify state (option B), has the bits
 //! of the state after as many fused decode steps (today's decode path), and so do the outputs; the conv state after
-//! any position is a window of the pre-verify conv state and the verify's raw inputs. The chunked delta rule (the
-//! model's many-token path today) is only close.
+//! any position is a window of the pre-verify conv state and the verify's raw inputs. The verify kernels of option B
+//! (out of place, keeping the pre-verify state without a copy; the state-only replay) have the same bits. The chunked
+//! delta rule (the model's many-token path) is only close.
 
 use crate::common;
 
 use backburner_kernels::gdn::{
     causal_conv1d_silu, delta_rule_chunked, delta_rule_decode_step, delta_rule_recurrent,
-    DecodeInputs, GdnDims,
+    delta_rule_recurrent_from, delta_rule_replay, DecodeInputs, GdnDims,
 };
 use backburner_kernels::rowops::{gated_rms_norm, l2_norm_scaled};
 use common::*;
@@ -139,6 +140,56 @@ impl Verify {
         out
     }
 
+    /// [`Verify::rows`] out of place: the delta rule on positions `[0, b)` from `src` into `dst` (which starts as
+    /// NaNs: it is never read), and the gated norm of its output rows.
+    fn rows_from(
+        &self,
+        qkv: &(Vec<f32>, Vec<f32>, Vec<f32>),
+        b: usize,
+        src: &[f32],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let d = GdnDims {
+            n_tokens: b,
+            ..self.d
+        };
+        let (qk, vv, hv) = (d.n_k_heads * d.d_k, d.n_v_heads * d.d_v, d.n_v_heads);
+        let mut out = vec![f32::NAN; b * vv];
+        let mut dst = vec![f32::NAN; src.len()];
+        delta_rule_recurrent_from(
+            d,
+            &qkv.0[..b * qk],
+            &qkv.1[..b * qk],
+            &qkv.2[..b * vv],
+            &self.g[..b * hv],
+            &self.beta[..b * hv],
+            src,
+            &mut dst,
+            &mut out,
+        );
+        gated_rms_norm(&mut out, &self.z[..b * vv], &self.norm_weight, 1e-6);
+        (dst, out)
+    }
+
+    /// The state-only replay of positions `[0, m)` from `src` into a NaN-filled buffer.
+    fn replay(&self, qkv: &(Vec<f32>, Vec<f32>, Vec<f32>), m: usize, src: &[f32]) -> Vec<f32> {
+        let d = GdnDims {
+            n_tokens: m,
+            ..self.d
+        };
+        let (qk, vv, hv) = (d.n_k_heads * d.d_k, d.n_v_heads * d.d_v, d.n_v_heads);
+        let mut dst = vec![f32::NAN; src.len()];
+        delta_rule_replay(
+            d,
+            &qkv.1[..m * qk],
+            &qkv.2[..m * vv],
+            &self.g[..m * hv],
+            &self.beta[..m * hv],
+            src,
+            &mut dst,
+        );
+        dst
+    }
+
     /// The conv state after `r` positions: the last `kernel − 1` raw inputs of `conv0 ++ qkv[..r]` per channel.
     fn conv_after(&self, r: usize) -> Vec<f32> {
         let (cd, kc) = (Self::conv_dim(&self.d), self.kernel - 1);
@@ -219,6 +270,49 @@ fn per_position_states_and_replays_have_the_bits_of_decode_steps() {
                         "case {i}, {threads} threads: B replaying {m}"
                     );
                 }
+            });
+        }
+    }
+}
+
+#[test]
+fn out_of_place_verifies_and_state_only_replays_have_the_bits_of_decode_steps() {
+    for (i, (d, kernel)) in cases().into_iter().enumerate() {
+        let x = Verify::new(d, kernel, 470 + i as u64);
+        let want = x.decode_steps();
+        let qkv = x.qkv_normed();
+        let t = d.n_tokens;
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a pool");
+            pool.install(|| {
+                let src = x.state0.clone();
+                // a verify of the first b positions, out of place: the state and outputs of b decode steps
+                for b in 1..=t {
+                    let what = format!("case {i} ({d:?}), {threads} threads, verify of {b}");
+                    let (dst, out) = x.rows_from(&qkv, b, &src);
+                    assert_eq!(bits(&dst), bits(&want[b - 1].1), "{what}: state");
+                    let flat: Vec<f32> = want[..b].iter().flat_map(|w| w.2.clone()).collect();
+                    assert_eq!(bits(&out), bits(&flat), "{what}: outputs");
+                    assert_eq!(bits(&src), bits(&x.state0), "{what}: the source is kept");
+                }
+                // the rollback's replay of m positions from the kept state, no output
+                for m in 0..=t {
+                    let got = x.replay(&qkv, m, &src);
+                    let want = if m == 0 { &x.state0 } else { &want[m - 1].1 };
+                    assert_eq!(
+                        bits(&got),
+                        bits(want),
+                        "case {i}, {threads} threads: replay of {m}"
+                    );
+                }
+                assert_eq!(
+                    bits(&src),
+                    bits(&x.state0),
+                    "case {i}: replays keep the source"
+                );
             });
         }
     }

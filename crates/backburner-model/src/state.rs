@@ -284,11 +284,17 @@ impl ModelState {
         &mut Scratch,
         &mut crate::remote::RemoteSlot,
     ) {
+        self.scratch.close_verify();
         (
             self.layers.get_mut(i).and_then(|l| l.as_mut()),
             &mut self.scratch,
             &mut self.remote,
         )
+    }
+
+    /// The forward pass's activation buffers (and what an open verify keeps).
+    pub(crate) fn scratch(&self) -> &Scratch {
+        &self.scratch
     }
 
     /// The forward pass's activation buffers.
@@ -313,6 +319,7 @@ impl ModelState {
         &mut Scratch,
         &mut crate::remote::RemoteSlot,
     ) {
+        self.scratch.close_verify();
         let (lo, hi) = self.layers.split_at_mut(a);
         (
             hi[0].as_mut().expect("layer state held"),
@@ -328,9 +335,23 @@ impl ModelState {
         self.scratch.bytes() + self.scratch_b.bytes()
     }
 
-    /// Mutable state of layer `i`, if held.
+    /// Mutable state of layer `i`, if held. Closes an open verify ([`ModelState::verify_span`]), as every change
+    /// of the state outside a verify does.
     pub fn layer_mut(&mut self, i: usize) -> Option<&mut LayerState> {
+        self.scratch.close_verify();
         self.layers.get_mut(i).and_then(|l| l.as_mut())
+    }
+
+    /// Every layer's state (`None` where not held), the forward pass's buffers (with what a verify keeps) and the
+    /// remote slot: for the verify path, which keeps the verify open.
+    pub(crate) fn verify_parts(
+        &mut self,
+    ) -> (
+        &mut [Option<LayerState>],
+        &mut Scratch,
+        &mut crate::remote::RemoteSlot,
+    ) {
+        (&mut self.layers, &mut self.scratch, &mut self.remote)
     }
 
     /// KV rows `[p0, p1)` of full-attention layer `i` as f32 (`[p1-p0, n_kv_heads, head_dim]` each for K and V), or
@@ -381,6 +402,7 @@ impl ModelState {
     /// Sets the position (tokens processed) after rows and states were adopted from elsewhere. Panics if a held
     /// attention layer's cache length differs from `n` (a caller bug that would corrupt attention).
     pub fn set_position(&mut self, n: usize) {
+        self.scratch.close_verify();
         for (i, l) in self.layers.iter().enumerate() {
             if let Some(LayerState::Attention(c)) = l {
                 assert_eq!(
@@ -420,6 +442,7 @@ impl ModelState {
         {
             return false;
         }
+        self.scratch.close_verify();
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             match (d, s) {
                 (Some(LayerState::Attention(d)), Some(LayerState::Attention(s))) => d.clone_from(s),
@@ -457,6 +480,7 @@ impl ModelState {
             snap.n_tokens,
             self.n_tokens
         );
+        self.scratch.close_verify();
         for l in self.layers.iter_mut().flatten() {
             if let LayerState::Attention(c) = l {
                 c.truncate(snap.n_tokens);
@@ -473,6 +497,7 @@ impl ModelState {
     /// Forgets everything (sequence start), pages held elsewhere included (their holder must drop them too),
     /// keeping allocations where cheap.
     pub fn clear(&mut self) {
+        self.scratch.close_verify();
         self.remote.error = None;
         for l in self.layers.iter_mut().flatten() {
             match l {

@@ -16,3 +16,4 @@ mod moe_remote;
 mod precision;
 mod random_gguf;
 mod unused_tensors;
+mod verify;

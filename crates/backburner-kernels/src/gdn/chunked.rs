@@ -53,7 +53,16 @@ pub fn delta_rule_chunked(
     out: &mut [f32],
 ) {
     assert!(chunk > 0, "delta_rule_chunked: chunk must be positive");
-    d.check_delta_args("delta_rule_chunked", q, k, v, g, beta, state, out);
+    d.check_delta_args(
+        "delta_rule_chunked",
+        Some(q),
+        k,
+        v,
+        g,
+        beta,
+        state,
+        Some(out),
+    );
     if d.n_tokens == 0 {
         return;
     }

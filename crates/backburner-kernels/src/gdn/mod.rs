@@ -13,6 +13,8 @@
 //! * [`delta_rule_chunked`]: the same result through the chunked WY/UT form (prefill path).
 //! * [`delta_rule_decode_step`]: one decode token of the whole core (conv, q/k norms, recurrence, gated norm) in one
 //!   parallel region, bit-identical to the separate kernels.
+//! * [`delta_rule_recurrent_from`] and [`delta_rule_replay`]: the recurrence out of place (a speculative verify keeps
+//!   the state it started from) and state-only (a rollback replays the accepted tokens), with the recurrence's bits.
 //!
 //! Both delta rules run each head with subnormals flushed to zero on x86-64 (`flush.rs`: several times faster for
 //! fast-forgetting heads on Intel cores; only values below 2^-126 change).
@@ -25,11 +27,13 @@ mod decode;
 mod flush;
 mod linalg;
 mod recurrent;
+mod verify;
 
 pub use chunked::delta_rule_chunked;
 pub use conv::causal_conv1d_silu;
 pub use decode::{delta_rule_decode_step, DecodeInputs};
 pub use recurrent::delta_rule_recurrent;
+pub use verify::{delta_rule_recurrent_from, delta_rule_replay};
 
 /// Shapes of one Gated DeltaNet call.
 ///
@@ -90,18 +94,19 @@ impl GdnDims {
         }
     }
 
-    /// Asserts the lengths of every delta-rule argument against these dims (see [`delta_rule_recurrent`]).
+    /// Asserts the lengths of every delta-rule argument against these dims (see [`delta_rule_recurrent`]); `q` and
+    /// `out` are `None` for a call that computes no output.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_delta_args(
         &self,
         what: &str,
-        q: &[f32],
+        q: Option<&[f32]>,
         k: &[f32],
         v: &[f32],
         g: &[f32],
         beta: &[f32],
         state: &[f32],
-        out: &[f32],
+        out: Option<&[f32]>,
     ) {
         self.ratio();
         let t = self.n_tokens;
@@ -112,12 +117,14 @@ impl GdnDims {
                 "{what}: `{name}` must have shape {shape} ({want} values), got {len} values"
             );
         };
-        check(
-            "q",
-            q.len(),
-            qk,
-            format!("[{t}, {}, {}]", self.n_k_heads, self.d_k),
-        );
+        if let Some(q) = q {
+            check(
+                "q",
+                q.len(),
+                qk,
+                format!("[{t}, {}, {}]", self.n_k_heads, self.d_k),
+            );
+        }
         check(
             "k",
             k.len(),
@@ -150,12 +157,14 @@ impl GdnDims {
             s,
             format!("[{}, {}, {}]", self.n_v_heads, self.d_k, self.d_v),
         );
-        check(
-            "out",
-            out.len(),
-            vt,
-            format!("[{t}, {}, {}]", self.n_v_heads, self.d_v),
-        );
+        if let Some(out) = out {
+            check(
+                "out",
+                out.len(),
+                vt,
+                format!("[{t}, {}, {}]", self.n_v_heads, self.d_v),
+            );
+        }
     }
 }
 

@@ -41,7 +41,16 @@ pub fn delta_rule_recurrent(
     state: &mut [f32],
     out: &mut [f32],
 ) {
-    d.check_delta_args("delta_rule_recurrent", q, k, v, g, beta, state, out);
+    d.check_delta_args(
+        "delta_rule_recurrent",
+        Some(q),
+        k,
+        v,
+        g,
+        beta,
+        state,
+        Some(out),
+    );
     let (t_n, dk, dv) = (d.n_tokens, d.d_k, d.d_v);
     if t_n == 0 {
         return;
@@ -110,9 +119,9 @@ impl Kernel for HeadJob<'_> {
             };
             let o = &mut oh[t * dv..(t + 1) * dv];
             if dv == 128 {
-                step.run_128(s, o);
+                step.run_128::<true>(s, o);
             } else {
-                step.run(s, &mut u, o);
+                step.run::<true>(s, &mut u, o);
             }
         }
         oh
@@ -160,32 +169,34 @@ impl Kernel for OneStep<'_> {
     fn run<I: Isa>(self, _isa: I) {
         let dv = self.o.len();
         if dv == 128 {
-            self.step.run_128(self.s, self.o);
+            self.step.run_128::<true>(self.s, self.o);
         } else {
             // `run` adds into `o`, which starts at 0 as in `HeadJob`.
             self.o.fill(0.0);
             let mut u = vec![0.0f32; dv];
-            self.step.run(self.s, &mut u, self.o);
+            self.step.run::<true>(self.s, &mut u, self.o);
         }
     }
 }
 
 /// One token of one head: `S ← decay·S;  u = Sᵀk;  δ = β(v − u);  S ← S + k ⊗ δ;  o = Sᵀq` (decay folded into both
-/// passes).
-struct Step<'a> {
-    decay: f32,
-    b: f32,
-    kt: &'a [f32],
-    qt: &'a [f32],
-    vt: &'a [f32],
+/// passes). The in-place forms are here; the out-of-place ones (state read from one buffer, written to another) are
+/// in `verify.rs`. With `OUT = false` the output is not computed (`o` is not touched): the state's bits do not
+/// depend on it.
+pub(super) struct Step<'a> {
+    pub(super) decay: f32,
+    pub(super) b: f32,
+    pub(super) kt: &'a [f32],
+    pub(super) qt: &'a [f32],
+    pub(super) vt: &'a [f32],
     /// The next head's state, to prefetch during the second pass (the last token only).
-    next: Option<*const u8>,
+    pub(super) next: Option<*const u8>,
 }
 
 impl Step<'_> {
-    /// Any `d_v`: `u` and `o` in memory, updated row by row.
+    /// Any `d_v`: `u` and `o` in memory, updated row by row (`o` is added into: it must start at 0).
     #[inline(always)]
-    fn run(&self, s: &mut [f32], u: &mut [f32], o: &mut [f32]) {
+    pub(super) fn run<const OUT: bool>(&self, s: &mut [f32], u: &mut [f32], o: &mut [f32]) {
         let dv = u.len();
         // u = (decay·S)ᵀ k
         u.fill(0.0);
@@ -200,7 +211,9 @@ impl Step<'_> {
         for (i, row) in s.chunks_exact_mut(dv).enumerate() {
             self.prefetch_row(i, dv);
             scale_axpy(row, self.decay, self.kt[i], u);
-            axpy(o, self.qt[i], row);
+            if OUT {
+                axpy(o, self.qt[i], row);
+            }
         }
     }
 
@@ -208,7 +221,7 @@ impl Step<'_> {
     /// that the compiler keeps in registers across the rows, instead of a load and a store of each per row (the
     /// bench model's and Qwen3.5's head size).
     #[inline(always)]
-    fn run_128(&self, s: &mut [f32], o: &mut [f32]) {
+    pub(super) fn run_128<const OUT: bool>(&self, s: &mut [f32], o: &mut [f32]) {
         const DV: usize = 128;
         let mut u = [0.0f32; DV];
         for (i, row) in s.chunks_exact(DV).enumerate() {
@@ -223,20 +236,34 @@ impl Step<'_> {
         let mut acc = [0.0f32; DV];
         for (i, row) in s.chunks_exact_mut(DV).enumerate() {
             self.prefetch_row(i, DV);
-            let (a, q) = (self.kt[i], self.qt[i]);
+            // (`qt` may be empty without the output)
+            let (a, q) = (self.kt[i], if OUT { self.qt[i] } else { 0.0 });
             let row: &mut [f32; DV] = row.try_into().expect("a row of 128");
             for c in 0..DV {
                 row[c] = self.decay * row[c] + a * u[c];
-                acc[c] += q * row[c];
+                if OUT {
+                    acc[c] += q * row[c];
+                }
             }
         }
-        // o was 0: 0 + x is x, as the in-memory form's first add.
-        o.copy_from_slice(&acc);
+        if OUT {
+            // o was 0: 0 + x is x, as the in-memory form's first add.
+            o.copy_from_slice(&acc);
+        }
+    }
+
+    /// `u ← β (v − decay·u)`: the first pass's `Sᵀk` turned into the update `δ` (the loop of [`Step::run`] and
+    /// [`Step::run_128`], for the out-of-place forms).
+    #[inline(always)]
+    pub(super) fn delta(&self, u: &mut [f32]) {
+        for (ui, vi) in u.iter_mut().zip(self.vt) {
+            *ui = self.b * (vi - self.decay * *ui);
+        }
     }
 
     /// Prefetches row `i` of the next head's state (`dv` f32), when this is the last token.
     #[inline(always)]
-    fn prefetch_row(&self, i: usize, dv: usize) {
+    pub(super) fn prefetch_row(&self, i: usize, dv: usize) {
         if let Some(next) = self.next {
             for line in (0..dv * 4).step_by(64) {
                 prefetch_l2(next.wrapping_add(i * dv * 4 + line));
@@ -268,9 +295,9 @@ mod tests {
                 next: None,
             };
             let (mut s1, mut o1, mut u) = (s0.clone(), vec![0.0f32; dv], vec![0.0f32; dv]);
-            step.run(&mut s1, &mut u, &mut o1);
+            step.run::<true>(&mut s1, &mut u, &mut o1);
             let (mut s2, mut o2) = (s0.clone(), vec![f32::NAN; dv]);
-            step.run_128(&mut s2, &mut o2);
+            step.run_128::<true>(&mut s2, &mut o2);
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&s1), bits(&s2), "state, decay {decay}");
             assert_eq!(bits(&o1), bits(&o2), "output, decay {decay}");

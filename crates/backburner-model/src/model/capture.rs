@@ -9,6 +9,11 @@
 //! (bit-identical to one call: the chunks are the same) and the state is copied between them; the conv state at `r`
 //! is the `kernel − 1` raw inputs before `r`, read from the call's raw projection (and the state the call began
 //! with, where `r < kernel − 1`). Attention layers need nothing: their KV rows are truncated on restore.
+//!
+//! A speculative verify (`verify.rs`) takes no checkpoint: it runs its own Gated DeltaNet path, which never reads
+//! the request, so positions inside a verify are not taken (a request stays pending for the next ordinary call),
+//! and a rollback never leaves a checkpoint past the position it returns to (those taken before the verify are at
+//! or below its first position).
 
 use std::collections::BTreeMap;
 
@@ -50,12 +55,26 @@ pub(crate) fn conv_window(
     kc: usize,
     r: usize,
 ) -> Vec<f32> {
+    let mut w = vec![0.0f32; conv_dim * kc];
+    conv_window_into(before, raw, conv_dim, kc, r, &mut w);
+    w
+}
+
+/// [`conv_window`] into `w` (`[conv_dim, kc]`, every value written).
+pub(crate) fn conv_window_into(
+    before: &[f32],
+    raw: &[f32],
+    conv_dim: usize,
+    kc: usize,
+    r: usize,
+    w: &mut [f32],
+) {
     debug_assert_eq!(
         before.len(),
         conv_dim * kc,
         "conv state is not [conv_dim, kc]"
     );
-    let mut w = vec![0.0f32; conv_dim * kc];
+    assert_eq!(w.len(), conv_dim * kc, "conv window is not [conv_dim, kc]");
     for j in 0..kc {
         // input row r − kc + j of the call; negative rows come from the state (its slot kc + row)
         match (r + j).checked_sub(kc) {
@@ -73,7 +92,6 @@ pub(crate) fn conv_window(
             }
         }
     }
-    w
 }
 
 impl ModelState {

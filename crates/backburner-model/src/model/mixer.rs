@@ -70,7 +70,7 @@ impl Model {
     }
 
     /// The Gated DeltaNet's dimensions for a call of `t` tokens.
-    fn gdn_dims(&self, t: usize) -> GdnDims {
+    pub(super) fn gdn_dims(&self, t: usize) -> GdnDims {
         let c = &self.config;
         GdnDims {
             n_tokens: t,
@@ -164,7 +164,7 @@ impl Model {
 
     /// The GDN causal conv (advancing `st.conv`) and its output split into L2-normed q, k (`m.q`, `m.k`) and v
     /// (`m.v`); z to `m.z`.
-    fn gdn_conv_qkv(
+    pub(super) fn gdn_conv_qkv(
         &self,
         w: &GdnWeights,
         proj: &[f32],
@@ -205,7 +205,7 @@ impl Model {
     }
 
     /// GDN β = σ(b) and log-decay g = −exp(A)·softplus(a + dt_bias) (`[t, Hv]` each, in `m.beta`, `m.g`).
-    fn gdn_gates(&self, w: &GdnWeights, proj: &[f32], t: usize, m: &mut MixerBufs) {
+    pub(super) fn gdn_gates(&self, w: &GdnWeights, proj: &[f32], t: usize, m: &mut MixerBufs) {
         let _p = profile::scope(Op::Activation);
         let c = &self.config;
         let (hv, dv) = (c.linear_num_value_heads, c.linear_value_head_dim);

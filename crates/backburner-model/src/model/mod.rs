@@ -27,6 +27,7 @@ mod mixer;
 mod moe;
 mod moe_split;
 mod scratch;
+pub mod verify;
 pub use experts::ExpertStore;
 pub(crate) use load::read_names;
 pub use load::{experts_bytes, load_bytes, load_bytes_without};

@@ -3,6 +3,7 @@
 //! transferred.
 
 use super::capture::Capture;
+use super::verify::VerifyKeep;
 
 /// Row-wise buffers of a layer: the norms, the projections and the MLP on `[rows, ·]` activations (`rows` = the
 /// ubatch's tokens, or one token per sequence in a batched decode step).
@@ -77,9 +78,18 @@ pub struct Scratch {
     pub(super) mix: MixerBufs,
     /// The exact checkpoints requested of the coming calls and those taken ([`crate::ModelState::request_checkpoints`]).
     pub(super) capture: Capture,
+    /// What the open speculative verify keeps for a rollback (`verify.rs`); not counted by [`Scratch::bytes`]
+    /// (see [`crate::ModelState::verify_bytes`]).
+    pub(super) verify: VerifyKeep,
 }
 
 impl Scratch {
+    /// Forgets the open speculative verify, if any (its buffers stay for the next one): the state changed outside
+    /// it, so a rollback would be wrong.
+    pub(crate) fn close_verify(&mut self) {
+        self.verify.close();
+    }
+
     /// Bytes held by the buffers.
     pub fn bytes(&self) -> usize {
         let (r, m, e) = (&self.rows, &self.mix, &self.rows.moe);
