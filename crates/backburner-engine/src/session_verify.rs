@@ -8,13 +8,12 @@ use backburner_kernels::profile::{self, Phase};
 use crate::error::{EngineError, Result};
 use crate::session::Session;
 
-/// What an open verify step left to settle: where it started, its ids, and (until the model's rollback lands) the
-/// state before it.
-#[derive(Debug)]
+/// What an open verify step left to settle: where it started and how many positions it ran (the model state keeps
+/// what its rollback needs: [`backburner_model::ModelState::rollback_verify`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct OpenVerify {
     pub(crate) pos0: usize,
-    pub(crate) ids: Vec<u32>,
-    pub(crate) before: backburner_model::StateSnapshot,
+    pub(crate) n: usize,
 }
 
 impl Session {
@@ -50,23 +49,17 @@ impl Session {
         self.model.check_ids(ids)?;
         profile::set_phase(Phase::Decode);
         let pos0 = self.history.len();
-        let before = self.state.snapshot();
         let (model, state) = (&self.model, &mut self.state);
-        let logits = self.opts.pool.install(|| {
-            let mut out = Vec::new();
-            for &id in ids {
-                out.extend(model.forward_tokens(&[id], state, Some(0..1)));
-            }
-            out
-        });
+        let logits = self
+            .opts
+            .pool
+            .install(|| model.forward_verify(ids, state))
+            .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?;
+        // a verified position has the bits of a decode step: a rebuild replays it as one
         for &id in ids {
             self.history.push_call(&[id], self.grid());
         }
-        self.open_verify = Some(OpenVerify {
-            pos0,
-            ids: ids.to_vec(),
-            before,
-        });
+        self.open_verify = Some(OpenVerify { pos0, n: ids.len() });
         Ok(logits)
     }
 
@@ -79,23 +72,19 @@ impl Session {
             .open_verify
             .take()
             .expect("keep_verified without an open verify step");
-        let n = open.ids.len();
+        let n = open.n;
         assert!((1..=n).contains(&m), "keep_verified({m}) outside 1..={n}");
-        if m < n {
-            self.state.restore(&open.before);
-            let (model, state) = (&self.model, &mut self.state);
-            self.opts.pool.install(|| {
-                for &id in &open.ids[..m] {
-                    model.forward_tokens(&[id], state, None);
-                }
-            });
-        }
+        let state = &mut self.state;
+        self.opts
+            .pool
+            .install(|| state.rollback_verify(m))
+            .expect("the session's open verify is the state's");
         self.history.truncate(open.pos0 + m);
     }
 
     /// Keeps every position of a verify step still open (a caller that moves on without settling it).
     pub(crate) fn settle_verify(&mut self) {
-        if let Some(n) = self.open_verify.as_ref().map(|o| o.ids.len()) {
+        if let Some(n) = self.open_verify.map(|o| o.n) {
             self.keep_verified(n);
         }
     }
