@@ -24,6 +24,7 @@ pub mod serve;
 pub mod session;
 mod session_checkpoints;
 mod session_memory;
+pub mod spec;
 pub mod split;
 pub mod stop;
 pub mod wire;
