@@ -10,7 +10,8 @@
 //! (`V(1) = 1`), `D` the cost of drafting one token (0 for n-gram drafts, the MTP block's share for MTP), `R` a
 //! rollback after a rejection. The controller picks `k` in `0..=draft_max` maximizing `E(a, k) / C(k)`, the
 //! expected speedup over plain decoding ([`best_k`]; ties to the smaller `k`). Drafting pays when
-//! `E(a, 1) / C(1) > 1`, i.e. `a > V(2) − 1 + D + (1 − a) R`; at `a = 1` every draft pays while `V(T) < T`.
+//! `E(a, 1) / C(1) > 1`, i.e. `a > V(2) − 1 + D + (1 − a) R`. At `a = 1` with `V(T) = 1 + β (T − 1)`, the ratio
+//! `(k + 1) / (1 + β k + k D)` grows with `k` while `β + D < 1`, so `draft_max` is chosen.
 //!
 //! # The estimate
 //! A step with `k` drafts and `j` kept is `j` successes in `j + 1` trials (`j` in `k`, if all were kept): the
@@ -21,9 +22,10 @@
 //! # Probing
 //! At `k = 0` nothing is learned. After `probe_interval` steps at 0 the controller asks for one draft (a probe);
 //! each probe with nothing kept doubles the interval up to `max_probe_interval`, a kept one resets it. At 0 %
-//! acceptance the overhead is one verify of 2 positions per `max_probe_interval` steps: `(V(2) − 1 + D) / 64`,
-//! under 1.6 % even when verifying 2 positions costs two decode steps. A step where the source proposes nothing
-//! (`drafted = 0`) tells nothing and leaves a probe due.
+//! acceptance the overhead is one failed probe per `max_probe_interval` (64) steps, `(V(2) − 1 + D + R) / 64` of
+//! a decode step each: 1.6 % when verifying 2 positions costs two decode steps (and `D = R = 0`), 0.16 % at
+//! `V(2) = 1.1`; the start, from the prior down to 0, adds a few steps of drafting once. A step where the source
+//! proposes nothing (`drafted = 0`) tells nothing and leaves a probe due.
 
 use crate::error::{EngineError, Result};
 
