@@ -25,6 +25,7 @@ pub mod session;
 mod session_checkpoints;
 mod session_memory;
 mod session_verify;
+pub mod spec;
 pub mod split;
 pub mod stop;
 pub mod wire;

@@ -21,7 +21,8 @@ use serde::Serialize;
 
 use crate::constraint::Constraint;
 use crate::error::Result;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Distribution, Sampler, SamplingParams};
+use crate::spec::{DraftProbs, RowVerdict};
 
 /// Most alternatives a step reports ([`TokenLogprob::top`]), as OpenAI's `top_logprobs` allows.
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -94,6 +95,35 @@ impl Picker {
     ///
     /// Errors: [`crate::EngineError::Constraint`] when the grammar engine fails.
     pub fn pick(&mut self, logits: &[f32]) -> Result<(u32, Option<TokenLogprob>)> {
+        let l: &[f32] = if self.prepare(logits)? {
+            &self.adjusted
+        } else {
+            logits
+        };
+        let id = self.sampler.sample(l);
+        let lp = self.logprobs.map(|n| token_logprob(l, id, n));
+        self.record(id)?;
+        Ok((id, lp))
+    }
+
+    /// The distribution the next [`Picker::pick`] draws from for `logits` `[vocab]` f32, into `out`: the penalties,
+    /// the bias and the grammar's mask applied as `pick` applies them, then temperature, top-k, top-p and min-p
+    /// ([`Sampler::distribution`]). Records nothing and draws nothing.
+    ///
+    /// Errors: [`crate::EngineError::Constraint`] when the grammar engine fails.
+    pub fn distribution(&mut self, logits: &[f32], out: &mut Distribution) -> Result<()> {
+        let l: &[f32] = if self.prepare(logits)? {
+            &self.adjusted
+        } else {
+            logits
+        };
+        self.sampler.distribution(l, out);
+        Ok(())
+    }
+
+    /// Applies the penalties, the bias and the grammar's mask to a copy of `logits` in `self.adjusted` when any
+    /// applies; false (no copy) when none does.
+    fn prepare(&mut self, logits: &[f32]) -> Result<bool> {
         let p = self.sampler.params();
         let masked = self.constraint.as_ref().is_some_and(Constraint::active);
         let active = p.repetition_penalty != 1.0
@@ -101,19 +131,19 @@ impl Picker {
                 && !self.counts.is_empty())
             || !p.logit_bias.is_empty()
             || masked;
-        let l: &[f32] = if active {
+        if active {
             self.adjusted.clear();
             self.adjusted.extend_from_slice(logits);
             adjust(&mut self.adjusted, p, &self.seen, &self.counts);
             if let Some(c) = self.constraint.as_mut() {
                 c.mask(&mut self.adjusted)?;
             }
-            &self.adjusted
-        } else {
-            logits
-        };
-        let id = self.sampler.sample(l);
-        let lp = self.logprobs.map(|n| token_logprob(l, id, n));
+        }
+        Ok(active)
+    }
+
+    /// Records `id` as generated: the grammar advances past it, the penalties count it.
+    pub(crate) fn record(&mut self, id: u32) -> Result<()> {
         if let Some(c) = self.constraint.as_mut() {
             c.accept(id)?;
         }
@@ -121,8 +151,78 @@ impl Picker {
         if self.sampler.params().repetition_penalty != 1.0 {
             self.seen.insert(id);
         }
-        Ok((id, lp))
+        Ok(())
     }
+
+    /// Verifies drafted tokens against the logits of a verify step and records the tokens it keeps (speculative
+    /// decoding, [`crate::spec`]).
+    ///
+    /// `rows` is `[drafts.len() + 1, vocab]` f32 (finite), row 0 the logits after the sequence's last token and row
+    /// `i` those after draft `i − 1` (the model's logits, before any penalty or mask: this applies them, row by row,
+    /// as [`Picker::pick`] would after the drafts kept so far). `q` is how the drafts were drawn
+    /// ([`DraftProbs`]). Returns the drafts kept, a prefix of `drafts`, and the token that follows them.
+    ///
+    /// With deterministic drafts ([`DraftProbs::PointMass`]), or greedy settings, this is [`Picker::pick`] on each
+    /// row in turn until a pick differs from its draft: the tokens, their log-probabilities and the RNG's draws are
+    /// those of picking them one by one, so the output equals plain decoding token for token for the same seed.
+    /// With drafts sampled from `q`, the standard rule ([`crate::spec::verify_row`]) keeps the output's
+    /// distribution.
+    ///
+    /// Errors: [`crate::EngineError::InvalidInput`] when `rows` or `q` does not have the shape above or a sampled draft
+    /// has `q = 0`; [`crate::EngineError::Constraint`] when the grammar engine fails.
+    pub fn verify(&mut self, rows: &[f32], drafts: &[u32], q: DraftProbs<'_>) -> Result<Verified> {
+        let vocab = crate::spec::check_rows(rows, drafts, q)?;
+        let point = matches!(q, DraftProbs::PointMass) || self.sampler.params().temperature <= 0.0;
+        let mut out = Verified::default();
+        let mut dist = Distribution::default();
+        for (i, row) in rows.chunks_exact(vocab).enumerate() {
+            let Some(&d) = drafts.get(i) else {
+                let (id, lp) = self.pick(row)?;
+                out.next = id;
+                out.logprobs.extend(lp);
+                break;
+            };
+            let (id, kept) = if point {
+                let (id, lp) = self.pick(row)?;
+                out.logprobs.extend(lp);
+                (id, id == d)
+            } else {
+                let l: &[f32] = if self.prepare(row)? {
+                    &self.adjusted
+                } else {
+                    row
+                };
+                self.sampler.distribution(l, &mut dist);
+                let q_row = q.row(i, vocab).unwrap_or_default();
+                let id = match crate::spec::verify_row(&mut self.sampler, &dist, d, q_row)? {
+                    RowVerdict::Accept => d,
+                    RowVerdict::Reject(x) => x,
+                };
+                out.logprobs
+                    .extend(self.logprobs.map(|n| token_logprob(l, id, n)));
+                self.record(id)?;
+                (id, id == d)
+            };
+            if !kept {
+                out.next = id;
+                break;
+            }
+            out.accepted += 1;
+        }
+        Ok(out)
+    }
+}
+
+/// What [`Picker::verify`] kept of a draft.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Verified {
+    /// How many drafts were kept (a prefix of them: `drafts[..accepted]`).
+    pub accepted: usize,
+    /// The token after them: the correction at the first draft not kept, or the bonus token of the last row when
+    /// every draft was kept.
+    pub next: u32,
+    /// With log-probabilities asked, those of the kept drafts and of `next`, in order (`accepted + 1` entries).
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Applies the penalties and the bias of `p` to `l` in place (stages 1–3 of the module's list).

@@ -253,6 +253,71 @@ impl Sampler {
         radix_sort(cand, s);
         draw_sorted(cand, p, u, &mut s.probs)
     }
+
+    /// The distribution [`Sampler::sample`] draws from for `logits` `[vocab]` f32, into `out`: every id it can
+    /// return, in the order its draw walks them (descending tempered logit, ascending id on ties), with probabilities
+    /// summing to 1 (f64; each id's share of the kept total, so equal to its chance up to the rounding of the walk).
+    /// Greedy, or no finite logit: the argmax alone, with probability 1. Draws nothing from the RNG.
+    pub fn distribution(&mut self, logits: &[f32], out: &mut Distribution) {
+        out.ids.clear();
+        out.probs.clear();
+        let p = &self.params;
+        let cand = &mut self.cand;
+        if p.temperature > 0.0 {
+            candidates(logits, p.temperature as f64, cand);
+        } else {
+            cand.clear();
+        }
+        if cand.is_empty() {
+            out.ids.push(argmax(logits));
+            out.probs.push(1.0);
+            return;
+        }
+        let s = &mut self.scratch;
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, order);
+            cand.truncate(p.top_k);
+            cand.sort_unstable_by(order);
+        } else {
+            radix_sort(cand, s);
+        }
+        let keep = kept_sorted(cand, p, &mut s.probs);
+        let total: f64 = s.probs[..keep].iter().sum();
+        out.ids.extend(cand[..keep].iter().map(|c| c.id));
+        out.probs.extend(s.probs[..keep].iter().map(|&q| q / total));
+    }
+
+    /// One uniform draw in [0, 1) from the sampler's seeded RNG (the accept/reject rule of [`crate::spec`]).
+    pub(crate) fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+}
+
+/// A distribution over token ids ([`Sampler::distribution`]): the ids with a chance above zero, most likely first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Distribution {
+    ids: Vec<u32>,
+    probs: Vec<f64>,
+}
+
+impl Distribution {
+    /// The ids, in the sampler's order (descending tempered logit, ascending id on ties).
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Their probabilities, aligned with [`Distribution::ids`] (f64, summing to 1 up to rounding).
+    pub fn probs(&self) -> &[f64] {
+        &self.probs
+    }
+
+    /// The probability of `id` (0 when it cannot be drawn); a linear search over the kept ids.
+    pub fn prob(&self, id: u32) -> f64 {
+        self.ids
+            .iter()
+            .position(|&i| i == id)
+            .map_or(0.0, |at| self.probs[at])
+    }
 }
 
 /// Sorts candidates given in ascending id order into [`order`]: a stable LSD radix sort on [`desc_key`], so ties keep
@@ -297,6 +362,22 @@ fn radix_sort(cand: &mut Vec<Cand>, s: &mut Scratch) {
 
 /// The filters and the draw on candidates sorted by [`order`] (after any top-k cut), with uniform `u` in [0, 1).
 fn draw_sorted(cand: &[Cand], p: &SamplingParams, u: f64, probs: &mut Vec<f64>) -> u32 {
+    let keep = kept_sorted(cand, p, probs);
+    let probs = &probs[..keep];
+    let total: f64 = probs.iter().sum();
+    let mut r = u * total;
+    for (i, &q) in probs.iter().enumerate() {
+        r -= q;
+        if r <= 0.0 {
+            return cand[i].id;
+        }
+    }
+    cand[keep - 1].id
+}
+
+/// The softmax of candidates sorted by [`order`] into `probs` (normalized in that order) and how many of them the
+/// top-p and min-p filters keep (≥ 1): the first stage of [`draw_sorted`].
+fn kept_sorted(cand: &[Cand], p: &SamplingParams, probs: &mut Vec<f64>) -> usize {
     let m = cand[0].v;
     probs.clear();
     probs.extend(cand.iter().map(|c| (c.v - m).exp()));
@@ -317,16 +398,7 @@ fn draw_sorted(cand: &[Cand], p: &SamplingParams, u: f64, probs: &mut Vec<f64>) 
         let thr = probs[0] * p.min_p as f64;
         keep = keep.min(probs.iter().take_while(|&&q| q >= thr).count().max(1));
     }
-    let probs = &probs[..keep];
-    let total: f64 = probs.iter().sum();
-    let mut r = u * total;
-    for (i, &q) in probs.iter().enumerate() {
-        r -= q;
-        if r <= 0.0 {
-            return cand[i].id;
-        }
-    }
-    cand[keep - 1].id
+    keep
 }
 
 /// Computes `e` for every candidate (given in ascending id order), moves the tail (`e < z × 2⁻⁵⁷`, with z = Σ e in
