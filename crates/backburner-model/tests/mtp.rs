@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use backburner_kernels::kv::KvDtype;
 use backburner_model::checkpoint::{unused_tensors, UnusedTensors};
 use backburner_model::{
-    load_bytes, Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, ModelState, MtpState,
+    load_bytes, Checkpoint, GgufFile, KvOptions, LoadOptions, Model, ModelConfig, ModelState,
+    MtpState,
 };
 use safetensors::SafeTensors;
 use serde_json::Value;
@@ -338,6 +339,64 @@ fn the_block_is_optional_and_counted_in_the_weight_bytes() {
         assert_eq!(
             bits(&with.forward_tokens(&p, &mut s1, Some(0..3))),
             bits(&without.forward_tokens(&p, &mut s2, Some(0..3)))
+        );
+    }
+}
+
+#[test]
+fn gguf_mtp_names_reach_the_nextn_tensors_and_the_block_s_expert_views() {
+    use backburner_model::gguf::writer::GgufWriter;
+    use backburner_model::gguf::{GgmlType, MetaValue};
+    // 2 trunk blocks and one MTP block (block 2) of a qwen35moe file: 4 experts of [32, 64] in one 3-D tensor, and a
+    // merged gate|up one in the other layout
+    let tmp = tempfile::tempdir().unwrap();
+    for merged in [false, true] {
+        let path = tmp.path().join(format!("m{merged}.gguf"));
+        let mut w = GgufWriter::default();
+        w.kv("general.architecture", MetaValue::Str("qwen35moe".into()))
+            .kv("qwen35moe.block_count", MetaValue::U32(3))
+            .kv("qwen35moe.nextn_predict_layers", MetaValue::U32(1));
+        let (exps, rows) = if merged {
+            ("blk.2.ffn_gate_up_exps.weight", 64usize)
+        } else {
+            ("blk.2.ffn_gate_exps.weight", 32)
+        };
+        w.tensor_filled(exps, &[64, rows as u64, 4], GgmlType::F32, 1)
+            .tensor_filled("blk.2.nextn.eh_proj.weight", &[128, 64], GgmlType::F32, 2)
+            .tensor_filled("blk.2.nextn.hnorm.weight", &[64], GgmlType::F32, 3)
+            .tensor_filled("blk.2.attn_q.weight", &[64, 256], GgmlType::F32, 4);
+        w.write(&path).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let stored = |n: &str| ck.stored_name(n);
+        assert_eq!(stored("mtp.fc.weight"), "blk.2.nextn.eh_proj.weight");
+        assert_eq!(ck.shape("mtp.fc.weight").unwrap(), [64, 128]);
+        assert_eq!(
+            stored("model.mtp.pre_fc_norm_hidden.weight"),
+            "blk.2.nextn.hnorm.weight"
+        );
+        assert_eq!(
+            stored("mtp.layers.0.self_attn.q_proj.weight"),
+            "blk.2.attn_q.weight"
+        );
+        assert_eq!(
+            ck.shape("mtp.layers.0.self_attn.q_proj.weight").unwrap(),
+            [256, 64]
+        );
+        assert!(!ck.contains("mtp.norm.weight"));
+        // expert 3's gate rows: the 4th [32, 64] block of the separate tensor, or the first half of the 4th [64, 64]
+        // block of the merged one
+        let name = "mtp.layers.0.mlp.experts.3.gate_proj.weight";
+        assert!(stored(name).starts_with(exps), "{}", stored(name));
+        assert_eq!(ck.shape(name).unwrap(), [32, 64]);
+        let whole = ck.raw(exps).map(|(_, b)| b.to_vec());
+        let expert = ck.raw(name).unwrap().1.to_vec();
+        let at = 3 * rows * 64 * 4;
+        let f = GgufFile::open(&path).unwrap();
+        let all = f.data_of(f.tensor(exps).unwrap()).unwrap();
+        assert_eq!(expert, all[at..at + 32 * 64 * 4]);
+        assert!(
+            whole.is_err(),
+            "the 3-D tensor itself has no Hugging Face name"
         );
     }
 }
