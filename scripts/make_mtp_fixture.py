@@ -229,9 +229,9 @@ def write_gguf(path: Path, trunk, mtp, hp: dict) -> Mtp:
         gname, t = converter_transform(name, trunk_sd[name].to(torch.bfloat16), hp)
         qt = converter_qtype(gname, t.ndim, QT.BF16)
         w.add_tensor(gname, gguf.quants.quantize(t.float().numpy(), qt), raw_dtype=qt)
-    nextn = {"fc.weight": gguf.MODEL_TENSOR.NEXTN_EH_PROJ, "pre_fc_norm_embedding.weight": gguf.MODEL_TENSOR.NEXTN_ENORM,
-             "pre_fc_norm_hidden.weight": gguf.MODEL_TENSOR.NEXTN_HNORM,
-             "norm.weight": gguf.MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM}
+    T = gguf.MODEL_TENSOR  # gguf-py's names of the nextn tensors
+    nextn = {"fc.weight": T.NEXTN_EH_PROJ, "pre_fc_norm_embedding.weight": T.NEXTN_ENORM,
+             "pre_fc_norm_hidden.weight": T.NEXTN_HNORM, "norm.weight": T.NEXTN_SHARED_HEAD_NORM}
     q8 = Mtp(trunk)
     q8.load_state_dict(mtp.state_dict())
     q8_sd = q8.state_dict()

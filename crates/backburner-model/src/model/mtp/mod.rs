@@ -159,7 +159,8 @@ pub(crate) fn argmax(logits: &[f32]) -> u32 {
 }
 
 impl Model {
-    /// The MTP block, if this model loaded one (a host of a checkpoint that has it: [`ModelConfig::mtp_num_hidden_layers`]).
+    /// The MTP block, if this model loaded one (a load of the ends of a checkpoint that has it:
+    /// [`ModelConfig::mtp_num_hidden_layers`]).
     pub fn mtp(&self) -> Option<&Mtp> {
         self.mtp.as_ref()
     }
