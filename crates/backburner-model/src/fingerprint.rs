@@ -47,7 +47,8 @@ pub fn layer_digest(ckpt: &Checkpoint, config: &ModelConfig, layer: usize) -> Re
 
 /// Combines per-layer digests ([`layer_digest`] of each layer of `layers`, in order) into the fingerprint: SHA-256
 /// over the validated config's `Debug` form (with `model_type` emptied and the layout set to `CausalLm`, so the Hub
-/// and CausalLM layouts of the same weights agree), the string `layers {a}..{b}`, and the digests.
+/// and CausalLM layouts of the same weights agree, and `mtp_num_hidden_layers` 0, so a file with the MTP block and
+/// one without it agree), the string `layers {a}..{b}`, and the digests.
 ///
 /// Panics if `digests.len() != layers.len()`.
 pub fn combine(config: &ModelConfig, layers: Range<usize>, digests: &[[u8; 32]]) -> [u8; 32] {
@@ -56,6 +57,7 @@ pub fn combine(config: &ModelConfig, layers: Range<usize>, digests: &[[u8; 32]])
     let mut c = config.clone();
     c.model_type = String::new(); // layout-independent
     c.layout = crate::config::WeightLayout::CausalLm;
+    c.mtp_num_hidden_layers = 0; // the MTP block is no layer of a range: files with and without it agree
     h.update(format!("{c:?}").as_bytes());
     h.update(format!("layers {}..{}", layers.start, layers.end).as_bytes());
     for d in digests {

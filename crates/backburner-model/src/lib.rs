@@ -32,7 +32,8 @@ pub use fingerprint::fingerprint;
 pub use gguf::{config_from_gguf, GgufFile};
 pub use linear::Linear;
 pub use model::{
-    experts_bytes, load_bytes, load_bytes_without, ExpertStore, LoadOptions, Model, GDN_CHUNK,
+    experts_bytes, load_bytes, load_bytes_without, ExpertStore, LoadOptions, Model, Mtp, MtpState,
+    GDN_CHUNK,
 };
 pub use remote::{RemoteError, RemotePages};
 pub use remote_experts::{HolderAsk, RemoteExperts, Segment};

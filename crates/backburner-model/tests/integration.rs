@@ -13,6 +13,7 @@ mod loading;
 mod moe;
 mod moe_gguf;
 mod moe_remote;
+mod mtp;
 mod precision;
 mod random_gguf;
 mod unused_tensors;

@@ -12,7 +12,9 @@
 //! - `qwen3next`: Hugging Face's `in_proj_qkvz` (fused per k head) is stored split by kind as `attn_qkv` (every q,
 //!   every k, every v) and `attn_gate` (z), older converters kept it fused as `ssm_in`; `in_proj_ba` stays fused per
 //!   k head as `ssm_ba`, whose rows the loader gathers as it does Hugging Face's
-//!   ([`crate::arch::GdnProjections::SplitQkvzFusedBa`]).
+//!   ([`crate::arch::GdnProjections::SplitQkvzFusedBa`]);
+//! - the MTP blocks are stored after the trunk's (`nextn_predict_layers`): `mtp.*` names map there
+//!   (`mtp_names.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 use backburner_kernels::matmul::RowMajor;
 use backburner_kernels::quant::QuantFormat;
 
+use super::mtp_names::{mtp_name, MtpName};
 use super::{dense_dtype, unsupported, StoredDtype, WeightPart};
 use crate::arch::{arch_of_gguf, Arch};
 use crate::error::{ModelError, Result};
@@ -36,6 +39,9 @@ pub(crate) struct GgufCheckpoint {
     /// Per-expert views of the 3-D expert tensors (`blk.N.ffn_gate_exps.weight` `[H, I, E]` → the Hugging Face name
     /// of expert e's `[I, H]` matrix), by Hugging Face name.
     views: HashMap<String, TensorInfo>,
+    /// The first MTP block (`block_count − nextn_predict_layers`; `block_count` when there is none): where the
+    /// `mtp.*` names map.
+    mtp_block: usize,
 }
 
 impl GgufCheckpoint {
@@ -47,13 +53,45 @@ impl GgufCheckpoint {
         })?;
         let (mut names, views) = hf_names(arch, &file);
         names.sort();
+        let md = file.metadata();
+        let blocks = md.get_u64(&format!("{name}.block_count")).unwrap_or(0);
+        let nextn = md
+            .get_u64(&format!("{name}.nextn_predict_layers"))
+            .unwrap_or(0);
+        let mtp_block = usize::try_from(blocks.saturating_sub(nextn)).unwrap_or(usize::MAX);
         Ok(GgufCheckpoint {
             path: path.to_path_buf(),
             arch,
             file,
             names,
             views,
+            mtp_block,
         })
+    }
+
+    /// The Hugging Face name the table and the views know for `name` (an MTP layer's tensor becomes the trunk name
+    /// of its block; [`MtpName::Layer`]), or the GGUF name of an MTP `nextn` tensor ([`MtpName::Nextn`]).
+    fn resolve(&self, name: &str) -> MtpName {
+        mtp_name(name, self.mtp_block).unwrap_or_else(|| MtpName::Layer(name.to_string()))
+    }
+
+    /// The GGUF name of the Hugging Face name `name` (or of the view holding it), if the file's names map it.
+    fn gguf_of(&self, name: &str) -> Option<String> {
+        match self.resolve(name) {
+            MtpName::Nextn(g) => Some(g),
+            MtpName::Layer(h) => match self.views.get(&h) {
+                Some(v) => Some(v.name.clone()),
+                None => self.arch.gguf_name(&h),
+            },
+        }
+    }
+
+    /// The per-expert view holding the Hugging Face name `name`, if any.
+    fn view(&self, name: &str) -> Option<&TensorInfo> {
+        match self.resolve(name) {
+            MtpName::Layer(h) => self.views.get(&h),
+            MtpName::Nextn(_) => None,
+        }
     }
 
     pub(crate) fn arch(&self) -> &'static Arch {
@@ -65,26 +103,21 @@ impl GgufCheckpoint {
     }
 
     fn info(&self, name: &str) -> Result<(String, &TensorInfo)> {
-        if let Some(v) = self.views.get(name) {
+        if let Some(v) = self.view(name) {
             return Ok((v.name.clone(), v));
         }
         let missing = || ModelError::MissingTensor {
             name: self.stored_name(name),
             dir: self.path.clone(),
         };
-        let g = self.arch.gguf_name(name).ok_or_else(missing)?;
+        let g = self.gguf_of(name).ok_or_else(missing)?;
         let info = self.file.tensor(&g).ok_or_else(missing)?;
         Ok((g, info))
     }
 
     /// The tensor's name in the file (for error messages).
     pub(crate) fn stored_name(&self, name: &str) -> String {
-        if let Some(v) = self.views.get(name) {
-            return v.name.clone();
-        }
-        self.arch
-            .gguf_name(name)
-            .unwrap_or_else(|| name.to_string())
+        self.gguf_of(name).unwrap_or_else(|| name.to_string())
     }
 
     pub(crate) fn contains(&self, name: &str) -> bool {

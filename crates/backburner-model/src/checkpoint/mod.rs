@@ -8,6 +8,7 @@
 //! chose is followed by the model through [`crate::config::VHeadOrder`], not undone).
 
 mod gguf_map;
+mod mtp_names;
 mod safetensors;
 mod unused;
 

@@ -3,10 +3,11 @@
 //! reported instead of being silently loaded as if it were complete.
 //!
 //! Two groups are known and expected, and skipped without a warning (one `info` line per group with its count):
-//! the **MTP blocks** (multi-token prediction, `nextn_predict_layers`: llama.cpp's converter stores them as the last
-//! blocks, past the model's layers, with `nextn` tensors; this engine does not use them) and **vision** tensors
-//! (`v.*`, `mm.*`: a multimodal projector, normally in a separate `mmproj` file). Every other unused tensor is a
-//! warning naming it.
+//! the **MTP blocks** that are not loaded (multi-token prediction, `nextn_predict_layers`: llama.cpp's converter
+//! stores them as the last blocks, past the model's layers, with `nextn` tensors; the first one is loaded when the
+//! config asks for it, [`crate::model::Mtp`], the others and the dedicated `nextn.embed_tokens` /
+//! `nextn.shared_head_head` of other architectures never are) and **vision** tensors (`v.*`, `mm.*`: a multimodal
+//! projector, normally in a separate `mmproj` file). Every other unused tensor is a warning naming it.
 
 use std::collections::HashSet;
 
@@ -21,7 +22,8 @@ const MAX_NAMED: usize = 16;
 pub struct UnusedTensors {
     /// Unused tensors outside the known groups, as the file names them (sorted): each is a warning.
     pub unknown: Vec<String>,
-    /// Tensors of the MTP blocks (blocks past the model's layers, or names with `nextn` / `mtp`).
+    /// Tensors of the MTP blocks that the load does not read (blocks past the model's layers, or names with `nextn`
+    /// / `mtp`).
     pub mtp: usize,
     /// Vision tensors (`v.*`, `mm.*`).
     pub vision: usize,
@@ -35,6 +37,16 @@ fn is_mtp(name: &str, n_layers: usize) -> bool {
         .and_then(|(i, _)| i.parse::<usize>().ok())
         .is_some_and(|i| i >= n_layers);
     block_past_layers || name.contains(".nextn.") || name.starts_with("mtp.")
+}
+
+/// Whether an MTP tensor is one the load of the MTP block reads (config `mtp_num_hidden_layers` = 1): the first
+/// MTP block's, less the dedicated embedding and head that Qwen's blocks do not have.
+fn read_by_mtp(name: &str, config: &ModelConfig) -> bool {
+    let first = format!("blk.{}.", config.num_hidden_layers);
+    config.mtp_num_hidden_layers == 1
+        && name.starts_with(&first)
+        && !name.contains(".nextn.embed_tokens.")
+        && !name.contains(".nextn.shared_head_head.")
 }
 
 /// Whether an unused GGUF tensor is a vision tensor (llama.cpp's `clip` names).
@@ -51,13 +63,14 @@ pub fn unused_tensors(ckpt: &Checkpoint, config: &ModelConfig) -> UnusedTensors 
         return UnusedTensors::default();
     };
     let read: HashSet<String> = crate::model::read_names(config).into_iter().collect();
+    let mtp_read = crate::model::mtp_loads(ckpt, config);
     let mut out = UnusedTensors::default();
     for name in g.stored_names() {
         let used = match g.arch().hf_name(name) {
             Some(h) => read.contains(&h.replace("{e}", "0")),
             None => g.maps(name) && !is_mtp(name, config.num_hidden_layers),
         };
-        if used {
+        if used || (mtp_read && read_by_mtp(name, config)) {
             continue;
         }
         if is_mtp(name, config.num_hidden_layers) {

@@ -65,7 +65,8 @@ fn default_partial_rotary() -> f64 {
 pub enum WeightLayout {
     /// `Qwen3_5ForCausalLM`: `model.layers.*`, `model.embed_tokens`, `lm_head`.
     CausalLm,
-    /// `Qwen3_5ForConditionalGeneration` (hub): `model.language_model.*` plus top-level `lm_head`; `model.visual.*` and `mtp.*` are skipped.
+    /// `Qwen3_5ForConditionalGeneration` (hub): `model.language_model.*` plus top-level `lm_head`; `model.visual.*` is
+    /// skipped. (The MTP block is `mtp.*` at the top level in both layouts.)
     Hub,
 }
 
@@ -149,6 +150,11 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// One entry per layer: its feed-forward block.
     pub ffn_types: Vec<FfnKind>,
+    /// MTP (multi-token prediction) blocks the checkpoint declares: `mtp_num_hidden_layers` of config.json (the text
+    /// config of the hub layout), `<arch>.nextn_predict_layers` of a GGUF file; 0 for none. A load of the model's
+    /// ends loads the block when this is 1 and the file holds its tensors ([`crate::model::Mtp`], `docs/MTP.md`).
+    /// A caller that does not want it (its memory) sets 0 before loading, as it sets `precision`.
+    pub mtp_num_hidden_layers: usize,
     /// The arithmetic of products against bf16 weights (not from config.json: [`Precision::F32`] when read, set by the
     /// caller before loading the weights). [`Precision::Bf16`] rounds the activations to bf16 as llama.cpp does
     /// (about twice the prefill speed on AVX-512 BF16; logits no longer match the f32 reference bit for bit). Part of
@@ -313,6 +319,7 @@ impl ModelConfig {
             ("linear_key_head_dim", raw.linear_key_head_dim, 1 << 12),
             ("linear_value_head_dim", raw.linear_value_head_dim, 1 << 12),
             ("linear_conv_kernel_dim", raw.linear_conv_kernel_dim, 64),
+            ("mtp_num_hidden_layers", raw.mtp_num_hidden_layers, 1 << 6),
             (
                 "full_attention_interval",
                 raw.full_attention_interval,
@@ -448,6 +455,7 @@ impl ModelConfig {
             gdn_projections: None,
             moe: None,
             ffn_types: vec![FfnKind::Dense; raw.num_hidden_layers],
+            mtp_num_hidden_layers: raw.mtp_num_hidden_layers,
             precision: Precision::F32,
         })
     }

@@ -57,6 +57,9 @@ pub(super) struct RawTextConfig {
     pub(super) hidden_act: Option<String>,
     #[serde(default)]
     pub(super) eos_token_id: Option<serde_json::Value>,
+    /// MTP blocks (`mtp_num_hidden_layers`; some configs spell it `num_nextn_predict_layers`).
+    #[serde(default, alias = "num_nextn_predict_layers")]
+    pub(super) mtp_num_hidden_layers: usize,
 }
 
 fn d_vocab() -> usize {

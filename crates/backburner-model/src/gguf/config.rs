@@ -251,7 +251,8 @@ fn vocab_and_tie(f: &GgufFile, k: &Keys<'_>, hidden: u64) -> Result<(u64, bool)>
 /// `qwen35moe` or `qwen3next` file adds the experts' keys (see `experts`) and may omit `feed_forward_length`; a
 /// `qwen3next` file's specifics are in `qwen3next`.
 ///
-/// Keys (all `<arch>.` prefixed): `block_count` (minus `nextn_predict_layers`, the MTP blocks) → layers;
+/// Keys (all `<arch>.` prefixed): `block_count` less `nextn_predict_layers` (the MTP blocks, which give
+/// `mtp_num_hidden_layers`) → layers;
 /// `context_length`; `embedding_length`; `feed_forward_length`; `attention.head_count`; `attention.head_count_kv`
 /// (default: head_count); `attention.key_length` = `attention.value_length` → head_dim (default
 /// embedding_length / head_count); `attention.layer_norm_rms_epsilon`; `rope.freq_base` (default 10000);
@@ -312,6 +313,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         "full_attention_interval": k.opt_u64("full_attention_interval")?.unwrap_or(4),
         "hidden_act": "silu",
         "eos_token_id": super::eos_token_ids(f)?,
+        "mtp_num_hidden_layers": nextn,
     });
     let head_dim = attention(&k, n_all, n_layers, hidden, moe, &mut cfg)?;
     if moe {

@@ -77,12 +77,26 @@ pub(super) fn load_layer(
 ) -> Result<Layer> {
     let mut specs = arch_of(c).layer_tensors(c, i);
     specs.retain(|t| t.expert.is_none_or(|e| !elsewhere(i, e)));
+    layer_from_specs(c, ck, &specs, c.layer_types[i], c.ffn_types[i])
+}
+
+/// A layer of mixer `mixer` and feed-forward block `ffn` from its tensors `specs` (as [`Arch::layer_tensors`]
+/// lists them; a routed expert left out of `specs` is `None` in the expert list).
+///
+/// [`Arch::layer_tensors`]: crate::arch::Arch::layer_tensors
+pub(super) fn layer_from_specs(
+    c: &ModelConfig,
+    ck: &Checkpoint,
+    specs: &[TensorSpec],
+    mixer: LayerKind,
+    ffn: FfnKind,
+) -> Result<Layer> {
     let mut lin: HashMap<Key, Linear> = HashMap::new();
-    for (key, (parts, k)) in fused(&specs) {
+    for (key, (parts, k)) in fused(specs) {
         lin.insert(key, Linear::load(ck, k, &parts, c.precision)?);
     }
     let mut vec: HashMap<Slot, Vec<f32>> = HashMap::new();
-    for (slot, t, kind) in vectors(&specs) {
+    for (slot, t, kind) in vectors(specs) {
         vec.insert(slot, ck.read_vector(&t.name, &t.shape, kind)?);
     }
     let mut v = |s: Slot| vec.remove(&s).expect("the table lists every vector");
@@ -91,7 +105,7 @@ pub(super) fn load_layer(
             .expect("the table lists every projection")
     };
     let (in_proj, out_proj) = (m(Slot::MixIn), m(Slot::MixOut));
-    let ffn = match c.ffn_types[i] {
+    let ffn = match ffn {
         FfnKind::Dense => Ffn::Dense {
             gate_up: m(Slot::FfnGateUp),
             down: m(Slot::FfnDown),
@@ -118,7 +132,7 @@ pub(super) fn load_layer(
             }))
         }
     };
-    let mixer = match c.layer_types[i] {
+    let mixer = match mixer {
         LayerKind::LinearAttention => Mixer::Linear(GdnWeights {
             in_proj,
             conv_weight: v(Slot::Conv),
@@ -227,7 +241,7 @@ fn linear_bytes(ckpt: &Checkpoint, parts: &[PartSpec], k: usize, p: Precision) -
 }
 
 /// Bytes of the tensors `specs` as loaded: matrices fused by slot and packed, vectors as f32.
-fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec], p: Precision) -> Result<u64> {
+pub(super) fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec], p: Precision) -> Result<u64> {
     let overflow = || ModelError::InvalidConfig("the weights' size overflows".into());
     let mut total = 0u64;
     for (_, (parts, k)) in fused(specs) {
@@ -251,10 +265,13 @@ fn specs_bytes(ckpt: &Checkpoint, specs: &[TensorSpec], p: Precision) -> Result<
 /// caller can check a memory budget before loading. (The load's transient memory is the file pages it reads, which
 /// it releases tensor by tensor, and a few small allocations.)
 ///
+/// A load of the ends also loads the MTP block when the config asks for it and the file holds it
+/// ([`super::Mtp`]); its bytes are counted then.
+///
 /// Errors: [`ModelError::InvalidConfig`] for a layer range outside the model or a size that overflows `u64`;
 /// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`] and [`ModelError::UnsupportedDtype`] for any tensor
-/// the load would read (the ends' embedding, final norm and untied head, every layer's projections and vectors), as
-/// the load itself reports them.
+/// the load would read (the ends' embedding, final norm and untied head, every layer's projections and vectors, the
+/// MTP block's), as the load itself reports them.
 pub fn load_bytes(ckpt: &Checkpoint, c: &ModelConfig, opts: &LoadOptions) -> Result<u64> {
     load_bytes_without(ckpt, c, opts, &|_, _| false)
 }
@@ -286,6 +303,11 @@ pub fn load_bytes_without(
         specs.retain(|t| t.expert.is_none_or(|e| !elsewhere(i, e)));
         total = total
             .checked_add(specs_bytes(ckpt, &specs, c.precision)?)
+            .ok_or_else(overflow)?;
+    }
+    if opts.ends {
+        total = total
+            .checked_add(super::mtp::mtp_bytes(ckpt, c)?)
             .ok_or_else(overflow)?;
     }
     Ok(total)

@@ -26,12 +26,15 @@ mod load;
 mod mixer;
 mod moe;
 mod moe_split;
+mod mtp;
 mod scratch;
 pub mod verify;
 pub use experts::ExpertStore;
 pub(crate) use load::read_names;
 pub use load::{experts_bytes, load_bytes, load_bytes_without};
 use load::{load_ends, load_layer};
+pub(crate) use mtp::mtp_loads;
+pub use mtp::{Mtp, MtpState};
 pub use scratch::Scratch;
 
 /// Chunk length of the chunked delta rule (HF uses 64).
@@ -168,6 +171,8 @@ pub struct Model {
     remote_experts: crate::remote_experts::Attached,
     /// Some routed experts of the layers held were left out at load.
     experts_elsewhere: bool,
+    /// The MTP block (loaded with the ends when the config asks for it and the file has it).
+    mtp: Option<Mtp>,
 }
 
 impl Model {
@@ -221,6 +226,11 @@ impl Model {
         } else {
             (None, None, None)
         };
+        let mtp = if opts.ends {
+            mtp::load_planned(ckpt, &config)?
+        } else {
+            None
+        };
         let total = opts.layers.len();
         let mut layers: Vec<Option<Layer>> = (0..config.num_hidden_layers).map(|_| None).collect();
         for (n, i) in opts.layers.clone().enumerate() {
@@ -243,6 +253,7 @@ impl Model {
             rope,
             expert_reads: std::sync::atomic::AtomicU64::new(0),
             remote_experts: Default::default(),
+            mtp,
         })
     }
 
@@ -396,7 +407,8 @@ impl Model {
     }
 
     /// Bytes of weights held by this node: every loaded projection, the embedding and head as packed (their
-    /// checkpoint dtype plus panel padding), and the f32 vectors (norms, conv kernels, `dt_bias`, `A`). Equals
+    /// checkpoint dtype plus panel padding), and the f32 vectors (norms, conv kernels, `dt_bias`, `A`), the MTP
+    /// block's included. Equals
     /// [`load_bytes`] of the same checkpoint and [`LoadOptions`].
     pub fn weight_bytes(&self) -> usize {
         let f = |v: &Vec<f32>| 4 * v.len();
@@ -427,13 +439,14 @@ impl Model {
         let ends = self.embed.as_ref().map_or(0, Linear::bytes)
             + self.lm_head.as_ref().map_or(0, Linear::bytes)
             + self.final_norm.as_ref().map_or(0, f);
-        layers + ends
+        layers + ends + self.mtp.as_ref().map_or(0, Mtp::bytes)
     }
 
     /// The storage of every weight matrix this model holds, in the order a decode step reads them (layers, then the
     /// head: the tied embedding or `lm_head`; an untied embedding table, of which decode reads one row, comes first),
-    /// as byte slices: what [`Model::weight_bytes`] counts less the f32 vectors. For a plain read of the very memory
-    /// the products stream (`bench local`'s read passes).
+    /// as byte slices: what [`Model::weight_bytes`] counts less the f32 vectors and the MTP block (which drafting
+    /// reads, not a decode step: [`Mtp::linears`]). For a plain read of the very memory the products stream
+    /// (`bench local`'s read passes).
     pub fn weight_storage(&self) -> Vec<&[u8]> {
         let mut out: Vec<&[u8]> = Vec::new();
         if self.lm_head.is_some() {

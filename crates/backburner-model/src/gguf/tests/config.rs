@@ -145,6 +145,7 @@ fn gguf_config_of_the_real_27b_equals_its_config_json() {
         want.linear_v_head_order = VHeadOrder::Tiled;
         want.eos_token_ids = vec![248_046, 248_044];
         want.rope.mrope_section = Some(vec![11, 11, 10]);
+        want.mtp_num_hidden_layers = n_mtp as usize;
         assert_eq!(got, want, "n_mtp {n_mtp}");
         assert_eq!(got.num_hidden_layers, 64);
         assert_eq!(got.hidden_size, 5120);
@@ -167,6 +168,7 @@ fn gguf_config_of_the_tiny_fixture_equals_its_config_json() {
     want.linear_v_head_order = VHeadOrder::Tiled;
     want.eos_token_ids = vec![447, 445];
     want.rope.mrope_section = Some(vec![11, 11, 10]);
+    want.mtp_num_hidden_layers = 1; // the metadata declares one MTP block
     assert_eq!(got, want);
 }
 
