@@ -36,6 +36,8 @@ pub(crate) struct ChatArgs {
     max_tokens: i64,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: crate::spec_args::SpecArgs,
     /// Do not stop a reply at the model's eos ids.
     #[arg(long)]
     ignore_eos: bool,
@@ -83,6 +85,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
         max_tokens,
         sampling: a.sampling.clone(),
         eos_ids,
+        spec: a.spec.params()?,
         context,
         color,
         visible_controls: std::io::stdout().is_terminal(),

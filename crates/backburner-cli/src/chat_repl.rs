@@ -40,6 +40,8 @@ pub struct Settings {
     pub sampling: SamplingArgs,
     /// Ids that end a reply.
     pub eos_ids: Vec<u32>,
+    /// Speculative decoding (`--spec`).
+    pub spec: Option<backburner_engine::spec::SpecParams>,
     /// The slot's context length.
     pub context: usize,
     /// Dim the thinking with ANSI escapes (else plain `<think>` … `</think>` text).
@@ -298,6 +300,7 @@ impl Repl {
                 .params(self.s.sampling.seed.unwrap_or_else(rand::random)),
             eos_ids: self.s.eos_ids.clone(),
             cancel: Some(self.interrupt.clone()),
+            spec: self.s.spec.clone(),
             ..Default::default()
         }
     }

@@ -28,6 +28,7 @@ mod prompt;
 mod run_cmd;
 mod sampling_args;
 mod serve_cmd;
+mod spec_args;
 mod tokenizer_load;
 mod worker_cmd;
 

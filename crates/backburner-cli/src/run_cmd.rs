@@ -19,6 +19,7 @@ mod choices;
 
 use crate::constraint_args::ConstraintArgs;
 use crate::sampling_args::SamplingArgs;
+use crate::spec_args::SpecArgs;
 use crate::{bar, compute_pool, link_args, need_tok, prompt, LinkArgs, ModelArgs, IDS_HINT};
 
 #[derive(Args)]
@@ -61,6 +62,8 @@ pub(crate) struct RunArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     constraint: ConstraintArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Stop when the output contains this text (repeatable, up to 16 strings of up to 256 bytes each; needs a
     /// tokenizer; it may start with `-`).
     #[arg(long, allow_hyphen_values = true)]
@@ -181,6 +184,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         cancel: Some(cancel_on_ctrl_c()?),
         logprobs: None,
         constraint,
+        spec: a.spec.params()?,
     };
     let workers = if a.link.workers_take_pages(a.model.kv_page_size)? {
         workers

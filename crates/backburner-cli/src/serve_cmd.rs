@@ -69,6 +69,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
     #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
+    #[command(flatten)]
     pub link: LinkArgs,
 }
 
@@ -147,6 +149,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     }
     state.cors_origins = a.cors_origin.clone();
     state.slots_endpoint = !a.no_slots;
+    state.spec = a.spec.params()?;
     let state = Arc::new(state);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

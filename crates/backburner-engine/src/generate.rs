@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::picker::TokenLogprob;
 use crate::sampling::SamplingParams;
-use crate::sequence::{Phase, Sequence};
+use crate::sequence::{Phase, Sampled, Sequence};
 use crate::session::Session;
 use crate::stop::StopMatcher;
 
@@ -35,6 +35,9 @@ pub struct GenerateParams {
     /// Stop with [`StopReason::Interrupted`] once this flag is set (checked before each token is sampled, so the
     /// prompt is always processed; e.g. set by a Ctrl-C handler).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Speculative decoding: draft tokens and verify them several at a time ([`crate::spec`]); the output is the
+    /// same token for token. `None`: one token per decode step.
+    pub spec: Option<crate::spec::SpecParams>,
 }
 
 /// Why generation ended.
@@ -108,6 +111,9 @@ pub struct Generation {
     /// id of `tokens`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
+    /// What speculative decoding did ([`GenerateParams::spec`]; `None` without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<crate::spec::SpecCounts>,
 }
 
 /// Incremental detokenizer for streaming: emits text only once it is complete UTF-8, and holds back text that might
@@ -271,18 +277,31 @@ pub(crate) fn drive(
         loop {
             let mut step = match seq.phase() {
                 Phase::Sample => seq.sample_step(cancelled())?,
-                Phase::Decode => match seq.decode_step(session) {
-                    Some(end) => end,
-                    None => continue,
-                },
+                Phase::Decode => {
+                    if let Some(steps) = seq.speculate(session, cancelled()) {
+                        for mut step in steps? {
+                            emit(&mut step, &mut on_token, &mut on_text);
+                        }
+                        continue;
+                    }
+                    match seq.decode_step(session) {
+                        Some(end) => end,
+                        None => continue,
+                    }
+                }
                 Phase::Prefill | Phase::Done => return Ok(()),
             };
-            if let Some(id) = step.token {
-                on_token(id);
-            }
-            if !step.text.is_empty() {
-                on_text(&std::mem::take(&mut step.text));
-            }
+            emit(&mut step, &mut on_token, &mut on_text);
         }
     })
+}
+
+/// Hands a sampling step's token and text to the callbacks.
+fn emit(step: &mut Sampled, on_token: &mut impl FnMut(u32), on_text: &mut impl FnMut(&str)) {
+    if let Some(id) = step.token {
+        on_token(id);
+    }
+    if !step.text.is_empty() {
+        on_text(&std::mem::take(&mut step.text));
+    }
 }

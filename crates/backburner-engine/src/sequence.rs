@@ -13,6 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::generate::{GenerateParams, Generation, StopReason, TextStream, Timings};
 use crate::picker::{Picker, TokenLogprob};
 use crate::session::{Logits, Session};
+use crate::spec::Speculator;
 
 mod spec_step;
 
@@ -80,6 +81,8 @@ pub struct Sequence<'t> {
     t_first: Option<Instant>,
     prefill_ms: f64,
     ttft_ms: f64,
+    /// Speculative decoding ([`GenerateParams::spec`]).
+    spec: Option<Speculator>,
 }
 
 impl<'t> Sequence<'t> {
@@ -104,7 +107,9 @@ impl<'t> Sequence<'t> {
         session.check_fits(prompt.len())?;
         let room = session.context_length() - session.tokens().len() - prompt.len();
         let stream = tokenizer.map(|tok| TextStream::new(tok, &params.stop));
+        let spec = speculator(&params, vocab)?;
         Ok(Sequence {
+            spec,
             picker: Picker::new(
                 params.sampling.clone(),
                 // the repetition penalty's set; the rest needs no copy of a long context
@@ -154,6 +159,7 @@ impl<'t> Sequence<'t> {
 
     fn fork_checked(&self, context: &[u32], params: GenerateParams) -> Result<Sequence<'t>> {
         check_params(&params, self.logits.len())?;
+        let spec = speculator(&params, self.logits.len())?;
         let penalized: &[u32] = if params.sampling.repetition_penalty != 1.0 {
             context
         } else {
@@ -184,6 +190,7 @@ impl<'t> Sequence<'t> {
             t_first: None,
             prefill_ms: self.prefill_ms,
             ttft_ms: 0.0,
+            spec,
         })
     }
 
@@ -429,8 +436,18 @@ impl<'t> Sequence<'t> {
             step_logits,
             error: self.error.clone(),
             logprobs: self.logprobs.clone(),
+            speculative: self.spec.as_ref().map(Speculator::counts),
         }
     }
+}
+
+/// The speculator `params` asks for, if any (checked as [`Speculator::new`] checks it).
+fn speculator(params: &GenerateParams, vocab: usize) -> Result<Option<Speculator>> {
+    params
+        .spec
+        .as_ref()
+        .map(|p| Speculator::new(p, vocab))
+        .transpose()
 }
 
 /// The checks of a request's settings that need no session: sampling values, stop strings, and `logit_bias` ids

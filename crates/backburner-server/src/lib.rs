@@ -66,6 +66,8 @@ pub struct AppState {
     pub cors_origins: Vec<String>,
     /// Whether `GET /slots` answers (`serve --no-slots`: 501).
     pub slots_endpoint: bool,
+    /// Speculative decoding for every request (`serve --spec`); `None`: off.
+    pub spec: Option<backburner_engine::spec::SpecParams>,
 }
 
 impl AppState {
@@ -97,6 +99,7 @@ impl AppState {
             grammars: std::sync::OnceLock::new(),
             cors_origins: Vec::new(),
             slots_endpoint: true,
+            spec: None,
         }
     }
 

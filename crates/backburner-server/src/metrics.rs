@@ -141,6 +141,27 @@ pub fn render(m: &Metrics, slots: usize) -> String {
     );
     family(
         &mut o,
+        "spec_steps_total",
+        "counter",
+        "Speculative decoding: verify steps (a pending token and its drafts decoded in one step).",
+        &[("", g(&m.spec_steps))],
+    );
+    family(
+        &mut o,
+        "spec_draft_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens verified.",
+        &[("", g(&m.spec_drafted))],
+    );
+    family(
+        &mut o,
+        "spec_accepted_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens accepted (each a decode step saved).",
+        &[("", g(&m.spec_accepted))],
+    );
+    family(
+        &mut o,
         "cache_hits_total",
         "counter",
         "Requests that reused a cached prefix.",

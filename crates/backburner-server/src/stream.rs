@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use backburner_engine::serve::{Event, Job};
+use backburner_engine::spec::SpecCounts;
 use backburner_engine::{GenerateParams, Generation, StopReason, TokenLogprob};
 use futures_util::Stream;
 use serde_json::{json, Value};
@@ -89,6 +90,7 @@ pub async fn start(
         cancel: Some(cancel.clone()),
         logprobs: gen.logprobs,
         constraint: gen.constraint.clone(),
+        spec: st.spec.clone(),
     };
     let prompt_tokens = prompt.len();
     // Once `/health` says shutting down, no request reaches the engine (its own shutdown may not have begun yet).
@@ -169,6 +171,7 @@ fn failed_generation(e: &ApiError) -> Generation {
         step_logits: Vec::new(),
         error: Some(e.message.clone()),
         logprobs: Vec::new(),
+        speculative: None,
     }
 }
 
@@ -229,13 +232,34 @@ pub fn finish_reason(stop: StopReason, tool_calls: bool) -> &'static str {
 }
 
 /// The `usage` object.
-pub fn usage(r: &Running, completion_tokens: usize) -> Value {
-    json!({
+pub fn usage(r: &Running, completion_tokens: usize, spec: Option<SpecCounts>) -> Value {
+    let mut u = json!({
         "prompt_tokens": r.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": r.prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
-    })
+    });
+    // speculative decoding, in OpenAI's fields for predicted tokens: drafts the model accepted and rejected
+    if let Some(s) = spec {
+        u["completion_tokens_details"] = json!({
+            "accepted_prediction_tokens": s.accepted,
+            "rejected_prediction_tokens": s.drafted - s.accepted,
+        });
+    }
+    u
+}
+
+/// The speculative counts of `g` added to `sum` (`None` while no choice speculated).
+pub fn add_spec(sum: Option<SpecCounts>, g: &Generation) -> Option<SpecCounts> {
+    match (sum, g.speculative) {
+        (s, None) => s,
+        (None, Some(c)) => Some(c),
+        (Some(a), Some(b)) => Some(SpecCounts {
+            steps: a.steps + b.steps,
+            drafted: a.drafted + b.drafted,
+            accepted: a.accepted + b.accepted,
+        }),
+    }
 }
 
 /// Turns a job's events into the JSON chunks of an endpoint's stream.
@@ -302,6 +326,7 @@ pub fn sse<C: Chunker>(
             let mut n = vec![0; chunkers.len()];
             let mut ended = vec![false; chunkers.len()];
             let (mut left, mut completion) = (chunkers.len(), 0);
+            let mut spec = None;
             let mut errors: Vec<Option<ApiError>> = vec![None; chunkers.len()];
             while left > 0 {
                 // a client gone while the prompt is ingested (no event for a while) is noticed here: the
@@ -343,6 +368,7 @@ pub fn sse<C: Chunker>(
                 ended[i] = true;
                 left -= 1;
                 completion += generation.tokens.len().max(n[i]);
+                spec = add_spec(spec, &generation);
                 for c in chunker.done(&generation, &tail) {
                     if !send(stamp(c, i)).await {
                         return;
@@ -352,7 +378,7 @@ pub fn sse<C: Chunker>(
             if left == 0 {
                 if let Some(u) = chunkers
                     .first()
-                    .and_then(|c| c.usage(usage(&r, completion)))
+                    .and_then(|c| c.usage(usage(&r, completion, spec)))
                 {
                     if !send(u).await {
                         return;

@@ -94,6 +94,7 @@ impl Backend for Canned {
                 step_logits: Vec::new(),
                 error: None,
                 logprobs: Vec::new(),
+                speculative: None,
             };
             let text = String::new();
             let _ = ok

@@ -173,6 +173,7 @@ fn play(mut events: EventSink, script: Script, prompt_tokens: usize, asked: Opti
         step_logits: Vec::new(),
         error: (script.end == StopReason::Error).then(|| "the scripted step failed".into()),
         logprobs: lps,
+        speculative: None,
     };
     events(Event::Done {
         generation: Box::new(generation),

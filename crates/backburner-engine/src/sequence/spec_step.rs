@@ -15,6 +15,51 @@ use crate::error::Result;
 use crate::session::Session;
 
 impl Sequence<'_> {
+    /// Whether this sequence speculates ([`crate::GenerateParams::spec`]).
+    pub fn speculates(&self) -> bool {
+        self.spec.is_some()
+    }
+
+    /// What speculation did so far (`None` when this sequence does not speculate).
+    pub fn spec_counts(&self) -> Option<crate::spec::SpecCounts> {
+        self.spec.as_ref().map(|s| s.counts())
+    }
+
+    /// One speculative step of a sequence that speculates, in phase [`Phase::Decode`], on a session that can
+    /// verify: drafts from its source, then [`Sequence::spec_step`]. `None` when it does not apply or no draft was
+    /// proposed this step: then the caller decodes the pending token plainly (alone or batched).
+    ///
+    /// Errors (inside the `Some`): the draft source's, and those of [`Sequence::sample_step`].
+    pub fn speculate(
+        &mut self,
+        session: &mut Session,
+        cancelled: bool,
+    ) -> Option<Result<Vec<Sampled>>> {
+        if self.phase != Phase::Decode || !session.can_verify() {
+            return None;
+        }
+        let pending = self.pending?;
+        let room = self.draft_room(session);
+        let mut spec = self.spec.take()?;
+        let drafts = match spec.propose(session.tokens(), pending, room) {
+            Ok(d) if d.is_empty() => {
+                self.spec = Some(spec);
+                return None;
+            }
+            Ok(d) => d,
+            Err(e) => {
+                self.spec = Some(spec);
+                return Some(Err(e));
+            }
+        };
+        let r = self.spec_step(session, &drafts, cancelled);
+        if let Ok((_, accepted)) = &r {
+            spec.observe(drafts.len(), *accepted, self.pending);
+        }
+        self.spec = Some(spec);
+        Some(r.map(|(steps, _)| steps))
+    }
+
     /// The most drafts worth verifying now: a step samples at most `k + 1` tokens, so `k + 1` stays within the
     /// tokens left to `max_tokens`, and the pending token and `k` drafts within the context.
     pub fn draft_room(&self, session: &Session) -> usize {

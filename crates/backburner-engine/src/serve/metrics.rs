@@ -55,8 +55,14 @@ pub struct Metrics {
     pub decode_steps: AtomicU64,
     /// Sequences decoded over all decode steps (÷ `decode_steps` = mean batch).
     pub decode_rows: AtomicU64,
-    /// Time spent in decode steps (µs).
+    /// Time spent in decode steps (µs), verify steps included.
     pub decode_us: AtomicU64,
+    /// Speculative decoding: verify steps run (each decodes a sequence's pending token and its drafts).
+    pub spec_steps: AtomicU64,
+    /// Speculative decoding: draft tokens verified.
+    pub spec_drafted: AtomicU64,
+    /// Speculative decoding: draft tokens accepted (each a decode step saved).
+    pub spec_accepted: AtomicU64,
     /// Requests that reused a cached prefix.
     pub cache_hits: AtomicU64,
     /// Prompt tokens reused from the cache.

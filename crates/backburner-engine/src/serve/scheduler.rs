@@ -282,26 +282,68 @@ fn step<'t>(
     forks.split(slots, active, turn, m);
     for a in active.iter_mut().filter(|a| a.seq.phase() == Phase::Sample) {
         match a.seq.sample_step(false) {
-            Ok(s) if s.stop.is_some() => finish(a, s, m),
-            Ok(s) => {
-                Metrics::add(&m.generated_tokens, 1);
-                let Sampled {
-                    token,
-                    text,
-                    logprob,
-                    ..
-                } = s;
-                a.send(Event::Token {
-                    id: token.expect("a token when not stopped"),
-                    text,
-                    logprob,
-                });
+            Ok(s) => emit(a, s, m),
+            Err(e) => fail(a, e),
+        }
+    }
+    let verified = verify_all(slots, active, m);
+    decode_all(slots, active, &verified, m);
+    None
+}
+
+/// Sends a sampling step's token, or the end of the job when it ended.
+fn emit(a: &mut Active<'_>, s: Sampled, m: &Metrics) {
+    if s.stop.is_some() {
+        return finish(a, s, m);
+    }
+    Metrics::add(&m.generated_tokens, 1);
+    let Sampled {
+        token,
+        text,
+        logprob,
+        ..
+    } = s;
+    a.send(Event::Token {
+        id: token.expect("a token when not stopped"),
+        text,
+        logprob,
+    });
+}
+
+/// The speculative step of every job that speculates and has drafts this turn, one job at a time (a verify step
+/// of several positions is not batched across slots); returns, per job, whether it ran one (it then sits out the
+/// batched decode step of this turn).
+fn verify_all(slots: &mut [Slot], active: &mut [Active<'_>], m: &Metrics) -> Vec<bool> {
+    let mut ran = vec![false; active.len()];
+    for (i, a) in active.iter_mut().enumerate() {
+        if a.seq.phase() != Phase::Decode || a.wait.is_some() || !a.seq.speculates() {
+            continue;
+        }
+        let before = a.seq.spec_counts().unwrap_or_default();
+        let cancelled = a.cancelled();
+        let t0 = Instant::now();
+        let Some(r) = a.seq.speculate(slots[a.slot].session_mut(), cancelled) else {
+            continue;
+        };
+        ran[i] = true;
+        Metrics::add(&m.decode_us, t0.elapsed().as_micros() as u64);
+        let after = a.seq.spec_counts().unwrap_or_default();
+        Metrics::add(&m.decode_steps, 1);
+        Metrics::add(&m.spec_steps, after.steps - before.steps);
+        Metrics::add(&m.spec_drafted, after.drafted - before.drafted);
+        Metrics::add(&m.spec_accepted, after.accepted - before.accepted);
+        match r {
+            Ok(steps) => {
+                // the pending token and the accepted drafts were decoded
+                Metrics::add(&m.decode_rows, 1 + after.accepted - before.accepted);
+                for s in steps {
+                    emit(a, s, m);
+                }
             }
             Err(e) => fail(a, e),
         }
     }
-    decode_all(slots, active, m);
-    None
+    ran
 }
 
 /// The tokens of `a`'s next step: its next prefill chunk (see [`prefill_one`]; `others`: another job is in a slot),
@@ -389,10 +431,13 @@ fn prefill_one(slots: &mut [Slot], active: &mut [Active<'_>], _turn: u64, m: &Me
     }
 }
 
-/// One batched decode step of every job with a pending token.
-fn decode_all(slots: &mut [Slot], active: &mut [Active<'_>], m: &Metrics) {
+/// One batched decode step of every job with a pending token, but those that ran a verify step this turn
+/// (`verified`).
+fn decode_all(slots: &mut [Slot], active: &mut [Active<'_>], verified: &[bool], m: &Metrics) {
     let mut idx: Vec<usize> = (0..active.len())
-        .filter(|&i| active[i].seq.phase() == Phase::Decode && active[i].wait.is_none())
+        .filter(|&i| {
+            active[i].seq.phase() == Phase::Decode && active[i].wait.is_none() && !verified[i]
+        })
         .collect();
     if idx.is_empty() {
         return;

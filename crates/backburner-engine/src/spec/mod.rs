@@ -47,6 +47,7 @@
 mod accept;
 mod adaptive;
 mod ngram;
+mod params;
 mod scripted;
 #[cfg(test)]
 mod tests_accept;
@@ -57,6 +58,7 @@ pub use crate::picker::Verified;
 pub use accept::{accept, accept_greedy, verify_row, Accepted, RowVerdict};
 pub use adaptive::{best_k, expected_tokens, AdaptiveConfig, AdaptiveDraft, CostModel, SpecStats};
 pub use ngram::{NgramDraft, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, MAX_NGRAM};
+pub use params::{SpecCounts, SpecParams, SpecSource, Speculator, MAX_DRAFT};
 pub use scripted::ScriptedDraft;
 
 use crate::error::{EngineError, Result};

@@ -1,0 +1,68 @@
+//! The speculative decoding flags of `run`, `serve` and `chat`: `--spec` picks the draft source, `--draft-max` the
+//! most drafts per verify step (llama.cpp's `--spec-type` and `--draft-max` are accepted under their names).
+
+use anyhow::Result;
+use backburner_engine::spec::{SpecParams, SpecSource, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM};
+use clap::{Args, ValueEnum};
+
+/// Draft sources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SpecKind {
+    /// No speculation: one token per decode step.
+    None,
+    /// Prompt lookup: draft the continuation of the longest recent n-gram that ends the context (no extra weights;
+    /// strong when the output repeats its input: code edits, extraction, agents). llama.cpp's `ngram-simple`.
+    #[value(alias = "ngram-simple")]
+    Ngram,
+}
+
+/// Speculative decoding settings.
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding: draft tokens and verify them several per step. The output is the same token for token
+    /// (greedy or sampled with the same seed); it only changes the speed.
+    #[arg(long, visible_alias = "spec-type", value_enum, default_value_t = SpecKind::None)]
+    pub spec: SpecKind,
+    /// Most drafted tokens per verify step (1..=32); how many are drafted adapts to how many get accepted.
+    #[arg(long, visible_aliases = ["draft", "draft-n"], default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..=backburner_engine::spec::MAX_DRAFT as u64))]
+    pub draft_max: u64,
+    /// `--spec ngram`: shortest n-gram matched.
+    #[arg(long, visible_alias = "prompt-lookup-min", default_value_t = DEFAULT_MIN_NGRAM)]
+    pub ngram_min: usize,
+    /// `--spec ngram`: longest n-gram matched.
+    #[arg(long, visible_alias = "prompt-lookup-max", default_value_t = DEFAULT_MAX_NGRAM)]
+    pub ngram_max: usize,
+}
+
+impl SpecArgs {
+    /// The engine's settings (`None` for `--spec none`). Errors: n-gram sizes outside `1 ≤ min ≤ max ≤ 32`.
+    pub fn params(&self) -> Result<Option<SpecParams>> {
+        let source = match self.spec {
+            SpecKind::None => return Ok(None),
+            SpecKind::Ngram => {
+                let max = backburner_engine::spec::MAX_NGRAM;
+                if !(1 <= self.ngram_min
+                    && self.ngram_min <= self.ngram_max
+                    && self.ngram_max <= max)
+                {
+                    anyhow::bail!(
+                        "--ngram-min {} / --ngram-max {}: need 1 ≤ min ≤ max ≤ {max}",
+                        self.ngram_min,
+                        self.ngram_max
+                    );
+                }
+                SpecSource::Ngram {
+                    min: self.ngram_min,
+                    max: self.ngram_max,
+                }
+            }
+        };
+        Ok(Some(SpecParams {
+            source,
+            draft_max: self.draft_max as usize,
+            fixed: false,
+            cost: None,
+        }))
+    }
+}
