@@ -239,3 +239,104 @@ pub(crate) fn compute_allowance(
     let per = observed.map_or(host_based, |o| o.min(25.0 * host_based));
     Duration::from_secs_f64((4.0 * per * (tokens * layers) as f64 / 1e6).min(86_400.0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bad(m: &str) -> LinkError {
+        LinkError::Malformed(m.into())
+    }
+
+    fn why<T>(r: Result<Vec<T>, LinkFailure>) -> (usize, String) {
+        let f = r.err().expect("a failure");
+        (f.link, f.error.to_string())
+    }
+
+    #[test]
+    fn the_first_failure_is_the_lowest_link_and_its_receiver_first() {
+        let joined: Vec<Joined<u8>> = vec![
+            (Vec::new(), Ok(Some(1)), Ok(())),
+            (Vec::new(), Err(bad("receiver 1")), Err(bad("sender 1"))),
+            (Vec::new(), Err(bad("receiver 2")), Ok(())),
+        ];
+        let (acks, r) = settle(joined);
+        assert_eq!(acks.len(), 3);
+        let (link, e) = why(r);
+        assert_eq!(link, 1);
+        assert!(e.contains("receiver 1"), "{e}");
+        // a stream cut by its failing sender reports the sender's error
+        let joined: Vec<Joined<u8>> = vec![
+            (Vec::new(), Ok(None), Err(bad("sender 0"))),
+            (Vec::new(), Err(bad("receiver 1")), Ok(())),
+        ];
+        let (link, e) = why(settle(joined).1);
+        assert_eq!(link, 0);
+        assert!(e.contains("sender 0"), "{e}");
+    }
+
+    #[test]
+    fn every_tail_on_success_and_a_cut_stream_is_an_error() {
+        let joined: Vec<Joined<u8>> = vec![
+            (Vec::new(), Ok(Some(7)), Ok(())),
+            (Vec::new(), Ok(Some(9)), Ok(())),
+        ];
+        assert_eq!(settle(joined).1.ok(), Some(vec![7, 9]));
+        let joined: Vec<Joined<u8>> = vec![
+            (Vec::new(), Ok(Some(7)), Ok(())),
+            (Vec::new(), Ok(None), Ok(())),
+        ];
+        assert_eq!(why(settle(joined).1).0, 1);
+    }
+
+    /// A host that keeps ubatch `keep` and sends the others.
+    struct Steps {
+        keep: usize,
+        ran: Vec<usize>,
+    }
+
+    impl HostStage for Steps {
+        fn step(&mut self, i: usize) -> Result<Option<Hop>, LinkError> {
+            self.ran.push(i);
+            Ok((i != self.keep).then(|| Hop {
+                msg: RunLayers {
+                    pos: 0,
+                    n_tokens: 1,
+                    keep: Vec::new(),
+                },
+                bytes: Vec::new(),
+                compute: Duration::ZERO,
+            }))
+        }
+    }
+
+    #[test]
+    fn the_host_reports_progress_per_request_sent_and_stops_once_a_link_failed() {
+        let (tx, rx) = mpsc::channel();
+        let mut host = Steps {
+            keep: 2,
+            ran: Vec::new(),
+        };
+        let mut seen = Vec::new();
+        let failed = AtomicBool::new(false);
+        feed(
+            &mut host,
+            tx,
+            &[3, 4, 5],
+            &mut |d, t| seen.push((d, t)),
+            &failed,
+        )
+        .unwrap();
+        assert_eq!(host.ran, vec![0, 1, 2]);
+        assert_eq!(seen, vec![(3, 12), (7, 12)]);
+        assert_eq!(rx.try_iter().count(), 2);
+        let (tx, _rx) = mpsc::channel();
+        failed.store(true, Ordering::Relaxed);
+        let mut host = Steps {
+            keep: 9,
+            ran: Vec::new(),
+        };
+        feed(&mut host, tx, &[3, 4], &mut |_, _| {}, &failed).unwrap();
+        assert!(host.ran.is_empty());
+    }
+}
