@@ -17,6 +17,7 @@ pub mod memory;
 pub mod offload;
 pub mod perplexity;
 pub mod picker;
+mod pipeline;
 pub mod plan;
 pub mod sampling;
 pub mod sequence;

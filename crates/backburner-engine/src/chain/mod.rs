@@ -22,7 +22,6 @@ mod run;
 mod session;
 
 use std::ops::Range;
-use std::time::Duration;
 
 use backburner_link::LinkError;
 use backburner_model::ModelConfig;
@@ -222,20 +221,4 @@ pub const MIN_LAYER_FLOPS: f64 = 1e10;
 pub(crate) fn fallback_us_per_token_layer(cfg: &backburner_model::ModelConfig) -> f64 {
     let (h, i) = (cfg.hidden_size as f64, cfg.intermediate_size as f64);
     2.0 * (3.0 * h * i + 4.0 * h * h) / MIN_LAYER_FLOPS * 1e6
-}
-
-/// The compute a worker may take for `tokens` tokens through `layers` layers: 4× its observed time per token and
-/// layer, or before any observation the host's own (`host_us` per token and layer, scaled by threads), never more
-/// than 25× what the host's speed suggests; capped at a day.
-pub(crate) fn compute_allowance(
-    observed: Option<f64>,
-    host_us: f64,
-    host_threads: usize,
-    worker_threads: usize,
-    tokens: usize,
-    layers: usize,
-) -> Duration {
-    let host_based = host_us * host_threads.max(1) as f64 / worker_threads.max(1) as f64;
-    let per = observed.map_or(host_based, |o| o.min(25.0 * host_based));
-    Duration::from_secs_f64((4.0 * per * (tokens * layers) as f64 / 1e6).min(86_400.0))
 }

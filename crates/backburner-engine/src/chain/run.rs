@@ -1,36 +1,17 @@
 //! One layer-split call: connecting the workers, then each ubatch through the host's layers and every worker's in
 //! turn (pipelined across ubatches when there are several), with a deadline on every message.
 
-use std::sync::{mpsc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use backburner_link::frame::{bytes_f32, f32_bytes, Kind};
 use backburner_link::message::{LayersDone, RunLayers};
-use backburner_link::{FrameReader, FrameWriter, LinkError};
+use backburner_link::LinkError;
 use backburner_model::{Model, ModelConfig, ModelState};
 
-use super::{compute_allowance, LayerSplit, StageError};
+use super::{LayerSplit, StageError};
 use crate::compute::ComputePool;
 use crate::connection::{why, SessionShape};
-
-/// A residual on its way to a worker: the request, its bytes, and the compute the worker may take for it.
-type Hop = (RunLayers, Vec<u8>, Duration);
-
-/// Deadline inputs shared by a call's threads: the base timeout and the slowest transfer rate (bytes/s).
-#[derive(Clone, Copy)]
-struct Pace {
-    timeout: Duration,
-    min_rate: u64,
-}
-
-impl Pace {
-    fn allow(&self, bytes: usize, compute: Duration) -> Duration {
-        let transfer = (bytes as f64 / self.min_rate.max(1) as f64).min(1e9);
-        self.timeout
-            .saturating_add(compute)
-            .saturating_add(Duration::from_secs_f64(transfer))
-    }
-}
+use crate::pipeline::compute_allowance;
 
 fn u32_tokens(t: usize) -> u32 {
     u32::try_from(t).expect("the ubatch was checked to fit u32 when connecting")
@@ -248,58 +229,6 @@ impl LayerSplit {
         }
         Ok(x)
     }
-}
-
-/// One worker's sender: each residual as it comes (its send deadline includes the previous ubatch's compute, which
-/// it may wait behind in the socket), noting when it went out.
-fn send_stage(
-    w: &mut FrameWriter,
-    rx: mpsc::Receiver<Hop>,
-    sent: mpsc::Sender<(Instant, Duration, RunLayers)>,
-    pace: Pace,
-) -> Result<(), LinkError> {
-    let mut prev = Duration::ZERO;
-    for (msg, bytes, compute) in rx {
-        w.set_deadline(Some(pace.allow(bytes.len(), prev)));
-        w.send(Kind::RunLayers, &msg, &bytes)?;
-        let _ = sent.send((Instant::now(), compute, msg));
-        prev = compute;
-    }
-    Ok(())
-}
-
-/// One worker's receiver: each `LayersDone` due `allow(bytes, compute)` after its request went out or the previous
-/// reply arrived (whichever is later), checked, and passed on (to the next worker via `next`, or to the host).
-fn receive_stage(
-    r: &mut FrameReader,
-    sent: mpsc::Receiver<(Instant, Duration, RunLayers)>,
-    next: &dyn Fn(RunLayers, Vec<u8>) -> bool,
-    pace: Pace,
-    hidden: usize,
-    worker_us: &Mutex<(u64, u64)>,
-) -> Result<(), LinkError> {
-    let mut last = Instant::now();
-    for (at, compute, msg) in sent {
-        let t = msg.n_tokens as usize;
-        let bytes = t.saturating_mul(hidden).saturating_mul(4);
-        let left = pace
-            .allow(bytes, compute)
-            .saturating_sub(at.max(last).elapsed());
-        r.set_deadline(Some(left.max(Duration::from_millis(1))));
-        let (done, back): (LayersDone, _) = r.expect(Kind::LayersDone, "LayersDone")?;
-        let pos = usize::try_from(msg.pos).map_err(|_| LinkError::Malformed("position".into()))?;
-        check_done(&done, &back, pos, t, hidden)?;
-        {
-            let mut g = worker_us.lock().unwrap_or_else(|p| p.into_inner());
-            g.0 += done.compute_us;
-            g.1 += t as u64;
-        }
-        last = Instant::now();
-        if !next(msg, back) {
-            break;
-        }
-    }
-    Ok(())
 }
 
 mod pipeline;

@@ -1,9 +1,10 @@
-//! The pipelined split prefill over a connected [`WorkerClient`], with a deadline on every message.
+//! Split prefill over a connected [`WorkerClient`], on the pipelined driver ([`crate::pipeline`]): the host's part
+//! of each ubatch (layers `[0, L)`; the last ubatch stays on the host), the worker's fetches after the stream, and
+//! what the host does with them (adopt the worker's rows and states, run `[L, n)` of the last ubatch and the head).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use backburner_kernels::kv::KvDtype;
 use backburner_link::frame::{f32_bytes, Kind};
 use backburner_link::message::{Empty, Fetch, FetchDone, LayersDone, RunLayers, Sync};
 use backburner_link::{FrameReader, FrameWriter, LinkError};
@@ -12,13 +13,8 @@ use backburner_model::{Model, ModelConfig, ModelState};
 use super::WorkerClient;
 use crate::compute::ComputePool;
 use crate::grid::Grid;
+use crate::pipeline::{self, compute_allowance, Hop, HostStage, Link, LinkStage, Pace};
 use crate::wire;
-
-/// Sets `r`'s deadline to `start + budget`.
-fn deadline_from(r: &mut FrameReader, start: Instant, budget: Duration) {
-    let left = budget.saturating_sub(start.elapsed());
-    r.set_deadline(Some(left.max(Duration::from_millis(1))));
-}
 
 impl WorkerClient {
     /// Rows per `Sync`/`Fetch` frame under the frame budget (the host's and the worker's).
@@ -79,7 +75,8 @@ impl WorkerClient {
         Ok(())
     }
 
-    /// Runs a split prefill of `ids` (≥ 2 ubatches of `grid`, ending at absolute multiples of its size) on `state`, returning the last token's logits `[vocab]`.
+    /// Runs a split prefill of `ids` (≥ 2 ubatches of `grid`, ending at absolute multiples of its size) on `state`,
+    /// returning the last token's logits `[vocab]`.
     /// On error the caller must restore `state` and rerun locally, then call [`WorkerClient::fail`].
     ///
     /// Every message has a deadline: `timeout + bytes / min_rate`, plus for a `LayersDone` the worker's expected
@@ -99,7 +96,6 @@ impl WorkerClient {
         let kv = state.kv_options();
         self.ensure_connected(cfg, kv.dtype, kv.page_size, grid.ubatch())?;
         let (l, n) = (self.split, cfg.num_hidden_layers);
-        let hidden = cfg.hidden_size;
         let p = state.n_tokens();
         let max_rows = self.rows_per_frame(cfg, kv.dtype);
         self.sync_mirror(cfg, state, max_rows)?;
@@ -109,131 +105,10 @@ impl WorkerClient {
             .into_iter()
             .map(|r| &ids[r.start - p..r.end - p])
             .collect();
-        let k = chunks.len();
-        debug_assert!(k >= 2);
-        let pos_last = p + ids.len() - chunks[k - 1].len();
-        let fetches: Vec<Fetch> = (p..pos_last)
-            .step_by(max_rows)
-            .map(|a| {
-                let b = (a + max_rows).min(pos_last);
-                Fetch {
-                    from_pos: a as u64,
-                    to_pos: b as u64,
-                    linear: b == pos_last,
-                }
-            })
-            .collect();
-        let fetch_bytes: Vec<usize> = fetches
-            .iter()
-            .map(|f| {
-                let rows = (f.to_pos - f.from_pos) as usize;
-                wire::payload_len(cfg, l..n, rows, kv.dtype, f.linear).unwrap_or(usize::MAX)
-            })
-            .collect();
-        let worker_threads = self.link.worker_threads;
-        let conn = self.link.conn.as_mut().expect("connected");
-        let failed = AtomicBool::new(false);
-        // the residual of a ubatch, with the worker's expected compute for it
-        let (tx, rx) = mpsc::channel::<(RunLayers, Vec<u8>, Duration)>();
-        // when each RunLayers went out, and its compute allowance
-        let (sent_tx, sent_rx) = mpsc::channel::<(Instant, Duration)>();
-        let base = (
-            self.link.settings.timeout,
-            self.link.settings.min_rate.max(1),
-        );
-        let allow = move |bytes: usize, compute: Duration| {
-            let transfer = (bytes as f64 / base.1 as f64).min(1e9);
-            base.0
-                .saturating_add(compute)
-                .saturating_add(Duration::from_secs_f64(transfer))
-        };
-        let (conn_w, conn_r) = (&mut conn.writer, &mut conn.reader);
-        let observed = self.us_per_token_layer;
-        let host_threads = self.link.settings.host_threads;
-        let last: Result<(Vec<f32>, usize), LinkError> = std::thread::scope(|s| {
-            let failed_ref = &failed;
-            let (fetches_ref, fetch_bytes_ref) = (&fetches, &fetch_bytes);
-            let sender = s.spawn(move || -> Result<(), LinkError> {
-                let r = send_all(conn_w, rx, sent_tx, fetches_ref, &allow);
-                if r.is_err() {
-                    failed_ref.store(true, Ordering::Relaxed);
-                }
-                r
-            });
-            let expected = k - 1;
-            let receiver = s.spawn(move || -> Result<Fetched, LinkError> {
-                let r = receive_all(
-                    conn_r,
-                    expected,
-                    sent_rx,
-                    fetches_ref,
-                    fetch_bytes_ref,
-                    &allow,
-                );
-                if r.is_err() {
-                    failed_ref.store(true, Ordering::Relaxed);
-                }
-                r
-            });
-            let mut pos = p;
-            let mut out = None;
-            for (ci, chunk) in chunks.iter().enumerate() {
-                if failed.load(Ordering::Relaxed) {
-                    break;
-                }
-                let t = chunk.len();
-                let mut x = model
-                    .embed(chunk)
-                    .map_err(|e| LinkError::Malformed(e.to_string()))?;
-                let st = &mut *state;
-                let t0 = Instant::now();
-                pool.install(|| model.forward_layers_at(0..l, &mut x, t, pos, st));
-                let host_us = t0.elapsed().as_secs_f64() * 1e6 / (t * l.max(1)) as f64;
-                pos += t;
-                if ci + 1 < k {
-                    // the worker's own timings set the allowance, but never more than 25× what the host's own
-                    // speed suggests (a worker cannot buy itself day-long deadlines)
-                    let host_based =
-                        host_us * host_threads.max(1) as f64 / worker_threads.max(1) as f64;
-                    let per = observed.map_or(host_based, |o| o.min(25.0 * host_based));
-                    let compute = Duration::from_secs_f64(
-                        (4.0 * per * ((n - l) * t) as f64 / 1e6).min(86_400.0),
-                    );
-                    let msg = RunLayers {
-                        pos: (pos - t) as u64,
-                        n_tokens: u32::try_from(t)
-                            .expect("ubatch checked to fit u32 in the handshake"),
-                        keep: Vec::new(),
-                    };
-                    let _ = tx.send((msg, f32_bytes(&x), compute));
-                    progress(pos - p, ids.len());
-                } else {
-                    out = Some((x, t));
-                }
-            }
-            drop(tx);
-            let sent = sender.join().expect("sender thread");
-            let got = receiver.join().expect("receiver thread");
-            // The receiver's error first: it carries the worker's typed Error frame when there is one.
-            let (acks, fetched) = got?;
-            sent?;
-            let (x, t) = out.ok_or_else(|| LinkError::Malformed("pipeline aborted".into()))?;
-            check_replies(&acks, &fetched, &fetches, &chunks, p)?;
-            // Adopt the worker's rows and states, then run the tail of the last ubatch here.
-            for ((fd, payload), f) in fetched.iter().zip(fetches.iter()) {
-                let rows = (fd.to_pos - fd.from_pos) as usize;
-                wire::apply(state, cfg, l..n, rows, f.linear, payload)?;
-            }
-            self.link.stats.worker_compute_us += acks.iter().map(|a| a.compute_us).sum::<u64>();
-            self.link.stats.worker_idle_us += acks.iter().skip(1).map(|a| a.idle_us).sum::<u64>();
-            let us: u64 = acks.iter().map(|a| a.compute_us).sum();
-            let toks = pos_last - p;
-            if toks > 0 && n > l {
-                self.us_per_token_layer = Some(us as f64 / (toks * (n - l)) as f64);
-            }
-            Ok((x, t))
-        });
-        let (mut x, t) = last?;
+        debug_assert!(chunks.len() >= 2);
+        let pos_last = p + ids.len() - chunks[chunks.len() - 1].len();
+        let fetches = Fetches::plan(cfg, l..n, kv.dtype, p..pos_last, max_rows);
+        let (mut x, t) = self.stream(model, state, &chunks, pool, &fetches, progress)?;
         pool.install(|| model.forward_layers_at(l..n, &mut x, t, pos_last, state));
         state.set_position(pos_last + t);
         progress(ids.len(), ids.len());
@@ -242,68 +117,210 @@ impl WorkerClient {
         self.link.stats.worker_tokens += (pos_last - p) as u64;
         self.link.stats.split_calls += 1;
         self.succeeded();
+        let hidden = cfg.hidden_size;
         let logits = pool
             .install(|| model.logits(&x[(t - 1) * hidden..], 1))
             .map_err(|e| LinkError::Malformed(e.to_string()))?;
         Ok(logits)
     }
-}
 
-/// The worker's acknowledgements and the fetched rows with their payloads.
-type Fetched = (Vec<LayersDone>, Vec<(FetchDone, Vec<u8>)>);
-
-/// The sender thread: each residual as it comes, then the fetches. A `RunLayers` may wait in the socket while the
-/// worker computes the previous ubatch, so its send deadline includes that ubatch's expected compute.
-fn send_all(
-    w: &mut FrameWriter,
-    rx: mpsc::Receiver<(RunLayers, Vec<u8>, Duration)>,
-    sent: mpsc::Sender<(Instant, Duration)>,
-    fetches: &[Fetch],
-    allow: &impl Fn(usize, Duration) -> Duration,
-) -> Result<(), LinkError> {
-    let mut prev = Duration::ZERO;
-    for (msg, bytes, compute) in rx {
-        w.set_deadline(Some(allow(bytes.len(), prev)));
-        w.send(Kind::RunLayers, &msg, &bytes)?;
-        let _ = sent.send((Instant::now(), compute));
-        prev = compute;
-    }
-    for f in fetches {
-        w.set_deadline(Some(allow(0, prev)));
-        w.send(Kind::Fetch, f, &[])?;
-    }
-    Ok(())
-}
-
-/// The receiver thread: one `LayersDone` per `RunLayers`, each due `allow(0, compute)` after its request went out
-/// or the previous reply arrived (whichever is later); then one `FetchDone` per `Fetch`, each due
-/// `allow(bytes, 0)` after the previous reply.
-fn receive_all(
-    r: &mut FrameReader,
-    expected: usize,
-    sent: mpsc::Receiver<(Instant, Duration)>,
-    fetches: &[Fetch],
-    fetch_bytes: &[usize],
-    allow: &impl Fn(usize, Duration) -> Duration,
-) -> Result<Fetched, LinkError> {
-    let mut acks = Vec::with_capacity(expected);
-    let mut last = Instant::now();
-    for _ in 0..expected {
-        let Ok((at, compute)) = sent.recv() else {
-            return Err(LinkError::Malformed("the sender stopped".into()));
+    /// Streams every ubatch of `chunks` but the last through the worker on the pipelined driver (the host computing
+    /// the next ubatch's `[0, L)` meanwhile), runs the last one's `[0, L)` here, then fetches and adopts the
+    /// worker's rows and states of the streamed positions. Returns the last ubatch's residual `[t, hidden]` and `t`.
+    fn stream(
+        &mut self,
+        model: &Model,
+        state: &mut ModelState,
+        chunks: &[&[u32]],
+        pool: &ComputePool,
+        fetches: &Fetches,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(Vec<f32>, usize), LinkError> {
+        let cfg = model.config();
+        let (l, n) = (self.split, cfg.num_hidden_layers);
+        let p = state.n_tokens();
+        let sizes: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+        let mut host = SplitHost {
+            model,
+            state: &mut *state,
+            chunks,
+            pool,
+            layers: (l, n),
+            pos: p,
+            observed: self.us_per_token_layer,
+            threads: (self.link.settings.host_threads, self.link.worker_threads),
+            kept: None,
         };
-        deadline_from(r, at.max(last), allow(0, compute));
-        let (a, _): (LayersDone, _) = r.expect(Kind::LayersDone, "LayersDone")?;
-        acks.push(a);
-        last = Instant::now();
+        let pace = Pace::of(&self.link.settings);
+        let conn = self.link.conn.as_mut().expect("connected");
+        let link = Link {
+            writer: &mut conn.writer,
+            reader: &mut conn.reader,
+            pace,
+        };
+        let got = pipeline::drive(vec![link], fetches, &mut host, &sizes, progress)?;
+        let kept = host.kept.take();
+        let fetched = got.result.map_err(|f| f.error)?.pop().unwrap_or_default();
+        let (x, t) = kept.ok_or_else(|| LinkError::Malformed("pipeline aborted".into()))?;
+        let acks: Vec<LayersDone> = got.acks.into_iter().flatten().map(|a| a.done).collect();
+        check_replies(&acks, &fetched, &fetches.reqs, chunks, p)?;
+        // Adopt the worker's rows and states; the caller runs the tail of the last ubatch here.
+        for ((fd, payload), f) in fetched.iter().zip(fetches.reqs.iter()) {
+            let rows = (fd.to_pos - fd.from_pos) as usize;
+            wire::apply(state, cfg, l..n, rows, f.linear, payload)?;
+        }
+        let us: u64 = acks.iter().map(|a| a.compute_us).sum();
+        self.link.stats.worker_compute_us += us;
+        self.link.stats.worker_idle_us += acks.iter().skip(1).map(|a| a.idle_us).sum::<u64>();
+        let toks: usize = sizes[..sizes.len() - 1].iter().sum();
+        if toks > 0 && n > l {
+            self.us_per_token_layer = Some(us as f64 / (toks * (n - l)) as f64);
+        }
+        Ok((x, t))
     }
-    let mut got = Vec::with_capacity(fetches.len());
-    for bytes in fetch_bytes {
-        deadline_from(r, last, allow(*bytes, Duration::ZERO));
-        got.push(r.expect::<FetchDone>(Kind::FetchDone, "FetchDone")?);
-        last = Instant::now();
+}
+
+/// The host's part of a split prefill: layers `[0, L)` of each ubatch at its position; every ubatch but the last
+/// goes to the worker, the last one's residual stays here.
+struct SplitHost<'a> {
+    model: &'a Model,
+    state: &'a mut ModelState,
+    chunks: &'a [&'a [u32]],
+    pool: &'a ComputePool,
+    /// The split layer L and the model's layer count n.
+    layers: (usize, usize),
+    /// The next ubatch's position.
+    pos: usize,
+    /// The worker's observed compute per token and layer (µs).
+    observed: Option<f64>,
+    /// The host's and the worker's threads.
+    threads: (usize, usize),
+    /// The last ubatch's residual `[t, hidden]` after `[0, L)`, and `t`.
+    kept: Option<(Vec<f32>, usize)>,
+}
+
+impl HostStage for SplitHost<'_> {
+    fn step(&mut self, i: usize) -> Result<Option<Hop>, LinkError> {
+        let chunk = self.chunks[i];
+        let ((l, n), pos, t) = (self.layers, self.pos, chunk.len());
+        let mut x = self
+            .model
+            .embed(chunk)
+            .map_err(|e| LinkError::Malformed(e.to_string()))?;
+        let (model, st) = (self.model, &mut *self.state);
+        let t0 = Instant::now();
+        self.pool
+            .install(|| model.forward_layers_at(0..l, &mut x, t, pos, st));
+        let host_us = t0.elapsed().as_secs_f64() * 1e6 / (t * l.max(1)) as f64;
+        self.pos += t;
+        if i + 1 == self.chunks.len() {
+            self.kept = Some((x, t));
+            return Ok(None);
+        }
+        // the worker's own timings set the allowance, but never more than 25× what the host's own speed suggests
+        // (a worker cannot buy itself day-long deadlines)
+        let (host_threads, worker_threads) = self.threads;
+        let compute = compute_allowance(
+            self.observed,
+            host_us,
+            host_threads,
+            worker_threads,
+            t,
+            n - l,
+        );
+        let msg = RunLayers {
+            pos: pos as u64,
+            n_tokens: u32::try_from(t).expect("ubatch checked to fit u32 in the handshake"),
+            keep: Vec::new(),
+        };
+        Ok(Some(Hop {
+            msg,
+            bytes: f32_bytes(&x),
+            compute,
+        }))
     }
-    Ok((acks, got))
+}
+
+/// The fetches of the worker's rows `[from, to)` of `[L, n)` (the linear states with the last), each under the
+/// frame budget, with each reply's expected bytes.
+struct Fetches {
+    reqs: Vec<Fetch>,
+    bytes: Vec<usize>,
+}
+
+impl Fetches {
+    fn plan(
+        cfg: &ModelConfig,
+        layers: std::ops::Range<usize>,
+        kv: KvDtype,
+        rows: std::ops::Range<usize>,
+        max_rows: usize,
+    ) -> Self {
+        let reqs: Vec<Fetch> = rows
+            .clone()
+            .step_by(max_rows)
+            .map(|a| {
+                let b = (a + max_rows).min(rows.end);
+                Fetch {
+                    from_pos: a as u64,
+                    to_pos: b as u64,
+                    linear: b == rows.end,
+                }
+            })
+            .collect();
+        let bytes = reqs
+            .iter()
+            .map(|f| {
+                let n = (f.to_pos - f.from_pos) as usize;
+                wire::payload_len(cfg, layers.clone(), n, kv, f.linear).unwrap_or(usize::MAX)
+            })
+            .collect();
+        Fetches { reqs, bytes }
+    }
+}
+
+/// The split prefill's link: replies carry no residual; after the stream the fetches go out and their rows come back.
+impl LinkStage for Fetches {
+    type Tail = Vec<(FetchDone, Vec<u8>)>;
+
+    fn reply_bytes(&self, _link: usize, _tokens: usize) -> usize {
+        0
+    }
+
+    fn relay_compute(&self, _link: usize, _tokens: usize) -> Duration {
+        Duration::ZERO // one link: nothing is relayed
+    }
+
+    fn send_tail(
+        &self,
+        _link: usize,
+        w: &mut FrameWriter,
+        pace: Pace,
+        prev: Duration,
+    ) -> Result<(), LinkError> {
+        for f in &self.reqs {
+            w.set_deadline(Some(pace.allow(0, prev)));
+            w.send(Kind::Fetch, f, &[])?;
+        }
+        Ok(())
+    }
+
+    /// One `FetchDone` per `Fetch`, each due `allow(bytes, 0)` after the previous reply.
+    fn receive_tail(
+        &self,
+        _link: usize,
+        r: &mut FrameReader,
+        pace: Pace,
+        mut last: Instant,
+    ) -> Result<Self::Tail, LinkError> {
+        let mut got = Vec::with_capacity(self.reqs.len());
+        for bytes in &self.bytes {
+            pace.deadline_from(r, last, *bytes, Duration::ZERO);
+            got.push(r.expect::<FetchDone>(Kind::FetchDone, "FetchDone")?);
+            last = Instant::now();
+        }
+        Ok(got)
+    }
 }
 
 /// Checks that the worker's replies are the ones asked for (positions of every ack and fetched range).
