@@ -57,13 +57,17 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
     a.sampling.check()?;
     let max_tokens = crate::run_cmd::max_tokens(a.max_tokens, false)?;
     let pool = compute_pool(a.model.threads)?;
-    let mut loaded = crate::serve_cmd::load_placed(&a.model, &a.link, &pool)?;
+    let mut model_args = a.model.clone();
+    model_args.mtp = a.spec.wants_mtp();
+    let mut loaded = crate::serve_cmd::load_placed(&model_args, &a.link, &pool)?;
     crate::need_tok(&loaded.tokenizer, &loaded.dir, "chat", "")?;
     let tok = Arc::new(loaded.tokenizer.take().context("a tokenizer")?);
     tok.chat_template()
         .context("chat needs the model's chat template")?;
     let with_workers = a.link.workers_take_pages(a.model.kv_page_size)?;
-    let session = crate::serve_cmd::slot_session(&a.model, &a.link, &loaded, &pool, with_workers)?;
+    let mut session =
+        crate::serve_cmd::slot_session(&a.model, &a.link, &loaded, &pool, with_workers)?;
+    a.spec.enable(&mut session)?;
     let context = session.context_length();
     let opts = ServeOptions {
         queue: 1,

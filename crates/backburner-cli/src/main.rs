@@ -116,6 +116,9 @@ pub struct ModelArgs {
     /// workers of a split must be given the same (the handshake's fingerprint covers it).
     #[arg(long, default_value = "f32", value_parser = parse_precision)]
     pub precision: Precision,
+    /// Load the checkpoint's MTP block (set by `--spec mtp`; otherwise it stays on disk).
+    #[arg(skip)]
+    pub mtp: bool,
 }
 
 /// `--precision`: `f32` or `bf16`.
@@ -321,6 +324,10 @@ pub fn load_host_without(
     pool.install(|| {
         let (mut config, tokenizer) = load_tokenizer(&dir)?;
         config.precision = args.precision;
+        if !args.mtp {
+            // the MTP block drafts only for --spec mtp: otherwise its weights stay on disk
+            config.mtp_num_hidden_layers = 0;
+        }
         args.check_kv(&config)?;
         load_weights(&dir, config, tokenizer, held, away, args.max_memory)
     })

@@ -129,6 +129,10 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     // the prompt first (config and tokenizer only): the placement is planned for what this run needs
     let (mut config, tokenizer) = crate::load_tokenizer(&dir)?;
     config.precision = a.model.precision;
+    if !a.spec.wants_mtp() {
+        // the MTP block drafts only for --spec mtp: otherwise its weights stay on disk
+        config.mtp_num_hidden_layers = 0;
+    }
     a.model.check_kv(&config)?;
     if !a.stop.is_empty() {
         need_tok(&tokenizer, &dir, "--stop", "")?;
@@ -207,6 +211,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     for w in workers {
         session.attach_worker(w);
     }
+    a.spec.enable(&mut session)?;
     let show_bar = prompt.len() >= 2 * a.model.ubatch;
     let pb = if show_bar {
         bar(prompt.len() as u64, "prefill")

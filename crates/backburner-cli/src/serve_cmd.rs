@@ -98,7 +98,9 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         bail!("the API key is empty");
     }
     let pool = compute_pool(a.model.threads)?;
-    let loaded = load_placed(&a.model, &a.link, &pool)?;
+    let mut model_args = a.model.clone();
+    model_args.mtp = a.spec.wants_mtp();
+    let loaded = load_placed(&model_args, &a.link, &pool)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         loaded
             .dir
@@ -108,13 +110,9 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let with_workers = a.link.workers_take_pages(a.model.kv_page_size)?;
     let mut sessions = Vec::new();
     for _ in 0..a.parallel {
-        sessions.push(slot_session(
-            &a.model,
-            &a.link,
-            &loaded,
-            &pool,
-            with_workers,
-        )?);
+        let mut s = slot_session(&a.model, &a.link, &loaded, &pool, with_workers)?;
+        a.spec.enable(&mut s)?;
+        sessions.push(s);
     }
     let context_length = sessions[0].context_length();
     let eos_ids = match &loaded.tokenizer {

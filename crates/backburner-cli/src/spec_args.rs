@@ -14,6 +14,10 @@ pub enum SpecKind {
     /// strong when the output repeats its input: code edits, extraction, agents). llama.cpp's `ngram-simple`.
     #[value(alias = "ngram-simple")]
     Ngram,
+    /// The checkpoint's own MTP (multi-token prediction) block drafts (Qwen3.5/3.6 `mtp.*`, GGUF `nextn`
+    /// tensors): loaded only with this. llama.cpp's `draft-mtp`.
+    #[value(alias = "draft-mtp")]
+    Mtp,
 }
 
 /// Speculative decoding settings.
@@ -36,6 +40,23 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
+    /// Whether the model's MTP block must be loaded.
+    pub fn wants_mtp(&self) -> bool {
+        self.spec == SpecKind::Mtp
+    }
+
+    /// Turns the MTP block on in `session` for `--spec mtp`. Errors: the model has none (naming the flag).
+    pub fn enable(&self, session: &mut backburner_engine::Session) -> Result<()> {
+        if self.wants_mtp() {
+            session.enable_mtp().map_err(|e| {
+                anyhow::anyhow!(
+                    "--spec mtp: {e}; use --spec ngram, or a checkpoint with an MTP block"
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// The engine's settings (`None` for `--spec none`). Errors: n-gram sizes outside `1 ≤ min ≤ max ≤ 32`.
     pub fn params(&self) -> Result<Option<SpecParams>> {
         let source = match self.spec {
@@ -57,6 +78,7 @@ impl SpecArgs {
                     max: self.ngram_max,
                 }
             }
+            SpecKind::Mtp => SpecSource::Mtp,
         };
         Ok(Some(SpecParams {
             source,

@@ -25,6 +25,7 @@ pub mod serve;
 pub mod session;
 mod session_checkpoints;
 mod session_memory;
+mod session_mtp;
 mod session_verify;
 pub mod spec;
 pub mod split;

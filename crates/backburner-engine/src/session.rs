@@ -80,6 +80,10 @@ pub struct Session {
     pub(crate) backoff_waited: bool,
     /// A verify step run and not yet settled ([`Session::verify`], [`Session::keep_verified`]).
     pub(crate) open_verify: Option<crate::session_verify::OpenVerify>,
+    /// The MTP block's state, when it drafts for this session ([`Session::enable_mtp`]).
+    pub(crate) mtp: Option<crate::session_mtp::MtpRun>,
+    /// The open verify step's ids and hidden rows, for the MTP block.
+    pub(crate) verify_rows: crate::session_verify::VerifyRows,
 }
 
 impl Session {
@@ -127,6 +131,8 @@ impl Session {
             chain: None,
             backoff_waited: false,
             open_verify: None,
+            mtp: None,
+            verify_rows: Default::default(),
         })
     }
 
@@ -313,10 +319,20 @@ impl Session {
             };
             let capture = self.capture_begin(t);
             let (model, state) = (&self.model, &mut self.state);
-            let logits = self
-                .opts
-                .pool
-                .install(|| model.forward_tokens(chunk, state, want));
+            let logits = if self.mtp.is_some() {
+                // the MTP block takes every position's hidden row
+                let p0 = self.history.len();
+                let (logits, hidden) = self
+                    .opts
+                    .pool
+                    .install(|| model.forward_tokens_hidden(chunk, state, want));
+                self.mtp_feed(p0, chunk, &hidden);
+                logits
+            } else {
+                self.opts
+                    .pool
+                    .install(|| model.forward_tokens(chunk, state, want))
+            };
             out.extend(logits);
             self.history.push_call(chunk, self.grid());
             self.capture_end(capture);
@@ -431,6 +447,7 @@ impl Session {
         for w in self.lock_workers().iter_mut() {
             w.on_truncate(n);
         }
+        self.mtp_jump();
         in_place
     }
 
@@ -450,6 +467,7 @@ impl Session {
     /// Forgets every token (and the pages on workers).
     pub fn clear(&mut self) {
         self.open_verify = None;
+        self.mtp_clear();
         self.drop_state_for_rebuild();
         self.rebuild = false;
         self.history.clear();

@@ -16,6 +16,13 @@ pub(crate) struct OpenVerify {
     pub(crate) n: usize,
 }
 
+/// What the MTP block takes from an open verify step: its ids and final-normed hidden rows `[T, H]`.
+#[derive(Debug, Default)]
+pub(crate) struct VerifyRows {
+    ids: Vec<u32>,
+    hidden: Vec<f32>,
+}
+
 impl Session {
     /// Whether [`Session::verify`] can run a step of several positions here: the whole state on this host (no KV
     /// page on a worker or due to move there, no layer split, experts held here, no pending rebuild). Elsewhere a
@@ -50,11 +57,23 @@ impl Session {
         profile::set_phase(Phase::Decode);
         let pos0 = self.history.len();
         let (model, state) = (&self.model, &mut self.state);
-        let logits = self
-            .opts
-            .pool
-            .install(|| model.forward_verify(ids, state))
-            .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?;
+        let logits = if self.mtp.is_some() {
+            let (logits, hidden) = self
+                .opts
+                .pool
+                .install(|| verify_with_hidden(model, ids, state))
+                .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?;
+            self.verify_rows = VerifyRows {
+                ids: ids.to_vec(),
+                hidden,
+            };
+            logits
+        } else {
+            self.opts
+                .pool
+                .install(|| model.forward_verify(ids, state))
+                .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?
+        };
         // a verified position has the bits of a decode step: a rebuild replays it as one
         for &id in ids {
             self.history.push_call(&[id], self.grid());
@@ -80,6 +99,11 @@ impl Session {
             .install(|| state.rollback_verify(m))
             .expect("the session's open verify is the state's");
         self.history.truncate(open.pos0 + m);
+        if self.mtp.is_some() {
+            let rows = std::mem::take(&mut self.verify_rows);
+            let h = self.model.config().hidden_size;
+            self.mtp_feed(open.pos0, &rows.ids[..m], &rows.hidden[..m * h]);
+        }
     }
 
     /// Keeps every position of a verify step still open (a caller that moves on without settling it).
@@ -88,4 +112,24 @@ impl Session {
             self.keep_verified(n);
         }
     }
+}
+
+/// [`backburner_model::Model::forward_verify`] that also returns the final-normed hidden rows `[T, H]` (the MTP
+/// block's input).
+fn verify_with_hidden(
+    model: &backburner_model::Model,
+    ids: &[u32],
+    state: &mut backburner_model::ModelState,
+) -> std::result::Result<(Vec<f32>, Vec<f32>), String> {
+    let t = ids.len();
+    model.check_ids(ids).map_err(|e| e.to_string())?;
+    let mut x = model.embed(ids).map_err(|e| e.to_string())?;
+    let all = 0..model.config().num_hidden_layers;
+    model
+        .forward_layers_verify(all, &mut x, t, state)
+        .map_err(|e| e.to_string())?;
+    model.commit_tokens(state, t);
+    let logits = model.logits(&x, t).map_err(|e| e.to_string())?;
+    let hidden = model.final_hidden(&x, t).map_err(|e| e.to_string())?;
+    Ok((logits, hidden))
 }

@@ -41,7 +41,12 @@ impl Sequence<'_> {
         let pending = self.pending?;
         let room = self.draft_room(session);
         let mut spec = self.spec.take()?;
-        let drafts = match spec.propose(session.tokens(), pending, room) {
+        let drafts = match spec.propose(session, pending, room) {
+            Ok(d) if d.is_empty() && spec.uses_mtp() => {
+                // the MTP block must see this position: a decode step on this session alone
+                self.spec = Some(spec);
+                return Some(self.spec_step(session, &[], cancelled).map(|(s, _)| s));
+            }
             Ok(d) if d.is_empty() => {
                 self.spec = Some(spec);
                 return None;

@@ -28,6 +28,9 @@ pub enum SpecSource {
         /// The errors' RNG seed.
         seed: u64,
     },
+    /// The checkpoint's MTP block, drafting greedily from the last position's hidden row (the session must have
+    /// it on: [`crate::Session::enable_mtp`]; without it nothing is drafted).
+    Mtp,
 }
 
 impl SpecSource {
@@ -36,6 +39,7 @@ impl SpecSource {
         match self {
             SpecSource::Ngram { .. } => "ngram",
             SpecSource::Scripted { .. } => "scripted",
+            SpecSource::Mtp => "mtp",
         }
     }
 }
@@ -66,7 +70,8 @@ pub struct SpecCounts {
 
 /// A sequence's speculation: its draft source, length controller and counts.
 pub struct Speculator {
-    source: Box<dyn DraftSource + Send>,
+    /// A source over the tokens; `None`: the session's MTP block.
+    source: Option<Box<dyn DraftSource + Send>>,
     ctl: AdaptiveDraft,
     fixed: bool,
     draft_max: usize,
@@ -79,7 +84,7 @@ pub struct Speculator {
 impl std::fmt::Debug for Speculator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Speculator")
-            .field("source", &self.source.name())
+            .field("source", &self.source.as_ref().map_or("mtp", |s| s.name()))
             .field("counts", &self.counts)
             .finish()
     }
@@ -97,18 +102,19 @@ impl Speculator {
                 p.draft_max
             )));
         }
-        let source: Box<dyn DraftSource + Send> = match &p.source {
-            SpecSource::Ngram { min, max } => Box::new(NgramDraft::new(*min, *max)?),
+        let source: Option<Box<dyn DraftSource + Send>> = match &p.source {
+            SpecSource::Ngram { min, max } => Some(Box::new(NgramDraft::new(*min, *max)?)),
             SpecSource::Scripted {
                 script,
                 error_rate,
                 seed,
-            } => Box::new(ScriptedDraft::new(
+            } => Some(Box::new(ScriptedDraft::new(
                 script.clone(),
                 vocab,
                 *error_rate,
                 *seed,
-            )?),
+            )?)),
+            SpecSource::Mtp => None,
         };
         let mut cfg = AdaptiveConfig::new(p.draft_max);
         if let Some(c) = &p.cost {
@@ -125,11 +131,17 @@ impl Speculator {
         })
     }
 
-    /// Drafts for the next step after `tokens` (the session's) and `pending`, at most `room`: none when the
-    /// controller holds off (then the step is a plain decode step, which it counts).
+    /// Whether the drafts come from the session's MTP block (which must see every position: a step without drafts
+    /// still runs on the session alone, not batched).
+    pub fn uses_mtp(&self) -> bool {
+        self.source.is_none()
+    }
+
+    /// Drafts for the next step after the session's tokens and `pending`, at most `room`: none when the controller
+    /// holds off (then the step is a plain decode step, which it counts).
     pub(crate) fn propose(
         &mut self,
-        tokens: &[u32],
+        session: &mut crate::Session,
         pending: u32,
         room: usize,
     ) -> Result<Vec<u32>> {
@@ -141,10 +153,15 @@ impl Speculator {
         .min(room);
         self.draft.clear();
         if k > 0 {
-            self.ctx.clear();
-            self.ctx.extend_from_slice(tokens);
-            self.ctx.push(pending);
-            self.source.propose(&self.ctx, k, &mut self.draft)?;
+            match self.source.as_mut() {
+                Some(source) => {
+                    self.ctx.clear();
+                    self.ctx.extend_from_slice(session.tokens());
+                    self.ctx.push(pending);
+                    source.propose(&self.ctx, k, &mut self.draft)?;
+                }
+                None => self.draft.tokens = session.mtp_draft(pending, k),
+            }
             self.draft.tokens.truncate(k);
         }
         if self.draft.tokens.is_empty() {
@@ -156,8 +173,8 @@ impl Speculator {
     /// The outcome of verifying `drafted` tokens: the first `accepted` kept, `next` sampled after them.
     pub(crate) fn observe(&mut self, drafted: usize, accepted: usize, next: Option<u32>) {
         self.ctl.observe(drafted, accepted);
-        if let Some(n) = next {
-            self.source.observe(accepted, n);
+        if let (Some(n), Some(s)) = (next, self.source.as_mut()) {
+            s.observe(accepted, n);
         }
         self.counts.steps += 1;
         self.counts.drafted += drafted as u64;
