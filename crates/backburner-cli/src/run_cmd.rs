@@ -426,6 +426,9 @@ fn report(
         if let Some(e) = &gen.error {
             obj["error"] = e.clone().into();
         }
+        if let Some(c) = &gen.speculative {
+            obj["speculative"] = serde_json::to_value(c).unwrap_or_default();
+        }
         if let Some(l) = link_args::link_json(session, tm) {
             obj["link"] = l;
         }
@@ -474,6 +477,12 @@ fn report(
         );
         if a.sampling.temp > 0.0 {
             stats += &format!(" | seed {seed}");
+        }
+        if let Some(c) = &gen.speculative {
+            stats += &format!(
+                " | drafts {} accepted of {} in {} verify steps",
+                c.accepted, c.drafted, c.steps
+            );
         }
         eprintln!("{stats}");
         for line in link_args::link_lines(session, tm) {

@@ -1142,3 +1142,67 @@ fn seed_minus_one_draws_a_random_seed_and_other_negatives_are_refused() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("-1 for a random one"));
 }
+
+#[test]
+fn speculative_runs_print_the_plain_runs_tokens_and_their_draft_counts() {
+    let run = |model: &str, extra: &[&str]| -> serde_json::Value {
+        let m = fixture(model);
+        let mut args = vec![
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-tokens",
+            "5,6,7,8,5,6,7,8,5,6,7,8,5,6",
+            "-n",
+            "24",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_out(&bb(&args))
+    };
+    for (model, spec) in [
+        ("tiny-f32", "ngram"),
+        ("tiny-mtp", "mtp"),
+        ("tiny-mtp", "draft-mtp"),
+    ] {
+        for sampling in [&[][..], &["--temp", "0.8", "--seed", "11"][..]] {
+            let plain = run(model, sampling);
+            assert!(plain.get("speculative").is_none());
+            let mut extra = vec!["--spec", spec, "--draft-max", "3"];
+            extra.extend_from_slice(sampling);
+            let got = run(model, &extra);
+            assert_eq!(
+                got["tokens"], plain["tokens"],
+                "{model} --spec {spec} {sampling:?}"
+            );
+            let c = &got["speculative"];
+            let (drafted, accepted) = (
+                c["drafted"].as_u64().unwrap(),
+                c["accepted"].as_u64().unwrap(),
+            );
+            assert!(accepted <= drafted, "{c}");
+            if spec != "ngram" {
+                // the block drafts at every step it is asked to (adaptive length: at least the first)
+                assert!(drafted > 0, "{c}");
+            }
+        }
+    }
+    // a model without an MTP block says so, naming the flag
+    let m = fixture("tiny-f32");
+    let o = bb(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-tokens",
+        "1,2",
+        "--spec",
+        "mtp",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--spec mtp") && err.contains("no MTP block"),
+        "{err}"
+    );
+}

@@ -652,3 +652,42 @@ fn sigterm_lets_a_short_stream_finish_within_the_grace() {
     let st = wait_exit(&mut s.child, Duration::from_secs(30)).expect("the server should exit");
     assert_eq!(st.code(), Some(0), "stderr:\n{}", s.stderr());
 }
+
+#[test]
+fn a_speculating_server_answers_as_a_plain_one_and_reports_its_drafts() {
+    // a prompt that repeats, so that prompt lookup drafts; two slots, so speculating jobs run beside batched ones
+    let ids: Vec<u32> = (0..40u32).map(|i| (i % 8) * 37 % 440).collect();
+    let req = json!({"prompt": ids, "max_tokens": 24, "temperature": 0, "cache_prompt": false});
+    let sampled = json!({"prompt": ids, "max_tokens": 24, "temperature": 0.9, "seed": 5, "cache_prompt": false});
+    let plain = serve(&tiny(), &["--parallel", "2"]);
+    let (want, want_s) = (
+        plain.post_ok("/v1/completions", &req),
+        plain.post_ok("/v1/completions", &sampled),
+    );
+    assert!(want["usage"].get("completion_tokens_details").is_none());
+    let spec = serve(
+        &tiny(),
+        &["--parallel", "2", "--spec", "ngram", "--draft-max", "4"],
+    );
+    let got = spec.post_ok("/v1/completions", &req);
+    let got_s = spec.post_ok("/v1/completions", &sampled);
+    assert_eq!(answer(&got), answer(&want));
+    assert_eq!(answer(&got_s), answer(&want_s));
+    let d = &got["usage"]["completion_tokens_details"];
+    let (acc, rej) = (
+        d["accepted_prediction_tokens"].as_u64().unwrap(),
+        d["rejected_prediction_tokens"].as_u64().unwrap(),
+    );
+    let drafted = spec.metric("spec_draft_tokens_total") as u64;
+    let accepted = spec.metric("spec_accepted_tokens_total") as u64;
+    let d_s = &got_s["usage"]["completion_tokens_details"];
+    let acc_s = d_s["accepted_prediction_tokens"].as_u64().unwrap();
+    let rej_s = d_s["rejected_prediction_tokens"].as_u64().unwrap();
+    assert_eq!(
+        accepted,
+        acc + acc_s,
+        "/metrics counts every response's accepted drafts"
+    );
+    assert_eq!(drafted, acc + rej + acc_s + rej_s);
+    assert_eq!(spec.metric("generated_tokens_total") as u64, 48);
+}

@@ -82,7 +82,7 @@ async fn run(st: Arc<AppState>, map: Map<String, Value>, id: String) -> Result<R
     let answer = json!({
         "id": id, "object": "text_completion", "created": created, "model": st.model_id,
         "choices": choices,
-        "usage": stream::usage(&r, completion, gs.iter().fold(None, |s, g| stream::add_spec(s, g))),
+        "usage": stream::usage(&r, completion, gs.iter().fold(None, stream::add_spec)),
     });
     Ok(Json(done.with_failure(answer)).into_response())
 }
