@@ -18,6 +18,10 @@
 //!   the state from one buffer and writing it to another (the pre-verify state is kept as it is);
 //! * `replay_oop/T`: its rollback in the worst case: [`delta_rule_replay`] of `m = T − 1` positions from the kept
 //!   state into the live buffer (no output);
+//! * `verify_core/T`: the whole core of the model's verify step on `T` positions, against `decode_fused/T`: the
+//!   conv state kept (copied), the causal conv of the `T` raw rows (row by row), q/k/v split and normalised,
+//!   [`delta_rule_recurrent_from`] from the kept state, the gated norm (`Model::forward_verify`'s linear layer
+//!   between its projections);
 //! * `chunked/T`: one [`delta_rule_chunked`] call (chunk 64) on `T` positions;
 //! * `copy`: one state copy (`copy_from_slice`), and `copy_par` split over the pool's threads.
 //!
@@ -30,9 +34,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use backburner_kernels::gdn::{
-    delta_rule_chunked, delta_rule_decode_step, delta_rule_recurrent, delta_rule_recurrent_from,
-    delta_rule_replay, DecodeInputs, GdnDims,
+    causal_conv1d_silu, delta_rule_chunked, delta_rule_decode_step, delta_rule_recurrent,
+    delta_rule_recurrent_from, delta_rule_replay, DecodeInputs, GdnDims,
 };
+use backburner_kernels::rowops::{gated_rms_norm, l2_norm_scaled};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -165,6 +170,54 @@ impl Inputs {
         );
     }
 
+    /// The model's verify core on positions `[0, n)` (see `verify_core` in the module doc): `conv` advanced (its
+    /// old value kept in `b.conv`), the recurrence from `kept` into `live`, the gated-normed output in `b.out`.
+    fn verify_core(
+        &self,
+        n: usize,
+        conv: &mut [f32],
+        kept: &[f32],
+        live: &mut [f32],
+        b: &mut Bufs,
+    ) {
+        let d = GdnDims {
+            n_tokens: n,
+            ..self.d
+        };
+        let (cd, qk, vv) = (self.conv_dim(), d.n_k_heads * d.d_k, d.n_v_heads * d.d_v);
+        let hv = d.n_v_heads;
+        b.conv.copy_from_slice(conv);
+        let x = &mut b.x[..n * cd];
+        // row by row, as the model's verify (the one-token path: no transposed copies or parallel region)
+        for (raw, row) in self.qkv[..n * cd]
+            .chunks_exact(cd)
+            .zip(x.chunks_exact_mut(cd))
+        {
+            causal_conv1d_silu(raw, 1, cd, KERNEL, &self.conv_weight, conv, row);
+        }
+        for (t, row) in x.chunks_exact(cd).enumerate() {
+            b.q[t * qk..(t + 1) * qk].copy_from_slice(&row[..qk]);
+            b.k[t * qk..(t + 1) * qk].copy_from_slice(&row[qk..2 * qk]);
+            b.v[t * vv..(t + 1) * vv].copy_from_slice(&row[2 * qk..]);
+        }
+        let (q, k) = (&mut b.q[..n * qk], &mut b.k[..n * qk]);
+        l2_norm_scaled(q, d.d_k, 1.0 / (d.d_k as f32).sqrt());
+        l2_norm_scaled(k, d.d_k, 1.0);
+        let out = &mut b.out[..n * vv];
+        delta_rule_recurrent_from(
+            d,
+            q,
+            k,
+            &b.v[..n * vv],
+            &self.g[..n * hv],
+            &self.beta[..n * hv],
+            kept,
+            live,
+            out,
+        );
+        gated_rms_norm(out, &self.z[..n * vv], &self.norm_weight, 1e-6);
+    }
+
     fn chunked(&self, n: usize, s: &mut [f32], out: &mut [f32]) {
         let d = GdnDims {
             n_tokens: n,
@@ -201,6 +254,30 @@ impl Inputs {
             eps: 1e-6,
         };
         delta_rule_decode_step(d, KERNEL, &inp, conv, s, &mut out[..vv]);
+    }
+}
+
+/// Work buffers of [`Inputs::verify_core`], for `t_max` positions.
+struct Bufs {
+    conv: Vec<f32>,
+    x: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl Bufs {
+    fn new(x: &Inputs, t_max: usize) -> Self {
+        let (qk, vv) = (x.d.n_k_heads * x.d.d_k, x.d.n_v_heads * x.d.d_v);
+        Bufs {
+            conv: vec![0.0; x.conv_dim() * (KERNEL - 1)],
+            x: vec![0.0; t_max * x.conv_dim()],
+            q: vec![0.0; t_max * qk],
+            k: vec![0.0; t_max * qk],
+            v: vec![0.0; t_max * vv],
+            out: vec![0.0; t_max * vv],
+        }
     }
 }
 
@@ -248,6 +325,7 @@ fn bench_shape(c: &mut Criterion, name: &str, x: &Inputs) {
     let mut out = vec![0.0f32; t_max * x.d.n_v_heads * x.d.d_v];
     let mut states = Ring::new(slen, RING_BYTES, 1);
     let mut convs = Ring::new(x.conv_dim() * (KERNEL - 1), 0, 2);
+    let mut bufs = Bufs::new(x, t_max);
 
     group.bench_function("copy", |b| {
         b.iter(|| {
@@ -332,6 +410,13 @@ fn bench_shape(c: &mut Criterion, name: &str, x: &Inputs) {
                 let (kept, live) = states.take2();
                 x.replay(t - 1, kept, live);
                 black_box(&live);
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("verify_core", t), &t, |b, &t| {
+            b.iter(|| {
+                let (kept, live) = states.take2();
+                x.verify_core(t, convs.take(), kept, live, &mut bufs);
+                black_box(&bufs.out);
             })
         });
         group.bench_with_input(BenchmarkId::new("chunked", t), &t, |b, &t| {

@@ -134,7 +134,7 @@ pub struct ModelState {
     range: Range<usize>,
     n_tokens: usize,
     kv: KvOptions,
-    /// Activation buffers of the forward pass (not state: never snapshotted or sent).
+    /// Activation buffers of the forward pass and what an open verify keeps (not state: never snapshotted or sent).
     scratch: Scratch,
     /// The second sub-ubatch's buffers when two run interleaved (KV offload).
     scratch_b: Scratch,

@@ -353,3 +353,76 @@ fn a_verify_takes_no_prompt_cache_checkpoint() {
     m.forward_verify(&drafts[2..3], &mut s).unwrap();
     assert!(s.take_checkpoints().is_empty());
 }
+
+/// The median of `v`.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Seconds `f` takes on `s` and its result; `s` is then restored to where it was.
+fn timed<R>(s: &mut ModelState, f: impl FnOnce(&mut ModelState) -> R) -> (f64, R) {
+    let snap = s.snapshot();
+    let t0 = std::time::Instant::now();
+    let r = f(s);
+    let secs = t0.elapsed().as_secs_f64();
+    s.restore(&snap);
+    (secs, r)
+}
+
+#[test]
+#[ignore = "timing example: run in release with --ignored --nocapture"]
+fn verify_step_timing_on_the_bench_model() {
+    // the bench model of docs/BENCHMARKS.md (~/.cache/backburner/bench-model-v1, as `backburner bench` writes it),
+    // 2 threads, after a 256-token prompt; per T, alternating within each of 9 rounds: T decode steps, one verify
+    // of T, and a rollback to T − 1 accepted positions (the worst case: T − 1 replayed) after an untimed verify
+    let dir = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/backburner/bench-model-v1"))
+        .filter(|d| d.join("complete").exists())
+        .expect("the bench model: run `backburner bench` once to write it");
+    let m = Model::load(&dir).unwrap();
+    let vocab = m.config().vocab_size;
+    pool(2).install(|| {
+        let mut s = ModelState::new(m.config(), 0..8, KvOptions::default());
+        m.forward_tokens(&ids(256, 1, vocab), &mut s, None);
+        let drafts = ids(T_MAX, 2, vocab);
+        m.forward_verify(&drafts, &mut s).unwrap(); // grows every buffer
+        s.rollback_verify(1).unwrap();
+        println!(
+            "bench model, 2 threads, depth 257, medians of 9 alternating rounds (ms; rollback µs)"
+        );
+        println!("T  T decode steps  verify  ratio  rollback to T−1");
+        for t in [1, 2, 3, 4, 5, 8, 9] {
+            let d = &drafts[..t];
+            let (mut dec, mut ver, mut rb) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..9 {
+                dec.push(
+                    timed(&mut s, |s| {
+                        for &id in d {
+                            m.forward_tokens(&[id], s, Some(0..1));
+                        }
+                    })
+                    .0,
+                );
+                ver.push(timed(&mut s, |s| m.forward_verify(d, s).unwrap()).0);
+                rb.push(
+                    timed(&mut s, |s| {
+                        m.forward_verify(d, s).unwrap();
+                        let t0 = std::time::Instant::now();
+                        s.rollback_verify(t.saturating_sub(1).max(1)).unwrap();
+                        t0.elapsed().as_secs_f64()
+                    })
+                    .1,
+                );
+            }
+            let (a, b) = (median(dec), median(ver));
+            println!(
+                "{t}  {:>14.2}  {:>6.2}  {:>5.2}  {:>15.0}",
+                1e3 * a,
+                1e3 * b,
+                a / b,
+                1e6 * median(rb)
+            );
+        }
+    });
+}

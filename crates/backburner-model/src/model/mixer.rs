@@ -164,13 +164,27 @@ impl Model {
 
     /// The GDN causal conv (advancing `st.conv`) and its output split into L2-normed q, k (`m.q`, `m.k`) and v
     /// (`m.v`); z to `m.z`.
-    pub(super) fn gdn_conv_qkv(
+    fn gdn_conv_qkv(
         &self,
         w: &GdnWeights,
         proj: &[f32],
         t: usize,
         st: &mut LinearState,
         m: &mut MixerBufs,
+    ) {
+        self.gdn_conv_qkv_as(w, proj, t, st, m, false)
+    }
+
+    /// [`Model::gdn_conv_qkv`], the conv run one row at a time when `by_row` (its one-token path: the same bits,
+    /// without the many-token path's transposed copies and parallel region; for the few rows of a verify).
+    pub(super) fn gdn_conv_qkv_as(
+        &self,
+        w: &GdnWeights,
+        proj: &[f32],
+        t: usize,
+        st: &mut LinearState,
+        m: &mut MixerBufs,
+        by_row: bool,
     ) {
         let c = &self.config;
         let (hk, hv, dk, dv) = (
@@ -190,8 +204,17 @@ impl Model {
         {
             let _p = profile::scope(Op::GdnConv);
             let out = sized(&mut m.b, t * conv_dim);
-            let kernel = c.linear_conv_kernel_dim;
-            gdn::causal_conv1d_silu(&m.a, t, conv_dim, kernel, &w.conv_weight, &mut st.conv, out);
+            let (kernel, cw) = (c.linear_conv_kernel_dim, &w.conv_weight);
+            if by_row {
+                for (x, o) in
+                    m.a.chunks_exact(conv_dim)
+                        .zip(out.chunks_exact_mut(conv_dim))
+                {
+                    gdn::causal_conv1d_silu(x, 1, conv_dim, kernel, cw, &mut st.conv, o);
+                }
+            } else {
+                gdn::causal_conv1d_silu(&m.a, t, conv_dim, kernel, cw, &mut st.conv, out);
+            }
         }
         {
             let _p = profile::scope(Op::Copy);

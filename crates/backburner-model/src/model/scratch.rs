@@ -1,6 +1,6 @@
 //! Reusable activation buffers of the forward pass (f32), grown to the largest ubatch seen and then reused (no
-//! allocation per op), and the checkpoints requested of a call. They hold no state: they are never snapshotted or
-//! transferred.
+//! allocation per op), the checkpoints requested of a call, and what an open speculative verify keeps for its
+//! rollback (`verify.rs`). None of it is part of the state: it is never snapshotted, copied or transferred.
 
 use super::capture::Capture;
 use super::verify::VerifyKeep;
@@ -68,7 +68,8 @@ pub(crate) struct MixerBufs {
 }
 
 /// Reusable activation buffers of the forward pass (f32), grown to the largest ubatch seen. Held per sequence in its
-/// [`ModelState`](crate::ModelState); not part of the state (never snapshotted or transferred).
+/// [`ModelState`](crate::ModelState); not part of the state (never snapshotted, copied or transferred: a copy of a
+/// state does not carry its open verify).
 ///
 /// In a batched decode step ([`Model::forward_decode_batch`](crate::Model::forward_decode_batch)) each sequence's
 /// mixer core runs in its own buffers, and the first sequence's row buffers serve the whole batch.

@@ -251,9 +251,10 @@ impl Model {
     }
 
     /// The Gated DeltaNet mixer of a verify on `s.rows.h` (`[t, H]`), output in `s.rows.out`. One token is the
-    /// decode step itself (nothing to keep: its only rollback is to itself). More run the conv and norms of the
-    /// many-token path (the decode step's bits) and the recurrence out of place from the state, which stays in
-    /// the layer's keep with the conv state, the raw rows and the delta rule's inputs (buffers swapped, not copied).
+    /// decode step itself (nothing to keep: its only rollback is to itself). More run the conv row by row and the
+    /// norms of the many-token path (the decode step's bits) and the recurrence out of place from the state, which
+    /// stays in the layer's keep with the conv state, the raw rows and the delta rule's inputs (buffers swapped,
+    /// not copied).
     fn gdn_verify(
         &self,
         idx: usize,
@@ -269,7 +270,7 @@ impl Model {
         } else {
             let keep = &mut s.verify.linear[idx];
             keep.conv.clone_from(&st.conv);
-            self.gdn_conv_qkv(w, &s.rows.proj, t, st, m);
+            self.gdn_conv_qkv_as(w, &s.rows.proj, t, st, m, true);
             self.gdn_gates(w, &s.rows.proj, t, m);
             std::mem::swap(&mut st.recurrent, &mut keep.state);
             st.recurrent.resize(keep.state.len(), 0.0);
