@@ -2,7 +2,9 @@
 //! most drafts per verify step (llama.cpp's `--spec-type` and `--draft-max` are accepted under their names).
 
 use anyhow::Result;
-use backburner_engine::spec::{SpecParams, SpecSource, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM};
+use backburner_engine::spec::{
+    SpecParams, SpecSource, DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, MAX_DRAFT, MAX_NGRAM,
+};
 use clap::{Args, ValueEnum};
 
 /// Draft sources.
@@ -24,17 +26,20 @@ pub enum SpecKind {
 #[derive(Args, Clone, Debug)]
 pub struct SpecArgs {
     /// Speculative decoding: draft tokens and verify them several per step. The output is the same token for token
-    /// (greedy or sampled with the same seed); it only changes the speed.
+    /// (greedy or sampled with the same seed); it only changes the speed. llama.cpp's names work too: `ngram-simple`
+    /// (= ngram), `draft-mtp` (= mtp). It needs the whole state on this host: with --layer-split or
+    /// --expert-split (and once KV pages move to a worker) decoding stays one token per step.
     #[arg(long, visible_alias = "spec-type", value_enum, default_value_t = SpecKind::None)]
     pub spec: SpecKind,
-    /// Most drafted tokens per verify step (1..=32); how many are drafted adapts to how many get accepted.
-    #[arg(long, visible_aliases = ["draft", "draft-n"], default_value_t = 8,
-          value_parser = clap::value_parser!(u64).range(1..=backburner_engine::spec::MAX_DRAFT as u64))]
+    /// Most drafted tokens per verify step (1..=32); how many are drafted adapts to how many get accepted. The
+    /// default keeps a verify step within the 8 rows the products stream the weights once for.
+    #[arg(long, visible_aliases = ["draft", "draft-n"], default_value_t = 7,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_DRAFT as u64))]
     pub draft_max: u64,
-    /// `--spec ngram`: shortest n-gram matched.
+    /// `--spec ngram`: shortest n-gram matched (1 ≤ min ≤ max ≤ 32).
     #[arg(long, visible_alias = "prompt-lookup-min", default_value_t = DEFAULT_MIN_NGRAM)]
     pub ngram_min: usize,
-    /// `--spec ngram`: longest n-gram matched.
+    /// `--spec ngram`: longest n-gram matched (1 ≤ min ≤ max ≤ 32).
     #[arg(long, visible_alias = "prompt-lookup-max", default_value_t = DEFAULT_MAX_NGRAM)]
     pub ngram_max: usize,
 }
@@ -45,8 +50,16 @@ impl SpecArgs {
         self.spec == SpecKind::Mtp
     }
 
-    /// Turns the MTP block on in `session` for `--spec mtp`. Errors: the model has none (naming the flag).
+    /// Turns the MTP block on in `session` for `--spec mtp`, and warns when the placement keeps the session from
+    /// verifying (a layer split, experts on workers). Errors: the model has no MTP block (naming the flag).
     pub fn enable(&self, session: &mut backburner_engine::Session) -> Result<()> {
+        let elsewhere = session.layer_split().is_some() || session.model().has_remote_experts();
+        if self.spec != SpecKind::None && elsewhere {
+            eprintln!(
+                "warning: --spec: speculative decoding needs the whole state on this host; with layers or \
+                 experts on workers decoding stays one token per step (the output is the same)"
+            );
+        }
         if self.wants_mtp() {
             session.enable_mtp().map_err(|e| {
                 anyhow::anyhow!(
@@ -57,27 +70,18 @@ impl SpecArgs {
         Ok(())
     }
 
-    /// The engine's settings (`None` for `--spec none`). Errors: n-gram sizes outside `1 ≤ min ≤ max ≤ 32`.
+    /// The engine's settings (`None` for `--spec none`). Errors: n-gram sizes outside `1 ≤ min ≤ max ≤ 32`
+    /// (checked whatever `--spec` is, as `--draft-max` is).
     pub fn params(&self) -> Result<Option<SpecParams>> {
+        let (min, max) = (self.ngram_min, self.ngram_max);
+        if !(1 <= min && min <= max && max <= MAX_NGRAM) {
+            anyhow::bail!(
+                "--ngram-min {min} / --ngram-max {max}: need 1 ≤ min ≤ max ≤ {MAX_NGRAM}"
+            );
+        }
         let source = match self.spec {
             SpecKind::None => return Ok(None),
-            SpecKind::Ngram => {
-                let max = backburner_engine::spec::MAX_NGRAM;
-                if !(1 <= self.ngram_min
-                    && self.ngram_min <= self.ngram_max
-                    && self.ngram_max <= max)
-                {
-                    anyhow::bail!(
-                        "--ngram-min {} / --ngram-max {}: need 1 ≤ min ≤ max ≤ {max}",
-                        self.ngram_min,
-                        self.ngram_max
-                    );
-                }
-                SpecSource::Ngram {
-                    min: self.ngram_min,
-                    max: self.ngram_max,
-                }
-            }
+            SpecKind::Ngram => SpecSource::Ngram { min, max },
             SpecKind::Mtp => SpecSource::Mtp,
         };
         Ok(Some(SpecParams {
