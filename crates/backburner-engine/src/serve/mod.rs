@@ -15,6 +15,7 @@ mod links;
 mod metrics;
 mod scheduler;
 mod slot;
+mod spec_turn;
 mod tally;
 
 use std::sync::atomic::{AtomicBool, Ordering};

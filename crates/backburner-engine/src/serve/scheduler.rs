@@ -32,7 +32,7 @@ pub(super) struct Active<'t> {
     /// The shutdown's grace period is over: cancel at the next step.
     expired: bool,
     /// This turn its step waits for a worker's backoff to end ([`crate::Session::worker_wait`]): it sits out.
-    wait: Option<Duration>,
+    pub(super) wait: Option<Duration>,
     /// It waited at least once (counted in [`Metrics::requests_delayed`]).
     waited: bool,
     /// Its choices' share of the request's outcome (its own, and its siblings' until they split off).
@@ -61,7 +61,7 @@ impl<'t> Active<'t> {
         }
     }
 
-    fn cancelled(&self) -> bool {
+    pub(super) fn cancelled(&self) -> bool {
         self.gone
             || self.expired
             || self
@@ -286,13 +286,13 @@ fn step<'t>(
             Err(e) => fail(a, e),
         }
     }
-    let verified = verify_all(slots, active, m);
+    let verified = super::spec_turn::verify_all(slots, active, m);
     decode_all(slots, active, &verified, m);
     None
 }
 
 /// Sends a sampling step's token, or the end of the job when it ended.
-fn emit(a: &mut Active<'_>, s: Sampled, m: &Metrics) {
+pub(super) fn emit(a: &mut Active<'_>, s: Sampled, m: &Metrics) {
     if s.stop.is_some() {
         return finish(a, s, m);
     }
@@ -308,42 +308,6 @@ fn emit(a: &mut Active<'_>, s: Sampled, m: &Metrics) {
         text,
         logprob,
     });
-}
-
-/// The speculative step of every job that speculates and has drafts this turn, one job at a time (a verify step
-/// of several positions is not batched across slots); returns, per job, whether it ran one (it then sits out the
-/// batched decode step of this turn).
-fn verify_all(slots: &mut [Slot], active: &mut [Active<'_>], m: &Metrics) -> Vec<bool> {
-    let mut ran = vec![false; active.len()];
-    for (i, a) in active.iter_mut().enumerate() {
-        if a.seq.phase() != Phase::Decode || a.wait.is_some() || !a.seq.speculates() {
-            continue;
-        }
-        let before = a.seq.spec_counts().unwrap_or_default();
-        let cancelled = a.cancelled();
-        let t0 = Instant::now();
-        let Some(r) = a.seq.speculate(slots[a.slot].session_mut(), cancelled) else {
-            continue;
-        };
-        ran[i] = true;
-        Metrics::add(&m.decode_us, t0.elapsed().as_micros() as u64);
-        let after = a.seq.spec_counts().unwrap_or_default();
-        Metrics::add(&m.decode_steps, 1);
-        Metrics::add(&m.spec_steps, after.steps - before.steps);
-        Metrics::add(&m.spec_drafted, after.drafted - before.drafted);
-        Metrics::add(&m.spec_accepted, after.accepted - before.accepted);
-        match r {
-            Ok(steps) => {
-                // the pending token and the accepted drafts were decoded
-                Metrics::add(&m.decode_rows, 1 + after.accepted - before.accepted);
-                for s in steps {
-                    emit(a, s, m);
-                }
-            }
-            Err(e) => fail(a, e),
-        }
-    }
-    ran
 }
 
 /// The tokens of `a`'s next step: its next prefill chunk (see [`prefill_one`]; `others`: another job is in a slot),
@@ -506,7 +470,7 @@ fn finish(a: &mut Active<'_>, end: Sampled, m: &Metrics) {
 }
 
 /// A job whose prefill or sampling failed: its error, then it is done.
-fn fail(a: &mut Active<'_>, e: EngineError) {
+pub(super) fn fail(a: &mut Active<'_>, e: EngineError) {
     a.ticket.close(Outcome::Failed);
     tracing::warn!(request = %a.job.id, error = %e, "request failed");
     a.seq.cancel();
