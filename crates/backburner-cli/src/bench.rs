@@ -42,6 +42,10 @@ enum BenchKind {
     Session(crate::bench_session::SessionArgs),
     /// Aggregate decode tok/s of 1, 2, 4, 8 sequences decoded as one batch, vs one at a time.
     Slots(crate::bench_slots::SlotsArgs),
+    /// Speculative decoding: a verify step of T = 1..9 positions vs T decode steps and the cost of a rollback, the
+    /// draft length controller's cost model from them, and decode tok/s vs draft acceptance (scripted drafts of the
+    /// known greedy continuation), alternating with plain runs, medians; tokens checked equal to plain decoding.
+    Spec(crate::bench_spec::SpecArgs),
     /// Write a random-weight GGUF file of any shape (the full 27B too) and per-tensor type mix, streamed to disk
     /// with bounded memory, for the other benches' `--model`.
     GenGguf(crate::bench_gen_gguf::GenGgufArgs),
@@ -454,6 +458,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchKind::LayerSplit(a) => crate::bench_layer_split::run(a),
         BenchKind::Session(a) => crate::bench_session::run(a),
         BenchKind::Slots(a) => crate::bench_slots::run(a),
+        BenchKind::Spec(a) => crate::bench_spec::run(a),
         BenchKind::GenGguf(a) => crate::bench_gen_gguf::run(a),
         BenchKind::SeedTable(a) => crate::bench_seed::run(a),
     }

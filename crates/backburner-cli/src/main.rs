@@ -11,6 +11,7 @@ mod bench_session_http;
 mod bench_session_report;
 mod bench_share;
 mod bench_slots;
+mod bench_spec;
 mod bench_split;
 mod calibrate_cmd;
 mod chain_args;

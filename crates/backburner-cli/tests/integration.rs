@@ -7,6 +7,7 @@ mod serve_util;
 mod bench_layer_split;
 mod bench_seed;
 mod bench_serving;
+mod bench_spec;
 mod chat;
 mod choices;
 mod cli;
