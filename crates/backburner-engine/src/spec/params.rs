@@ -53,7 +53,8 @@ pub struct SpecParams {
     pub draft_max: usize,
     /// Draft `draft_max` tokens at every step instead of adapting the length to the acceptance (benchmarks).
     pub fixed: bool,
-    /// The cost of a verify step of `T` positions against a decode step ([`CostModel`]); `None`: the default.
+    /// The cost of a verify step of `T` positions against a decode step ([`CostModel`]); `None`:
+    /// [`DEFAULT_COST_PER_POSITION`] per position.
     pub cost: Option<CostModel>,
 }
 
@@ -117,9 +118,12 @@ impl Speculator {
             SpecSource::Mtp => None,
         };
         let mut cfg = AdaptiveConfig::new(p.draft_max);
-        if let Some(c) = &p.cost {
-            cfg.cost = c.clone();
-        }
+        cfg.cost = match &p.cost {
+            Some(c) => c.clone(),
+            // measured (docs/BENCHMARKS.md, "Speculative decoding"): of the linear models tried against the verify
+            // costs of bf16 weights and of Q4_K_M at the 27B's shapes, this one loses least on both
+            None => CostModel::linear(DEFAULT_COST_PER_POSITION, p.draft_max)?,
+        };
         Ok(Speculator {
             source,
             ctl: AdaptiveDraft::new(cfg)?,
@@ -189,3 +193,7 @@ impl Speculator {
 
 /// Most drafts per verify step.
 pub const MAX_DRAFT: usize = 32;
+
+/// The default cost of a verify step of `T` positions: `1 + 0.2 (T − 1)` decode steps ([`SpecParams::cost`]
+/// `None`).
+pub const DEFAULT_COST_PER_POSITION: f64 = 0.2;
