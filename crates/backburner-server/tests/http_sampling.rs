@@ -254,7 +254,20 @@ async fn batched_slots_and_the_prompt_cache_keep_the_adjusted_bits() {
     };
     let want_lps = |g: &Generation| -> Vec<f32> { g.logprobs.iter().map(|t| t.logprob).collect() };
     for round in 0..2 {
-        // round 1 reuses each slot's cached prompt
+        // round 1 reuses each slot's cached prompt; an answer reaches the client just before the scheduler frees
+        // its slot, so wait until both are idle (a request finding its slot still busy takes the other one)
+        if round == 1 {
+            for _ in 0..500 {
+                let v = s.get("/slots").await.ok();
+                let idle = v
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|x| x["is_processing"] == false));
+                if idle {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
         let (ba, bb) = (body(&pa), body(&pb));
         let (ra, rb) = tokio::join!(
             s.post("/v1/completions", &ba),
