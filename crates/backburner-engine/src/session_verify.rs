@@ -31,20 +31,31 @@ impl Session {
         self.chain.is_none() && !self.offload_needed(1) && !self.model.has_remote_experts()
     }
 
+    /// The most positions one verify step may run now: up to the KV budget (past it the oldest pages move to the
+    /// workers, which only a prefill's budgeted path does), unbounded without one; 0 where
+    /// [`Session::can_verify`] is false.
+    pub fn verify_room(&self) -> usize {
+        if !self.can_verify() {
+            return 0;
+        }
+        self.budget_positions()
+            .map_or(usize::MAX, |b| b.saturating_sub(self.history.len()))
+    }
+
     /// Runs `ids` (`[T]`: the last accepted token, then the drafts) at the next `T` positions and returns the logits
     /// of every position, `[T, vocab]` f32, equal bit for bit to `T` [`Session::decode`] calls. The step stays open
     /// until [`Session::keep_verified`] says how many positions to keep; until then the session holds all `T`.
     ///
     /// Errors: [`EngineError::EmptyPrompt`] for no ids, [`EngineError::ContextOverflow`], [`EngineError::Model`]
-    /// for an id outside the vocabulary, [`EngineError::InvalidSetting`] where [`Session::can_verify`] is false or
+    /// for an id outside the vocabulary, [`EngineError::InvalidSetting`] for more ids than [`Session::verify_room`] or
     /// a verify step is still open. An error leaves the session as it was.
     pub fn verify(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        if !self.can_verify() {
+        if ids.len() > self.verify_room() {
             return Err(EngineError::InvalidSetting(
-                "a verify step needs the whole state on this host".into(),
+                "a verify step needs the whole state on this host, within the KV budget".into(),
             ));
         }
         if self.open_verify.is_some() {

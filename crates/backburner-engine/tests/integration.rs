@@ -28,6 +28,7 @@ mod picker_modes;
 mod reference;
 mod serve;
 mod speculative;
+mod speculative_modes;
 mod speculative_mtp;
 mod speculative_serve;
 mod split;

@@ -76,7 +76,9 @@ impl Sequence<'_> {
         let by_ctx = session
             .context_length()
             .saturating_sub(session.tokens().len() + 1);
-        by_max.min(by_ctx)
+        // and the pending token and its drafts within the KV budget
+        let by_budget = session.verify_room().saturating_sub(1);
+        by_max.min(by_ctx).min(by_budget)
     }
 
     /// Decodes the pending token together with `drafts` in one verify step, then samples from each row in turn
