@@ -51,13 +51,12 @@ impl SpecArgs {
     }
 
     /// Turns the MTP block on in `session` for `--spec mtp`, and warns when the placement keeps the session from
-    /// verifying (a layer split, experts on workers). Errors: the model has no MTP block (naming the flag).
+    /// verifying (experts on workers). Errors: the model has no MTP block (naming the flag).
     pub fn enable(&self, session: &mut backburner_engine::Session) -> Result<()> {
-        let elsewhere = session.layer_split().is_some() || session.model().has_remote_experts();
-        if self.spec != SpecKind::None && elsewhere {
+        if self.spec != SpecKind::None && session.model().has_remote_experts() {
             eprintln!(
-                "warning: --spec: speculative decoding needs the whole state on this host; with layers or \
-                 experts on workers decoding stays one token per step (the output is the same)"
+                "warning: --spec: speculative decoding does not run with experts on workers yet; decoding stays \
+                 one token per step (the output is the same)"
             );
         }
         if self.wants_mtp() {

@@ -24,22 +24,25 @@ pub(crate) struct VerifyRows {
 }
 
 impl Session {
-    /// Whether [`Session::verify`] can run a step of several positions here: the whole state on this host (no KV
-    /// page on a worker or due to move there, no layer split, experts held here, no pending rebuild). Elsewhere a
-    /// speculative caller drafts nothing and decodes one token per step.
+    /// Whether [`Session::verify`] can run a step of several positions here: locally or through a layer split's
+    /// workers, with no KV page on a worker or due to move there and experts held here. Elsewhere a speculative
+    /// caller drafts nothing and decodes one token per step.
     pub fn can_verify(&self) -> bool {
-        self.chain.is_none() && !self.offload_needed(1) && !self.model.has_remote_experts()
+        !self.model.has_remote_experts()
     }
 
     /// The most positions one verify step may run now: up to the KV budget (past it the oldest pages move to the
-    /// workers, which only a prefill's budgeted path does), unbounded without one; 0 where
-    /// [`Session::can_verify`] is false.
+    /// workers, which only a prefill's budgeted path does), unbounded without one, and at most one ubatch through a
+    /// layer split (a worker takes at most a ubatch per request); 0 where [`Session::can_verify`] is false.
     pub fn verify_room(&self) -> usize {
         if !self.can_verify() {
             return 0;
         }
-        self.budget_positions()
-            .map_or(usize::MAX, |b| b.saturating_sub(self.history.len()))
+        let room = self.verify_budget_room().unwrap_or(usize::MAX);
+        match self.chain {
+            Some(_) => room.min(self.opts.ubatch),
+            None => room,
+        }
     }
 
     /// Runs `ids` (`[T]`: the last accepted token, then the drafts) at the next `T` positions and returns the logits
@@ -48,15 +51,20 @@ impl Session {
     ///
     /// Errors: [`EngineError::EmptyPrompt`] for no ids, [`EngineError::ContextOverflow`], [`EngineError::Model`]
     /// for an id outside the vocabulary, [`EngineError::InvalidSetting`] for more ids than [`Session::verify_room`] or
-    /// a verify step is still open. An error leaves the session as it was.
+    /// a verify step is still open: these leave the session as it was. Through a layer split, a worker's failure
+    /// ([`EngineError::WorkerLost`], [`EngineError::WorkerUnavailable`]) after one retry on fresh worker sessions:
+    /// the session keeps its tokens (without `ids`) and rebuilds the workers' state on its next call.
     pub fn verify(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         if ids.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        if ids.len() > self.verify_room() {
-            return Err(EngineError::InvalidSetting(
-                "a verify step needs the whole state on this host, within the KV budget".into(),
-            ));
+        let room = self.verify_room();
+        if ids.len() > room {
+            return Err(EngineError::InvalidSetting(format!(
+                "a verify step of {} positions where {room} may run (Session::verify_room: experts on workers, the \
+                 KV budget, a layer split's ubatch)",
+                ids.len()
+            )));
         }
         if self.open_verify.is_some() {
             return Err(EngineError::InvalidSetting(
@@ -67,24 +75,24 @@ impl Session {
         self.model.check_ids(ids)?;
         profile::set_phase(Phase::Decode);
         let pos0 = self.history.len();
-        let (model, state) = (&self.model, &mut self.state);
-        let logits = if self.mtp.is_some() {
-            let (logits, hidden) = self
-                .opts
+        let (logits, hidden) = if self.chain.is_some() {
+            self.verify_chain(ids)?
+        } else if self.verify_offloads(ids.len()) {
+            self.verify_budgeted(ids)?
+        } else {
+            let (model, state) = (&self.model, &mut self.state);
+            let hidden = self.mtp.is_some();
+            self.opts
                 .pool
-                .install(|| verify_with_hidden(model, ids, state))
-                .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?;
+                .install(|| verify_rows(model, ids, state, hidden))
+                .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?
+        };
+        if let Some(hidden) = hidden {
             self.verify_rows = VerifyRows {
                 ids: ids.to_vec(),
                 hidden,
             };
-            logits
-        } else {
-            self.opts
-                .pool
-                .install(|| model.forward_verify(ids, state))
-                .map_err(|e| EngineError::InvalidSetting(format!("verify step: {e}")))?
-        };
+        }
         // a verified position has the bits of a decode step: a rebuild replays it as one
         for &id in ids {
             self.history.push_call(&[id], self.grid());
@@ -110,6 +118,9 @@ impl Session {
             .install(|| state.rollback_verify(m))
             .expect("the session's open verify is the state's");
         self.history.truncate(open.pos0 + m);
+        if let Some(chain) = self.chain.as_mut() {
+            chain.kept_verified(open.pos0 + m);
+        }
         if self.mtp.is_some() {
             let rows = std::mem::take(&mut self.verify_rows);
             let h = self.model.config().hidden_size;
@@ -125,13 +136,20 @@ impl Session {
     }
 }
 
-/// [`backburner_model::Model::forward_verify`] that also returns the final-normed hidden rows `[T, H]` (the MTP
-/// block's input).
-fn verify_with_hidden(
+/// [`backburner_model::Model::forward_verify`] on a node holding every layer, also returning the final-normed hidden
+/// rows `[T, H]` (the MTP block's input) when `hidden`.
+pub(crate) fn verify_rows(
     model: &backburner_model::Model,
     ids: &[u32],
     state: &mut backburner_model::ModelState,
-) -> std::result::Result<(Vec<f32>, Vec<f32>), String> {
+    hidden: bool,
+) -> std::result::Result<crate::chain::VerifyOut, String> {
+    if !hidden {
+        let logits = model
+            .forward_verify(ids, state)
+            .map_err(|e| e.to_string())?;
+        return Ok((logits, None));
+    }
     let t = ids.len();
     model.check_ids(ids).map_err(|e| e.to_string())?;
     let mut x = model.embed(ids).map_err(|e| e.to_string())?;
@@ -142,5 +160,5 @@ fn verify_with_hidden(
     model.commit_tokens(state, t);
     let logits = model.logits(&x, t).map_err(|e| e.to_string())?;
     let hidden = model.final_hidden(&x, t).map_err(|e| e.to_string())?;
-    Ok((logits, hidden))
+    Ok((logits, Some(hidden)))
 }

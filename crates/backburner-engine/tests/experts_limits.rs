@@ -46,6 +46,7 @@ fn an_experts_session_refuses_other_requests_and_takes_any_page_size() {
         pos: 0,
         n_tokens: 1,
         keep: vec![],
+        verify: false,
     };
     c.writer
         .send(Kind::RunLayers, &r, &vec![0; 64 * 4])

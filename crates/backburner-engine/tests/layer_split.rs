@@ -196,10 +196,10 @@ fn chains_that_do_not_cover_the_model_are_refused() {
     ));
 }
 
-/// A speculating request over a layer split: no verify step runs (the state is not all on the host), every token is
-/// one decode step through the worker, and the output is the local plain run's, bit for bit.
+/// A speculating request over a layer split: its verify steps run through the worker (one round trip for the last
+/// token and its drafts), and the output is the local plain run's, bit for bit, with drafts right or partly wrong.
 #[test]
-fn a_speculating_request_over_a_layer_split_decodes_plainly_with_the_local_bits() {
+fn a_speculating_request_over_a_layer_split_verifies_through_the_worker_with_the_local_bits() {
     use backburner_engine::spec::{SpecParams, SpecSource};
     use backburner_engine::{generate, GenerateParams};
     let f = model_with_layers(8, 31);
@@ -211,29 +211,38 @@ fn a_speculating_request_over_a_layer_split_decodes_plainly_with_the_local_bits(
     };
     let mut local = Session::new(f.model.clone(), opts()).unwrap();
     let want = generate(&mut local, &p, &plain, None, |_, _| {}, |_| {}, |_| {}).unwrap();
-    let spec = GenerateParams {
-        spec: Some(SpecParams {
-            source: SpecSource::Scripted {
-                script: p.iter().chain(&want.tokens).copied().collect(),
-                error_rate: 0.0,
-                seed: 1,
-            },
-            draft_max: 3,
-            fixed: true,
-            cost: None,
-        }),
-        ..plain
-    };
     let a = start_worker(f.dir.path(), None, None);
-    let mut s = split_session(f.dir.path(), &[(a.addr.as_str(), 4..8)]);
-    assert!(!s.can_verify());
-    let got = generate(&mut s, &p, &spec, None, |_, _| {}, |_| {}, |_| {}).unwrap();
-    assert_eq!(got.tokens, want.tokens);
-    assert_eq!(bits(&got.step_logits), bits(&want.step_logits));
-    assert_eq!(got.speculative.unwrap().drafted, 0);
-    let st = s.layer_split().unwrap().stats();
-    assert_eq!(
-        st.decode_calls, 15,
-        "one decode step per token after the first"
-    );
+    for error_rate in [0.0, 0.4] {
+        let spec = GenerateParams {
+            spec: Some(SpecParams {
+                source: SpecSource::Scripted {
+                    script: p.iter().chain(&want.tokens).copied().collect(),
+                    error_rate,
+                    seed: 1,
+                },
+                draft_max: 3,
+                fixed: true,
+                cost: None,
+            }),
+            ..plain.clone()
+        };
+        let mut s = split_session(f.dir.path(), &[(a.addr.as_str(), 4..8)]);
+        assert!(s.can_verify());
+        let got = generate(&mut s, &p, &spec, None, |_, _| {}, |_| {}, |_| {}).unwrap();
+        assert_eq!(got.tokens, want.tokens, "error rate {error_rate}");
+        assert_eq!(bits(&got.step_logits), bits(&want.step_logits));
+        let sc = got.speculative.unwrap();
+        assert!(sc.drafted > 0);
+        assert_eq!(sc.accepted == sc.drafted, error_rate == 0.0, "{sc:?}");
+        let st = s.layer_split().unwrap().stats();
+        assert_eq!(
+            st.verify_calls, sc.steps,
+            "every speculative step is one verify call"
+        );
+        assert!(
+            st.verify_calls < 15,
+            "fewer calls than tokens: {}",
+            st.verify_calls
+        );
+    }
 }

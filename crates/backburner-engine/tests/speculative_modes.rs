@@ -1,6 +1,7 @@
-//! Speculation with workers attached: split prefill (the prompt through the worker, then verify steps here), KV
-//! offload (verify steps only up to the budget, then one token per step as the pages move) and a layer split (no
-//! verify steps) all give the local plain run's tokens and logits, bit for bit.
+//! Speculation with workers attached: split prefill (the prompt through the worker, then verify steps here) and KV
+//! offload (verify steps before and after the budget is crossed, the later ones attending through the worker's
+//! pages) give the local plain run's tokens and logits, bit for bit (a layer split: `layer_split.rs`,
+//! `speculative_chain.rs`).
 
 use crate::worker_common;
 
@@ -75,8 +76,5 @@ fn speculation_with_workers_gives_the_local_plain_bits() {
     let got = gen(&mut off, &p, &spec);
     same(&got, &want, "KV offload");
     assert!(off.state().offloaded() > 0, "pages moved to the worker");
-    assert!(
-        got.speculative.unwrap().accepted > 0,
-        "verify steps ran before the budget"
-    );
+    assert!(got.speculative.unwrap().accepted > 0, "verify steps ran");
 }

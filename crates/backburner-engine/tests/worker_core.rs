@@ -61,6 +61,7 @@ fn run(pos: u64, n: u32, bytes: usize) -> Request {
             pos,
             n_tokens: n,
             keep: Vec::new(),
+            verify: false,
         },
         vec![0; bytes],
     )
@@ -369,6 +370,7 @@ fn a_layer_split_session_returns_the_residual_of_any_range() {
                     pos: 0,
                     n_tokens: 3,
                     keep: Vec::new(),
+                    verify: false,
                 },
                 bytes.clone(),
             ),
@@ -403,6 +405,7 @@ fn split_run(hidden: usize, pos: u64, t: u32, keep: Vec<u64>) -> Request {
         pos,
         n_tokens: t,
         keep,
+        verify: false,
     };
     Request::RunLayers(r, backburner_link::frame::f32_bytes(&x))
 }

@@ -7,7 +7,7 @@ use crate::error::LinkError;
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"BBLK";
 /// The protocol version this build speaks. Peers must match exactly (see docs/PROTOCOL.md, "Versioning").
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// Header length in bytes: magic (4) | version u16 | kind u16 | control length u32 | tensor length u32 | session u64.
 pub const HEADER_LEN: usize = 24;
 /// Largest control section accepted (bytes); control structs are small.

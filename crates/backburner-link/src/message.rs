@@ -138,6 +138,11 @@ pub struct RunLayers {
     /// later `Rewind` (layer split; at most [`MAX_KEEP`], increasing). A position that is not a multiple of 64 rows
     /// from `pos` nor the ubatch's end is not kept, and the worker may drop any checkpoint for memory.
     pub keep: Vec<u64>,
+    /// A verify step of speculative decoding (layer split, version 8): every row computed with the bits a one-token
+    /// ubatch would give it, and the worker keeps what going back to any prefix needs until its next request. A
+    /// `RunLayers` or `Rewind` at a position `p` inside `(pos, pos + n_tokens)` then first drops the positions from
+    /// `p` on (the host keeps the accepted prefix), any other request keeps them all. `keep` must be empty.
+    pub verify: bool,
 }
 
 /// `Rewind` (host → worker, layer split): go back to position `to_pos`, restoring the checkpoint kept there.

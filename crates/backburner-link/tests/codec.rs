@@ -198,7 +198,7 @@ fn header_fields_at_zero_max_and_past_max() {
             matches!(err(header(k, PROTOCOL_VERSION, 0, 0)), LinkError::UnknownKind(v) if v == k)
         );
     }
-    for v in [0u16, 1, 3, 4, 5, 6, 8, u16::MAX] {
+    for v in [0u16, 1, 3, 4, 5, 6, 7, 9, u16::MAX] {
         assert!(
             matches!(err(header(1, v, 0, 0)), LinkError::VersionMismatch { theirs, .. } if theirs == v)
         );
@@ -250,6 +250,7 @@ fn control_fields_at_zero_and_max_round_trip_and_truncations_fail() {
                 pos: x,
                 n_tokens: y,
                 keep: vec![x; usize::from(x % 3 == 0) * 2],
+                verify: x % 2 == 1,
             },
         );
         control_round_trip(Kind::Rewind, &Rewind { to_pos: x });
@@ -393,6 +394,7 @@ fn requests_decode_to_typed_values_and_replies_are_not_requests() {
         pos: 64,
         n_tokens: 2,
         keep: vec![66],
+        verify: false,
     })
     .unwrap();
     encode_frame(
@@ -412,6 +414,7 @@ fn requests_decode_to_typed_values_and_replies_are_not_requests() {
                 pos: 64,
                 n_tokens: 2,
                 keep: vec![66],
+                verify: false,
             },
             vec![0; 8]
         )

@@ -95,15 +95,15 @@ fn the_documented_handshake_and_sealed_frames() {
     };
     let welcome = handshake_frame(&mut t, Kind::Welcome, &encode_control(&w).unwrap());
 
-    assert_eq!(hello, hex("42 42 4c 4b 07 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
-    assert_eq!(challenge, hex("42 42 4c 4b 07 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(th2.to_vec(), hex("06 fa a5 eb 61 cb 2e 5c 65 37 52 9d 4a 97 e6 dd 97 1d 25 f2 dc 93 d0 fc 35 4f 1c 93 d7 b1 1e 9f"));
-    assert_eq!(mac_h.to_vec(), hex("82 46 5a 19 60 ce ce 91 00 ab 42 56 53 e0 d1 81 6a 42 3f 24 f4 92 dc 18 40 b3 dc b2 7a ac a4 0d"));
-    assert_eq!(auth_frame, hex("42 42 4c 4b 07 00 03 00 4c 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 82 46 5a 19 60 ce ce 91 00 ab 42 56 53 e0 d1 81 6a 42 3f 24 f4 92 dc 18 40 b3 dc b2 7a ac a4 0d aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00 00"));
-    assert_eq!(th3.to_vec(), hex("e6 be 3a 06 5f bc ec 79 41 b5 c8 7b 40 37 03 96 40 5e 45 c4 01 8d 75 57 c0 29 b1 27 82 6d 7a fd"));
-    assert_eq!(mac_w.to_vec(), hex("26 e4 b2 ad 40 59 7b 61 e5 54 96 83 a2 be 05 96 90 5b bc ed ef bb bf ed 1a 38 fa a6 e2 95 1b d3"));
-    assert_eq!(welcome, hex("42 42 4c 4b 07 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 26 e4 b2 ad 40 59 7b 61 e5 54 96 83 a2 be 05 96 90 5b bc ed ef bb bf ed 1a 38 fa a6 e2 95 1b d3 ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
-    assert_eq!(t.hash().to_vec(), hex("89 7e d9 94 aa f0 f4 fa f8 2a db 49 71 3b 1d 6b 5c 7e 5d 77 86 20 cc e0 0f 6b cb 6c 3f 21 0f bb"));
+    assert_eq!(hello, hex("42 42 4c 4b 08 00 01 00 20 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10 11 12 13 14 15 16 17 18 19 1a 1b 1c 1d 1e 1f"));
+    assert_eq!(challenge, hex("42 42 4c 4b 08 00 02 00 2f 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 21 22 23 24 25 26 27 28 29 2a 2b 2c 2d 2e 2f 30 31 32 33 34 35 36 37 38 39 3a 3b 3c 3d 3e 3f 08 00 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(th2.to_vec(), hex("e9 2b fc 68 e6 57 4f 9d 8b fb 8f 53 f9 f8 f9 fd 27 5f c6 23 0a 18 54 59 61 ae 16 c4 f7 aa db 5b"));
+    assert_eq!(mac_h.to_vec(), hex("dc 23 52 c4 9c e6 d3 b1 32 40 85 46 6d d3 93 15 5b 6b d8 1e c4 25 b7 8d 4a fb 5b e2 b5 97 d6 7d"));
+    assert_eq!(auth_frame, hex("42 42 4c 4b 08 00 03 00 4c 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 dc 23 52 c4 9c e6 d3 b1 32 40 85 46 6d d3 93 15 5b 6b d8 1e c4 25 b7 8d 4a fb 5b e2 b5 97 d6 7d aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa aa 40 28 40 80 28 00 80 20 80 04 00 00"));
+    assert_eq!(th3.to_vec(), hex("56 eb a5 e8 fd 2a de 6b ce fe 20 80 ef cd b5 7b 4c cf 69 5a e6 8c 37 c7 e9 30 61 33 d8 10 58 fd"));
+    assert_eq!(mac_w.to_vec(), hex("20 e9 5d ec 07 83 2f b0 2c 08 67 32 a4 f7 02 b8 5a d5 6f 34 e5 02 87 a5 4a 75 9a 67 3f bf 5f a3"));
+    assert_eq!(welcome, hex("42 42 4c 4b 08 00 04 00 37 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 20 e9 5d ec 07 83 2f b0 2c 08 67 32 a4 f7 02 b8 5a d5 6f 34 e5 02 87 a5 4a 75 9a 67 3f bf 5f a3 ef 9b af cd f8 ac d1 91 01 08 80 20 80 80 80 80 04 80 80 80 80 80 01"));
+    assert_eq!(t.hash().to_vec(), hex("c8 2a 4e dd 1a 20 a4 e0 12 7a 53 8c a2 41 9f ea 87 fd d2 0f 15 a1 16 cf 1e 41 c3 1e d4 e3 3f fd"));
 
     let th4 = t.hash();
     let mut host = derive(secret, &th4, Role::Host);
@@ -118,7 +118,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 07 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | e9 cf 1d 67 | 15 2b 2a b1 b1 be 0e 7c c6 23 86 c1 99 94 04 68"));
+    assert_eq!(out, hex("42 42 4c 4b 08 00 06 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 59 5e cc 0a | 88 4d 6d ba ff d3 bc 9d 43 aa 12 d9 8f ba 39 bf"));
     encode_frame(
         &mut out,
         Kind::Pong,
@@ -128,7 +128,7 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut worker.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 07 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 5a b8 c6 5c | e9 75 ce d9 70 4f fc 28 78 bb 62 90 7c 66 53 d3"));
+    assert_eq!(out, hex("42 42 4c 4b 08 00 07 00 00 00 00 00 04 00 00 00 ef cd ab 89 67 45 23 01 | 59 bd fc 9b | 6c 2f 86 30 26 0b e7 ef 08 6b 46 c0 a7 af a6 63"));
     let fetch = encode_control(&Fetch {
         from_pos: 0,
         to_pos: 3,
@@ -145,5 +145,5 @@ fn the_documented_handshake_and_sealed_frames() {
         Some(&mut host.send),
     )
     .unwrap();
-    assert_eq!(out, hex("42 42 4c 4b 07 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | f2 ab 4d | 33 21 77 62 28 86 70 69 2a ee e4 79 65 83 7e 0e"));
+    assert_eq!(out, hex("42 42 4c 4b 08 00 0c 00 03 00 00 00 00 00 00 00 ef cd ab 89 67 45 23 01 | 4a a3 5b | 46 5f 05 f2 27 f9 6c ce 65 c9 66 4c 59 a7 16 c7"));
 }

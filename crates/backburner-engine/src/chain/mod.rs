@@ -20,6 +20,9 @@ mod health;
 mod rewind;
 mod run;
 mod session;
+mod verify;
+
+pub(crate) use verify::VerifyOut;
 
 use std::ops::Range;
 
@@ -87,6 +90,8 @@ pub struct ChainStats {
     pub decode_worker_us: u64,
     /// Wall time of decode steps (µs).
     pub decode_wall_us: u64,
+    /// Verify steps of speculative decoding among `calls` (their tokens are in `tokens`).
+    pub verify_calls: u64,
     /// Calls that failed because a worker was lost.
     pub failures: u64,
     /// Times the workers' state was rebuilt by re-ingesting the history.

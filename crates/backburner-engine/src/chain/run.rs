@@ -100,7 +100,7 @@ impl LayerSplit {
         state: &mut ModelState,
         chunk: &[u32],
         pool: &ComputePool,
-        l1: usize,
+        (l1, verify): (usize, bool),
     ) -> (Vec<f32>, f64) {
         let t = chunk.len();
         let t0 = Instant::now();
@@ -108,7 +108,13 @@ impl LayerSplit {
             let mut x = model
                 .embed(chunk)
                 .expect("the session checked the ids and holds the embedding");
-            model.forward_layers(0..l1, &mut x, t, state);
+            if verify {
+                model
+                    .forward_layers_verify(0..l1, &mut x, t, state)
+                    .expect("the host holds its layers and the ids were checked");
+            } else {
+                model.forward_layers(0..l1, &mut x, t, state);
+            }
             model.commit_tokens(state, t);
             x
         });
@@ -148,50 +154,90 @@ impl LayerSplit {
             head_us += th.elapsed().as_micros() as u64;
         };
         let r = if chunks.len() == 1 {
-            self.run_one(model, state, chunks[0], pool)
+            self.run_one(model, state, chunks[0], pool, false)
                 .map(|x| timed(0, x, chunks[0].len()))
         } else {
             self.run_pipelined(model, state, chunks, pool, progress, &mut timed)
         };
         self.stats.host_us += head_us;
-        let wall = t0.elapsed().as_micros() as u64;
         if r.is_ok() {
-            let st = &mut self.stats;
-            st.calls += 1;
-            st.tokens += tokens as u64;
-            st.wall_us += wall;
-            if tokens == 1 {
-                st.decode_calls += 1;
-                st.decode_wall_us += wall;
-                st.decode_host_us += st.host_us - host0;
-                st.decode_worker_us += st.worker_us - worker0;
-            }
-            for s in &mut self.stages {
-                s.pos = Some(state.n_tokens());
-                s.link.succeeded();
-            }
+            self.call_done(t0, (host0, worker0), tokens, state.n_tokens());
             progress(tokens, tokens);
         }
         r
     }
 
-    /// One ubatch, worker after worker, on this thread (decode steps and short prompts).
+    /// A verify step of speculative decoding: `ids` (`[T]`, T ≤ the ubatch) through the host's layers and every
+    /// worker's as one ubatch whose rows have the bits of one-token steps, each side keeping what rolling back to any
+    /// prefix needs ([`LayerSplit::kept_verified`] says how many positions the host kept). Returns the final
+    /// residual `[T, hidden]`. Errors and state after them: as [`LayerSplit::run`].
+    pub(crate) fn verify(
+        &mut self,
+        model: &Model,
+        state: &mut ModelState,
+        ids: &[u32],
+        pool: &ComputePool,
+    ) -> Result<Vec<f32>, StageError> {
+        let t0 = Instant::now();
+        let (host0, worker0) = (self.stats.host_us, self.stats.worker_us);
+        let x = self.run_one(model, state, ids, pool, true)?;
+        self.stats.verify_calls += 1;
+        self.call_done(t0, (host0, worker0), ids.len(), state.n_tokens());
+        Ok(x)
+    }
+
+    /// The host kept the first positions of the verify step it ran, up to `pos`: the workers roll back there on
+    /// their next request (it rides on it).
+    pub(crate) fn kept_verified(&mut self, pos: usize) {
+        for s in &mut self.stages {
+            if s.pos.is_some() {
+                s.pos = Some(pos);
+            }
+        }
+    }
+
+    /// Counts a call that succeeded (`tokens` tokens, started at `t0`, host and worker time counters then at
+    /// `before`) and records every worker at the host's position `pos`.
+    fn call_done(&mut self, t0: Instant, before: (u64, u64), tokens: usize, pos: usize) {
+        let wall = t0.elapsed().as_micros() as u64;
+        let st = &mut self.stats;
+        st.calls += 1;
+        st.tokens += tokens as u64;
+        st.wall_us += wall;
+        if tokens == 1 {
+            st.decode_calls += 1;
+            st.decode_wall_us += wall;
+            st.decode_host_us += st.host_us - before.0;
+            st.decode_worker_us += st.worker_us - before.1;
+        }
+        for s in &mut self.stages {
+            s.pos = Some(pos);
+            s.link.succeeded();
+        }
+    }
+
+    /// One ubatch, worker after worker, on this thread (decode steps, short prompts, and verify steps when `verify`).
     fn run_one(
         &mut self,
         model: &Model,
         state: &mut ModelState,
         chunk: &[u32],
         pool: &ComputePool,
+        verify: bool,
     ) -> Result<Vec<f32>, StageError> {
         let t = chunk.len();
         let hidden = model.config().hidden_size;
         let pos = state.n_tokens();
         let l1 = self.host_end();
         let th = Instant::now();
-        let (mut x, host_us) = Self::host_layers(model, state, chunk, pool, l1);
+        let (mut x, host_us) = Self::host_layers(model, state, chunk, pool, (l1, verify));
         self.stats.host_us += th.elapsed().as_micros() as u64;
         let host_threads = pool.threads();
-        let keep = self.keep_in(pos, t);
+        let keep = if verify {
+            Vec::new()
+        } else {
+            self.keep_in(pos, t)
+        };
         for (i, s) in self.stages.iter_mut().enumerate() {
             let fail = |error| StageError {
                 stage: i,
@@ -214,6 +260,7 @@ impl LayerSplit {
                 pos: pos as u64,
                 n_tokens: u32_tokens(t),
                 keep: keep.clone(),
+                verify,
             };
             if let Err(e) = c.writer.send(Kind::RunLayers, &msg, &bytes) {
                 return Err(fail(why(c, e)));

@@ -55,7 +55,18 @@ impl Session {
         } else {
             Phase::Prefill
         });
-        let first = match self.chain_attempt(ids, which, progress) {
+        self.chain_retry(ids.len(), |s| s.chain_attempt(ids, which, progress))
+    }
+
+    /// Runs `attempt` (a call of `n` new tokens through the workers), and once more on fresh worker sessions after a
+    /// worker lost its session in it (see [`Session::prefill_chain`]); a failure to connect, or a second failure,
+    /// is the request's typed error.
+    pub(super) fn chain_retry<T>(
+        &mut self,
+        n: usize,
+        mut attempt: impl FnMut(&mut Self) -> std::result::Result<T, StageError>,
+    ) -> Result<T> {
+        let first = match attempt(self) {
             Ok(logits) => return Ok(logits),
             Err(e) if e.connecting => return Err(self.chain_lost(e, None)),
             Err(e) => e,
@@ -72,13 +83,13 @@ impl Session {
             "{lost}: re-establishing the workers' sessions and re-ingesting {} tokens of history, then the {} of \
              this step, within this request",
             self.history.len(),
-            ids.len()
+            n
         );
-        match self.chain_attempt(ids, which, progress) {
-            Ok(logits) => {
+        match attempt(self) {
+            Ok(out) => {
                 let chain = self.chain.as_mut().expect("a layer-split session");
                 chain.stats.retries += 1;
-                Ok(logits)
+                Ok(out)
             }
             Err(e) => Err(self.chain_lost(e, Some(earlier))),
         }
@@ -122,7 +133,7 @@ impl Session {
 
     /// Connects the workers that have no session; when their state is not the host's (a loss, a rewind they could
     /// not follow, a `clear`), closes every session first and re-ingests the history through fresh ones.
-    fn chain_sync(&mut self) -> std::result::Result<(), StageError> {
+    pub(super) fn chain_sync(&mut self) -> std::result::Result<(), StageError> {
         let shape = SessionShape {
             kv: self.opts.kv.dtype,
             page: self.opts.kv.page_size,
@@ -179,6 +190,8 @@ impl Session {
         let (model, pool) = (&self.model, &self.opts.pool);
         let hidden = model.config().hidden_size;
         let mut logits = Vec::new();
+        // the MTP block takes every position's final-normed hidden row
+        let mut mtp_rows: Option<Vec<Vec<f32>>> = self.mtp.is_some().then(Vec::new);
         let chain = self.chain.as_mut().expect("a layer-split session");
         chain.run(
             model,
@@ -187,6 +200,12 @@ impl Session {
             pool,
             progress,
             &mut |k, x, t| {
+                if let Some(rows) = mtp_rows.as_mut() {
+                    rows.push(
+                        pool.install(|| model.final_hidden(&x, t))
+                            .expect("a layer-split host holds the final norm"),
+                    );
+                }
                 let rows = match which {
                     Logits::All => 0..t,
                     Logits::Last if k == last => t - 1..t,
@@ -200,6 +219,9 @@ impl Session {
                 );
             },
         )?;
+        for ((r, chunk), rows) in calls.iter().zip(&chunks).zip(mtp_rows.unwrap_or_default()) {
+            self.mtp_feed(r.start, chunk, &rows);
+        }
         Ok(logits)
     }
 

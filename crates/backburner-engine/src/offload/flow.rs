@@ -273,7 +273,7 @@ impl Session {
     }
 
     /// Moves whole pages of the oldest positions to workers until `add` more positions fit the budget.
-    fn make_room(&mut self, add: usize) -> std::result::Result<(), Failure> {
+    pub(super) fn make_room(&mut self, add: usize) -> std::result::Result<(), Failure> {
         let Some(budget) = self.budget_positions() else {
             return Ok(());
         };

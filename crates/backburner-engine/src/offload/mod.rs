@@ -14,6 +14,7 @@ mod placement;
 mod recovery;
 mod remote;
 mod rewind;
+mod verify;
 
 pub use client::PutOutcome;
 pub use placement::{Placement, Run};

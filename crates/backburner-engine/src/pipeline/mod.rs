@@ -303,6 +303,7 @@ mod tests {
                     pos: 0,
                     n_tokens: 1,
                     keep: Vec::new(),
+                    verify: false,
                 },
                 bytes: Vec::new(),
                 compute: Duration::ZERO,

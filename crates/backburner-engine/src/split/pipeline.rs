@@ -232,6 +232,7 @@ impl HostStage for SplitHost<'_> {
             pos: pos as u64,
             n_tokens: u32::try_from(t).expect("ubatch checked to fit u32 in the handshake"),
             keep: Vec::new(),
+            verify: false,
         };
         Ok(Some(Hop {
             msg,

@@ -123,6 +123,8 @@ pub struct SessionCore {
     pub(super) experts: Option<Arc<backburner_model::ExpertStore>>,
 }
 
+mod verify;
+
 fn page_limits<'a>(
     model: &'a Model,
     spec: &SessionSpec,
@@ -279,13 +281,26 @@ impl SessionCore {
     }
 
     fn reserve_growth(&mut self, rows: usize) -> Result<(), Fault> {
-        let want = (self.mirror.bytes() as u64).saturating_add(self.growth(rows)?);
+        self.reserve_growth_plus(rows, 0)
+    }
+
+    /// Reserves the mirror's growth by `rows` positions and `extra` bytes more (what a verify keeps).
+    fn reserve_growth_plus(&mut self, rows: usize, extra: u64) -> Result<(), Fault> {
+        let want = self
+            .mirror_bytes()
+            .saturating_add(self.growth(rows)?)
+            .saturating_add(extra);
         Ok(self.held.resize_with(want, self.room.as_ref())?)
+    }
+
+    /// The mirror's bytes and what its verify steps keep for rollbacks.
+    fn mirror_bytes(&self) -> u64 {
+        (self.mirror.bytes() as u64).saturating_add(self.mirror.verify_bytes() as u64)
     }
 
     fn settle(&mut self) {
         // shrinking never fails
-        let _ = self.held.resize(self.mirror.bytes() as u64);
+        let _ = self.held.resize(self.mirror_bytes());
     }
 
     fn check_positions(&self, end: u64) -> Result<(), Fault> {
@@ -320,7 +335,7 @@ impl SessionCore {
                 self.settle();
                 Ok(Reply::ResetDone)
             }
-            Request::Rewind(r) => self.rewind(r),
+            Request::Rewind(r) => self.rewind(r, pool),
             Request::Experts(e, bytes) => self.experts(e, &bytes, pool),
             Request::Sync(s, payload) => self.sync(s, &payload),
             Request::RunLayers(r, x) => self.run_layers(r, &x, arrived, pool),
@@ -395,6 +410,8 @@ impl SessionCore {
     ) -> Result<Reply, Fault> {
         let t = size(u64::from(r.n_tokens), "n_tokens")?;
         let hidden = self.cfg().hidden_size;
+        // an open verify step: the host kept the positions before `r.pos`
+        self.keep_verified_to(r.pos, pool)?;
         let pos = self.mirror.n_tokens();
         let want = t.checked_mul(hidden).and_then(|v| v.checked_mul(4));
         if r.pos != pos as u64 || t == 0 || t > self.spec.ubatch || want != Some(x.len()) {
@@ -405,7 +422,8 @@ impl SessionCore {
         }
         self.check_positions(r.pos + u64::from(r.n_tokens))?;
         let keep = keep_positions(&r)?;
-        self.reserve_growth(t)?;
+        let verify_keep = self.check_verify(&r, t)?;
+        self.reserve_growth_plus(t, verify_keep)?;
         // a layer-split reply: the residual and its sealed copy in the frame buffer
         let reply_bytes = if self.spec.layer_split { x.len() } else { 0 };
         let hold = self.budget.reserve_with(
@@ -420,10 +438,18 @@ impl SessionCore {
         if !keep.is_empty() {
             mirror.request_checkpoints(&keep);
         }
+        let verify = r.verify;
         pool.install(|| {
-            backburner_kernels::profile::set_phase(backburner_kernels::profile::Phase::Prefill);
-            model.forward_layers(range, &mut x, t, mirror)
-        });
+            use backburner_kernels::profile::{set_phase, Phase};
+            if verify {
+                set_phase(Phase::Decode);
+                return model.forward_layers_verify(range, &mut x, t, mirror);
+            }
+            set_phase(Phase::Prefill);
+            model.forward_layers(range, &mut x, t, mirror);
+            Ok(())
+        })
+        .map_err(|e| Fault::new(ErrorCode::BadState, format!("verify step: {e}")))?;
         self.model.commit_tokens(&mut self.mirror, t);
         if !keep.is_empty() {
             let got = self.mirror.take_checkpoints();
@@ -489,7 +515,7 @@ impl SessionCore {
 
     /// Goes back to `to_pos` from the checkpoint kept there (or stays, when the mirror is there). Errors: a
     /// `BadState` fault for a position past the mirror's.
-    fn rewind(&mut self, r: Rewind) -> Result<Reply, Fault> {
+    fn rewind(&mut self, r: Rewind, pool: &ComputePool) -> Result<Reply, Fault> {
         let pos = self.mirror.n_tokens();
         if r.to_pos > pos as u64 {
             return Err(bad(format!(
@@ -497,9 +523,10 @@ impl SessionCore {
                 r.to_pos
             )));
         }
-        let restored = self
-            .checkpoints
-            .rewind(&mut self.mirror, size(r.to_pos, "to_pos")?);
+        let restored = self.keep_verified_to(r.to_pos, pool)?
+            || self
+                .checkpoints
+                .rewind(&mut self.mirror, size(r.to_pos, "to_pos")?);
         if restored {
             self.settle();
         }

@@ -182,6 +182,27 @@ impl Model {
         Ok(self.logits(&x, t)?)
     }
 
+    /// An upper estimate of what a verify of `t` tokens over `layers` keeps for its rollback, in bytes (a node
+    /// reserves it before the verify; [`ModelState::verify_bytes`] says what is held after): per Gated DeltaNet layer
+    /// a second recurrent state `[Hv, Dk, Dv]`, the conv state `[conv_dim, kernel − 1]` and the verify's inputs
+    /// `[t, conv_dim + Hk·Dk + Hv·Dv + 2·Hv]`, all f32. 0 for `t ≤ 1` (a one-token verify keeps nothing).
+    pub fn verify_keep_bytes(&self, layers: Range<usize>, t: usize) -> usize {
+        if t <= 1 {
+            return 0;
+        }
+        let c = &self.config;
+        let (hk, hv) = (c.linear_num_key_heads, c.linear_num_value_heads);
+        let (dk, dv) = (c.linear_key_head_dim, c.linear_value_head_dim);
+        let conv = c.conv_dim();
+        let per_row = conv + hk * dk + hv * dv + 2 * hv;
+        let per_layer =
+            hv * dk * dv + conv * c.linear_conv_kernel_dim.saturating_sub(1) + t * per_row;
+        let linear = layers
+            .filter(|&i| c.layer_types.get(i) == Some(&crate::config::LayerKind::LinearAttention))
+            .count();
+        4 * linear * per_layer
+    }
+
     /// Runs layers `layers` of a verify on the residual stream `x` (`[n_tokens, hidden]` f32, in place) for tokens
     /// at positions `state.n_tokens()..+n_tokens`, keeping what a rollback needs: [`Model::forward_layers`] with the
     /// rows of one-token decode steps (see the module doc). A node may run its layers in several calls at the same

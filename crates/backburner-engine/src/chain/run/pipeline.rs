@@ -132,13 +132,15 @@ impl HostStage for ChainHost<'_> {
         let t = chunk.len();
         let pos = self.state.n_tokens();
         let th = Instant::now();
-        let (x, us) = LayerSplit::host_layers(self.model, self.state, chunk, self.pool, self.l1);
+        let (x, us) =
+            LayerSplit::host_layers(self.model, self.state, chunk, self.pool, (self.l1, false));
         self.total += th.elapsed();
         self.links.host_us.store(us.to_bits(), Ordering::Relaxed);
         let msg = RunLayers {
             pos: pos as u64,
             n_tokens: u32_tokens(t),
             keep: super::super::rewind::keep_in(self.keep, pos, t),
+            verify: false,
         };
         Ok(Some(Hop {
             msg,

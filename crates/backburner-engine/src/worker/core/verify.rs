@@ -1,0 +1,59 @@
+//! Verify steps of speculative decoding on a layer-split worker (protocol version 8, docs/PROTOCOL.md §5.16): a
+//! `RunLayers` with `verify` set runs the worker's layers as a verify step (each row with a one-token ubatch's bits)
+//! and leaves it open; the host's next `RunLayers` or `Rewind` names the position the host kept, and the worker first
+//! rolls its layers back there ([`backburner_model::ModelState::rollback_verify`]). The accepted count thus rides on
+//! the next request: a verify step costs one round trip per worker, as a decode step does.
+
+use backburner_link::message::RunLayers;
+use backburner_link::ErrorCode;
+
+use super::{bad, Fault, SessionCore};
+use crate::compute::ComputePool;
+
+impl SessionCore {
+    /// With a verify step open at `a..b` and `p` inside `(a, b)`: keeps its first `p − a` positions and drops the
+    /// rest, so that the mirror is at `p` with the bits of `p − a` one-token steps. True when it rolled back; false
+    /// (nothing changed) without an open verify or with `p` outside `(a, b)` (a request at `b` keeps all of it, any
+    /// other change of the mirror closes it).
+    ///
+    /// Errors: a `BadState` fault if the rollback is refused (the mirror no longer at the verify's end).
+    pub(super) fn keep_verified_to(&mut self, p: u64, pool: &ComputePool) -> Result<bool, Fault> {
+        let Some(span) = self.mirror.verify_span() else {
+            return Ok(false);
+        };
+        let Ok(p) = usize::try_from(p) else {
+            return Ok(false);
+        };
+        if p <= span.start || p >= span.end {
+            return Ok(false);
+        }
+        let mirror = &mut self.mirror;
+        pool.install(|| mirror.rollback_verify(p - span.start))
+            .map_err(|e| {
+                Fault::new(
+                    ErrorCode::BadState,
+                    format!("rolling the verify step at {span:?} back to {p}: {e}"),
+                )
+            })?;
+        self.settle();
+        Ok(true)
+    }
+
+    /// Checks a `RunLayers` of `t` tokens with `verify` set (a layer-split session, no checkpoint positions) and
+    /// returns the bytes its rollback data may take (0 for a plain `RunLayers`).
+    pub(super) fn check_verify(&self, r: &RunLayers, t: usize) -> Result<u64, Fault> {
+        if !r.verify {
+            return Ok(0);
+        }
+        if !self.spec.layer_split {
+            return Err(bad("a verify RunLayers needs a layer-split session"));
+        }
+        if !r.keep.is_empty() {
+            return Err(bad(
+                "a verify RunLayers keeps no checkpoint (keep must be empty)",
+            ));
+        }
+        let keep = self.model.verify_keep_bytes(self.spec.range.clone(), t);
+        Ok(keep as u64)
+    }
+}
