@@ -19,15 +19,12 @@
 //!    pair's ratio. Every run's tokens must be the plain run's (checked; the bench fails otherwise).
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use backburner_engine::spec::{
     best_k, expected_tokens, CostModel, SpecCounts, SpecParams, SpecSource,
 };
-use backburner_engine::{
-    argmax, generate, GenerateParams, Generation, Logits, Session, StopReason,
-};
+use backburner_engine::{generate, GenerateParams, Generation, Logits, Session, StopReason};
 use backburner_model::StateSnapshot;
 use clap::Args;
 use serde::Serialize;
@@ -36,8 +33,11 @@ use serde_json::json;
 use crate::{bench, compute_pool, ModelArgs};
 
 mod report;
+mod setup;
+mod verify_cost;
 
 use report::{gen_table, prediction_table, targets, verify_table};
+use verify_cost::verify_cost;
 
 /// Options.
 #[derive(Args)]
@@ -80,6 +80,19 @@ pub struct SpecArgs {
     /// Also write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Over a layer split: the host holds layers [0, L) and the ends, one worker process (this binary, on
+    /// loopback) holds [L, n); every verify and decode step goes through it, over the emulated link unless
+    /// --loopback.
+    #[arg(long, value_name = "L")]
+    layer_split: Option<usize>,
+    /// Threads of the worker process (--layer-split).
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
+    #[command(flatten)]
+    shaped: bench::ShapedLinkArgs,
+    /// --layer-split over plain loopback instead of the emulated link.
+    #[arg(long)]
+    loopback: bool,
 }
 
 /// The medians of one verify length.
@@ -157,11 +170,13 @@ pub fn run(a: SpecArgs) -> Result<()> {
         a.rounds,
     );
     let prompt = bench::pseudo_random_prompt(a.depth, cfg.vocab_size, 0x5bec_0de5);
-    let mut s = Session::new(loaded.model.clone(), margs.session_options(&pool))?;
+    let (mut s, _worker, placement) = setup::session(&a, &margs, &loaded, &pool)?;
     if !s.can_verify() {
-        bail!("this session cannot run verify steps (the whole state must be on this host)");
+        bail!("this session cannot run verify steps (experts on workers)");
     }
-    // the prompt but its last token: the generation runs decode from here
+    // the prompt but its last token: the generation and the verify steps run from here (through a layer split the
+    // worker keeps its layers' checkpoint here, so every rewind to it is in place)
+    s.keep_checkpoints_at(vec![a.depth - 1]);
     s.prefill(&prompt[..a.depth - 1], Logits::Last, |_, _| {})
         .context("prefilling the prompt")?;
     let base = s.snapshot();
@@ -173,12 +188,12 @@ pub fn run(a: SpecArgs) -> Result<()> {
         "depth": a.depth,
         "rounds": a.rounds,
         "machine": machine,
+        "placement": placement,
     });
     let mut measured = None;
     if !a.no_verify {
-        let logits = s.prefill(&prompt[a.depth - 1..], Logits::Last, |_, _| {})?;
-        let at_depth = s.snapshot();
-        let rows = verify_cost(&mut s, &at_depth, argmax(&logits), a.max_k + 1, a.rounds)?;
+        let last = prompt[a.depth - 1];
+        let rows = verify_cost(&mut s, &base, last, a.max_k + 1, a.rounds)?;
         let cost = cost_model(&rows)?;
         println!("{}", verify_table(&rows, &cost));
         let predicted = predictions(&cost.model, a.draft_max);
@@ -198,7 +213,7 @@ pub fn run(a: SpecArgs) -> Result<()> {
     if !a.no_generate {
         let (rows, plain_tokens) = tokens_vs_acceptance(&a, &mut s, &base, &prompt, measured)?;
         println!("{}", gen_table(&rows, a.gen_tokens));
-        let targets = targets(&rows, a.fixed_k);
+        let targets = targets(&rows, a.fixed_k, a.layer_split.is_some());
         for line in targets.1 {
             println!("{line}");
         }
@@ -218,123 +233,6 @@ pub fn run(a: SpecArgs) -> Result<()> {
             .with_context(|| format!("writing --json {}", path.display()))?;
     }
     Ok(())
-}
-
-/// The greedy ids of `t` decode steps from `snap` starting with `first`, and their logits `[t, vocab]`; the
-/// session is then rewound to `snap`.
-fn greedy_steps(
-    s: &mut Session,
-    snap: &StateSnapshot,
-    first: u32,
-    t: usize,
-) -> Result<(Vec<u32>, Vec<f32>)> {
-    let (mut ids, mut rows) = (vec![first], Vec::new());
-    for i in 0..t {
-        let l = s.decode(ids[i])?;
-        if i + 1 < t {
-            ids.push(argmax(&l));
-        }
-        rows.extend_from_slice(&l);
-    }
-    s.rewind(snap);
-    Ok((ids, rows))
-}
-
-/// Seconds of one timed closure on `s`, which is then rewound to `snap`.
-fn timed(
-    s: &mut Session,
-    snap: &StateSnapshot,
-    f: impl FnOnce(&mut Session) -> Result<()>,
-) -> Result<f64> {
-    let t = Instant::now();
-    f(s)?;
-    let el = t.elapsed().as_secs_f64();
-    s.rewind(snap);
-    Ok(el)
-}
-
-/// Seconds of `keep_verified(m)` after an untimed verify step of `ids`; the session is then rewound to `snap`.
-fn rollback(s: &mut Session, snap: &StateSnapshot, ids: &[u32], m: usize) -> Result<f64> {
-    s.verify(ids)?;
-    timed(s, snap, |s| {
-        s.keep_verified(m);
-        Ok(())
-    })
-}
-
-/// Part 1: verify steps of `1..=max_t` positions against as many decode steps, from `snap` (see the module
-/// documentation). `first` is the pending token at `snap`.
-fn verify_cost(
-    s: &mut Session,
-    snap: &StateSnapshot,
-    first: u32,
-    max_t: usize,
-    rounds: usize,
-) -> Result<Vec<VerifyRow>> {
-    s.in_pool(|s| {
-        let (ids, dec_rows) = greedy_steps(s, snap, first, max_t)?;
-        let ver_rows = s.verify(&ids)?;
-        s.keep_verified(max_t);
-        s.rewind(snap);
-        if let Some(i) = ver_rows.iter().zip(&dec_rows).position(|(a, b)| a.to_bits() != b.to_bits()) {
-            let vocab = ver_rows.len() / max_t;
-            bail!(
-                "verify step of {max_t} positions: row {} differs from the decode step's logits at id {} ({} vs {}): \
-                 a verify step must equal decoding the tokens one by one bit for bit",
-                i / vocab,
-                i % vocab,
-                ver_rows[i],
-                dec_rows[i]
-            );
-        }
-        let (mut ver, mut dec, mut back1, mut back_last) =
-            (vec![vec![]; max_t], vec![vec![]; max_t], vec![vec![]; max_t], vec![vec![]; max_t]);
-        for r in 0..rounds {
-            for t in 1..=max_t {
-                let ids = &ids[..t];
-                let verify = |s: &mut Session| -> Result<()> {
-                    s.verify(ids)?;
-                    s.keep_verified(t);
-                    Ok(())
-                };
-                let decodes = |s: &mut Session| -> Result<()> {
-                    for &id in ids {
-                        s.decode(id)?;
-                    }
-                    Ok(())
-                };
-                if (r + t) % 2 == 0 {
-                    ver[t - 1].push(timed(s, snap, verify)?);
-                    dec[t - 1].push(timed(s, snap, decodes)?);
-                } else {
-                    dec[t - 1].push(timed(s, snap, decodes)?);
-                    ver[t - 1].push(timed(s, snap, verify)?);
-                }
-                if t >= 2 {
-                    back1[t - 1].push(rollback(s, snap, ids, 1)?);
-                }
-                if t >= 3 {
-                    back_last[t - 1].push(rollback(s, snap, ids, t - 1)?);
-                }
-            }
-        }
-        Ok((0..max_t)
-            .map(|i| {
-                let t = i + 1;
-                let pairs = ver[i].iter().zip(&dec[i]);
-                let ms = |v: &Vec<f64>| (!v.is_empty()).then(|| 1e3 * median(v.clone()));
-                VerifyRow {
-                    t,
-                    verify_ms: 1e3 * median(ver[i].clone()),
-                    decodes_ms: 1e3 * median(dec[i].clone()),
-                    v: median(pairs.clone().map(|(v, d)| v * t as f64 / d).collect()),
-                    verify_over_decodes: median(pairs.map(|(v, d)| v / d).collect()),
-                    rollback_to_1_ms: ms(&back1[i]),
-                    rollback_to_t_minus_1_ms: ms(&back_last[i]),
-                }
-            })
-            .collect())
-    })
 }
 
 /// The controller's cost model from part 1.
