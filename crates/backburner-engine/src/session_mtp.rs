@@ -5,9 +5,11 @@
 //!
 //! The block only proposes drafts; what is kept is decided by the main model's verify, so a block that is behind
 //! changes the speed, never the output. A jump of the session (a rewind, a prompt-cache restore) loses the hidden
-//! row of the new last position: the pair there is fed a zero hidden row (as llama.cpp feeds its first row). A
-//! longer gap (positions computed by a worker: split prefill, a layer split, KV offload) leaves the block without
-//! a state until [`Session::clear`]: it drafts nothing then.
+//! row of the new last position: the pair there is fed a zero hidden row (as llama.cpp feeds its first row). A layer
+//! split and KV offload feed the block as a local session does (the host holds the final norm: every row comes back
+//! to it; an offloading prefill then runs its ubatches whole, not as interleaved halves). A longer gap (positions
+//! whose hidden rows never reach the host: a split prefill's worker) leaves the block without a state until
+//! [`Session::clear`]: it drafts nothing then.
 
 use backburner_model::{KvOptions, MtpState};
 

@@ -31,6 +31,7 @@ mod speculative;
 mod speculative_chain;
 mod speculative_modes;
 mod speculative_mtp;
+mod speculative_mtp_modes;
 mod speculative_offload;
 mod speculative_serve;
 mod split;

@@ -213,12 +213,22 @@ impl Session {
             let (model, state) = (&self.model, &mut self.state);
             // two halves on GDN-chunk boundaries, so each half's arithmetic is that of the whole ubatch
             let split = (t / 2) / GDN_CHUNK * GDN_CHUNK;
-            let interleave = self.opts.interleave && state.offloaded() > 0 && split >= GDN_CHUNK;
-            let logits = self.opts.pool.install(|| {
+            // the MTP block takes every new position's hidden row (not interleaved then: one pass gives them); a
+            // re-ingested history's it has already
+            let mtp = self.mtp.is_some() && r.start >= base + skip;
+            let interleave =
+                self.opts.interleave && !mtp && state.offloaded() > 0 && split >= GDN_CHUNK;
+            let (logits, hidden) = self.opts.pool.install(|| {
                 if interleave {
-                    model.forward_tokens_interleaved(chunk, split, state, want)
+                    (
+                        model.forward_tokens_interleaved(chunk, split, state, want),
+                        None,
+                    )
+                } else if mtp {
+                    let (l, h) = model.forward_tokens_hidden(chunk, state, want);
+                    (l, Some(h))
                 } else {
-                    model.forward_tokens(chunk, state, want)
+                    (model.forward_tokens(chunk, state, want), None)
                 }
             });
             self.state.take_remote();
@@ -232,6 +242,9 @@ impl Session {
                 self.offload_stats.offload_decode_bytes += self.link_bytes().saturating_sub(before);
             }
             out.extend(logits);
+            if let Some(h) = hidden {
+                self.mtp_feed(r.start, chunk, &h);
+            }
             self.history.push_call(chunk, self.grid());
             self.capture_end(capture);
             done += t;
