@@ -435,7 +435,12 @@ impl Session {
             n >= self.state.offloaded() || self.rewind_into_offload(snap)
         };
         if in_place {
-            self.state.restore(snap);
+            // the state manager's one way back: here the checkpoint
+            let state = &mut self.state;
+            self.opts
+                .pool
+                .install(|| state.go_back(n, &[snap]))
+                .expect("a snapshot of this session at or below its position");
             self.history.truncate(n);
         } else {
             self.history.truncate(n);

@@ -112,10 +112,11 @@ impl Session {
             .expect("keep_verified without an open verify step");
         let n = open.n;
         assert!((1..=n).contains(&m), "keep_verified({m}) outside 1..={n}");
-        let state = &mut self.state;
+        // the state manager's one way back: here the open verify step's rollback
+        let (state, to) = (&mut self.state, open.pos0 + m);
         self.opts
             .pool
-            .install(|| state.rollback_verify(m))
+            .install(|| state.go_back(to, &[]))
             .expect("the session's open verify is the state's");
         self.history.truncate(open.pos0 + m);
         if let Some(chain) = self.chain.as_mut() {

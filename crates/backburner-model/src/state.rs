@@ -9,6 +9,10 @@ use backburner_kernels::kv::{KvDtype, PagedKvCache};
 use crate::config::{LayerKind, ModelConfig};
 use crate::model::Scratch;
 
+mod rollback;
+
+pub use rollback::{Back, BackError, StateSnapshot};
+
 /// Where the KV pages of one full-attention layer live, as the attention op sees them.
 ///
 /// The op folds per-page partials (normalized output + log-sum-exp) left to right in page order
@@ -140,31 +144,6 @@ pub struct ModelState {
     scratch_b: Scratch,
     /// Where pages held elsewhere are attended (KV offload), and the step's first failure.
     remote: crate::remote::RemoteSlot,
-}
-
-/// A restorable copy of the state at a position: the linear layers' states (copied) and the position count (the
-/// KV cache is restored by truncation, since its rows below the position never change).
-#[derive(Clone, Debug)]
-pub struct StateSnapshot {
-    n_tokens: usize,
-    linear: Vec<(usize, LinearState)>,
-}
-
-impl StateSnapshot {
-    /// A snapshot at position `n_tokens` holding `linear` (layer index, state), increasing layer.
-    pub(crate) fn from_parts(n_tokens: usize, linear: Vec<(usize, LinearState)>) -> Self {
-        StateSnapshot { n_tokens, linear }
-    }
-
-    /// Positions covered by the snapshot.
-    pub fn n_tokens(&self) -> usize {
-        self.n_tokens
-    }
-
-    /// Bytes held: the linear layers' conv and recurrent states (f32).
-    pub fn bytes(&self) -> usize {
-        self.linear.iter().map(|(_, s)| s.bytes()).sum()
-    }
 }
 
 impl ModelState {
@@ -452,46 +431,6 @@ impl ModelState {
         }
         self.n_tokens = src.n_tokens;
         true
-    }
-
-    /// Copies the linear states and records the position, for [`ModelState::restore`].
-    pub fn snapshot(&self) -> StateSnapshot {
-        let linear = self
-            .layers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| match l {
-                Some(LayerState::Linear(s)) => Some((i, s.clone())),
-                _ => None,
-            })
-            .collect();
-        StateSnapshot {
-            n_tokens: self.n_tokens,
-            linear,
-        }
-    }
-
-    /// Returns to a snapshot taken earlier on this state: KV caches are truncated to the snapshot's position and the
-    /// linear states copied back. Panics if the snapshot is ahead of the state (a caller bug).
-    pub fn restore(&mut self, snap: &StateSnapshot) {
-        assert!(
-            snap.n_tokens <= self.n_tokens,
-            "restore: snapshot at {} is ahead of the state at {}",
-            snap.n_tokens,
-            self.n_tokens
-        );
-        self.scratch.close_verify();
-        for l in self.layers.iter_mut().flatten() {
-            if let LayerState::Attention(c) = l {
-                c.truncate(snap.n_tokens);
-            }
-        }
-        for (i, s) in &snap.linear {
-            if let Some(LayerState::Linear(dst)) = self.layers[*i].as_mut() {
-                dst.clone_from(s);
-            }
-        }
-        self.n_tokens = snap.n_tokens;
     }
 
     /// Forgets everything (sequence start), pages held elsewhere included (their holder must drop them too),

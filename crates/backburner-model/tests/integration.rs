@@ -16,5 +16,6 @@ mod moe_remote;
 mod mtp;
 mod precision;
 mod random_gguf;
+mod state_manager;
 mod unused_tensors;
 mod verify;

@@ -17,20 +17,20 @@ const T_MAX: usize = 9;
 /// Prompt length: with pages of 4, a verify starts inside a page and crosses one or two page boundaries.
 const PROMPT: usize = 13;
 
-fn kv(dtype: KvDtype) -> KvOptions {
+pub(crate) fn kv(dtype: KvDtype) -> KvOptions {
     KvOptions {
         page_size: 4,
         dtype,
     }
 }
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures")
         .join(name)
 }
 
-fn ids(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
+pub(crate) fn ids(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| ((i + 1).wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(40_503)) % vocab as u32)
         .collect()
@@ -48,14 +48,14 @@ fn pool(threads: usize) -> rayon::ThreadPool {
 }
 
 /// A copy of `s` (its layers, KV settings and position).
-fn fork(m: &Model, s: &ModelState) -> ModelState {
+pub(crate) fn fork(m: &Model, s: &ModelState) -> ModelState {
     let mut c = ModelState::new(m.config(), s.range(), s.kv_options());
     assert!(c.copy_from(s));
     c
 }
 
 /// Panics unless `a` and `b` hold the same position, Gated DeltaNet states (bits), KV rows (bits) and KV pages.
-fn assert_same_state(m: &Model, a: &ModelState, b: &ModelState, what: &str) {
+pub(crate) fn assert_same_state(m: &Model, a: &ModelState, b: &ModelState, what: &str) {
     assert_eq!(a.n_tokens(), b.n_tokens(), "{what}: position");
     assert_eq!(a.kv_bytes(), b.kv_bytes(), "{what}: KV pages");
     for i in a.range() {
@@ -78,7 +78,11 @@ fn assert_same_state(m: &Model, a: &ModelState, b: &ModelState, what: &str) {
 }
 
 /// Plain decoding of `drafts` after the prefilled `base`: each step's logits and the state after each step.
-fn decode_steps(m: &Model, base: &ModelState, drafts: &[u32]) -> (Vec<Vec<f32>>, Vec<ModelState>) {
+pub(crate) fn decode_steps(
+    m: &Model,
+    base: &ModelState,
+    drafts: &[u32],
+) -> (Vec<Vec<f32>>, Vec<ModelState>) {
     let mut s = fork(m, base);
     let mut logits = Vec::new();
     let mut after = Vec::new();

@@ -49,7 +49,6 @@ impl Session {
                 return false;
             }
         }
-        self.state.restore(snap);
-        true
+        self.state.go_back(snap.n_tokens(), &[snap]).is_ok()
     }
 }

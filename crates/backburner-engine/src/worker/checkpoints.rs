@@ -9,7 +9,7 @@
 
 use backburner_link::message::{RunLayers, MAX_KEEP};
 use backburner_link::ErrorCode;
-use backburner_model::{ModelState, StateSnapshot};
+use backburner_model::StateSnapshot;
 
 use super::budget::{MemoryBudget, Reservation};
 use super::core::Fault;
@@ -56,23 +56,6 @@ impl Checkpoints {
             .iter()
             .map(|(c, _)| c)
             .find(|c| c.n_tokens() == pos)
-    }
-
-    /// Brings `mirror` back to position `to` (at most its position) from the checkpoint held there, dropping those
-    /// past it. True when the mirror is at `to` now (restored, or there already); false when none is held there
-    /// (nothing changed).
-    pub fn rewind(&mut self, mirror: &mut ModelState, to: usize) -> bool {
-        if to == mirror.n_tokens() {
-            return true;
-        }
-        match self.at(to) {
-            Some(c) => {
-                mirror.restore(c);
-                self.truncate(to);
-                true
-            }
-            None => false,
-        }
     }
 
     /// Drops the checkpoints past `pos` (the mirror went back there).

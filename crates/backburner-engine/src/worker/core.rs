@@ -12,6 +12,7 @@ use backburner_link::message::{
     FetchDone, LayersDone, PagesDone, PagesFull, Partials, Rewind, RewindDone, RunLayers,
 };
 use backburner_link::{ErrorCode, Request};
+use backburner_model::state::BackError;
 use backburner_model::{KvOptions, LayerKind, Model, ModelConfig, ModelState};
 
 use super::budget::{MakeRoom, MemoryBudget, OverBudget, Reservation};
@@ -443,11 +444,22 @@ impl SessionCore {
                 r.to_pos
             )));
         }
-        let restored = self.keep_verified_to(r.to_pos, pool)?
-            || self
-                .checkpoints
-                .rewind(&mut self.mirror, size(r.to_pos, "to_pos")?);
+        // the state manager's one way back: a checkpoint kept there, else the open verify step's rollback
+        let to = size(r.to_pos, "to_pos")?;
+        let kept: Vec<_> = self.checkpoints.at(to).into_iter().collect();
+        let mirror = &mut self.mirror;
+        let restored = match pool.install(|| mirror.go_back(to, &kept)) {
+            Ok(_) => true,
+            Err(BackError::NotKept { .. }) => false,
+            Err(e) => {
+                return Err(Fault::new(
+                    ErrorCode::BadState,
+                    format!("Rewind to {to}: {e}"),
+                ))
+            }
+        };
         if restored {
+            self.checkpoints.truncate(to);
             self.settle();
         }
         let done = RewindDone {

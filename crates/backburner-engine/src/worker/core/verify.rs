@@ -27,14 +27,14 @@ impl SessionCore {
         if p <= span.start || p >= span.end {
             return Ok(false);
         }
+        // the state manager's one way back: here the open verify step's rollback
         let mirror = &mut self.mirror;
-        pool.install(|| mirror.rollback_verify(p - span.start))
-            .map_err(|e| {
-                Fault::new(
-                    ErrorCode::BadState,
-                    format!("rolling the verify step at {span:?} back to {p}: {e}"),
-                )
-            })?;
+        pool.install(|| mirror.go_back(p, &[])).map_err(|e| {
+            Fault::new(
+                ErrorCode::BadState,
+                format!("rolling the verify step at {span:?} back to {p}: {e}"),
+            )
+        })?;
         self.settle();
         Ok(true)
     }
