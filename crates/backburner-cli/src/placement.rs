@@ -132,8 +132,9 @@ pub fn bench_client(
         timeout: std::time::Duration::from_secs(600),
         split_min_tokens,
     };
-    let mut st = open::worker_settings(&workers, split_layer, host_threads, &mut Printer::new(true))?
-        .remove(0);
+    let mut st =
+        open::worker_settings(&workers, split_layer, host_threads, &mut Printer::new(true))?
+            .remove(0);
     st.shaper = shaper;
     let fp = backburner_engine::split::dir_fingerprint_with(loaded.dir.clone(), cfg.precision);
     Ok(backburner_engine::WorkerClient::new(st, fp))

@@ -110,7 +110,8 @@ pub fn worker_settings(
         .collect();
     let mut out = Vec::with_capacity(w.addrs.len());
     for (i, addr) in w.addrs.iter().enumerate() {
-        let same = |j: usize| w.addrs[j] == *addr || resolved[j].iter().any(|x| resolved[i].contains(x));
+        let same =
+            |j: usize| w.addrs[j] == *addr || resolved[j].iter().any(|x| resolved[i].contains(x));
         if let Some(j) = (0..i).find(|&j| same(j)) {
             return Err(OpenError::WorkerTwice {
                 addr: addr.clone(),
@@ -191,8 +192,8 @@ pub fn experts_away(
             workers,
         });
     }
-    let ranges =
-        crate::experts::layer_ranges(starts, cfg.num_hidden_layers).map_err(OpenError::ExpertSplit)?;
+    let ranges = crate::experts::layer_ranges(starts, cfg.num_hidden_layers)
+        .map_err(OpenError::ExpertSplit)?;
     let ids = match ids {
         Some(s) => parse_expert_ids(s, moe.num_experts)?,
         None => (0..moe.num_experts).collect(),

@@ -117,7 +117,9 @@ pub enum OpenError {
         model_type: String,
     },
     /// Not one expert split point per worker.
-    #[error("--expert-split gives {given} first layer(s) for {workers} --worker(s): one per worker")]
+    #[error(
+        "--expert-split gives {given} first layer(s) for {workers} --worker(s): one per worker"
+    )]
     ExpertSplitCount {
         /// Points given.
         given: usize,

@@ -191,46 +191,64 @@ pub fn load(mut req: SessionRequest, obs: &mut dyn OpenObserver) -> Result<Host,
     )?;
     let pool = req.options.pool.clone();
     let model = pool.install(|| {
-        load_weights(&req.dir, req.config.clone(), held, &away, req.max_memory, obs)
+        load_weights(
+            &req.dir,
+            req.config.clone(),
+            held,
+            &away,
+            req.max_memory,
+            obs,
+        )
     })?;
-    let threads = pool.threads();
+    let (parts, experts) = worker_parts(&req, &model, &away, obs)?;
+    Ok(Host {
+        model,
+        plan,
+        experts,
+        request: req,
+        parts,
+    })
+}
+
+/// How the workers of `req` take part, for the loaded `model`: the experts' holders connected and attached (expert
+/// split), the chain's stages (layer split), or a client per worker (split prefill, KV offload), after the checks of
+/// each mode. Errors: as [`load`]'s for these checks.
+fn worker_parts(
+    req: &SessionRequest,
+    model: &Model,
+    away: &[(std::ops::Range<usize>, Vec<usize>)],
+    obs: &mut dyn OpenObserver,
+) -> Result<(Parts, Option<Arc<LinkExperts>>), OpenError> {
+    let n_workers = req.workers.addrs.len();
+    if n_workers == 0 {
+        return Ok((Parts::Local, None));
+    }
+    let threads = req.options.pool.threads();
     let flags = &req.placement;
-    let parts = if n_workers == 0 {
-        Parts::Local
-    } else if !away.is_empty() {
+    if !away.is_empty() {
         let settings = worker_settings(&req.workers, flags.split_layer, threads, obs)?;
         let shape = SessionShape {
             kv: req.options.kv.dtype,
             page: req.options.kv.page_size,
             ubatch: req.options.ubatch,
         };
-        let rx = load::attach_experts(&req.dir, &model, &away, settings, shape)?;
-        return Ok(Host {
-            model,
-            plan,
-            experts: rx,
-            request: req,
-            parts: Parts::Experts,
-        });
-    } else if !flags.layer_split.is_empty() {
+        let rx = load::attach_experts(&req.dir, model, away, settings, shape)?;
+        return Ok((Parts::Experts, rx));
+    }
+    if !flags.layer_split.is_empty() {
         let n = model.config().num_hidden_layers;
         let ranges = layer_ranges(&flags.layer_split, n_workers, n)?;
         let settings = worker_settings(&req.workers, flags.split_layer, threads, obs)?;
-        Parts::Chain(settings.into_iter().zip(ranges).collect())
-    } else {
-        check_split_layer(model.config(), flags.split_layer)?;
-        let settings = worker_settings(&req.workers, flags.split_layer, threads, obs)?;
-        match workers_take_pages(&req, obs)? {
-            true => Parts::Clients(settings),
-            false => Parts::Local,
-        }
-    };
-    Ok(Host {
-        model,
-        plan,
-        experts: None,
-        request: req,
-        parts,
+        return Ok((
+            Parts::Chain(settings.into_iter().zip(ranges).collect()),
+            None,
+        ));
+    }
+    check_split_layer(model.config(), flags.split_layer)?;
+    let settings = worker_settings(&req.workers, flags.split_layer, threads, obs)?;
+    Ok(match workers_take_pages(req, obs)? {
+        true => (Parts::Clients(settings), None),
+        false => (Parts::Local, None),
     })
 }
 
@@ -307,7 +325,10 @@ impl Host {
         let req = &self.request;
         let cfg = self.model.config();
         let kv = req.options.kv;
-        let ctx = req.options.context_length.unwrap_or(cfg.max_position_embeddings);
+        let ctx = req
+            .options
+            .context_length
+            .unwrap_or(cfg.max_position_embeddings);
         let mut positions = need.positions.min(ctx);
         if let (Some(b), false) = (req.options.kv_budget, req.workers.addrs.is_empty()) {
             positions = positions.min(b.positions(cfg, kv));
@@ -331,7 +352,10 @@ impl Host {
         // the weights are allocated already: they count against the flag's limit, and the OS's limits count them
         // as used
         let weights = MemoryNeed::new(
-            format!("weights of layers {}..{} and the ends", held.start, held.end),
+            format!(
+                "weights of layers {}..{} and the ends",
+                held.start, held.end
+            ),
             self.model.weight_bytes() as u64,
         );
         if let Some(m) = req.max_memory {

@@ -43,9 +43,11 @@ pub(super) fn plan_for_run(
         return Ok(None);
     };
     let (config, costs) =
-        ModelCosts::from_dir(&req.dir, req.options.kv.dtype).map_err(|source| OpenError::Costs {
-            dir: req.dir.clone(),
-            source,
+        ModelCosts::from_dir(&req.dir, req.options.kv.dtype).map_err(|source| {
+            OpenError::Costs {
+                dir: req.dir.clone(),
+                source,
+            }
         })?;
     let worker_memory = (0..w.addrs.len())
         .map(|i| w.memory.get(i).copied().unwrap_or(plan::UNKNOWN_MEMORY))

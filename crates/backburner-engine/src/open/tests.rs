@@ -93,7 +93,10 @@ fn a_roomy_host_with_a_worker_runs_split_prefill_at_the_planned_layer() {
     assert_eq!(s.workers().len(), 1);
     assert_eq!(s.workers()[0].settings().split_layer, Some(4));
     // the plan's context caps the session's
-    assert_eq!(s.context_length(), host.plan.as_ref().unwrap().max_ctx.min(4096));
+    assert_eq!(
+        s.context_length(),
+        host.plan.as_ref().unwrap().max_ctx.min(4096)
+    );
 }
 
 #[test]
@@ -167,7 +170,8 @@ fn flags_that_do_not_fit_the_model_are_refused_with_their_messages() {
         with(&|r| r.placement.split_layer = Some(0)),
         "--split-layer 0 leaves the host no layers: the host runs layers [0, L) and the worker [L, 8); valid: 4"
     );
-    assert!(with(&|r| r.placement.split_layer = Some(8)).starts_with("--split-layer 8 is the end of this 8-layer"));
+    assert!(with(&|r| r.placement.split_layer = Some(8))
+        .starts_with("--split-layer 8 is the end of this 8-layer"));
     assert_eq!(
         with(&|r| r.placement.split_layer = Some(3)),
         "--split-layer 3 is not on a 4-layer cycle boundary of this 8-layer model; valid: 4"
@@ -219,7 +223,10 @@ fn memory_refusals_name_what_does_not_fit() {
     let mut r = request("tiny-f32", &[]);
     r.max_memory = Some(1000);
     let e = refusal(r);
-    assert!(e.starts_with("weights of layers 0..8 and the ends need "), "{e}");
+    assert!(
+        e.starts_with("weights of layers 0..8 and the ends need "),
+        "{e}"
+    );
     assert!(e.contains("--max-memory is 1 KB"), "{e}");
     // the weights fit, the KV cache of the run does not
     let mut r = request("tiny-f32", &[]);
