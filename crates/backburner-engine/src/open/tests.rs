@@ -127,6 +127,37 @@ fn a_host_short_of_memory_keeps_the_layers_the_plan_gives_it_and_chains_the_rest
 }
 
 #[test]
+fn a_host_that_holds_the_weights_but_not_the_runs_kv_offloads_its_oldest_pages() {
+    let dir = fixture("tiny-f32");
+    let (_, costs) = ModelCosts::from_dir(&dir, backburner_kernels::kv::KvDtype::F16).unwrap();
+    let mut r = request("tiny-f32", &["127.0.0.1:1"]);
+    let need = RunNeed {
+        positions: 4096,
+        ubatch: 64,
+    };
+    r.run = Some(need);
+    r.options.kv.page_size = 256;
+    // every weight, state and buffer, and half the run's KV cache
+    let all = 0..8;
+    let fixed = costs.total_weight_bytes()
+        + costs.state_bytes(all.clone())
+        + costs.scratch_bytes(need.ubatch, true, true);
+    r.max_memory = Some(fixed + costs.kv_bytes(all, 4096) / 2);
+    let host = load(r, &mut ()).unwrap();
+    let plan = host.plan.clone().unwrap();
+    let Mode::KvOffload { host_kv_positions } = plan.mode else {
+        panic!("{plan:?}")
+    };
+    assert!(host_kv_positions > 0 && host_kv_positions < 4096 && host_kv_positions % 256 == 0);
+    let budget = Some(crate::offload::KvBudget::Positions(host_kv_positions));
+    assert_eq!(host.request.options.kv_budget, budget);
+    assert_eq!(host.model.layer_range(), 0..8);
+    let s = host.session().unwrap();
+    assert_eq!(s.options().kv_budget, budget);
+    assert_eq!(s.workers().len(), 1);
+}
+
+#[test]
 fn a_fixed_placement_is_not_planned() {
     let mut r = request("tiny-f32", &["127.0.0.1:1"]);
     r.run = Some(RUN);
