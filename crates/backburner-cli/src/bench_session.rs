@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{ComputePool, Session, WorkerClient, WorkerSettings};
+use backburner_engine::{ComputePool, Session};
 use backburner_link::Shaper;
 use backburner_model::TextTokenizer;
 use clap::Args;
@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use crate::bench_session_http::{chat_stream, BenchServer, Reply};
 use crate::bench_session_report::{progress, table, Totals, TurnRow};
-use crate::{bench, compute_pool, LinkArgs, ModelArgs};
+use crate::{bench, compute_pool, ModelArgs};
 
 /// The shipped transcript (see `assets/agent-session/README.md`).
 const TRANSCRIPT: &str = include_str!("../../../assets/agent-session/transcript.json");
@@ -149,29 +149,14 @@ fn slot_session(
 ) -> Result<Session> {
     let mut s = Session::new(loaded.model.clone(), a.model.session_options(pool))?;
     if let Some((addr, shaper)) = worker {
-        let link = LinkArgs {
-            expert_split: Vec::new(),
-            expert_ids: None,
-            worker: vec![addr.to_string()],
-            kv_budget: None,
-            no_interleave: false,
-            split_layer: a.split_layer,
-            layer_split: Vec::new(),
-            worker_memory: Vec::new(),
-            split_min_tokens: 512,
-            secret_file: None,
-            worker_timeout: 600,
-        };
-        let c = link.clients(loaded, pool.threads())?.remove(0);
-        let mut st: WorkerSettings = c.settings().clone();
-        st.shaper = shaper;
-        s.attach_worker(WorkerClient::new(
-            st,
-            backburner_engine::split::dir_fingerprint_with(
-                loaded.dir.clone(),
-                loaded.model.config().precision,
-            ),
-        ));
+        s.attach_worker(crate::placement::bench_client(
+            loaded,
+            addr,
+            a.split_layer,
+            512,
+            pool.threads(),
+            shaper,
+        )?);
     }
     Ok(s)
 }

@@ -10,12 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use backburner_engine::{Logits, Session, WorkerClient, WorkerSettings};
+use backburner_engine::{Logits, Session, WorkerClient};
 use backburner_link::Shaper;
 use clap::Args;
 use serde::Serialize;
 
-use crate::{bench, compute_pool, LinkArgs, ModelArgs};
+use crate::{bench, compute_pool, ModelArgs};
 
 /// Options.
 #[derive(Args)]
@@ -153,30 +153,8 @@ pub fn run(a: SplitArgs) -> Result<()> {
     }
     let precision = loaded.model.config().precision;
     let (_w, addr) = spawn_worker(&loaded.dir, a.worker_threads, precision, &[])?;
-    let link = LinkArgs {
-        expert_split: Vec::new(),
-        expert_ids: None,
-        worker: vec![addr.clone()],
-        kv_budget: None,
-        no_interleave: false,
-        split_layer: a.split_layer,
-        layer_split: Vec::new(),
-        worker_memory: Vec::new(),
-        split_min_tokens: 1,
-        secret_file: None,
-        worker_timeout: 600,
-    };
     let make_client = |shaper: Option<Shaper>| -> Result<WorkerClient> {
-        let c = link.clients(&loaded, host_threads)?.remove(0);
-        let mut st: WorkerSettings = c.settings().clone();
-        st.shaper = shaper;
-        Ok(WorkerClient::new(
-            st,
-            backburner_engine::split::dir_fingerprint_with(
-                loaded.dir.clone(),
-                loaded.model.config().precision,
-            ),
-        ))
+        crate::placement::bench_client(&loaded, &addr, a.split_layer, 1, host_threads, shaper)
     };
     let shaper = a.shaped.shaper()?;
     let max = *a.depths.iter().max().context("--depths needs a value")?;

@@ -1,64 +1,16 @@
-//! `--layer-split`: building the chain of workers from the flags, and its stats line and `--json` fields.
+//! `--layer-split`: its stats line and `--json` fields (the engine builds the chain: [`backburner_engine::open`]).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use backburner_engine::chain::LayerSplit;
-use backburner_engine::connection::Connection;
 use backburner_engine::Session;
 
-use crate::link_args::LinkArgs;
 use crate::worker_cmd::human_bytes;
-use crate::Loaded;
 
-/// The worker layer ranges of `--layer-split L1,L2,…` for an `n`-layer model: `[L1, L2)`, …, `[Lk, n)`.
-/// Errors: a count that differs from the workers', points out of order or past the model.
+/// The worker layer ranges of `--layer-split L1,L2,…` for an `n`-layer model: `[L1, L2)`, …, `[Lk, n)`
+/// ([`backburner_engine::open::layer_ranges`]). Errors: a count that differs from the workers', points out of order
+/// or past the model.
 pub fn ranges(points: &[usize], workers: usize, n: usize) -> Result<Vec<std::ops::Range<usize>>> {
-    if points.len() != workers {
-        bail!(
-            "--layer-split gives {} split point{} for {workers} --worker{}: one per worker, the first layer each holds",
-            points.len(),
-            if points.len() == 1 { "" } else { "s" },
-            if workers == 1 { "" } else { "s" },
-        );
-    }
-    let mut out = Vec::with_capacity(points.len());
-    for (i, &a) in points.iter().enumerate() {
-        let b = points.get(i + 1).copied().unwrap_or(n);
-        if a >= b {
-            bail!(
-                "--layer-split {} leaves worker {} no layers: split points must increase and stay below the model's {n} layers",
-                points.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","),
-                i + 1
-            );
-        }
-        out.push(a..b);
-    }
-    Ok(out)
-}
-
-/// The chain of `--layer-split` (None without it), for `loaded`'s model (loaded with layers `[0, L1)`).
-pub fn layer_split(
-    link: &LinkArgs,
-    loaded: &Loaded,
-    host_threads: usize,
-) -> Result<Option<LayerSplit>> {
-    if link.layer_split.is_empty() {
-        return Ok(None);
-    }
-    let cfg = loaded.model.config();
-    let rs = ranges(&link.layer_split, link.worker.len(), cfg.num_hidden_layers)?;
-    let parts = link
-        .settings(host_threads)?
-        .into_iter()
-        .zip(rs)
-        .map(|(st, r)| {
-            let fp = backburner_engine::split::dir_fingerprint_with(
-                loaded.dir.clone(),
-                loaded.model.config().precision,
-            );
-            (Connection::new(st, fp), r)
-        })
-        .collect();
-    Ok(Some(LayerSplit::from_parts(cfg, parts)?))
+    Ok(backburner_engine::open::layer_ranges(points, workers, n)?)
 }
 
 fn per_token_ms(us: u64, n: u64) -> f64 {

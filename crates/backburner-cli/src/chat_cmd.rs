@@ -59,14 +59,12 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
-    let mut loaded = crate::serve_cmd::load_placed(&model_args, &a.link, &pool)?;
-    crate::need_tok(&loaded.tokenizer, &loaded.dir, "chat", "")?;
-    let tok = Arc::new(loaded.tokenizer.take().context("a tokenizer")?);
+    let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
+    crate::need_tok(&placed.tokenizer, &placed.dir, "chat", "")?;
+    let tok = Arc::new(placed.tokenizer.take().context("a tokenizer")?);
     tok.chat_template()
         .context("chat needs the model's chat template")?;
-    let with_workers = a.link.workers_take_pages(a.model.kv_page_size)?;
-    let mut session =
-        crate::serve_cmd::slot_session(&a.model, &a.link, &loaded, &pool, with_workers)?;
+    let mut session = placed.host.session()?;
     a.spec.enable(&mut session)?;
     let context = session.context_length();
     let opts = ServeOptions {
@@ -95,7 +93,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
         visible_controls: std::io::stdout().is_terminal(),
         verbose: a.verbose,
     };
-    let name = loaded
+    let name = placed
         .dir
         .file_name()
         .map_or("model".into(), |n| n.to_string_lossy().into_owned());

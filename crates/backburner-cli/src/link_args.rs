@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use backburner_engine::offload::KvBudget;
-use backburner_engine::{Session, Timings, WorkerClient, WorkerSettings};
+use backburner_engine::open::{PlacementFlags, Workers};
+use backburner_engine::{Session, Timings};
 use clap::Args;
 
 use crate::worker_cmd::{self, human_bytes};
-use crate::Loaded;
 
 fn parse_budget(s: &str) -> std::result::Result<KvBudget, String> {
     KvBudget::parse(s)
@@ -73,122 +73,26 @@ pub struct LinkArgs {
 }
 
 impl LinkArgs {
-    /// Checks `--split-layer` against the model. Errors: a message naming the valid split layers.
-    fn check_split(&self, loaded: &Loaded) -> Result<()> {
-        let Some(l) = self.split_layer else {
-            return Ok(());
-        };
-        let cfg = loaded.model.config();
-        let n = cfg.num_hidden_layers;
-        let valid = backburner_engine::valid_split_layers(cfg)
-            .iter()
-            .map(|v| v.to_string())
-            .collect::<Vec<_>>()
-            .join(", ");
-        // The host runs layers [0, L), the worker [L, n): both ranges must hold layers.
-        if l == 0 {
-            bail!("--split-layer 0 leaves the host no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
-        }
-        if l >= n {
-            bail!("--split-layer {l} is the end of this {n}-layer model and leaves the worker no layers: the host runs layers [0, L) and the worker [L, {n}); valid: {valid}");
-        }
-        if !l.is_multiple_of(cfg.full_attention_interval) {
-            bail!(
-                "--split-layer {l} is not on a {}-layer cycle boundary of this {n}-layer model; valid: {valid}",
-                cfg.full_attention_interval,
-            );
-        }
-        Ok(())
+    /// The workers of these flags for the engine: addresses, `--worker-memory`, the secret (`--secret-file` or
+    /// `BACKBURNER_SECRET`), `--worker-timeout`, `--split-min-tokens`. Errors: an unreadable secret file.
+    pub fn workers(&self) -> Result<Workers> {
+        Ok(Workers {
+            addrs: self.worker.clone(),
+            memory: self.worker_memory.clone(),
+            secret: worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default(),
+            timeout: std::time::Duration::from_secs(self.worker_timeout),
+            split_min_tokens: self.split_min_tokens,
+        })
     }
 
-    /// The layers this host holds: `[0, L1)` with `--layer-split`, else every layer (`None`).
-    pub fn host_layers(&self) -> Option<usize> {
-        self.layer_split.first().copied()
-    }
-
-    /// The settings of each `--worker`, in order (secret, timeout, split settings). Errors: a worker given twice,
-    /// an unreadable secret file.
-    pub fn settings(&self, host_threads: usize) -> Result<Vec<WorkerSettings>> {
-        let secret = worker_cmd::read_secret(self.secret_file.as_ref())?.unwrap_or_default();
-        let mut out = Vec::new();
-        // the same worker under two names (127.0.0.1:50060 and localhost:50060) counts as given twice
-        let resolved: Vec<Vec<std::net::SocketAddr>> = self
-            .worker
-            .iter()
-            .map(|a| {
-                std::net::ToSocketAddrs::to_socket_addrs(a.as_str())
-                    .map(|it| it.collect())
-                    .unwrap_or_default()
-            })
-            .collect();
-        for (i, addr) in self.worker.iter().enumerate() {
-            let same = |j: usize| {
-                self.worker[j] == *addr || resolved[j].iter().any(|x| resolved[i].contains(x))
-            };
-            if let Some(j) = (0..i).find(|&j| same(j)) {
-                bail!(
-                    "--worker {addr} is given twice (as {} before)",
-                    self.worker[j]
-                );
-            }
-            let mut st = WorkerSettings::new(addr.clone(), host_threads);
-            st.split_layer = self.split_layer;
-            st.split_min_tokens = self.split_min_tokens;
-            st.secret = secret.clone();
-            if st.secret.is_empty() && !worker_cmd::is_loopback(addr) {
-                eprintln!(
-                    "warning: --worker {addr} is not on this machine and no secret is set: any worker there is trusted and \
-                     the link is readable by anyone on the path (set --secret-file or BACKBURNER_SECRET on both sides)"
-                );
-            }
-            st.timeout = std::time::Duration::from_secs(self.worker_timeout.max(1));
-            out.push(st);
+    /// The placement these flags fix (none: the engine's planner decides where it can).
+    pub fn placement(&self) -> PlacementFlags {
+        PlacementFlags {
+            split_layer: self.split_layer,
+            layer_split: self.layer_split.clone(),
+            expert_split: self.expert_split.clone(),
+            expert_ids: self.expert_ids.clone(),
         }
-        Ok(out)
-    }
-
-    /// Whether `--worker`s can take this session's KV pages of `page_size` positions (split prefill mirrors them,
-    /// KV offload holds them): a worker refuses a size that is not a multiple of 64 (its pages are whole 64-position
-    /// blocks). `true` when there is no worker or with `--layer-split` (handled by its chain). Otherwise, with
-    /// `--kv-budget` an error (the budget needs the workers); without, a warning and `false`: the prompt runs on
-    /// this host alone instead of connecting, being refused and counting a fallback on every request.
-    pub fn workers_take_pages(&self, page_size: usize) -> Result<bool> {
-        if self.worker.is_empty() || !self.layer_split.is_empty() || page_size.is_multiple_of(64) {
-            return Ok(true);
-        }
-        if self.kv_budget.is_some() {
-            bail!(
-                "--kv-page-size {page_size} must be a multiple of 64 for workers to hold KV pages (--kv-budget with \
-                 --worker)"
-            );
-        }
-        eprintln!(
-            "warning: --kv-page-size {page_size} is not a multiple of 64, which workers require: the prompt runs on \
-             this host alone (--worker is ignored)"
-        );
-        Ok(false)
-    }
-
-    /// A client per `--worker`, in order, for `loaded`'s model (none with `--layer-split`: see
-    /// [`crate::chain_args::layer_split`]). Validates `--split-layer` first.
-    pub fn clients(&self, loaded: &Loaded, host_threads: usize) -> Result<Vec<WorkerClient>> {
-        if !self.layer_split.is_empty() || !self.expert_split.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.check_split(loaded)?;
-        Ok(self
-            .settings(host_threads)?
-            .into_iter()
-            .map(|st| {
-                WorkerClient::new(
-                    st,
-                    backburner_engine::split::dir_fingerprint_with(
-                        loaded.dir.clone(),
-                        loaded.model.config().precision,
-                    ),
-                )
-            })
-            .collect())
     }
 }
 

@@ -42,9 +42,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use backburner_engine::{ComputePool, SessionOptions};
 use backburner_kernels::kv::KvDtype;
-use backburner_model::{
-    Checkpoint, KvOptions, LoadOptions, Model, ModelConfig, Precision, TextTokenizer,
-};
+use backburner_model::{KvOptions, Model, ModelConfig, Precision, TextTokenizer};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use run_cmd::out_line;
@@ -311,12 +309,14 @@ pub fn load_host(args: &ModelArgs, pool: &ComputePool, held: Option<usize>) -> R
     load_host_without(args, pool, held, &[])
 }
 
-/// As [`load_host`], leaving out the routed experts `away` holds (experts on workers: `(layers, ids)` per worker).
+/// As [`load_host`], leaving out the routed experts `away` holds (experts on workers: `(layers, ids)` per worker),
+/// through the engine's loader ([`backburner_engine::open::load_weights`]: the weights are checked against
+/// `--max-memory` and the OS's limits first).
 pub fn load_host_without(
     args: &ModelArgs,
     pool: &ComputePool,
     held: Option<usize>,
-    away: &experts_args::Away,
+    away: &[(std::ops::Range<usize>, Vec<usize>)],
 ) -> Result<Loaded> {
     let dir = match &args.model {
         Some(d) => d.clone(),
@@ -330,48 +330,20 @@ pub fn load_host_without(
             config.mtp_num_hidden_layers = 0;
         }
         args.check_kv(&config)?;
-        load_weights(&dir, config, tokenizer, held, away, args.max_memory)
-    })
-}
-
-/// Loads layers `[0, held)` (default: every layer) and the ends of `dir` with its `config` and `tokenizer`, after
-/// checking that their weights fit `--max-memory` and the OS's limits. Errors: `held` past the model's layers, a
-/// budget the weights do not fit (naming them), and every error of loading.
-pub fn load_weights(
-    dir: &Path,
-    config: ModelConfig,
-    tokenizer: Option<TextTokenizer>,
-    held: Option<usize>,
-    away: &experts_args::Away,
-    max_memory: Option<u64>,
-) -> Result<Loaded> {
-    let n = config.num_hidden_layers;
-    let held = held.unwrap_or(n);
-    if held > n {
-        bail!("--layer-split {held} is past this {n}-layer model's last layer");
-    }
-    let ckpt = Checkpoint::open(dir)?;
-    let opts = LoadOptions {
-        layers: 0..held,
-        ends: true,
-    };
-    let elsewhere = |l: usize, e: usize| experts_args::is_away(away, l, e);
-    let weights = backburner_model::load_bytes_without(&ckpt, &config, &opts, &elsewhere)?;
-    use backburner_engine::memory::{check_fits, host_limits, MemoryNeed};
-    let what = match away.is_empty() {
-        true => format!("weights of layers 0..{held} and the ends"),
-        false => format!("weights of layers 0..{held} and the ends without the experts on workers"),
-    };
-    check_fits(&[MemoryNeed::new(what, weights)], &host_limits(max_memory))?;
-    let pb = bar(held as u64, "loading");
-    let model = Model::from_checkpoint_without(config, &ckpt, &opts, &elsewhere, |done, _| {
-        pb.set_position(done as u64)
-    })?;
-    pb.finish_and_clear();
-    Ok(Loaded {
-        model: Arc::new(model),
-        tokenizer,
-        dir: dir.to_path_buf(),
+        let mut printer = placement::Printer::new(true);
+        let model = backburner_engine::open::load_weights(
+            &dir,
+            config,
+            held,
+            away,
+            args.max_memory,
+            &mut printer,
+        )?;
+        Ok(Loaded {
+            model,
+            tokenizer,
+            dir: dir.clone(),
+        })
     })
 }
 

@@ -1,122 +1,141 @@
-//! What `run` places where when memory is limited: with workers, a host memory limit (`--max-memory` or the
-//! operating system's) and no explicit placement flag, the planner (`backburner plan`'s) decides the mode and the
-//! split points, and `run` executes that plan.
+//! The command line's side of placement: `run`'s, `serve`'s and `chat`'s flags become one engine request
+//! ([`SessionRequest`]); the engine ([`backburner_engine::open`]) plans, checks, loads and connects, and this prints
+//! what it decides (the plan line, the loading bar, warnings).
 
-use anyhow::{Context, Result};
-use backburner_engine::memory::{host_limits, LimitSource};
-use backburner_engine::offload::KvBudget;
-use backburner_engine::plan::{self, Mode, ModelCosts, Plan, PlanRequest};
+use std::path::PathBuf;
+
+use anyhow::Result;
+use backburner_engine::open::{self, OpenObserver, RunNeed, SessionRequest};
+use backburner_engine::plan::Plan;
+use backburner_engine::ComputePool;
+use backburner_model::{ModelConfig, TextTokenizer};
+use indicatif::ProgressBar;
 
 use crate::link_args::LinkArgs;
 use crate::ModelArgs;
 
-/// The host's memory for planning: the tightest of `--max-memory` and the OS's limits less what the process holds
-/// already (the tokenizer is loaded by then), as the check before loading counts them; `None` without any limit.
-fn host_memory(max_memory: Option<u64>) -> Option<u64> {
-    host_limits(max_memory)
-        .iter()
-        .map(|l| match l.source {
-            LimitSource::Flag => l.bytes,
-            _ => l.bytes.saturating_sub(l.used),
-        })
-        .min()
+/// Prints what the engine decides while it opens a session: the plan (`plan: …`, unless `quiet_plan`), a loading
+/// bar on a TTY, warnings.
+pub struct Printer {
+    quiet_plan: bool,
+    bar: Option<ProgressBar>,
 }
 
-/// What a run needs: the positions it can reach (prompt and `--max-tokens`) and the largest ubatch it runs.
-#[derive(Clone, Copy, Debug)]
-pub struct RunNeed {
-    /// Prompt tokens plus tokens to generate.
-    pub positions: usize,
-    /// Tokens per prefill ubatch (at most the prompt).
-    pub ubatch: usize,
+impl Printer {
+    /// A printer; `quiet_plan` leaves the plan line out (`run --json` puts the plan in its object).
+    pub fn new(quiet_plan: bool) -> Self {
+        Printer {
+            quiet_plan,
+            bar: None,
+        }
+    }
 }
 
-/// Plans the placement when it is for the planner to decide (workers, a memory limit, no `--layer-split`,
-/// `--kv-budget` or `--split-layer`) and rewrites `link` to carry it out; returns the plan. Errors: the planner's
-/// (a model that does not fit, with the explanation), an unreadable model directory.
-pub fn plan_run(
-    args: &ModelArgs,
-    dir: &std::path::Path,
-    link: &mut LinkArgs,
-    need: RunNeed,
-) -> Result<Option<Plan>> {
-    if !link.worker_memory.is_empty() && link.worker_memory.len() != link.worker.len() {
-        anyhow::bail!(
-            "--worker-memory is given {} time{} for {} --worker{}: give it once per worker, in --worker order",
-            link.worker_memory.len(),
-            if link.worker_memory.len() == 1 { "" } else { "s" },
-            link.worker.len(),
-            if link.worker.len() == 1 { "" } else { "s" },
-        );
+impl OpenObserver for Printer {
+    fn planned(&mut self, p: &Plan) {
+        if !self.quiet_plan {
+            eprintln!("plan: {}", backburner_engine::plan::summary(p));
+        }
     }
-    let explicit = !link.layer_split.is_empty()
-        || !link.expert_split.is_empty()
-        || link.kv_budget.is_some()
-        || link.split_layer.is_some();
-    if link.worker.is_empty() || explicit {
-        return Ok(None);
+
+    fn loading(&mut self, done: usize, total: usize) {
+        let pb = self
+            .bar
+            .get_or_insert_with(|| crate::bar(total as u64, "loading"));
+        pb.set_position(done as u64);
+        if done >= total {
+            pb.finish_and_clear();
+        }
     }
-    let Some(host) = host_memory(args.max_memory) else {
-        return Ok(None);
-    };
-    let (config, costs) = ModelCosts::from_dir(dir, args.kv_dtype)
-        .with_context(|| format!("planning for {}", dir.display()))?;
-    let worker_memory = (0..link.worker.len())
-        .map(|i| {
-            link.worker_memory
-                .get(i)
-                .copied()
-                .unwrap_or(plan::UNKNOWN_MEMORY)
-        })
-        .collect();
-    // placed for the positions this run reaches (within --ctx-size and the model), not the largest context: the
-    // session then gets all that the placement holds (`Plan::max_ctx`)
-    // (whole blocks of 64 positions, as the KV cache allocates them)
-    let ctx = need
-        .positions
-        .div_ceil(64)
-        .saturating_mul(64)
-        .min(args.ctx_limit().unwrap_or(usize::MAX))
-        .min(config.max_position_embeddings)
-        .max(1);
-    let req = PlanRequest {
+
+    fn warning(&mut self, m: &str) {
+        eprintln!("warning: {m}");
+    }
+}
+
+/// The engine request of these flags for the model at `dir` with `config` (as it is to be loaded), computing on
+/// `pool`; `run` is a one-shot run's reach (it lets the planner place the model and checks the session's memory).
+/// Errors: an unreadable secret file.
+pub fn request(
+    model: &ModelArgs,
+    link: &LinkArgs,
+    dir: PathBuf,
+    config: ModelConfig,
+    pool: &ComputePool,
+    run: Option<RunNeed>,
+) -> Result<SessionRequest> {
+    let mut options = model.session_options(pool);
+    options.kv_budget = link.kv_budget;
+    options.interleave = !link.no_interleave;
+    Ok(SessionRequest {
+        dir,
         config,
-        costs,
-        host_memory: host,
-        worker_memory,
-        ctx: Some(ctx),
-        ubatch: need.ubatch.max(1),
-        page_size: args.kv_page_size,
-        layer_split: None,
-        calibration: None,
-    };
-    let p = plan::plan(&req).map_err(|e| anyhow::anyhow!("{e}"))?;
-    apply(&p, link);
-    Ok(Some(p))
+        max_memory: model.max_memory,
+        options,
+        workers: link.workers()?,
+        placement: link.placement(),
+        run,
+    })
 }
 
-/// Rewrites `link` to carry out `p`: a layer split's points (workers without layers dropped), KV offload's host
-/// budget, split prefill's layer.
-fn apply(p: &Plan, link: &mut LinkArgs) {
-    match &p.mode {
-        Mode::Local => {}
-        Mode::SplitPrefill { split_layer } => link.split_layer = Some(*split_layer),
-        Mode::KvOffload { host_kv_positions } => {
-            link.kv_budget = Some(KvBudget::Positions(*host_kv_positions))
-        }
-        Mode::LayerSplit => {
-            let used: Vec<usize> = (0..p.workers.len())
-                .filter(|&i| !p.workers[i].layers.is_empty())
-                .collect();
-            link.layer_split = used.iter().map(|&i| p.workers[i].layers.start).collect();
-            link.worker = used.iter().map(|&i| link.worker[i].clone()).collect();
-        }
-        Mode::ExpertSplit => {
-            let used: Vec<usize> = (0..p.workers.len())
-                .filter(|&i| p.workers[i].weight_bytes > 0)
-                .collect();
-            link.expert_split = used.iter().map(|&i| p.workers[i].layers.start).collect();
-            link.worker = used.iter().map(|&i| link.worker[i].clone()).collect();
-        }
+/// A model loaded and placed as the flags ask, with its tokenizer: what `serve` and `chat` make their slots'
+/// sessions from ([`open::Host::session`]).
+pub struct Placed {
+    /// The loaded host.
+    pub host: open::Host,
+    /// The tokenizer, if the model has one.
+    pub tokenizer: Option<TextTokenizer>,
+    /// Where the model came from.
+    pub dir: PathBuf,
+}
+
+/// Loads `--model` (or the bundled default) as the placement flags ask: only the host's layers with
+/// `--layer-split`, without the routed experts on workers with `--expert-split` (which are connected). Shared by
+/// `serve` and `chat`. Errors: the tokenizer's, and every refusal of [`open::load`].
+pub fn load_placed(model: &ModelArgs, link: &LinkArgs, pool: &ComputePool) -> Result<Placed> {
+    let dir = match &model.model {
+        Some(d) => d.clone(),
+        None => crate::default_model::ensure()?,
+    };
+    let (mut config, tokenizer) = crate::load_tokenizer(&dir)?;
+    config.precision = model.precision;
+    if !model.mtp {
+        // the MTP block drafts only for --spec mtp: otherwise its weights stay on disk
+        config.mtp_num_hidden_layers = 0;
     }
+    let req = request(model, link, dir.clone(), config, pool, None)?;
+    let host = open::load(req, &mut Printer::new(true))?;
+    Ok(Placed {
+        host,
+        tokenizer,
+        dir,
+    })
+}
+
+/// A benchmark's client of the worker at `addr` for `loaded`'s model (split prefill at `split_layer`, checked;
+/// deadlines of 600 s; the secret of `BACKBURNER_SECRET`), over `shaper`'s emulated link when given. Errors: a
+/// split layer the model refuses, an unreadable secret.
+pub fn bench_client(
+    loaded: &crate::Loaded,
+    addr: &str,
+    split_layer: Option<usize>,
+    split_min_tokens: usize,
+    host_threads: usize,
+    shaper: Option<backburner_link::Shaper>,
+) -> Result<backburner_engine::WorkerClient> {
+    let cfg = loaded.model.config();
+    open::check_split_layer(cfg, split_layer)?;
+    let workers = open::Workers {
+        addrs: vec![addr.to_string()],
+        memory: Vec::new(),
+        secret: crate::worker_cmd::read_secret(None)?.unwrap_or_default(),
+        timeout: std::time::Duration::from_secs(600),
+        split_min_tokens,
+    };
+    let mut st =
+        open::worker_settings(&workers, split_layer, host_threads, &mut Printer::new(true))?
+            .remove(0);
+    st.shaper = shaper;
+    let fp = backburner_engine::split::dir_fingerprint_with(loaded.dir.clone(), cfg.precision);
+    Ok(backburner_engine::WorkerClient::new(st, fp))
 }

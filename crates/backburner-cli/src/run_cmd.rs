@@ -13,7 +13,7 @@ use backburner_model::{ChatMessage, TextTokenizer};
 use clap::Args;
 use indicatif::ProgressBar;
 
-use backburner_engine::memory::{self, MemoryNeed};
+use backburner_engine::memory;
 
 mod choices;
 
@@ -141,31 +141,24 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
-    let need = crate::placement::RunNeed {
+    let need = backburner_engine::open::RunNeed {
         positions: prompt.len().saturating_add(max_tokens),
         ubatch: a.model.ubatch.min(prompt.len()),
     };
-    let plan = crate::placement::plan_run(&a.model, &dir, &mut a.link, need)?;
-    if let (Some(p), false) = (&plan, a.json) {
-        eprintln!("plan: {}", backburner_engine::plan::summary(p));
-    }
-    let held = a.link.host_layers();
-    let away = crate::experts_args::away(&a.link, &config)?;
-    let loaded = pool.install(|| {
-        crate::load_weights(&dir, config, tokenizer, held, &away, a.model.max_memory)
-    })?;
-    let experts = crate::experts_args::attach(&a.link, &loaded, &away, &a.model, pool.threads())?;
-    let workers = a.link.clients(&loaded, pool.threads())?;
-    let chain = crate::chain_args::layer_split(&a.link, &loaded, pool.threads())?;
-    let tok = &loaded.tokenizer;
-    backburner_engine::sequence::check_token_ids(&prompt, loaded.model.config().vocab_size)
+    // the engine plans, checks memory, loads and connects: one request in, a ready session out
+    let req = crate::placement::request(&a.model, &a.link, dir, config, &pool, Some(need))?;
+    let (host, mut session) =
+        backburner_engine::open::open(req, &mut crate::placement::Printer::new(a.json))?;
+    let (plan, experts) = (host.plan, host.experts);
+    let tok = &tokenizer;
+    backburner_engine::sequence::check_token_ids(&prompt, session.model().config().vocab_size)
         .context("--prompt-tokens")?;
     let eos_ids = if a.ignore_eos {
         Vec::new()
     } else {
         tok.as_ref()
             .map(|t| t.eos_ids().to_vec())
-            .unwrap_or_else(|| loaded.model.config().eos_token_ids.clone())
+            .unwrap_or_else(|| session.model().config().eos_token_ids.clone())
     };
     let constraint = match (grammar, tok.as_ref()) {
         (Some(g), Some(t)) => {
@@ -190,27 +183,6 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         constraint,
         spec: a.spec.params()?,
     };
-    let workers = if a.link.workers_take_pages(a.model.kv_page_size)? {
-        workers
-    } else {
-        Vec::new()
-    };
-    check_session_memory(&a, &loaded.model, prompt.len(), max_tokens)?;
-    let mut opts = a.model.session_options(&pool);
-    if let Some(p) = &plan {
-        // the plan's memory holds this much context
-        let ctx = opts.context_length.unwrap_or(usize::MAX).min(p.max_ctx);
-        opts.context_length = Some(ctx);
-    }
-    opts.kv_budget = a.link.kv_budget;
-    opts.interleave = !a.link.no_interleave;
-    let mut session = match chain {
-        Some(c) => Session::with_layer_split(loaded.model.clone(), opts, c)?,
-        None => Session::new(loaded.model.clone(), opts)?,
-    };
-    for w in workers {
-        session.attach_worker(w);
-    }
     a.spec.enable(&mut session)?;
     let show_bar = prompt.len() >= 2 * a.model.ubatch;
     let pb = if show_bar {
@@ -496,59 +468,6 @@ fn report(
             eprintln!("{line}");
         }
     }
-}
-
-/// Checks, before the session allocates anything, that the KV cache of the positions this run can reach (the prompt
-/// and `--max-tokens`, within the context and, with workers, `--kv-budget`), the recurrent states and the forward
-/// pass's buffers (an estimate) fit `--max-memory` beside the loaded weights, and fit the OS's limits now. Errors:
-/// the [`memory::OverMemory`] message naming what did not fit.
-fn check_session_memory(
-    a: &RunArgs,
-    model: &backburner_model::Model,
-    prompt: usize,
-    max_tokens: usize,
-) -> Result<()> {
-    let cfg = model.config();
-    let kv = backburner_model::KvOptions {
-        page_size: a.model.kv_page_size,
-        dtype: a.model.kv_dtype,
-    };
-    let ctx = a.model.ctx_limit().unwrap_or(cfg.max_position_embeddings);
-    let mut positions = prompt.saturating_add(max_tokens).min(ctx);
-    if let (Some(b), false) = (a.link.kv_budget, a.link.worker.is_empty()) {
-        positions = positions.min(b.positions(cfg, kv));
-    }
-    let held = model.layer_range();
-    let ubatch = a.model.ubatch.min(prompt.max(1));
-    let over = || anyhow::anyhow!("the session's memory overflows u64");
-    let needs = [
-        MemoryNeed::new(
-            format!("the KV cache of {positions} positions"),
-            memory::kv_bytes(cfg, held.clone(), kv, positions).ok_or_else(over)?,
-        ),
-        MemoryNeed::new(
-            "the recurrent states",
-            memory::recurrent_bytes(cfg, held.clone()).ok_or_else(over)?,
-        ),
-        MemoryNeed::new(
-            format!("activation buffers for ubatches of {ubatch} tokens"),
-            memory::scratch_estimate(cfg, ubatch).ok_or_else(over)?,
-        ),
-    ];
-    // the weights are allocated already: they count against --max-memory, and the OS's limits count them as used
-    let weights = MemoryNeed::new(
-        format!(
-            "weights of layers {}..{} and the ends",
-            held.start, held.end
-        ),
-        model.weight_bytes() as u64,
-    );
-    if let Some(m) = a.model.max_memory {
-        let all: Vec<MemoryNeed> = std::iter::once(weights).chain(needs.clone()).collect();
-        memory::check_fits(&all, &[memory::MemoryLimit::flag(m)])?;
-    }
-    memory::check_fits(&needs, &memory::os_limits())?;
-    Ok(())
 }
 
 /// Installs a Ctrl-C (and SIGTERM/SIGHUP) handler for generation: the first signal raises the returned flag, so the

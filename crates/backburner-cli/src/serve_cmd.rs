@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use backburner_engine::serve::{CacheLimits, Engine, ServeOptions};
-use backburner_engine::Session;
 use backburner_server::AppState;
 use clap::Args;
 
@@ -100,26 +99,26 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
-    let loaded = load_placed(&model_args, &a.link, &pool)?;
+    let placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
-        loaded
+        placed
             .dir
             .file_name()
             .map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
-    let with_workers = a.link.workers_take_pages(a.model.kv_page_size)?;
     let mut sessions = Vec::new();
     for _ in 0..a.parallel {
-        let mut s = slot_session(&a.model, &a.link, &loaded, &pool, with_workers)?;
+        // each slot its own connections to the workers
+        let mut s = placed.host.session()?;
         a.spec.enable(&mut s)?;
         sessions.push(s);
     }
     let context_length = sessions[0].context_length();
-    let eos_ids = match &loaded.tokenizer {
+    let eos_ids = match &placed.tokenizer {
         Some(t) => t.eos_ids().to_vec(),
-        None => loaded.model.config().eos_token_ids.clone(),
+        None => placed.host.model.config().eos_token_ids.clone(),
     };
-    let tokenizer = loaded.tokenizer.map(Arc::new);
+    let tokenizer = placed.tokenizer.map(Arc::new);
     let opts = ServeOptions {
         queue: a.queue,
         cache: CacheLimits {
@@ -179,55 +178,6 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             .await
             .context("serving")
     })
-}
-
-/// Loads `--model` as the placement flags ask: only the host's layers with `--layer-split`, without the routed
-/// experts on workers with `--expert-split` (which are attached). Shared by `serve` and `chat`.
-pub(crate) fn load_placed(
-    model: &ModelArgs,
-    link: &LinkArgs,
-    pool: &backburner_engine::ComputePool,
-) -> Result<crate::Loaded> {
-    let away = match link.expert_split.is_empty() {
-        true => Vec::new(),
-        false => {
-            let dir = model
-                .model
-                .clone()
-                .map_or_else(crate::default_model::ensure, Ok)?;
-            crate::experts_args::away(link, &backburner_model::ModelConfig::from_dir(&dir)?)?
-        }
-    };
-    let loaded = crate::load_host_without(model, pool, link.host_layers(), &away)?;
-    crate::experts_args::attach(link, &loaded, &away, model, pool.threads())?;
-    Ok(loaded)
-}
-
-/// One slot's session: its own workers' connections (split prefill / KV offload; none when `with_workers` is false,
-/// see [`LinkArgs::workers_take_pages`](crate::link_args::LinkArgs::workers_take_pages)) or layer-split chain.
-pub(crate) fn slot_session(
-    model: &ModelArgs,
-    link: &LinkArgs,
-    loaded: &crate::Loaded,
-    pool: &backburner_engine::ComputePool,
-    with_workers: bool,
-) -> Result<Session> {
-    let mut workers = link.clients(loaded, pool.threads())?;
-    if !with_workers {
-        workers.clear();
-    }
-    let chain = crate::chain_args::layer_split(link, loaded, pool.threads())?;
-    let mut opts = model.session_options(pool);
-    opts.kv_budget = link.kv_budget;
-    opts.interleave = !link.no_interleave;
-    let mut s = match chain {
-        Some(c) => Session::with_layer_split(loaded.model.clone(), opts, c)?,
-        None => Session::new(loaded.model.clone(), opts)?,
-    };
-    for w in workers {
-        s.attach_worker(w);
-    }
-    Ok(s)
 }
 
 /// Resolves on Ctrl-C or SIGTERM, the start of a graceful shutdown; a second one while the server drains exits the

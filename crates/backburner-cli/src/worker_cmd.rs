@@ -107,13 +107,6 @@ pub fn parse_worker_addr(s: &str) -> std::result::Result<String, String> {
     }
 }
 
-/// Whether every address `addr` (HOST:PORT) resolves to is a loopback address.
-pub fn is_loopback(addr: &str) -> bool {
-    addr.to_socket_addrs()
-        .map(|mut a| a.all(|s| s.ip().is_loopback()))
-        .unwrap_or(false)
-}
-
 /// A byte count for people: `512 B`, `1.5 KiB`, `64.0 MiB`, `31.2 GiB`.
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];

@@ -15,6 +15,7 @@ pub mod grid;
 pub mod history;
 pub mod memory;
 pub mod offload;
+pub mod open;
 pub mod perplexity;
 pub mod picker;
 mod pipeline;
