@@ -57,6 +57,7 @@ pub fn link_json(s: &Session) -> Option<serde_json::Value> {
         "failures": st.failures,
         "rebuilds": st.rebuilds,
         "retries": st.retries,
+        "verify_calls": st.verify_calls,
         "decode_ms_per_token": {
             "host": per_token_ms(st.decode_host_us, d),
             "workers": per_token_ms(st.decode_worker_us, d),

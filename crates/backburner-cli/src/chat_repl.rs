@@ -368,12 +368,13 @@ impl Repl {
         let t = &g.timings;
         let stats = format!(
             "prompt {n} tokens ({cached} cached, {} prefilled) | generated {} tokens ({}) | prefill {:.1} tok/s | \
-             decode {:.1} tok/s",
+             decode {:.1} tok/s{}",
             n - cached,
             g.tokens.len(),
             g.stop_reason.as_str(),
             t.prefill_tok_s,
-            t.decode_tok_s
+            t.decode_tok_s,
+            crate::spec_args::stats_suffix([&g.speculative])
         );
         if self.s.verbose {
             eprintln!("{stats}");

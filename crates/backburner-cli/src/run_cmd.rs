@@ -450,12 +450,7 @@ fn report(
         if a.sampling.temp > 0.0 {
             stats += &format!(" | seed {seed}");
         }
-        if let Some(c) = &gen.speculative {
-            stats += &format!(
-                " | drafts {} accepted of {} in {} verify steps",
-                c.accepted, c.drafted, c.steps
-            );
-        }
+        stats += &crate::spec_args::stats_suffix([&gen.speculative]);
         eprintln!("{stats}");
         for line in link_args::link_lines(session, tm) {
             eprintln!("{line}");

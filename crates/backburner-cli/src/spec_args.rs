@@ -91,3 +91,20 @@ impl SpecArgs {
         }))
     }
 }
+
+/// The stats line's part for speculative decoding (` | drafts A accepted of D in S verify steps`), summed over
+/// `counts` (one per sequence; none speculated: empty).
+pub fn stats_suffix<'a>(
+    counts: impl IntoIterator<Item = &'a Option<backburner_engine::spec::SpecCounts>>,
+) -> String {
+    let mut sum: Option<(u64, u64, u64)> = None;
+    for c in counts.into_iter().flatten() {
+        let s = sum.get_or_insert((0, 0, 0));
+        s.0 += c.accepted;
+        s.1 += c.drafted;
+        s.2 += c.steps;
+    }
+    sum.map_or(String::new(), |(a, d, n)| {
+        format!(" | drafts {a} accepted of {d} in {n} verify steps")
+    })
+}

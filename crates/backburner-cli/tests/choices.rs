@@ -88,3 +88,36 @@ fn n_choices_is_bounded() {
         );
     }
 }
+
+/// `--n-choices` with `--spec ngram`: every choice the plain run's, each with its draft counts, and the stats line
+/// sums them.
+#[test]
+fn speculating_choices_are_the_plain_choices_with_their_draft_counts() {
+    let flags = ["--temp", "0.9", "--seed", "7", "--n-choices", "2"];
+    let plain = json(&run_tiny(&flags));
+    let spec_flags = ["--spec", "ngram", "--ngram-min", "1", "--ngram-max", "2"];
+    let spec = json(&run_tiny(&[&flags[..], &spec_flags].concat()));
+    let mut drafted = 0;
+    for i in 0..2 {
+        let (p, s) = (&plain["choices"][i], &spec["choices"][i]);
+        assert_eq!(s["tokens"], p["tokens"], "choice {i}");
+        assert!(p.get("speculative").is_none());
+        drafted += s["speculative"]["drafted"].as_u64().unwrap();
+    }
+    assert!(drafted > 0, "{spec}");
+    let m = fixture("tiny-f32");
+    let o = Command::new(bin())
+        .args(["run", "--model", m.to_str().unwrap(), "--prompt-file"])
+        .arg(m.join("prompt.txt"))
+        .args(["--max-tokens", "12", "--ignore-eos", "--threads", "1"])
+        .args(flags)
+        .args(spec_flags)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("| drafts ") && err.contains(&format!(" of {drafted} in ")),
+        "{err}"
+    );
+}

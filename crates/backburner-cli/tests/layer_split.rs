@@ -51,6 +51,28 @@ fn one_worker_and_a_chain_of_two_give_the_local_tokens_and_logits() {
             (&link["failures"], &link["retries"]),
             (&0.into(), &0.into())
         );
+        // speculating through the workers: the same tokens and logits
+        let f = d.path().join(format!("{name}-spec.bin"));
+        let spec_flags = [
+            "--spec",
+            "ngram",
+            "--draft-max",
+            "4",
+            "--ngram-min",
+            "1",
+            "--ngram-max",
+            "2",
+        ];
+        let spec = host(&[&flags[..], &spec_flags].concat(), &f);
+        assert_eq!(spec["tokens"], local["tokens"], "{name} --spec ngram");
+        assert!(
+            std::fs::read(&f).unwrap() == std::fs::read(d.path().join("local.bin")).unwrap(),
+            "{name} --spec ngram: logits differ"
+        );
+        // 1- and 2-gram drafts: the fixture's greedy text repeats a token, so verify steps ran through the workers
+        let c = &spec["speculative"];
+        assert!(c["drafted"].as_u64().unwrap() > 0, "{name}: {c}");
+        assert_eq!(spec["link"]["verify_calls"], c["steps"], "{name}");
     }
 }
 

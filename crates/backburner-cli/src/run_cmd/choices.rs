@@ -39,6 +39,9 @@ pub(super) fn report_choices(
                 if let Some(e) = &g.error {
                     c["error"] = e.clone().into();
                 }
+                if let Some(sc) = &g.speculative {
+                    c["speculative"] = serde_json::to_value(sc).unwrap_or_default();
+                }
                 c
             })
             .collect();
@@ -69,6 +72,7 @@ pub(super) fn report_choices(
                 seed.wrapping_add(gens.len() as u64 - 1)
             );
         }
+        stats += &crate::spec_args::stats_suffix(gens.iter().map(|g| &g.speculative));
         eprintln!("{stats}");
     }
     if gens
