@@ -11,6 +11,7 @@ use crate::grid::Grid;
 use crate::history::History;
 use crate::offload::{KvBudget, Placement, Workers};
 use crate::split::{LinkStats, WorkerClient};
+use crate::step_plan::{Executor, StepKind};
 
 /// Session settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,16 +248,14 @@ impl Session {
         self.settle_verify();
         self.check_fits(ids.len())?;
         self.model.check_ids(ids)?;
-        if self.chain.is_some() {
-            return self.prefill_chain(ids, which, &mut progress);
+        let plan = self.plan_step(ids.len(), StepKind::Prefill, which);
+        match plan.executor {
+            Executor::LayerSplit => return self.prefill_chain(ids, which, &mut progress),
+            Executor::RemoteExperts => return self.prefill_with_experts(ids, which, &mut progress),
+            Executor::KvOffload => return self.prefill_budgeted(ids, which, &mut progress),
+            Executor::SplitPrefill | Executor::Local => {}
         }
-        if self.model.has_remote_experts() && self.opts.kv_budget.is_none() {
-            return self.prefill_with_experts(ids, which, &mut progress);
-        }
-        if self.offload_needed(ids.len()) {
-            return self.prefill_budgeted(ids, which, &mut progress);
-        }
-        if which == Logits::Last {
+        if plan.executor == Executor::SplitPrefill {
             let workers = self.workers.clone();
             let mut ws = workers.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(w) = ws.first_mut() {

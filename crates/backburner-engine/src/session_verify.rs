@@ -6,7 +6,8 @@
 use backburner_kernels::profile::{self, Phase};
 
 use crate::error::{EngineError, Result};
-use crate::session::Session;
+use crate::session::{Logits, Session};
+use crate::step_plan::{Executor, StepKind};
 
 /// What an open verify step left to settle: where it started and how many positions it ran (the model state keeps
 /// what its rollback needs: [`backburner_model::ModelState::rollback_verify`]).
@@ -75,9 +76,10 @@ impl Session {
         self.model.check_ids(ids)?;
         profile::set_phase(Phase::Decode);
         let pos0 = self.history.len();
-        let (logits, hidden) = if self.chain.is_some() {
+        let plan = self.plan_step(ids.len(), StepKind::Verify, Logits::All);
+        let (logits, hidden) = if plan.executor == Executor::LayerSplit {
             self.verify_chain(ids)?
-        } else if self.verify_offloads(ids.len()) {
+        } else if plan.executor == Executor::KvOffload {
             self.verify_budgeted(ids)?
         } else {
             let (model, state) = (&self.model, &mut self.state);

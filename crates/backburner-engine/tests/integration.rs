@@ -35,6 +35,7 @@ mod speculative_mtp_modes;
 mod speculative_offload;
 mod speculative_serve;
 mod split;
+mod step_plan;
 mod text_stream;
 mod worker_core;
 mod worker_memory;

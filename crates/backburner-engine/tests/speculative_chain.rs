@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use backburner_engine::chain::LayerSplit;
 use backburner_engine::connection::Connection;
-use backburner_engine::{Logits, Session, WorkerSettings};
+use backburner_engine::{Executor, Logits, Session, StepKind, WorkerSettings};
 use backburner_model::{Checkpoint, LoadOptions, Model, ModelConfig};
 use worker_common::*;
 
@@ -105,6 +105,12 @@ fn verify_steps_through_one_and_two_workers_have_the_local_decode_bits() {
         let l = s.prefill(&p, Logits::Last, |_, _| {}).unwrap();
         assert_eq!(bits(&l), want[0]);
         assert!(s.can_verify());
+        for kind in [StepKind::Prefill, StepKind::Verify] {
+            assert_eq!(
+                s.plan_step(4, kind, Logits::All).executor,
+                Executor::LayerSplit
+            );
+        }
         let steps = verify_along(&mut s, &toks, &want);
         let st = s.layer_split().unwrap().stats().clone();
         assert_eq!(st.verify_calls as usize, steps, "{stages:?}");
