@@ -106,6 +106,8 @@ mod x86_asm;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_rows;
 
 pub use acts::{QuantizedActs, ACT_BLOCK};
 pub use format::{dequantize, k_pack_scale_min, k_scale_min, QuantError, QuantFormat, IQ4_VALUES};

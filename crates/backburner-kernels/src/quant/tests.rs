@@ -12,7 +12,7 @@ use super::*;
 use crate::simd::{ISA_CAP, ISA_MAX};
 
 /// One random GGUF block with finite f16 scales.
-fn random_block(r: &mut StdRng, fmt: QuantFormat) -> Vec<u8> {
+pub(super) fn random_block(r: &mut StdRng, fmt: QuantFormat) -> Vec<u8> {
     let mut b: Vec<u8> = (0..fmt.block_bytes()).map(|_| r.random()).collect();
     let d = f16::from_f32(r.random_range(-0.1f32..0.1));
     let dmin = f16::from_f32(r.random_range(-0.1f32..0.1));
