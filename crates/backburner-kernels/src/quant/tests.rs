@@ -231,13 +231,18 @@ fn decode_prefetch_follows_the_measured_policy_of_each_format_isa_and_vendor() {
         let got = isa::qdispatch(PrefetchPolicy);
         ISA_CAP.store(ISA_MAX, Ordering::SeqCst);
         let amd512 = isa.starts_with("avx512-vnni") && fmt::lone_stream_prefetcher();
-        let (one, in_order) = if amd512 {
+        let (one, two) = if amd512 {
             (OneLine, Hardware)
         } else {
             (EveryLine, EveryLine)
         };
+        let in_order = if amd512 && super::prefetch::amd_zen4_or_older() {
+            Hardware
+        } else {
+            EveryLine
+        };
         let want = [
-            one, in_order, in_order, in_order, in_order, in_order, in_order, in_order, EveryLine,
+            one, two, in_order, in_order, in_order, in_order, in_order, in_order, EveryLine,
             EveryLine,
         ];
         assert_eq!(got, want, "{isa}");
