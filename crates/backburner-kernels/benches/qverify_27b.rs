@@ -6,9 +6,11 @@
 //! ratio `V(T)` (with its range). Weights are random GGUF blocks with finite scales.
 //!
 //! `cargo bench -p backburner-kernels --bench qverify_27b -- [rounds] [threads] [formats, comma-separated] [max T]`
-//! (defaults: 5 rounds, 1 thread, Q4_K,Q6_K, 12; `QVERIFY_ONLY=T` runs only `T` rows and 1). `Q4_K_M` as a format name: gate|up Q4_K, down Q6_K (the mix of a
-//! Q4_K_M file's MLP layers).
+//! (defaults: 5 rounds, 1 thread, Q4_K,Q6_K, 12; `QVERIFY_ONLY=T` runs only `T` rows and 1). `Q4_K_M` as a format
+//! name: gate|up Q4_K, down Q6_K (the mix of a Q4_K_M file's MLP layers); `bf16` and `bf16-act`: dense bf16 weights
+//! in the f32 arithmetic and in the bf16-activation one (`matmul`, f32 activations as they are).
 
+use backburner_kernels::matmul::{matmul, PackedMatrix, Precision, RowMajor, WeightDtype};
 use backburner_kernels::quant::{qmatmul, QuantFormat, QuantMatrix, QuantizedActs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,15 +31,64 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn parse_fmt(f: &str) -> Vec<QuantFormat> {
-    if f == "Q4_K_M" {
-        return vec![QuantFormat::Q4K, QuantFormat::Q6K];
+/// A matrix of the bench: quantized, or dense bf16 in one of the two arithmetics.
+enum Mat {
+    Q(QuantMatrix),
+    D(PackedMatrix),
+}
+
+impl Mat {
+    fn new(r: &mut StdRng, name: &str, gate_up: bool, n: usize, k: usize) -> Mat {
+        let prec = match name {
+            "bf16" => Precision::F32,
+            "bf16-act" => Precision::Bf16,
+            _ => {
+                let fmt = match (name, gate_up) {
+                    ("Q4_K_M", true) => QuantFormat::Q4K,
+                    ("Q4_K_M", false) => QuantFormat::Q6K,
+                    _ => QuantFormat::ALL
+                        .into_iter()
+                        .find(|q| q.name() == name)
+                        .expect("format"),
+                };
+                return Mat::Q(
+                    QuantMatrix::pack(fmt, k, &[(&random_gguf(r, fmt, n, k), n)]).unwrap(),
+                );
+            }
+        };
+        let bytes: Vec<u8> = (0..n * k)
+            .flat_map(|_| {
+                half::bf16::from_f32(r.random_range(-0.05f32..0.05))
+                    .to_bits()
+                    .to_le_bytes()
+            })
+            .collect();
+        let part = RowMajor {
+            dtype: WeightDtype::Bf16,
+            bytes: &bytes,
+            rows: n,
+        };
+        Mat::D(PackedMatrix::pack_with(k, &[part], WeightDtype::Bf16, prec).unwrap())
     }
-    let q = QuantFormat::ALL
-        .into_iter()
-        .find(|q| q.name() == f)
-        .expect("format");
-    vec![q, q]
+
+    fn nk(&self) -> (usize, usize) {
+        match self {
+            Mat::Q(w) => (w.n(), w.k()),
+            Mat::D(w) => (w.n(), w.k()),
+        }
+    }
+
+    /// `y [t, n] = x [t, k] · Wᵀ`, the activation quantization included for a quantized matrix.
+    fn product(&self, xq: &mut QuantizedActs, x: &[f32], t: usize, y: &mut [f32]) {
+        let (n, k) = self.nk();
+        match self {
+            Mat::Q(w) => {
+                xq.quantize(black_box(&x[..t * k]), t, k);
+                qmatmul(xq, w, y, n);
+            }
+            Mat::D(w) => matmul(black_box(&x[..t * k]), t, w, &mut y[..t * n]),
+        }
+    }
 }
 
 fn main() {
@@ -66,13 +117,10 @@ fn main() {
         .and_then(|s| s.parse().ok());
     println!("format   threads  T  µs/step  V(T) median [range]");
     for name in names {
-        let fmts = parse_fmt(&name);
-        let ws: Vec<QuantMatrix> = shapes
+        let ws: Vec<Mat> = shapes
             .iter()
-            .zip(&fmts)
-            .map(|(&(n, k), &fmt)| {
-                QuantMatrix::pack(fmt, k, &[(&random_gguf(&mut r, fmt, n, k), n)]).unwrap()
-            })
+            .enumerate()
+            .map(|(i, &(n, k))| Mat::new(&mut r, &name, i == 0, n, k))
             .collect();
         let xs: Vec<Vec<f32>> = shapes
             .iter()
@@ -96,8 +144,7 @@ fn main() {
                     let start = Instant::now();
                     for _ in 0..reps {
                         for (j, w) in ws.iter().enumerate() {
-                            xq.quantize(black_box(&xs[j][..t * w.k()]), t, w.k());
-                            qmatmul(&xq, w, &mut ys[j], w.n());
+                            w.product(&mut xq, &xs[j], t, &mut ys[j]);
                         }
                     }
                     if round > 0 {
