@@ -28,7 +28,8 @@ pub(crate) trait QIsa: Copy {
     const ROWS: usize;
     /// Most rows of a *wide* register tile, for the formats with [`Fmt::WIDE_TILES`]: products of up to
     /// [`QIsa::FEW_ROWS`] rows (a verify step of speculative decoding) stream each panel once from memory in tiles of
-    /// up to this many rows, the codes unpacked once per tile. The default: [`QIsa::ROWS`] (no wide tiles).
+    /// up to this many rows (at most 8), the codes unpacked once per tile. The default: [`QIsa::ROWS`] (no wide
+    /// tiles).
     ///
     /// [`Fmt::WIDE_TILES`]: super::fmt::Fmt::WIDE_TILES
     const WIDE_ROWS: usize = Self::ROWS;

@@ -121,7 +121,7 @@ impl Task<'_> {
     fn run_fmt<I: QIsa, F: Fmt>(&self, isa: I) {
         let m = self.x.rows();
         let (few, wide) = if F::WIDE_TILES {
-            (I::FEW_ROWS.max(I::ROWS), I::WIDE_ROWS.max(I::ROWS))
+            (I::FEW_ROWS.max(I::ROWS), I::WIDE_ROWS.clamp(I::ROWS, 8))
         } else {
             (I::ROWS, I::ROWS)
         };
@@ -150,13 +150,14 @@ impl Task<'_> {
         }
     }
 
-    /// [`Task::tile`] of `rows` rows (`1..=4`, or up to [`QIsa::WIDE_ROWS`] for [`Fmt::WIDE_TILES`] formats).
+    /// [`Task::tile`] of `rows` rows (`1..=4`, or up to [`QIsa::WIDE_ROWS`] ≤ 8 for [`Fmt::WIDE_TILES`] formats).
     ///
     /// # Safety
     /// As [`Task::tile`] with `R = rows`.
     #[inline(always)]
     unsafe fn tile_of<I: QIsa, F: Fmt>(&self, isa: I, t: Tile, rows: usize, pf: Prefetch) {
         let wide = F::WIDE_TILES && I::WIDE_ROWS > 4;
+        debug_assert!(rows <= 4 || (wide && rows <= 8), "{rows} rows");
         // SAFETY: forwarded from the caller.
         unsafe {
             match rows {
