@@ -16,8 +16,11 @@ const GROUP_PANELS: usize = 16;
 /// whole `k` chain in registers, in row blocks that fit the registers (4 rows on a wide ISA, 2 otherwise): the
 /// first block reads a pass's panels from memory, the next ones from the cache. More rows go through the blocked
 /// prefill path. Measured on the bench model's decode batch (`batch_decode_timing`): the blocked path at 3–8 rows
-/// was slower than two passes of the direct one.
-pub(super) const DIRECT_ROWS: usize = 8;
+/// was slower than two passes of the direct one; and at the 27B's MLP shapes with bf16 weights (gate|up `[34816,
+/// 5120]` and down, 1 thread, alternating runs of `qverify_27b`), at 9–16 rows (speculative decoding's verify steps)
+/// up to four passes of the direct one took about half the blocked path's time in the f32 arithmetic (9 rows: 97 →
+/// 44–48 ms) and 20–30 % less in the bf16-activation one (9 rows: 44 → 32 ms, 30 → 24 ms).
+pub(super) const DIRECT_ROWS: usize = 16;
 /// Below this many multiply-adds a product runs on the calling thread alone.
 const SERIAL_WORK: usize = 1 << 16;
 

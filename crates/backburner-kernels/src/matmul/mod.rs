@@ -17,7 +17,9 @@
 //! a prefill ubatch. [`matmul_reference`] is the obvious loop with the same chain.
 //!
 //! # Kernels
-//! Few rows (decode, ≤ 4 on AVX-512): each task streams its panels once and converts bf16/f16 in registers. Many
+//! Few rows (decode, and up to 16 rows: speculative decoding's verify steps): each task streams its panels once and
+//! converts bf16/f16 in registers, in row blocks of 4 on AVX-512 (2 otherwise), the later blocks of a pass reading its
+//! panels again from the cache. Many
 //! rows (prefill): blocked as in GotoBLAS/BLIS (Goto & van de Geijn 2008; Van Zee & van de Geijn 2015): `x` is
 //! packed into row blocks of `MR` rows, weight panels are widened block by block (`KC` inputs × 16 panels) into an
 //! f32 buffer that stays in L2, and a register-tile micro-kernel (12 rows × 32 outputs on AVX-512) accumulates.

@@ -95,6 +95,9 @@ pub(crate) trait Fmt {
     ) -> I::F {
         Self::combine(isa, s, lo, hi, ab, acc)
     }
+    /// Whether products of a few rows (up to [`QIsa::FEW_ROWS`]) run register tiles of up to [`QIsa::WIDE_ROWS`]
+    /// rows (the formats with panel layouts of their own; the generic ones keep tiles of [`QIsa::ROWS`]).
+    const WIDE_TILES: bool = false;
     /// Whether the codes are offset-128 values (Q8_0, IQ4_XS), which go to [`QIsa::dot_s`]; the others go to
     /// [`QIsa::dot_u`].
     const OFFSET_128: bool = false;
@@ -247,6 +250,7 @@ pub(crate) struct Q6K;
 pub(crate) struct Iq4Xs;
 
 impl Fmt for Q80 {
+    const WIDE_TILES: bool = true;
     const FORMAT: QuantFormat = QuantFormat::Q8_0;
     const OFFSET_128: bool = true;
     /// The block's eight code vectors (or their address: [`QIsa::Codes8`]).
@@ -292,6 +296,7 @@ impl Fmt for Q80 {
 }
 
 impl Fmt for Q40 {
+    const WIDE_TILES: bool = true;
     const FORMAT: QuantFormat = QuantFormat::Q4_0;
     type Pre<I: QIsa> = ();
     fn cmax<I: QIsa>() -> u32 {
@@ -335,6 +340,7 @@ unsafe fn k_scales<I: QIsa>(
 }
 
 impl Fmt for Q4K {
+    const WIDE_TILES: bool = true;
     const FORMAT: QuantFormat = QuantFormat::Q4K;
     type Pre<I: QIsa> = ();
     fn cmax<I: QIsa>() -> u32 {
@@ -370,6 +376,7 @@ impl Fmt for Q4K {
 }
 
 impl Fmt for Q5K {
+    const WIDE_TILES: bool = true;
     const FORMAT: QuantFormat = QuantFormat::Q5K;
     type Pre<I: QIsa> = I::W;
     fn cmax<I: QIsa>() -> u32 {
@@ -416,6 +423,7 @@ impl Fmt for Q5K {
 }
 
 impl Fmt for Q6K {
+    const WIDE_TILES: bool = true;
     const FORMAT: QuantFormat = QuantFormat::Q6K;
     const HALVES: bool = true;
     type Pre<I: QIsa> = (I::W, I::W);
@@ -475,6 +483,7 @@ fn iq4_table<I: QIsa>() -> [u8; 16] {
 }
 
 impl Fmt for Iq4Xs {
+    const WIDE_TILES: bool = true;
     const FORMAT: QuantFormat = QuantFormat::Iq4Xs;
     const OFFSET_128: bool = true;
     type Pre<I: QIsa> = ();

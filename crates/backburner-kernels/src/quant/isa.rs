@@ -26,6 +26,18 @@ pub(crate) trait QIsa: Copy {
     const SIGNED: bool;
     /// Rows of a register tile (the decode path takes `m` rows in tiles of at most this many).
     const ROWS: usize;
+    /// Most rows of a *wide* register tile, for the formats with [`Fmt::WIDE_TILES`]: products of up to
+    /// [`QIsa::FEW_ROWS`] rows (a verify step of speculative decoding) stream each panel once from memory in tiles of
+    /// up to this many rows (at most 8), the codes unpacked once per tile. The default: [`QIsa::ROWS`] (no wide
+    /// tiles).
+    ///
+    /// [`Fmt::WIDE_TILES`]: super::fmt::Fmt::WIDE_TILES
+    const WIDE_ROWS: usize = Self::ROWS;
+    /// Most rows a product of a [`Fmt::WIDE_TILES`] format runs on the few-row (streaming) path; more go through the
+    /// many-row path (cache blocks decoded into a buffer). The default: [`QIsa::ROWS`].
+    ///
+    /// [`Fmt::WIDE_TILES`]: super::fmt::Fmt::WIDE_TILES
+    const FEW_ROWS: usize = Self::ROWS;
 
     /// 64 bytes at `p`.
     ///

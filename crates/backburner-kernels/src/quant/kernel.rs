@@ -113,42 +113,79 @@ impl QKernel for Task<'_> {
 }
 
 impl Task<'_> {
-    /// Few rows (at most `I::ROWS`: decode): one row tile per panel over the whole `k`, each panel streamed from
-    /// memory once. More rows: [`Task::run_decoded`].
+    /// Few rows (at most [`QIsa::FEW_ROWS`] for the formats with [`Fmt::WIDE_TILES`], else `I::ROWS`: decode, and
+    /// speculative decoding's verify steps): each panel in turn over the whole `k`, in as few row tiles as fit the
+    /// registers (of balanced heights), the first streaming the panel from memory, the others reading it again from
+    /// the cache. More rows: [`Task::run_decoded`].
     #[inline(always)]
     fn run_fmt<I: QIsa, F: Fmt>(&self, isa: I) {
         let m = self.x.rows();
-        if m > I::ROWS {
+        let (few, wide) = if F::WIDE_TILES {
+            (I::FEW_ROWS.max(I::ROWS), I::WIDE_ROWS.clamp(I::ROWS, 8))
+        } else {
+            (I::ROWS, I::ROWS)
+        };
+        if m > few {
             return self.run_decoded::<I, F>(isa);
         }
+        // One row: the format's policy (tuned for decode). More: every line ahead, since the hardware prefetchers
+        // alone fall behind once a line carries several rows' arithmetic (at the 27B's MLP shapes, 1 thread, on
+        // the AMD EPYC VM: Q4_K 2 rows 8.4 → 4.5 ms, Q6_K 13.9 → 7.3 ms, alternating runs of `qverify_27b`).
+        let first = if m == 1 {
+            F::prefetch::<I>(self.streams)
+        } else {
+            Prefetch::EveryLine
+        };
+        let tiles = m.div_ceil(wide);
         for p in self.panels.clone() {
-            let t = Tile { p, row0: 0 };
-            // SAFETY: p < n_panels, rows 0..m.
-            unsafe {
-                match m {
-                    1 => self.tile::<I, F, 1>(isa, t),
-                    2 => self.tile::<I, F, 2>(isa, t),
-                    3 => self.tile::<I, F, 3>(isa, t),
-                    _ => self.tile::<I, F, 4>(isa, t),
-                }
+            let mut row0 = 0;
+            for i in 0..tiles {
+                let rows = m / tiles + usize::from(i < m % tiles);
+                let prefetch = if i == 0 { first } else { Prefetch::Hardware };
+                // SAFETY: p < n_panels, rows row0..row0 + rows ≤ m (the tiles' heights sum to m), each at most
+                // `wide`.
+                unsafe { self.tile_of::<I, F>(isa, Tile { p, row0 }, rows, prefetch) };
+                row0 += rows;
+            }
+        }
+    }
+
+    /// [`Task::tile`] of `rows` rows (`1..=4`, or up to [`QIsa::WIDE_ROWS`] ≤ 8 for [`Fmt::WIDE_TILES`] formats).
+    ///
+    /// # Safety
+    /// As [`Task::tile`] with `R = rows`.
+    #[inline(always)]
+    unsafe fn tile_of<I: QIsa, F: Fmt>(&self, isa: I, t: Tile, rows: usize, pf: Prefetch) {
+        let wide = F::WIDE_TILES && I::WIDE_ROWS > 4;
+        debug_assert!(rows <= 4 || (wide && rows <= 8), "{rows} rows");
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match rows {
+                1 => self.tile::<I, F, 1>(isa, t, pf),
+                2 => self.tile::<I, F, 2>(isa, t, pf),
+                3 => self.tile::<I, F, 3>(isa, t, pf),
+                5 if wide => self.tile::<I, F, 5>(isa, t, pf),
+                6 if wide => self.tile::<I, F, 6>(isa, t, pf),
+                7 if wide => self.tile::<I, F, 7>(isa, t, pf),
+                8 if wide => self.tile::<I, F, 8>(isa, t, pf),
+                _ => self.tile::<I, F, 4>(isa, t, pf),
             }
         }
     }
 
     /// Rows `t.row0..t.row0 + R` × panel `t.p` over the whole `k`, read from the panel with a prefetch ahead, written
-    /// to the output.
+    /// to the output, prefetched as `prefetch` says.
     ///
     /// # Safety
     /// `t.p < n_panels`, `t.row0 + R ≤ m`, and no other task writes panel `t.p`'s columns.
     #[inline(always)]
-    unsafe fn tile<I: QIsa, F: Fmt, const R: usize>(&self, isa: I, t: Tile) {
+    unsafe fn tile<I: QIsa, F: Fmt, const R: usize>(&self, isa: I, t: Tile, prefetch: Prefetch) {
         let lay = F::LAY;
         let bpu = lay.unit / ACT_BLOCK;
         let base = self.w.as_bytes()[t.p * self.w.panel_bytes()..].as_ptr();
         let (xq, xb) = self.rows::<R>(t.row0);
         let mut acc = [isa.f_zero(); R];
         let block_bytes = lay.bytes / bpu;
-        let prefetch = F::prefetch::<I>(self.streams);
         for u in 0..self.w.k() / lay.unit {
             // SAFETY: unit u of panel p lies in the storage (panel_bytes = units · lay.bytes).
             let up = unsafe { base.add(u * lay.bytes) };

@@ -68,13 +68,16 @@
 //! high-bit planes of Q5_K, Q6_K, Q5_0 and Q5_1 moved into place by one `vgf2p8affineqb` each and merged by
 //! `vpternlogd`) and multiplied against 4 broadcast activation bytes per group (`vpdpbusd`, or `vpmaddubsw` +
 //! `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term. Threads split
-//! contiguous ranges of panel groups ([`crate::parallel`]). Few rows (decode, up to a tile): each thread streams its
-//! panels once over the whole `k`, prefetched as `prefetch.rs` says per format, ISA and vendor: every line 12
-//! KiB ahead on Intel cores and for the 2-bit planes; on AMD cores with the AVX-512 kernels, no software prefetch for
+//! contiguous ranges of panel groups ([`crate::parallel`]). One row (decode): each thread streams its panels once
+//! over the whole `k`, prefetched as `prefetch.rs` says per format, ISA and vendor: every line 12 KiB ahead on Intel
+//! cores, AMD Zen 5 and for the 2-bit planes; on AMD Zen 4 cores with the AVX-512 kernels, no software prefetch for
 //! the formats read in address order. Q8_0 on AVX-512 reads each 544-byte unit's lines strictly upwards (one asm
 //! block for its 8 code vectors, then its scales) and, when it is the product's only task on an AMD core, prefetches
-//! one line per unit 16 KiB ahead (with two or more tasks there, none).
-//! More rows (prefill, and decode batches past a tile): cache blocks of 16 panels × `k` ranges of 24 blocks are decoded
+//! one line per unit 16 KiB ahead (with two or more tasks there, none). A few rows (speculative decoding's verify
+//! steps: up to a tile, and on AVX-512 up to 16 rows of the formats with panel layouts of their own): the same, each
+//! panel in register tiles of balanced heights (up to 8 rows on AVX-512), the first streaming the panel with every
+//! line prefetched 12 KiB ahead, the others reading it again from L2; the codes are unpacked once per tile and block.
+//! More rows (prefill): cache blocks of 16 panels × `k` ranges of 24 blocks are decoded
 //! once into a per-thread buffer (code vectors ready for the dot products, block scales in f32, 240 KiB: L2), then
 //! every row tile runs against it; the accumulators pass through `y` between `k` ranges, which keeps each output's
 //! chain (and bits) unchanged. On AVX2, the offset-128 formats (Q8_0, IQ4_XS) and those with codes `≤ 16` (Q4_0, Q4_K)
@@ -106,6 +109,8 @@ mod x86_asm;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_rows;
 
 pub use acts::{QuantizedActs, ACT_BLOCK};
 pub use format::{dequantize, k_pack_scale_min, k_scale_min, QuantError, QuantFormat, IQ4_VALUES};

@@ -37,12 +37,40 @@ pub(crate) enum Prefetch {
 }
 
 /// Whether the formats of [`Prefetch::Hardware`] should go without software prefetches on this core with ISA `I`:
-/// an AMD core ([`lone_stream_prefetcher`]) running the AVX-512 kernels ([`QIsa::ORDERED_LOAD8`]), where it was
-/// measured; elsewhere (the Intel Xeon VM the 12 KiB distance was tuned on, the AVX2 and plain-Rust kernels) they
-/// keep [`Prefetch::EveryLine`].
+/// an AMD core ([`lone_stream_prefetcher`]) of family 0x19 or older ([`amd_zen4_or_older`]: Zen 4, the one with
+/// AVX-512) running the AVX-512 kernels ([`QIsa::ORDERED_LOAD8`]), where it was measured; elsewhere (the Intel Xeon
+/// VM the 12 KiB distance was tuned on, Zen 5, the AVX2 and plain-Rust kernels) they keep [`Prefetch::EveryLine`].
+///
+/// Zen 5 (family 0x1A), 2 vCPUs of an AMD EPYC VM, 27B MLP shapes, 1 thread, 1 row, alternating runs of
+/// `qverify_27b` (3 pairs): Q4_K 5.1 → 4.0–4.5 ms, Q5_K 8.0–9.7 → 5.5–5.9 ms, Q6_K 9.5–11.6 → 6.4–6.8 ms, IQ4_XS
+/// 4.7–5.1 → 3.8–4.0 ms from hardware prefetch alone to every line; `qdecode_27b` (3 pairs, share of a read of the
+/// same bytes): Q5_K 47–49 → 81 %, Q6_K 41–47 → 65–75 %, Q4_K 80–83 → 84–89 %, IQ4_XS 64–83 → 89–94 %.
 #[inline(always)]
 pub(crate) fn hardware_streams_suffice<I: QIsa>() -> bool {
-    I::ORDERED_LOAD8 && lone_stream_prefetcher()
+    I::ORDERED_LOAD8 && lone_stream_prefetcher() && amd_zen4_or_older()
+}
+
+/// Whether the CPU's family (CPUID leaf 1, base plus extended family) is at most 0x19 (AMD's Zen 3 and Zen 4; Zen
+/// 5 is 0x1A).
+pub(crate) fn amd_zen4_or_older() -> bool {
+    static OLD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OLD.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[allow(unused_unsafe)]
+            // SAFETY: CPUID leaf 1 exists on every x86-64 CPU.
+            let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+            let base = (eax >> 8) & 0xF;
+            let family = if base == 0xF {
+                base + ((eax >> 20) & 0xFF)
+            } else {
+                base
+            };
+            family <= 0x19
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 /// [`Prefetch::Hardware`] where [`hardware_streams_suffice`], else [`Prefetch::EveryLine`]: the choice of the

@@ -23,6 +23,8 @@ impl<const VBMI: bool> QIsa for Avx512Vnni<VBMI> {
     type F = __m512;
     const SIGNED: bool = false;
     const ROWS: usize = 4;
+    const WIDE_ROWS: usize = 8;
+    const FEW_ROWS: usize = 16;
 
     // SAFETY (every method): the token exists only when the CPU supports AVX-512F, BW and VNNI; pointer
     // arguments are valid as each method's contract requires.

@@ -47,7 +47,7 @@ fn pair_products_equal_the_plain_loop_on_every_instruction_set_and_thread_count(
     let mut r = StdRng::seed_from_u64(11);
     let pools = pools();
     // n = 40 and 200 leave partial panels; k = 301 is odd (a padded pair) and k = 1100 crosses a 256-pair block;
-    // m = 1..8 take the direct path, 9, 13 and 30 the blocked one with row remainders.
+    // m = 1..16 take the direct path (in row blocks of up to 4), 17 and 30 the blocked one with row remainders.
     for (n, k) in [(40, 301), (200, 1100), (16, 2)] {
         let mut wf = uniform(&mut r, n * k);
         // a few special weights: a bf16 denormal, a negative zero, a large value
@@ -66,7 +66,7 @@ fn pair_products_equal_the_plain_loop_on_every_instruction_set_and_thread_count(
         )
         .unwrap();
         assert_eq!(w.precision(), Precision::Bf16);
-        for m in [1, 2, 3, 5, 8, 9, 13, 30] {
+        for m in [1, 2, 3, 5, 8, 9, 13, 16, 17, 30] {
             let mut x = uniform(&mut r, m * k);
             x[0] = 1e-40; // an f32 denormal activation
             x[k.min(m * k - 1)] = -0.0;
