@@ -27,8 +27,9 @@ pub enum SpecKind {
 pub struct SpecArgs {
     /// Speculative decoding: draft tokens and verify them several per step. The output is the same token for token
     /// (greedy or sampled with the same seed); it only changes the speed. llama.cpp's names work too: `ngram-simple`
-    /// (= ngram), `draft-mtp` (= mtp). It needs the whole state on this host: with --layer-split or
-    /// --expert-split (and once KV pages move to a worker) decoding stays one token per step.
+    /// (= ngram), `draft-mtp` (= mtp). It runs locally and with workers (a verify step through a layer split is
+    /// one round trip per worker for all the drafts; under --kv-budget it attends through the workers' pages); with
+    /// --expert-split decoding stays one token per step.
     #[arg(long, visible_alias = "spec-type", value_enum, default_value_t = SpecKind::None)]
     pub spec: SpecKind,
     /// Most drafted tokens per verify step (1..=32); how many are drafted adapts to how many get accepted. The

@@ -690,4 +690,11 @@ fn a_speculating_server_answers_as_a_plain_one_and_reports_its_drafts() {
     );
     assert_eq!(drafted, acc + rej + acc_s + rej_s);
     assert_eq!(spec.metric("generated_tokens_total") as u64, 48);
+    // /slots says which server speculates (llama-server's field)
+    for (server, on) in [(&spec, true), (&plain, false)] {
+        let (code, body) = server.get("/slots");
+        assert_eq!(code, 200);
+        let slots: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(slots[0]["speculative"], on, "{body}");
+    }
 }

@@ -32,17 +32,19 @@ impl Session {
         !self.model.has_remote_experts()
     }
 
-    /// The most positions one verify step may run now: up to the KV budget (past it the oldest pages move to the
-    /// workers, which only a prefill's budgeted path does), unbounded without one, and at most one ubatch through a
-    /// layer split (a worker takes at most a ubatch per request); 0 where [`Session::can_verify`] is false.
+    /// The most positions one verify step may run now: with a KV budget, what the budget's path can make room for
+    /// and at most one ubatch (the workers attend a ubatch of query rows at most); through a layer split at most one
+    /// ubatch (a worker takes at most a ubatch per request); unbounded locally; 0 where [`Session::can_verify`] is
+    /// false.
     pub fn verify_room(&self) -> usize {
         if !self.can_verify() {
             return 0;
         }
         let room = self.verify_budget_room().unwrap_or(usize::MAX);
-        match self.chain {
-            Some(_) => room.min(self.opts.ubatch),
-            None => room,
+        // a worker takes at most a ubatch of rows per request (a layer split's residual, KV offload's queries)
+        match self.chain.is_some() || self.opts.kv_budget.is_some() {
+            true => room.min(self.opts.ubatch),
+            false => room,
         }
     }
 

@@ -151,7 +151,18 @@ fn a_worker_lost_before_a_verify_step_is_replaced_within_it() {
     }
     let st = s.layer_split().unwrap().stats();
     assert_eq!((st.retries, st.rebuilds), (1, 1));
+    // the workers are in step again: the next verify steps and decode steps rebuild nothing
+    for _ in 0..3 {
+        s.verify(&toks[i..i + 3]).unwrap();
+        s.keep_verified(2);
+        i += 2;
+    }
     assert_eq!(bits(&s.decode(toks[i]).unwrap()), want[i + 1]);
+    assert_eq!(
+        s.layer_split().unwrap().stats().rebuilds,
+        1,
+        "one rebuild after the loss"
+    );
 }
 
 /// The prompt cache through a layer split after verify steps that rolled back: the rewind to the prompt's

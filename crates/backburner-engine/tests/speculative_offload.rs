@@ -72,3 +72,57 @@ fn a_worker_lost_between_verify_steps_is_recovered_with_the_same_bits() {
     );
     assert_eq!(bits(&s.decode(toks[i]).unwrap()), want[i + 1]);
 }
+
+/// Drafts longer than the ubatch under a KV budget: the verify steps are cut to a ubatch (the rows a worker attends
+/// per request), and the output is the plain run's.
+#[test]
+fn drafts_longer_than_the_ubatch_are_cut_to_it_under_a_kv_budget() {
+    use backburner_engine::spec::{SpecParams, SpecSource};
+    use backburner_engine::{generate, GenerateParams};
+    let f = model_with_layers(8, 27);
+    let p = prompt(3 * 64 + 20, 8);
+    let w = start_worker(f.dir.path(), None, None);
+    let small = SessionOptions {
+        ubatch: 4,
+        ..budgeted(2)
+    };
+    let plain = GenerateParams {
+        max_tokens: 40,
+        keep_logits: true,
+        ..GenerateParams::default()
+    };
+    let mut local = Session::new(
+        f.model.clone(),
+        SessionOptions {
+            ubatch: 4,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let want = generate(&mut local, &p, &plain, None, |_, _| {}, |_| {}, |_| {}).unwrap();
+    let spec = GenerateParams {
+        spec: Some(SpecParams {
+            source: SpecSource::Scripted {
+                script: p.iter().chain(&want.tokens).copied().collect(),
+                error_rate: 0.1,
+                seed: 2,
+            },
+            draft_max: 7,
+            fixed: true,
+            cost: None,
+        }),
+        ..plain
+    };
+    let mut s = Session::new(f.model.clone(), small).unwrap();
+    s.attach_worker(client(f.dir.path(), &w.addr, None, b""));
+    let got = generate(&mut s, &p, &spec, None, |_, _| {}, |_| {}, |_| {}).unwrap();
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(bits(&got.step_logits), bits(&want.step_logits));
+    assert!(s.state().offloaded() > 0);
+    assert!(s.verify_room() <= 4);
+    let c = got.speculative.unwrap();
+    assert!(
+        c.accepted > 0 && c.drafted <= 3 * c.steps,
+        "at most 3 drafts a step: {c:?}"
+    );
+}

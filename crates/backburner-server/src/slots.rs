@@ -60,13 +60,13 @@ pub(crate) async fn handle(
     }
     let list: Vec<Value> = states
         .iter()
-        .map(|s| slot_json(s, st.context_length))
+        .map(|s| slot_json(s, st.context_length, st.spec.is_some()))
         .collect();
     Json(Value::Array(list)).into_response()
 }
 
 /// One slot's object (see [`handle`]).
-fn slot_json(s: &SlotInfo, n_ctx: usize) -> Value {
+fn slot_json(s: &SlotInfo, n_ctx: usize, speculative: bool) -> Value {
     let t = s.task.as_ref();
     let id_task = t.map_or(json!(-1), |t| json!(t.task));
     let field = |f: fn(&backburner_engine::serve::SlotTask) -> usize| t.map_or(0, f);
@@ -80,7 +80,7 @@ fn slot_json(s: &SlotInfo, n_ctx: usize) -> Value {
         "id_request": t.map(|t| t.id.as_str()),
         "choice": t.map(|t| t.choice),
         "n_ctx": n_ctx,
-        "speculative": false,
+        "speculative": speculative,
         "is_processing": t.is_some(),
         "n_past": s.n_past,
         "n_prompt_tokens": field(|t| t.prompt_tokens),

@@ -34,6 +34,8 @@ impl Session {
             pool.install(|| model.final_hidden(&x, t))
                 .expect("a layer-split host holds the final norm")
         });
+        // the workers' state is the host's again (a rebuild, if one was pending, ran in chain_sync)
+        self.rebuild = false;
         Ok((logits, hidden))
     }
 }
