@@ -16,6 +16,8 @@ use backburner_kernels::matmul::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+
 /// (name, n, k).
 const SHAPES: [(&str, usize, usize); 2] = [("gate_up", 17408, 5120), ("down", 5120, 17408)];
 const M: usize = 512;
@@ -38,13 +40,7 @@ fn main() {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
-        let bytes: Vec<u8> = (0..n * k)
-            .flat_map(|_| {
-                half::bf16::from_f32(r.random_range(-0.05f32..0.05))
-                    .to_bits()
-                    .to_le_bytes()
-            })
-            .collect();
+        let bytes = common::random_bf16(&mut r, n, k);
         let part = RowMajor {
             dtype: WeightDtype::Bf16,
             bytes: &bytes,

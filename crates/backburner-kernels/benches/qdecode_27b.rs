@@ -30,12 +30,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let threads: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let (args, rounds, threads) = common::bench_args();
     let fmts: Vec<QuantFormat> = args
         .get(2)
         .map(|s| {

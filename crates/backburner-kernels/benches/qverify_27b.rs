@@ -56,13 +56,7 @@ impl Mat {
                 );
             }
         };
-        let bytes: Vec<u8> = (0..n * k)
-            .flat_map(|_| {
-                half::bf16::from_f32(r.random_range(-0.05f32..0.05))
-                    .to_bits()
-                    .to_le_bytes()
-            })
-            .collect();
+        let bytes = common::random_bf16(r, n, k);
         let part = RowMajor {
             dtype: WeightDtype::Bf16,
             bytes: &bytes,
@@ -92,12 +86,7 @@ impl Mat {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
-    let threads: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let (args, rounds, threads) = common::bench_args();
     let names: Vec<String> = args
         .get(2)
         .map(|s| s.split(',').map(str::to_string).collect())

@@ -1,4 +1,5 @@
-//! What the quantized-product benches share.
+//! What the product benches share (each bench uses part of it).
+#![allow(dead_code)]
 
 use backburner_kernels::quant::QuantFormat;
 use rand::rngs::StdRng;
@@ -23,4 +24,27 @@ pub fn random_gguf(r: &mut StdRng, fmt: QuantFormat, n: usize, k: usize) -> Vec<
         }
     }
     b
+}
+
+/// `n × k` random bf16 weights in `[-0.05, 0.05)`, little-endian bytes (row-major `[n, k]`).
+pub fn random_bf16(r: &mut StdRng, n: usize, k: usize) -> Vec<u8> {
+    (0..n * k)
+        .flat_map(|_| {
+            half::bf16::from_f32(r.random_range(-0.05f32..0.05))
+                .to_bits()
+                .to_le_bytes()
+        })
+        .collect()
+}
+
+/// The bench's arguments after the harness's `--bench`, and the first two as `[rounds] [threads]` (defaults 5
+/// and 1).
+pub fn bench_args() -> (Vec<String>, usize, usize) {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let rounds = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let threads = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1);
+    (args, rounds, threads)
 }

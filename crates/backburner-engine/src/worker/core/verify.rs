@@ -6,37 +6,35 @@
 
 use backburner_link::message::RunLayers;
 use backburner_link::ErrorCode;
+use backburner_model::state::{Back, BackError};
 
 use super::{bad, Fault, SessionCore};
 use crate::compute::ComputePool;
 
 impl SessionCore {
     /// With a verify step open at `a..b` and `p` inside `(a, b)`: keeps its first `p − a` positions and drops the
-    /// rest, so that the mirror is at `p` with the bits of `p − a` one-token steps. True when it rolled back; false
-    /// (nothing changed) without an open verify or with `p` outside `(a, b)` (a request at `b` keeps all of it, any
-    /// other change of the mirror closes it).
+    /// rest, so that the mirror is at `p` with the bits of `p − a` one-token steps (the state manager's
+    /// [`backburner_model::ModelState::go_back`] with no checkpoint). True when it rolled back; false (nothing
+    /// changed) otherwise: no open verify, `p` at the mirror's position or past it, or before the step (the request's
+    /// own position check then refuses it).
     ///
-    /// Errors: a `BadState` fault if the rollback is refused (the mirror no longer at the verify's end).
+    /// Errors: a `BadState` fault if the open verify refuses the rollback.
     pub(super) fn keep_verified_to(&mut self, p: u64, pool: &ComputePool) -> Result<bool, Fault> {
-        let Some(span) = self.mirror.verify_span() else {
-            return Ok(false);
-        };
         let Ok(p) = usize::try_from(p) else {
             return Ok(false);
         };
-        if p <= span.start || p >= span.end {
-            return Ok(false);
-        }
-        // the state manager's one way back: here the open verify step's rollback
         let mirror = &mut self.mirror;
-        pool.install(|| mirror.go_back(p, &[])).map_err(|e| {
-            Fault::new(
+        match pool.install(|| mirror.go_back(p, &[])) {
+            Ok(Back::Verify) => {
+                self.settle();
+                Ok(true)
+            }
+            Ok(_) | Err(BackError::Ahead { .. } | BackError::NotKept { .. }) => Ok(false),
+            Err(e @ BackError::Verify(_)) => Err(Fault::new(
                 ErrorCode::BadState,
-                format!("rolling the verify step at {span:?} back to {p}: {e}"),
-            )
-        })?;
-        self.settle();
-        Ok(true)
+                format!("rolling the open verify step back to {p}: {e}"),
+            )),
+        }
     }
 
     /// Checks a `RunLayers` of `t` tokens with `verify` set (a layer-split session, no checkpoint positions) and
