@@ -5,7 +5,8 @@ use crate::common;
 
 use backburner_kernels::attention::{attend_page, attend_pages, fold_pages, Partial};
 use backburner_kernels::kv::{
-    KvDtype, KvPage, PackedPage, PageLayout, PageView, RowsRef, KV_BLOCK,
+    k_pair_offset, k_pair_tile_offset, v_pair_offset, v_pair_tile_offset, KvDtype, KvPage,
+    PackedPage, PageLayout, PageView, RowsRef, KV_BLOCK,
 };
 use common::*;
 
@@ -117,8 +118,8 @@ fn packing_a_packed_page_copies_it() {
 
 #[test]
 fn packing_a_bf16_page_keeps_every_bit_in_the_head_major_order() {
-    // Each head's blocks, K run then V run, copied bit for bit (the pair layouts inside a block unchanged), lanes
-    // past len in the last block included; packing the packed copy again gives the same storage.
+    // Each head's blocks, K run then V run, copied bit for bit (inside a block in the tile order of the pair
+    // layouts), lanes past len in the last block included; packing the packed copy again gives the same storage.
     let (hkv, dim, len) = (3, 40, 130);
     let p = page(64, len, 192, hkv, dim, KvDtype::Bf16);
     let packed = PackedPage::pack(p.view());
@@ -138,17 +139,26 @@ fn packing_a_bf16_page_keeps_every_bit_in_the_head_major_order() {
         for b in 0..blocks {
             let from = (b * hkv + h) * run;
             let to = (h * blocks + b) * 2 * run;
-            let bits = |x: &[half::bf16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
-            assert_eq!(
-                bits(&kv[to..to + run]),
-                bits(&k[from..from + run]),
-                "K head {h} block {b}"
-            );
-            assert_eq!(
-                bits(&kv[to + run..to + 2 * run]),
-                bits(&v[from..from + run]),
-                "V head {h} block {b}"
-            );
+            // Inside the block, K and V move from the link's pair layouts to the tile order.
+            for lane in 0..KV_BLOCK {
+                for d in 0..dim {
+                    let (kt, kf) = (k_pair_tile_offset(lane, d), k_pair_offset(dim, lane, d));
+                    assert_eq!(
+                        kv[to + kt].to_bits(),
+                        k[from + kf].to_bits(),
+                        "K head {h} block {b} key {lane} dim {d}"
+                    );
+                    let (vt, vf) = (
+                        v_pair_tile_offset(dim, lane, d),
+                        v_pair_offset(dim, lane, d),
+                    );
+                    assert_eq!(
+                        kv[to + run + vt].to_bits(),
+                        v[from + vf].to_bits(),
+                        "V head {h} block {b} key {lane} dim {d}"
+                    );
+                }
+            }
         }
     }
     let twice = PackedPage::pack(packed.view());

@@ -3,7 +3,8 @@
 
 use super::page_kernel::{BlockSrc, KEY_BLOCK};
 use super::Partial;
-use crate::kv::{v_offset, KV_LANES};
+use crate::kv::tiles::BlockWalk;
+use crate::kv::KV_LANES;
 use crate::simd::{exp_fast, max, scale, sum, Isa, LANES};
 
 /// Unnormalized online-softmax state of `rows` query rows: running max `m`, running sum `l` of
@@ -86,14 +87,14 @@ impl RowState {
     /// not depend on the rows beside it; rows share each loaded value vector, in tiles of up to 4 rows × 64
     /// dimensions.
     #[inline(always)]
-    pub(super) fn accumulate<I: Isa, S: BlockSrc>(
+    pub(super) fn accumulate<I: Isa, S: BlockSrc, const T: bool>(
         &mut self,
         isa: I,
         r0: usize,
         n: usize,
         p: &[f32],
         nv: usize,
-        v: S,
+        (v, walk): (S, BlockWalk<T>),
     ) {
         let mut r = 0;
         while r < n {
@@ -101,16 +102,16 @@ impl RowState {
             let (acc, w) = (&mut self.acc[(r0 + r) * self.dim..], &p[r * KEY_BLOCK..]);
             if I::WIDE && left >= 6 && !left.is_multiple_of(4) {
                 // 24 accumulators fit the 32 registers: a group of 6 reads each value vector once.
-                weighted_rows::<I, S, 6>(isa, acc, w, nv, v, self.dim);
+                weighted_rows::<I, S, 6, T>(isa, acc, w, nv, v, walk);
                 r += 6;
             } else if left >= 4 {
-                weighted_rows::<I, S, 4>(isa, acc, w, nv, v, self.dim);
+                weighted_rows::<I, S, 4, T>(isa, acc, w, nv, v, walk);
                 r += 4;
             } else if left >= 2 {
-                weighted_rows::<I, S, 2>(isa, acc, w, nv, v, self.dim);
+                weighted_rows::<I, S, 2, T>(isa, acc, w, nv, v, walk);
                 r += 2;
             } else {
-                weighted_rows::<I, S, 1>(isa, acc, w, nv, v, self.dim);
+                weighted_rows::<I, S, 1, T>(isa, acc, w, nv, v, walk);
                 r += 1;
             }
         }
@@ -173,30 +174,31 @@ fn bf16_weight(w: f32) -> f32 {
 /// v[j][d], acc[r][d])` for `j < nv` in order, for every `d < dim`: 4 vectors of 16 lanes at a time (32 registers),
 /// then single vectors, then scalars (the same fused operation in every path).
 #[inline(always)]
-fn weighted_rows<I: Isa, S: BlockSrc, const R: usize>(
+fn weighted_rows<I: Isa, S: BlockSrc, const R: usize, const T: bool>(
     isa: I,
     acc: &mut [f32],
     p: &[f32],
     nv: usize,
     v: S,
-    dim: usize,
+    walk: BlockWalk<T>,
 ) {
+    let dim = walk.dim;
     let full = dim / LANES * LANES;
     let mut c0 = 0;
     // Four vectors of columns × R rows of accumulators need 32 registers for R = 4; with 16 (AVX2), one vector.
     while I::WIDE && c0 + 4 * LANES <= full {
-        weighted_cols::<I, S, R, 4>(isa, acc, p, nv, v, dim, c0);
+        weighted_cols::<I, S, R, 4, T>(isa, acc, p, nv, v, walk, c0);
         c0 += 4 * LANES;
     }
     while c0 < full {
-        weighted_cols::<I, S, R, 1>(isa, acc, p, nv, v, dim, c0);
+        weighted_cols::<I, S, R, 1, T>(isa, acc, p, nv, v, walk, c0);
         c0 += LANES;
     }
     for r in 0..R {
         for d in full..dim {
             let mut a = acc[r * dim + d];
             for j in 0..nv {
-                a = p[r * KEY_BLOCK + j].mul_add(v.get(v_offset(dim, j, d)), a);
+                a = p[r * KEY_BLOCK + j].mul_add(v.get(walk.v_at(j, d, false)), a);
             }
             acc[r * dim + d] = a;
         }
@@ -204,15 +206,16 @@ fn weighted_rows<I: Isa, S: BlockSrc, const R: usize>(
 }
 
 #[inline(always)]
-fn weighted_cols<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
+fn weighted_cols<I: Isa, S: BlockSrc, const R: usize, const NV: usize, const T: bool>(
     isa: I,
     acc: &mut [f32],
     p: &[f32],
     nv: usize,
     v: S,
-    dim: usize,
+    walk: BlockWalk<T>,
     c0: usize,
 ) {
+    let dim = walk.dim;
     let mut a = [[isa.zero(); NV]; R];
     for (r, ar) in a.iter_mut().enumerate() {
         for (i, ai) in ar.iter_mut().enumerate() {
@@ -227,13 +230,15 @@ fn weighted_cols<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
             && p.len() >= (R - 1) * KEY_BLOCK + nv
             && v.len() >= dim * KEY_BLOCK
     );
-    // Chunk c0 / 16 + i of the block's values (`v_offset`): key j's 16 dimensions at chunk·16·64 + j·16.
-    let chunk0 = c0 / KV_LANES * KV_LANES * KEY_BLOCK;
+    // Chunk c0 / 16 + i of the block's values, key j's 16 dimensions ([`BlockWalk::v`]): at chunk·16·64 + j·16 in
+    // the link's block layout (`v_offset`), at (the chunk's quad)·64·64 + j·w + (chunk mod 4)·16 in tile order.
+    let walks: [(usize, usize); NV] = std::array::from_fn(|i| walk.v(c0 / KV_LANES + i, false));
     for j in 0..nv {
         let mut vv = [isa.zero(); NV];
         for (i, x) in vv.iter_mut().enumerate() {
-            // SAFETY: chunk0 + (i·64 + j)·16 + 16 ≤ (c0 / 16 + NV)·16·64 ≤ dim·64 ≤ v.len() (asserted above).
-            *x = unsafe { v.load(isa, chunk0 + (i * KEY_BLOCK + j) * KV_LANES) };
+            // SAFETY: the offset + 16 ≤ dim·64 ≤ v.len() (asserted above): chunk c0 / 16 + i is whole and j < 64,
+            // in either order.
+            *x = unsafe { v.load(isa, walks[i].0 + j * walks[i].1) };
         }
         for (r, ar) in a.iter_mut().enumerate() {
             // SAFETY: r·64 + j < (R − 1)·64 + nv ≤ p.len() (asserted above).

@@ -4,7 +4,8 @@ use super::online::RowState;
 use super::Partial;
 use half::f16;
 
-use crate::kv::{PageView, RowsRef, KV_BLOCK, KV_LANES};
+use crate::kv::tiles::BlockWalk;
+use crate::kv::{PageLayout, PageView, RowsRef, KV_BLOCK, KV_LANES};
 use crate::parallel::{for_each_chunk_mut, threads};
 use crate::simd::{dispatch, f16_to_f32, prefetch_l2, scale, Isa, Kernel, LANES};
 
@@ -195,36 +196,42 @@ impl Ctx<'_> {
             (vec![0.0f32; dim * KEY_BLOCK], vec![0.0f32; KEY_BLOCK * dim])
         };
         let mut sc = vec![0.0f32; rows * KEY_BLOCK];
+        let tiles = self.page.layout() == PageLayout::HeadMajor;
         let mut kb0 = k0;
         while kb0 < k1 {
             let nb = KEY_BLOCK.min(k1 - kb0);
             let b = kb0 / KEY_BLOCK;
-            let step = Step { t0, t1, kb0, nb };
+            let step = Step {
+                t0,
+                t1,
+                kb0,
+                nb,
+                tiles,
+            };
             if direct {
                 let (k, k_at, v, v_at) = self.page.block(b, g);
-                // This head's next block of the segment, prefetched as this one is read (the last block prefetches
-                // itself: a hint for lines already on their way, so the loads need no branch).
-                let next = (kb0 + nb < k1).then(|| self.page.block(b + 1, g));
                 let n = dim * KEY_BLOCK;
+                // The block read next, prefetched as this one is read. A packed page is read in address order (a
+                // head's blocks, then the next head's, as the tasks run), so that is the next 2·n elements, past
+                // the head's or the page's end too; otherwise this head's next block of the segment (the last
+                // block prefetches itself: a hint for lines already on their way, so the loads need no branch).
+                let (pk, pv) = if tiles {
+                    (k_at + 2 * n, v_at + 2 * n)
+                } else if kb0 + nb < k1 {
+                    let (_, k2_at, _, v2_at) = self.page.block(b + 1, g);
+                    (k2_at, v2_at)
+                } else {
+                    (k_at, v_at)
+                };
                 match (k, v) {
                     (RowsRef::F16(k), RowsRef::F16(v)) => {
-                        let (ka, va) = match next {
-                            Some((RowsRef::F16(k2), k2_at, RowsRef::F16(v2), v2_at)) => {
-                                (ahead(k2, k2_at), ahead(v2, v2_at))
-                            }
-                            _ => (ahead(k, k_at), ahead(v, v_at)),
-                        };
+                        let (ka, va) = (ahead(k, pk), ahead(v, pv));
                         let k = F16Block::new(&k[k_at..k_at + n], ka);
                         let v = F16Block::new(&v[v_at..v_at + n], va);
                         self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
                     }
                     (RowsRef::F32(k), RowsRef::F32(v)) => {
-                        let (ka, va) = match next {
-                            Some((RowsRef::F32(k2), k2_at, RowsRef::F32(v2), v2_at)) => {
-                                (ahead(k2, k2_at), ahead(v2, v2_at))
-                            }
-                            _ => (ahead(k, k_at), ahead(v, v_at)),
-                        };
+                        let (ka, va) = (ahead(k, pk), ahead(v, pv));
                         let k = F32Block::<true>::new(&k[k_at..k_at + n], ka);
                         let v = F32Block::<true>::new(&v[v_at..v_at + n], va);
                         self.block_step(isa, step, &qs, k, v, &mut sc, &mut st);
@@ -260,13 +267,34 @@ impl Ctx<'_> {
         st: &mut RowState,
     ) {
         let dim = self.page.head_dim();
+        if s.tiles {
+            self.block_step_in(isa, s, BlockWalk::<true> { dim }, qs, (k, v), sc, st);
+        } else {
+            self.block_step_in(isa, s, BlockWalk::<false> { dim }, qs, (k, v), sc, st);
+        }
+    }
+
+    /// [`Ctx::block_step`] in the block order `T`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn block_step_in<I: Isa, S: BlockSrc, const T: bool>(
+        &self,
+        isa: I,
+        s: Step,
+        walk: BlockWalk<T>,
+        qs: &[f32],
+        (k, v): (S, S),
+        sc: &mut [f32],
+        st: &mut RowState,
+    ) {
+        let dim = walk.dim;
         let r = self.group;
         // Tokens before `first` see nothing of this block (visibility grows with the token).
         let first = (s.t0..s.t1)
             .find(|&t| self.visible(t) > s.kb0)
             .unwrap_or(s.t1);
         let row0 = (first - s.t0) * r;
-        scores(isa, &qs[row0 * dim..], k, dim, &mut sc[row0 * KEY_BLOCK..]);
+        scores(isa, &qs[row0 * dim..], k, walk, &mut sc[row0 * KEY_BLOCK..]);
         for t in first..s.t1 {
             let nv = (self.visible(t) - s.kb0).min(s.nb);
             let rows = (t - s.t0) * r..(t - s.t0 + 1) * r;
@@ -274,7 +302,7 @@ impl Ctx<'_> {
                 st.softmax(row, &mut sc[row * KEY_BLOCK..(row + 1) * KEY_BLOCK], nv);
             }
             let p = &sc[rows.start * KEY_BLOCK..rows.end * KEY_BLOCK];
-            st.accumulate(isa, rows.start, r, p, nv, v);
+            st.accumulate(isa, rows.start, r, p, nv, (v, walk));
         }
     }
 }
@@ -286,6 +314,8 @@ struct Step {
     t1: usize,
     kb0: usize,
     nb: usize,
+    /// Whether the page's blocks (and the f32 copies of them) are in tile order.
+    tiles: bool,
 }
 
 /// At most this many query rows per task read blocks straight from the page (decode: one token's GQA group).
@@ -433,53 +463,63 @@ fn read_run<I: Isa>(isa: I, rows: &RowsRef<'_>, at: usize, dst: &mut [f32]) {
 /// 4 rows × all the block's keys with 32 vector registers, 4 rows × one vector of keys with 16 (AVX2: the
 /// accumulators stay in registers; the chains, and so the bits, are the same).
 #[inline(always)]
-fn scores<I: Isa, S: BlockSrc>(isa: I, q: &[f32], kt: S, dim: usize, sc: &mut [f32]) {
+fn scores<I: Isa, S: BlockSrc, const T: bool>(
+    isa: I,
+    q: &[f32],
+    kt: S,
+    walk: BlockWalk<T>,
+    sc: &mut [f32],
+) {
     const NV: usize = KEY_BLOCK / LANES;
+    let dim = walk.dim;
     let rows = q.len() / dim;
     let mut r0 = 0;
     // With 32 registers, a tile of 6 rows (24 accumulators) takes a group of 6 (e.g. Qwen3.5's 24/4) in one pass
     // over the keys instead of 4 + 1 + 1; the scores are the same chains either way.
     while I::WIDE && rows - r0 >= 6 && !(rows - r0).is_multiple_of(4) {
-        score_tile::<I, S, 6, NV>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..], 0);
+        score_tile::<I, S, 6, NV, T>(isa, &q[r0 * dim..], kt, walk, &mut sc[r0 * KEY_BLOCK..], 0);
         r0 += 6;
     }
     while r0 + 4 <= rows {
         let sc = &mut sc[r0 * KEY_BLOCK..];
         if I::WIDE {
-            score_tile::<I, S, 4, NV>(isa, &q[r0 * dim..], kt, dim, sc, 0);
+            score_tile::<I, S, 4, NV, T>(isa, &q[r0 * dim..], kt, walk, sc, 0);
         } else {
             for v0 in 0..NV {
-                score_tile::<I, S, 4, 1>(isa, &q[r0 * dim..], kt, dim, sc, v0);
+                score_tile::<I, S, 4, 1, T>(isa, &q[r0 * dim..], kt, walk, sc, v0);
             }
         }
         r0 += 4;
     }
     while r0 < rows {
-        score_tile::<I, S, 1, NV>(isa, &q[r0 * dim..], kt, dim, &mut sc[r0 * KEY_BLOCK..], 0);
+        score_tile::<I, S, 1, NV, T>(isa, &q[r0 * dim..], kt, walk, &mut sc[r0 * KEY_BLOCK..], 0);
         r0 += 1;
     }
 }
 
 /// Scores of rows `0..R` against key vectors `v0..v0 + NV` of the block (keys `16·v0..16·(v0 + NV)`).
 #[inline(always)]
-fn score_tile<I: Isa, S: BlockSrc, const R: usize, const NV: usize>(
+fn score_tile<I: Isa, S: BlockSrc, const R: usize, const NV: usize, const T: bool>(
     isa: I,
     q: &[f32],
     kt: S,
-    dim: usize,
+    walk: BlockWalk<T>,
     sc: &mut [f32],
     v0: usize,
 ) {
+    let dim = walk.dim;
     // Every index below is checked here, once: the loop runs 8 fused multiply-adds per iteration, and per-access
     // checks were most of its instructions.
     assert!(q.len() >= R * dim && (v0 + NV) * LANES <= KEY_BLOCK && kt.len() >= dim * KEY_BLOCK);
     let mut acc = [[isa.zero(); NV]; R];
+    let walks: [(usize, usize); NV] = std::array::from_fn(|v| walk.k(v0 + v, dim));
     for d in 0..dim {
         let mut kv = [isa.zero(); NV];
         for (v, x) in kv.iter_mut().enumerate() {
-            // Lane group v0 + v of the block's keys (`k_offset`), dimension d.
-            // SAFETY: ((v0 + v)·dim + d)·16 + 16 ≤ 4·dim·16 ≤ kt.len() (asserted above).
-            *x = unsafe { kt.load(isa, ((v0 + v) * dim + d) * KV_LANES) };
+            // Lane group v0 + v of the block's keys, dimension d ([`BlockWalk::k`]): ((v0 + v)·dim + d)·16 in the
+            // link's block layout (`k_offset`), d·64 + (v0 + v)·16 in tile order.
+            // SAFETY: the offset + 16 ≤ 4·dim·16 ≤ kt.len() (asserted above) in either order.
+            *x = unsafe { kt.load(isa, walks[v].0 + d * walks[v].1) };
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             // SAFETY: r·dim + d < R·dim ≤ q.len() (asserted above).

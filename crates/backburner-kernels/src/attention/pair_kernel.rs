@@ -13,7 +13,8 @@ use half::bf16;
 
 use super::online::RowState;
 use super::page_kernel::{Ctx, KEY_BLOCK, KEY_SEGMENT};
-use crate::kv::{RowsRef, KV_LANES};
+use crate::kv::tiles::BlockWalk;
+use crate::kv::{PageLayout, RowsRef, KV_LANES};
 use crate::simd::dp::{dp_dispatch, dp_lane, Dp, DpKernel};
 use crate::simd::prefetch_l2;
 
@@ -86,32 +87,52 @@ fn run_segment<D: Dp>(
     }
     let mut sc = vec![0.0f32; rows * KEY_BLOCK];
     let mut pp = vec![0u32; rows * KEY_PAIRS];
+    let tiles = ctx.page.layout() == PageLayout::HeadMajor;
     let mut kb0 = k0;
     while kb0 < k1 {
         let nb = KEY_BLOCK.min(k1 - kb0);
         let b = kb0 / KEY_BLOCK;
         let (kb, vb) = bf16_block(ctx, b, g);
-        // Decode (few rows, one pass over the block): every line loaded also prefetches the same line of this head's
-        // next block of the segment (the last block prefetches itself: a hint for lines already there), as the f16
-        // kernel does. Prefill reads each block once per tile of rows, from cache after the first.
-        let (ka, va) = if kb0 + nb < k1 {
-            bf16_block(ctx, b + 1, g)
+        // Decode (few rows, one pass over the block): every line loaded also prefetches the same line of the block
+        // read next, as the f16 kernel does: on a packed page the next 2·n elements (address order, past the
+        // head's or page's end too: a hint is never dereferenced), otherwise this head's next block of the segment
+        // (the last block prefetches itself). Prefill reads each block once per tile of rows, from cache after the
+        // first.
+        let n = dim * KEY_BLOCK;
+        let (ka, va) = if tiles {
+            (
+                kb.as_ptr().wrapping_add(2 * n),
+                vb.as_ptr().wrapping_add(2 * n),
+            )
+        } else if kb0 + nb < k1 {
+            let (ka, va) = bf16_block(ctx, b + 1, g);
+            (ka.as_ptr(), va.as_ptr())
         } else {
-            (kb, vb)
+            (kb.as_ptr(), vb.as_ptr())
         };
-        let ahead = (rows <= PREFETCH_ROWS).then_some((ka.as_ptr(), va.as_ptr()));
+        let ahead = (rows <= PREFETCH_ROWS).then_some((ka, va));
         // Tokens before `first` see nothing of this block (visibility grows with the token).
         let first = (t0..t1).find(|&t| ctx.visible(t) > kb0).unwrap_or(t1);
         let row0 = (first - t0) * r;
         let ka = ahead.map(|a| a.0);
-        scores(
-            dp,
-            &qp[row0 * half..],
-            kb,
-            ka,
-            dim,
-            &mut sc[row0 * KEY_BLOCK..],
-        );
+        let sc_rows = &mut sc[row0 * KEY_BLOCK..];
+        if tiles {
+            scores(
+                dp,
+                &qp[row0 * half..],
+                (kb, ka),
+                BlockWalk::<true> { dim },
+                sc_rows,
+            );
+        } else {
+            scores(
+                dp,
+                &qp[row0 * half..],
+                (kb, ka),
+                BlockWalk::<false> { dim },
+                sc_rows,
+            );
+        }
         for t in first..t1 {
             let nv = (ctx.visible(t) - kb0).min(nb);
             let row_range = (t - t0) * r..(t - t0 + 1) * r;
@@ -122,15 +143,12 @@ fn run_segment<D: Dp>(
             }
             let p = &pp[row_range.start * KEY_PAIRS..row_range.end * KEY_PAIRS];
             let va = ahead.map(|a| a.1);
-            values(
-                dp,
-                st.acc_from(row_range.start),
-                p,
-                r,
-                nv.div_ceil(2),
-                (vb, va),
-                dim,
-            );
+            let (acc, np) = (st.acc_from(row_range.start), nv.div_ceil(2));
+            if tiles {
+                values(dp, acc, p, r, np, (vb, va), BlockWalk::<true> { dim });
+            } else {
+                values(dp, acc, p, r, np, (vb, va), BlockWalk::<false> { dim });
+            }
         }
         kb0 += nb;
     }
@@ -169,24 +187,24 @@ fn weight_pairs(w: &[f32], out: &mut [u32]) {
 /// the block `kb` ([`k_pair_offset`](crate::kv::k_pair_offset)), in tiles of 6 or 4 rows × all 4 key vectors with
 /// 32 registers, 4 rows × one key vector with 16; every tile runs the same chains.
 #[inline(always)]
-fn scores<D: Dp>(
+fn scores<D: Dp, const T: bool>(
     dp: D,
     qp: &[u32],
-    kb: &[bf16],
-    ka: Option<*const bf16>,
-    dim: usize,
+    (kb, ka): (&[bf16], Option<*const bf16>),
+    walk: BlockWalk<T>,
     sc: &mut [f32],
 ) {
+    let dim = walk.dim;
     const NV: usize = KEY_BLOCK / KV_LANES;
     let half = dim / 2;
     let rows = qp.len() / half;
     let mut r0 = 0;
     while D::WIDE && rows - r0 >= 6 && !(rows - r0).is_multiple_of(4) {
-        score_tile::<D, 6, NV>(
+        score_tile::<D, 6, NV, T>(
             dp,
             &qp[r0 * half..],
             (kb, ka),
-            half,
+            walk,
             &mut sc[r0 * KEY_BLOCK..],
             0,
         );
@@ -195,10 +213,10 @@ fn scores<D: Dp>(
     while r0 + 4 <= rows {
         let sc = &mut sc[r0 * KEY_BLOCK..];
         if D::WIDE {
-            score_tile::<D, 4, NV>(dp, &qp[r0 * half..], (kb, ka), half, sc, 0);
+            score_tile::<D, 4, NV, T>(dp, &qp[r0 * half..], (kb, ka), walk, sc, 0);
         } else {
             for v0 in 0..NV {
-                score_tile::<D, 4, 1>(dp, &qp[r0 * half..], (kb, ka), half, sc, v0);
+                score_tile::<D, 4, 1, T>(dp, &qp[r0 * half..], (kb, ka), walk, sc, v0);
             }
         }
         r0 += 4;
@@ -206,10 +224,10 @@ fn scores<D: Dp>(
     while r0 < rows {
         let sc = &mut sc[r0 * KEY_BLOCK..];
         if D::WIDE {
-            score_tile::<D, 1, NV>(dp, &qp[r0 * half..], (kb, ka), half, sc, 0);
+            score_tile::<D, 1, NV, T>(dp, &qp[r0 * half..], (kb, ka), walk, sc, 0);
         } else {
             for v0 in 0..NV {
-                score_tile::<D, 1, 1>(dp, &qp[r0 * half..], (kb, ka), half, sc, v0);
+                score_tile::<D, 1, 1, T>(dp, &qp[r0 * half..], (kb, ka), walk, sc, v0);
             }
         }
         r0 += 1;
@@ -219,14 +237,15 @@ fn scores<D: Dp>(
 /// Scores of rows `0..R` against key vectors `v0..v0 + NV` of the block (keys `16·v0..16·(v0 + NV)`); with `ka`,
 /// each load also prefetches the same line of the block at `ka` (a hint only: never dereferenced).
 #[inline(always)]
-fn score_tile<D: Dp, const R: usize, const NV: usize>(
+fn score_tile<D: Dp, const R: usize, const NV: usize, const T: bool>(
     dp: D,
     qp: &[u32],
     (kb, ka): (&[bf16], Option<*const bf16>),
-    half: usize,
+    walk: BlockWalk<T>,
     sc: &mut [f32],
     v0: usize,
 ) {
+    let half = walk.dim / 2;
     // Every index below is checked here, once.
     assert!(
         qp.len() >= R * half
@@ -234,17 +253,19 @@ fn score_tile<D: Dp, const R: usize, const NV: usize>(
             && kb.len() >= 2 * half * KEY_BLOCK
             && sc.len() >= (R - 1) * KEY_BLOCK + (v0 + NV) * KV_LANES
     );
-    // Pair i of lane group v sits at u32 index (v·half + i)·16 of the block.
+    // Pair i of lane group v sits at u32 index start + i·step of the block ([`BlockWalk::k`]): (v·half + i)·16 in
+    // the link's block layout, i·64 + v·16 in tile order.
     let kp = kb.as_ptr().cast::<u32>();
     let mut acc = [[dp.zero(); NV]; R];
+    let walks: [(usize, usize); NV] = std::array::from_fn(|v| walk.k(v0 + v, half));
     for i in 0..half {
         let mut kv = [dp.splat_pair(0); NV];
         for (v, x) in kv.iter_mut().enumerate() {
-            let at = ((v0 + v) * half + i) * KV_LANES;
+            let at = walks[v].0 + i * walks[v].1;
             if let Some(a) = ka {
                 prefetch_l2(a.cast::<u32>().wrapping_add(at).cast());
             }
-            // SAFETY: at + 16 ≤ 4·half·16 u32s = dim·64 bf16 ≤ kb.len() (asserted above).
+            // SAFETY: at + 16 ≤ 4·half·16 u32s = dim·64 bf16 ≤ kb.len() (asserted above) in either order.
             *x = unsafe { dp.load_pairs(kp.add(at)) };
         }
         for (rr, acc_r) in acc.iter_mut().enumerate() {
@@ -269,62 +290,63 @@ fn score_tile<D: Dp, const R: usize, const NV: usize>(
 /// of up to 6 rows × 64 dimensions with 32 registers, single chunks of 16 dimensions otherwise, then the dimensions
 /// past the last whole chunk one by one; each output element is one chain over the pairs in order.
 #[inline(always)]
-fn values<D: Dp>(
+fn values<D: Dp, const T: bool>(
     dp: D,
     acc: &mut [f32],
     p: &[u32],
     n: usize,
     npairs: usize,
     vb: (&[bf16], Option<*const bf16>),
-    dim: usize,
+    walk: BlockWalk<T>,
 ) {
+    let dim = walk.dim;
     let mut r = 0;
     while r < n {
         let left = n - r;
         let (a, w) = (&mut acc[r * dim..], &p[r * KEY_PAIRS..]);
         if D::WIDE && left >= 6 && !left.is_multiple_of(4) {
-            value_rows::<D, 6>(dp, a, w, npairs, vb, dim);
+            value_rows::<D, 6, T>(dp, a, w, npairs, vb, walk);
             r += 6;
         } else if left >= 4 {
-            value_rows::<D, 4>(dp, a, w, npairs, vb, dim);
+            value_rows::<D, 4, T>(dp, a, w, npairs, vb, walk);
             r += 4;
         } else if left >= 2 {
-            value_rows::<D, 2>(dp, a, w, npairs, vb, dim);
+            value_rows::<D, 2, T>(dp, a, w, npairs, vb, walk);
             r += 2;
         } else {
-            value_rows::<D, 1>(dp, a, w, npairs, vb, dim);
+            value_rows::<D, 1, T>(dp, a, w, npairs, vb, walk);
             r += 1;
         }
     }
 }
 
 #[inline(always)]
-fn value_rows<D: Dp, const R: usize>(
+fn value_rows<D: Dp, const R: usize, const T: bool>(
     dp: D,
     acc: &mut [f32],
     p: &[u32],
     npairs: usize,
     (vb, va): (&[bf16], Option<*const bf16>),
-    dim: usize,
+    walk: BlockWalk<T>,
 ) {
+    let dim = walk.dim;
     let chunks = dim / KV_LANES;
     let mut c0 = 0;
     while D::WIDE && c0 + 4 <= chunks {
-        value_cols::<D, R, 4>(dp, acc, p, npairs, (vb, va), dim, c0);
+        value_cols::<D, R, 4, T>(dp, acc, p, npairs, (vb, va), walk, c0);
         c0 += 4;
     }
     while c0 < chunks {
-        value_cols::<D, R, 1>(dp, acc, p, npairs, (vb, va), dim, c0);
+        value_cols::<D, R, 1, T>(dp, acc, p, npairs, (vb, va), walk, c0);
         c0 += 1;
     }
-    // The last chunk, `dim mod 16` wide: pair j of dimension d at element c·16·64 + (j·w + d mod 16)·2.
+    // The last chunk, `dim mod 16` wide, element by element.
     let w = dim % KV_LANES;
-    let base = chunks * KV_LANES * KEY_BLOCK;
     for rr in 0..R {
         for d in 0..w {
             let at = &mut acc[rr * dim + chunks * KV_LANES + d];
             for j in 0..npairs {
-                let e = base + (j * w + d) * 2;
+                let e = walk.v_at(2 * j, chunks * KV_LANES + d, true);
                 *at = dp_lane(*at, pair(vb[e], vb[e + 1]), p[rr * KEY_PAIRS + j]);
             }
         }
@@ -334,15 +356,16 @@ fn value_rows<D: Dp, const R: usize>(
 /// Rows `0..R` × chunks `c0..c0 + NV` (16 dimensions each) of the values' chains over the block's first `npairs`
 /// key pairs; with `va`, each load also prefetches the same line of the block at `va` (a hint only).
 #[inline(always)]
-fn value_cols<D: Dp, const R: usize, const NV: usize>(
+fn value_cols<D: Dp, const R: usize, const NV: usize, const T: bool>(
     dp: D,
     acc: &mut [f32],
     p: &[u32],
     npairs: usize,
     (vb, va): (&[bf16], Option<*const bf16>),
-    dim: usize,
+    walk: BlockWalk<T>,
     c0: usize,
 ) {
+    let dim = walk.dim;
     // Every index of the loop is checked here, once.
     assert!(
         (c0 + NV) * KV_LANES <= dim
@@ -358,16 +381,19 @@ fn value_cols<D: Dp, const R: usize, const NV: usize>(
             *ai = unsafe { dp.load_acc(acc.as_ptr().add(rr * dim + (c0 + i) * KV_LANES)) };
         }
     }
-    // Key pair j of chunk c: u32 index (c·16·64)/2 + j·16.
+    // Key pair j of chunk c: u32 index start + j·step ([`BlockWalk::v`]): (c·16·64)/2 + j·16 in the link's block
+    // layout, (c's quad)·64·64/2 + j·w + (c mod 4)·16 in tile order.
     let vp = vb.as_ptr().cast::<u32>();
+    let walks: [(usize, usize); NV] = std::array::from_fn(|i| walk.v(c0 + i, true));
     for j in 0..npairs {
         let mut vv = [dp.splat_pair(0); NV];
         for (i, x) in vv.iter_mut().enumerate() {
-            let at = (c0 + i) * KV_LANES * KEY_PAIRS + j * KV_LANES;
+            let at = walks[i].0 + j * walks[i].1;
             if let Some(a) = va {
                 prefetch_l2(a.cast::<u32>().wrapping_add(at).cast());
             }
-            // SAFETY: at + 16 ≤ (c0 + NV)·512 u32s ≤ dim·32 u32s = dim·64 bf16 ≤ vb.len() (asserted above).
+            // SAFETY: at + 16 ≤ dim·32 u32s = dim·64 bf16 ≤ vb.len() (asserted above): chunk c0 + i is whole and
+            // j < 32 in either order.
             *x = unsafe { dp.load_pairs(vp.add(at)) };
         }
         for (rr, ar) in a.iter_mut().enumerate() {

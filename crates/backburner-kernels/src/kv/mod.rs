@@ -7,6 +7,7 @@
 mod cache;
 mod packed;
 pub(crate) mod page;
+pub(crate) mod tiles;
 mod view;
 
 use std::fmt;
@@ -15,6 +16,7 @@ use std::str::FromStr;
 pub use cache::{KvError, PagedKvCache};
 pub use packed::PackedPage;
 pub use page::KvPage;
+pub use tiles::{k_pair_tile_offset, k_tile_offset, v_pair_tile_offset, v_tile_offset, V_QUAD};
 pub use view::{PageLayout, PageView, PageViewError, RowsRef};
 
 /// Positions per storage block of a page: the attention kernel reads one block of one KV head as one contiguous

@@ -37,20 +37,23 @@ impl<'a> From<&'a Rows> for RowsRef<'a> {
     }
 }
 
-/// How the blocks of a page are ordered in its storage. Inside a block of [`KV_BLOCK`] positions of one KV head, K
-/// is always `[4, head_dim, 16]` (lane groups of 16 keys, transposed: [`k_offset`](super::k_offset)) and V
-/// `[⌈head_dim / 16⌉, 64, 16]` (chunks of 16 dimensions: [`v_offset`](super::v_offset)); the attention kernel reads
-/// every layout with the same bits.
+/// How the blocks of a page are ordered in its storage, and the elements inside a block of [`KV_BLOCK`] positions
+/// of one KV head; the attention kernel reads every layout with the same bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PageLayout {
     /// Block-major, as a [`KvPage`] grows: K `[block, head, {K block}]` in the K storage and V `[block, head,
-    /// {V block}]` in the V storage. The layout of pages on the wire.
+    /// {V block}]` in the V storage. The layout of pages on the wire. Inside a block, K is `[4, head_dim, 16]`
+    /// (lane groups of 16 keys, transposed: [`k_offset`](super::k_offset)) and V `[⌈head_dim / 16⌉, 64, 16]`
+    /// (chunks of 16 dimensions: [`v_offset`](super::v_offset)); bf16 pages pair them
+    /// ([`k_pair_offset`](super::k_pair_offset), [`v_pair_offset`](super::v_pair_offset)).
     BlockMajor,
     /// Head-major with K and V interleaved, as a [`PackedPage`](super::PackedPage) holds a frozen page: `[head,
     /// block, {K block, V block}]`, so one KV head's keys and values are one contiguous run over
     /// the page (the queries of one GQA group stream it once, front to back). The K and V storages are one buffer
     /// (or two copies of it) of `2 · ceil(len / 64) · n_kv_heads · head_dim · 64` elements: K is read from the
-    /// first, V from the second, each at its own offsets.
+    /// first, V from the second, each at its own offsets. Inside a block, K and V are in the kernel's tile order
+    /// ([`k_tile_offset`](super::k_tile_offset), [`v_tile_offset`](super::v_tile_offset) and their pair forms), so
+    /// that the stream is read in address order.
     HeadMajor,
 }
 
@@ -207,8 +210,8 @@ impl<'a> PageView<'a> {
     }
 
     /// Block `b` of KV head `h` (for the attention kernel): the storage and the offsets of its K and its V runs
-    /// (`head_dim · 64` elements each, in the layouts of [`k_offset`](super::k_offset) and
-    /// [`v_offset`](super::v_offset), or their pair layouts for bf16); positions at or past `len` hold no key.
+    /// (`head_dim · 64` elements each, in the block order of the page's [`PageLayout`]); positions at or past `len`
+    /// hold no key.
     pub(crate) fn block(&self, b: usize, h: usize) -> (RowsRef<'a>, usize, RowsRef<'a>, usize) {
         let run = self.head_dim * KV_BLOCK;
         let (k_at, v_at) = match self.layout {
