@@ -213,6 +213,11 @@ pub(crate) trait QIsa: Copy {
     /// A hint to bring the cache line at `p` into L2, ahead of a sequential stream (any address: never dereferenced,
     /// never faults; see [`crate::simd::prefetch_l2`]).
     fn prefetch(self, p: *const u8);
+    /// A hint to bring the cache line at `p` close to the core for one use ([`crate::simd::prefetch_once`]):
+    /// [`Prefetch::Near`](super::fmt::Prefetch::Near)'s.
+    fn prefetch_once(self, p: *const u8) {
+        self.prefetch(p);
+    }
 }
 
 /// Plain Rust lanes (any CPU), with the unsigned semantics of VNNI (`SIGNED = false`), so that the offset

@@ -19,6 +19,8 @@ const PREFETCH_BYTES: usize = 12 << 10;
 /// translations and first lines are under way before the hardware stream prefetcher (which stops at page
 /// boundaries) gets there.
 const SPARSE_PREFETCH_BYTES: usize = 16 << 10;
+/// How far ahead [`Prefetch::Near`] prefetches every line of a panel, bytes (measured: see [`Prefetch::Near`]).
+const NEAR_PREFETCH_BYTES: usize = 6 << 10;
 
 /// `y[i·ldy + j] = Σ_kk W[j][kk]·x[i][kk]` for `i < m`, `j < n`, with `x` quantized: `x: [m, k]` as
 /// [`QuantizedActs`], `w: [n, k]`, `y` row-major with row stride `ldy ≥ n` (columns `n..ldy` are not touched).
@@ -201,6 +203,12 @@ impl Task<'_> {
                         let ahead = up.wrapping_add(PREFETCH_BYTES + b * block_bytes);
                         for line in (0..block_bytes).step_by(64) {
                             isa.prefetch(ahead.wrapping_add(line));
+                        }
+                    }
+                    Prefetch::Near => {
+                        let ahead = up.wrapping_add(NEAR_PREFETCH_BYTES + b * block_bytes);
+                        for line in (0..block_bytes).step_by(64) {
+                            isa.prefetch_once(ahead.wrapping_add(line));
                         }
                     }
                     Prefetch::OneLine => {

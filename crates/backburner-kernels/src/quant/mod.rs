@@ -70,8 +70,8 @@
 //! `vpmaddwd` on AVX2 with i16 partial sums kept below overflow), then the block's float term. Threads split
 //! contiguous ranges of panel groups ([`crate::parallel`]). One row (decode): each thread streams its panels once
 //! over the whole `k`, prefetched as `prefetch.rs` says per format, ISA and vendor: every line 12 KiB ahead on Intel
-//! cores, AMD Zen 5 and for the 2-bit planes; on AMD Zen 4 cores with the AVX-512 kernels, no software prefetch for
-//! the formats read in address order. Q8_0 on AVX-512 reads each 544-byte unit's lines strictly upwards (one asm
+//! cores and for the 2-bit planes; for the formats read in address order with the AVX-512 kernels, no software
+//! prefetch on AMD Zen 4 cores and every line 6 KiB ahead with a one-use hint (`prefetchnta`) on AMD Zen 5. Q8_0 on AVX-512 reads each 544-byte unit's lines strictly upwards (one asm
 //! block for its 8 code vectors, then its scales) and, when it is the product's only task on an AMD core, prefetches
 //! one line per unit 16 KiB ahead (with two or more tasks there, none). A few rows (speculative decoding's verify
 //! steps: up to a tile, and on AVX-512 up to 16 rows of the formats with panel layouts of their own): the same, each

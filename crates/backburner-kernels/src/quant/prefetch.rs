@@ -21,6 +21,17 @@ pub(crate) enum Prefetch {
     /// where those figures were measured: on an Intel Xeon one line per unit left a lone Q8_0 stream 23 % slower than
     /// every line (decode 102.9 against 133.5 tok/s, 5 alternating rounds; [`lone_stream_prefetcher`]).
     OneLine,
+    /// Every 64-byte line of each 32-block, 6 KiB ahead, with a hint for one use (`prefetchnta`): the formats read
+    /// in address order on AMD cores of family 0x1A or later (Zen 5) running the AVX-512 kernels
+    /// ([`near_streams`]). On the 2-vCPU AMD EPYC (Zen 5) VM, 27B MLP shapes, `qdecode_27b` (share of a read of the
+    /// same bytes, which live in huge pages), 1 thread, alternating runs of 3 rounds: [`Prefetch::EveryLine`]
+    /// (12 KiB, `prefetcht1`) Q4_K 83–84 %, Q5_K 73–78 %, Q6_K 73 %, IQ4_XS 81–82 %; every line at other distances
+    /// with `prefetcht1` at best 90–92 / 82–84 / 84 / 90–91 % (6 KiB); with `prefetchnta` (or `prefetcht0`, a
+    /// little behind) at 6 KiB 94–97 / 93 / 93–94 / 97–101 %, at 8 KiB 99–100 / 90–92 / 93–94 / 101–103 %, at 12 KiB
+    /// 94–96 / 88–91 / 86 / 97 %, at 4 KiB 93–94 / 83–84 / 86–88 / 88–94 %. At 2 threads (2 runs, the second
+    /// vCPU's share of the memory moving between runs): 88–99 % against 70–88 %. Hardware prefetch alone was far
+    /// behind on this core ([`hardware_streams_suffice`]).
+    Near,
     /// No software prefetch: the core's hardware prefetchers alone, for units read in address order with few
     /// instructions per byte (the K-quants, Q4_0, IQ4_XS, and the generic formats with 4- to 8-bit codes) where
     /// [`hardware_streams_suffice`]. On the AMD EPYC (Zen 4) VM, at the 27B's MLP shapes, 1 thread, alternating
@@ -73,12 +84,21 @@ pub(crate) fn amd_zen4_or_older() -> bool {
     })
 }
 
-/// [`Prefetch::Hardware`] where [`hardware_streams_suffice`], else [`Prefetch::EveryLine`]: the choice of the
-/// formats read in address order.
+/// Whether the formats read in address order take [`Prefetch::Near`] on this core with ISA `I`: an AMD core of
+/// family 0x1A or later (Zen 5) running the AVX-512 kernels, where it was measured.
+#[inline(always)]
+pub(crate) fn near_streams<I: QIsa>() -> bool {
+    I::ORDERED_LOAD8 && lone_stream_prefetcher() && !amd_zen4_or_older()
+}
+
+/// [`Prefetch::Hardware`] where [`hardware_streams_suffice`], [`Prefetch::Near`] where [`near_streams`], else
+/// [`Prefetch::EveryLine`]: the choice of the formats read in address order.
 #[inline(always)]
 pub(crate) fn in_order_prefetch<I: QIsa>() -> Prefetch {
     if hardware_streams_suffice::<I>() {
         Prefetch::Hardware
+    } else if near_streams::<I>() {
+        Prefetch::Near
     } else {
         Prefetch::EveryLine
     }

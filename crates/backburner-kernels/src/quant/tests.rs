@@ -224,7 +224,7 @@ impl isa::QKernel for PrefetchPolicy {
 
 #[test]
 fn decode_prefetch_follows_the_measured_policy_of_each_format_isa_and_vendor() {
-    use fmt::Prefetch::{EveryLine, Hardware, OneLine};
+    use fmt::Prefetch::{EveryLine, Hardware, Near, OneLine};
     for cap in (0..=ISA_MAX).rev() {
         ISA_CAP.store(cap, Ordering::SeqCst);
         let isa = kernel_isa();
@@ -236,10 +236,10 @@ fn decode_prefetch_follows_the_measured_policy_of_each_format_isa_and_vendor() {
         } else {
             (EveryLine, EveryLine)
         };
-        let in_order = if amd512 && super::prefetch::amd_zen4_or_older() {
-            Hardware
-        } else {
-            EveryLine
+        let in_order = match (amd512, super::prefetch::amd_zen4_or_older()) {
+            (true, true) => Hardware,
+            (true, false) => Near,
+            (false, _) => EveryLine,
         };
         let want = [
             one, two, in_order, in_order, in_order, in_order, in_order, in_order, EveryLine,

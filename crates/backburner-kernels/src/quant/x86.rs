@@ -215,6 +215,10 @@ impl<const VBMI: bool> QIsa for Avx512Vnni<VBMI> {
     fn prefetch(self, p: *const u8) {
         crate::simd::prefetch_l2(p);
     }
+    #[inline(always)]
+    fn prefetch_once(self, p: *const u8) {
+        crate::simd::prefetch_once(p);
+    }
 }
 
 /// AVX2 lanes (two 256-bit registers each: rows 0..8, rows 8..16).
@@ -464,6 +468,10 @@ impl QIsa for Avx2 {
     #[inline(always)]
     fn prefetch(self, p: *const u8) {
         crate::simd::prefetch_l2(p);
+    }
+    #[inline(always)]
+    fn prefetch_once(self, p: *const u8) {
+        crate::simd::prefetch_once(p);
     }
 }
 

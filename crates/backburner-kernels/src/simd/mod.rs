@@ -107,6 +107,19 @@ pub(crate) fn prefetch_l2(p: *const u8) {
     let _ = p;
 }
 
+/// A hint to bring the cache line at `p` close to the core for one use (`prefetchnta`): any address (never
+/// dereferenced, never faults); nothing off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch_once(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it reads nothing architecturally and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_NTA }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// `y[i] *= s`.
 #[inline(always)]
 pub(crate) fn scale(y: &mut [f32], s: f32) {
