@@ -49,8 +49,9 @@ pub(crate) enum Prefetch {
 
 /// Whether the formats of [`Prefetch::Hardware`] should go without software prefetches on this core with ISA `I`:
 /// an AMD core ([`lone_stream_prefetcher`]) of family 0x19 or older ([`amd_zen4_or_older`]: Zen 4, the one with
-/// AVX-512) running the AVX-512 kernels ([`QIsa::ORDERED_LOAD8`]), where it was measured; elsewhere (the Intel Xeon
-/// VM the 12 KiB distance was tuned on, Zen 5, the AVX2 and plain-Rust kernels) they keep [`Prefetch::EveryLine`].
+/// AVX-512) running the AVX-512 kernels ([`QIsa::ORDERED_LOAD8`]), where it was measured; Zen 5 takes
+/// [`Prefetch::Near`] ([`near_streams`]); elsewhere (the Intel Xeon VM the 12 KiB distance was tuned on, the AVX2
+/// and plain-Rust kernels) they keep [`Prefetch::EveryLine`].
 ///
 /// Zen 5 (family 0x1A), 2 vCPUs of an AMD EPYC VM, 27B MLP shapes, 1 thread, 1 row, alternating runs of
 /// `qverify_27b` (3 pairs): Q4_K 5.1 → 4.0–4.5 ms, Q5_K 8.0–9.7 → 5.5–5.9 ms, Q6_K 9.5–11.6 → 6.4–6.8 ms, IQ4_XS
