@@ -477,7 +477,7 @@ fn a_running_job_turns_on_a_compute_thread_and_an_idle_scheduler_leaves_the_pool
 
 #[test]
 fn the_slot_board_shows_a_running_job_and_then_the_idle_history() {
-    use backburner_engine::serve::Backend;
+    use backburner_engine::serve::EngineClient;
     let model = load_model("tiny-f32");
     let vocab = model.config().vocab_size;
     let e = engine(&model, 2, 4, CacheLimits::default());

@@ -28,7 +28,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use backburner_engine::serve::Backend;
+use backburner_engine::serve::EngineClient;
 use backburner_model::TextTokenizer;
 use serde_json::json;
 
@@ -40,7 +40,7 @@ pub const MAX_BODY_BYTES: usize = 16 << 20;
 /// What the handlers share.
 pub struct AppState {
     /// The serving engine ([`backburner_engine::serve::Engine`], or a scripted one in tests).
-    pub engine: Arc<dyn Backend>,
+    pub engine: Arc<dyn EngineClient>,
     /// The tokenizer and chat template (`None`: only `/v1/completions` with token ids works).
     pub tokenizer: Option<Arc<TextTokenizer>>,
     /// The model's name in the API (`model` fields, `/v1/models`).
@@ -73,7 +73,7 @@ pub struct AppState {
 impl AppState {
     /// State over a started engine.
     pub fn new(
-        engine: Arc<dyn Backend>,
+        engine: Arc<dyn EngineClient>,
         tokenizer: Option<Arc<TextTokenizer>>,
         model_id: String,
         context_length: usize,

@@ -1,5 +1,5 @@
 //! llama-server's `GET /slots`: what each slot is doing, from the states the engine's scheduler publishes
-//! ([`backburner_engine::serve::Backend::slot_states`]). Needs the API key when one is set; `serve --no-slots` turns
+//! ([`backburner_engine::serve::EngineClient::slot_states`]). Needs the API key when one is set; `serve --no-slots` turns
 //! it off (501 `not_supported_error`, as llama-server answers).
 
 use std::sync::Arc;

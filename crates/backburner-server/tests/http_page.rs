@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backburner_engine::serve::{Backend, Event, Job, Metrics, SubmitError};
+use backburner_engine::serve::{EngineClient, Event, Job, Metrics, SubmitError};
 use backburner_engine::{Generation, StopReason, Timings};
 use common::*;
 use reqwest::StatusCode;
@@ -58,7 +58,7 @@ impl Gate {
     }
 }
 
-impl Backend for Canned {
+impl EngineClient for Canned {
     fn submit(&self, mut job: Job) -> Result<(), SubmitError> {
         let prompt = tokenizer().decode(&job.prompt).expect("a prompt of text");
         self.prompts.lock().unwrap().push(prompt);

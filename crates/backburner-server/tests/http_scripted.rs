@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backburner_engine::serve::{Backend, Event, EventSink, Job, Metrics, SubmitError};
+use backburner_engine::serve::{EngineClient, Event, EventSink, Job, Metrics, SubmitError};
 use backburner_engine::EngineError;
 use backburner_engine::{Generation, StopReason, Timings, TokenLogprob};
 use common::*;
@@ -81,7 +81,7 @@ impl Scripted {
     }
 }
 
-impl Backend for Scripted {
+impl EngineClient for Scripted {
     fn submit(&self, job: Job) -> Result<(), SubmitError> {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(SubmitError::ShuttingDown);

@@ -7,7 +7,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backburner_engine::serve::{Backend, Engine, Event, Job, Metrics, SubmitError};
+use backburner_engine::serve::{Engine, EngineClient, Event, Job, Metrics, SubmitError};
 use common::*;
 use serde_json::{json, Value};
 
@@ -39,7 +39,7 @@ impl Held {
     }
 }
 
-impl Backend for Held {
+impl EngineClient for Held {
     fn submit(&self, mut job: Job) -> Result<(), SubmitError> {
         if let (Some(reached), Some(gate)) = (
             self.reached.lock().unwrap().take(),
@@ -70,7 +70,7 @@ impl Backend for Held {
 
     fn shutdown(&self, grace: Duration) {
         self.release();
-        Backend::shutdown(&*self.engine, grace)
+        EngineClient::shutdown(&*self.engine, grace)
     }
 }
 

@@ -144,8 +144,9 @@ pub enum SubmitError {
 }
 
 /// What a server needs of a serving engine: [`Engine`], or a scripted stand-in in tests (to check how the server
-/// presents given outputs: reasoning, tool calls, errors).
-pub trait Backend: Send + Sync {
+/// presents given outputs: reasoning, tool calls, errors). The HTTP layer's view of the engine, as vLLM's
+/// `EngineClient` is its API server's (named so, not `Backend`, to keep that word for compute backends: issue 38).
+pub trait EngineClient: Send + Sync {
     /// Queues a job ([`Engine::submit`]).
     fn submit(&self, job: Job) -> std::result::Result<(), SubmitError>;
     /// The counters.
@@ -170,7 +171,7 @@ pub trait Backend: Send + Sync {
     }
 }
 
-impl Backend for Engine {
+impl EngineClient for Engine {
     fn submit(&self, job: Job) -> std::result::Result<(), SubmitError> {
         Engine::submit(self, job)
     }

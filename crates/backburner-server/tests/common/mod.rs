@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use backburner_engine::serve::{Backend, CacheLimits, Engine, ServeOptions};
+use backburner_engine::serve::{CacheLimits, Engine, EngineClient, ServeOptions};
 use backburner_engine::{Session, SessionOptions};
 use backburner_model::{Model, TextTokenizer};
 use backburner_server::AppState;
@@ -131,7 +131,7 @@ pub fn engine_with(
 }
 
 /// The server's state over `backend`, with the tiny tokenizer.
-pub fn state(backend: Arc<dyn Backend>, context: usize, api_key: Option<&str>) -> AppState {
+pub fn state(backend: Arc<dyn EngineClient>, context: usize, api_key: Option<&str>) -> AppState {
     let tok = tokenizer();
     let eos = tok.eos_ids().to_vec();
     AppState::new(
