@@ -211,18 +211,8 @@ impl Ctx<'_> {
             if direct {
                 let (k, k_at, v, v_at) = self.page.block(b, g);
                 let n = dim * KEY_BLOCK;
-                // The block read next, prefetched as this one is read. A packed page is read in address order (a
-                // head's blocks, then the next head's, as the tasks run), so that is the next 2·n elements, past
-                // the head's or the page's end too; otherwise this head's next block of the segment (the last
-                // block prefetches itself: a hint for lines already on their way, so the loads need no branch).
-                let (pk, pv) = if tiles {
-                    (k_at + 2 * n, v_at + 2 * n)
-                } else if kb0 + nb < k1 {
-                    let (_, k2_at, _, v2_at) = self.page.block(b + 1, g);
-                    (k2_at, v2_at)
-                } else {
-                    (k_at, v_at)
-                };
+                // The block read next ([`PageView::read_next`]), prefetched as this one is read.
+                let (pk, pv) = self.page.read_next(b, g, kb0 + nb < k1);
                 match (k, v) {
                     (RowsRef::F16(k), RowsRef::F16(v)) => {
                         let (ka, va) = (ahead(k, pk), ahead(v, pv));

@@ -85,54 +85,52 @@ fn run_segment<D: Dp>(
             *o = pair(q(x[0]), q(x[1]));
         }
     }
+    if ctx.page.layout() == PageLayout::HeadMajor {
+        let walk = BlockWalk::<true> { dim };
+        segment_blocks(dp, ctx, (g, t0, t1), (k0, k1), &qp, walk, &mut st);
+    } else {
+        let walk = BlockWalk::<false> { dim };
+        segment_blocks(dp, ctx, (g, t0, t1), (k0, k1), &qp, walk, &mut st);
+    }
+    st
+}
+
+/// The blocks of keys `[k0, k1)` of kv head `g` for the rows of tokens `[t0, t1)` (queries `qp` as bf16 pairs), the
+/// page's blocks in order `T`: scores, softmax, values, into `st`.
+#[inline(always)]
+fn segment_blocks<D: Dp, const T: bool>(
+    dp: D,
+    ctx: &Ctx<'_>,
+    (g, t0, t1): (usize, usize, usize),
+    (k0, k1): (usize, usize),
+    qp: &[u32],
+    walk: BlockWalk<T>,
+    st: &mut RowState,
+) {
+    let half = walk.dim / 2;
+    let r = ctx.group;
+    let rows = (t1 - t0) * r;
     let mut sc = vec![0.0f32; rows * KEY_BLOCK];
     let mut pp = vec![0u32; rows * KEY_PAIRS];
-    let tiles = ctx.page.layout() == PageLayout::HeadMajor;
     let mut kb0 = k0;
     while kb0 < k1 {
         let nb = KEY_BLOCK.min(k1 - kb0);
-        let b = kb0 / KEY_BLOCK;
-        let (kb, vb) = bf16_block(ctx, b, g);
         // Decode (few rows, one pass over the block): every line loaded also prefetches the same line of the block
-        // read next, as the f16 kernel does: on a packed page the next 2·n elements (address order, past the
-        // head's or page's end too: a hint is never dereferenced), otherwise this head's next block of the segment
-        // (the last block prefetches itself). Prefill reads each block once per tile of rows, from cache after the
-        // first.
-        let n = dim * KEY_BLOCK;
-        let (ka, va) = if tiles {
-            (
-                kb.as_ptr().wrapping_add(2 * n),
-                vb.as_ptr().wrapping_add(2 * n),
-            )
-        } else if kb0 + nb < k1 {
-            let (ka, va) = bf16_block(ctx, b + 1, g);
-            (ka.as_ptr(), va.as_ptr())
-        } else {
-            (kb.as_ptr(), vb.as_ptr())
-        };
+        // read next ([`PageView::read_next`](crate::kv::PageView)), as the f16 kernel does. Prefill reads each block
+        // once per tile of rows, from cache after the first.
+        let (kb, vb, (ka, va)) = bf16_block(ctx, kb0 / KEY_BLOCK, g, kb0 + nb < k1);
         let ahead = (rows <= PREFETCH_ROWS).then_some((ka, va));
         // Tokens before `first` see nothing of this block (visibility grows with the token).
         let first = (t0..t1).find(|&t| ctx.visible(t) > kb0).unwrap_or(t1);
         let row0 = (first - t0) * r;
         let ka = ahead.map(|a| a.0);
-        let sc_rows = &mut sc[row0 * KEY_BLOCK..];
-        if tiles {
-            scores(
-                dp,
-                &qp[row0 * half..],
-                (kb, ka),
-                BlockWalk::<true> { dim },
-                sc_rows,
-            );
-        } else {
-            scores(
-                dp,
-                &qp[row0 * half..],
-                (kb, ka),
-                BlockWalk::<false> { dim },
-                sc_rows,
-            );
-        }
+        scores(
+            dp,
+            &qp[row0 * half..],
+            (kb, ka),
+            walk,
+            &mut sc[row0 * KEY_BLOCK..],
+        );
         for t in first..t1 {
             let nv = (ctx.visible(t) - kb0).min(nb);
             let row_range = (t - t0) * r..(t - t0 + 1) * r;
@@ -144,28 +142,34 @@ fn run_segment<D: Dp>(
             let p = &pp[row_range.start * KEY_PAIRS..row_range.end * KEY_PAIRS];
             let va = ahead.map(|a| a.1);
             let (acc, np) = (st.acc_from(row_range.start), nv.div_ceil(2));
-            if tiles {
-                values(dp, acc, p, r, np, (vb, va), BlockWalk::<true> { dim });
-            } else {
-                values(dp, acc, p, r, np, (vb, va), BlockWalk::<false> { dim });
-            }
+            values(dp, acc, p, r, np, (vb, va), walk);
         }
         kb0 += nb;
     }
-    st
 }
 
 /// At most this many query rows per task prefetch the next block (decode: one token's GQA group).
 const PREFETCH_ROWS: usize = 8;
 
-/// Block `b` of kv head `g` of a bf16 page: its K and V runs (`head_dim · 64` elements each).
+/// Block `b` of kv head `g` of a bf16 page: its K and V runs (`head_dim · 64` elements each), and where a decode
+/// reading it prefetches ([`PageView::read_next`](crate::kv::PageView); `more`: blocks of the segment follow).
 #[inline(always)]
-fn bf16_block<'a>(ctx: &Ctx<'a>, b: usize, g: usize) -> (&'a [bf16], &'a [bf16]) {
+#[allow(clippy::type_complexity)]
+fn bf16_block<'a>(
+    ctx: &Ctx<'a>,
+    b: usize,
+    g: usize,
+    more: bool,
+) -> (&'a [bf16], &'a [bf16], (*const bf16, *const bf16)) {
     let n = ctx.page.head_dim() * KEY_BLOCK;
+    let (pk, pv) = ctx.page.read_next(b, g, more);
     match ctx.page.block(b, g) {
-        (RowsRef::Bf16(k), k_at, RowsRef::Bf16(v), v_at) => {
-            (&k[k_at..k_at + n], &v[v_at..v_at + n])
-        }
+        (RowsRef::Bf16(k), k_at, RowsRef::Bf16(v), v_at) => (
+            &k[k_at..k_at + n],
+            &v[v_at..v_at + n],
+            // Prefetch addresses only (wrapping: they may lie past the storage).
+            (k.as_ptr().wrapping_add(pk), v.as_ptr().wrapping_add(pv)),
+        ),
         _ => unreachable!("the pair kernel runs on bf16 pages"),
     }
 }

@@ -226,6 +226,25 @@ impl<'a> PageView<'a> {
         };
         (self.k, k_at, self.v, v_at)
     }
+
+    /// Where a decode reading block `b` of KV head `h` prefetches (offsets into the K and V storages, as
+    /// [`PageView::block`]'s): the block it reads next. A head-major page is read in address order (a head's blocks,
+    /// then the next head's, as the attention tasks run), so that is the next K and V runs, past the head's or the
+    /// page's end too (a prefetch address, never dereferenced). A block-major page interleaves the heads: this head's
+    /// next block while `more` blocks of the segment follow, else block `b` itself (a hint for lines already on
+    /// their way, so the loads need no branch).
+    pub(crate) fn read_next(&self, b: usize, h: usize, more: bool) -> (usize, usize) {
+        let (_, k_at, _, v_at) = self.block(b, h);
+        let run = self.head_dim * KV_BLOCK;
+        match self.layout {
+            PageLayout::HeadMajor => (k_at + 2 * run, v_at + 2 * run),
+            PageLayout::BlockMajor if more => {
+                let (_, k2, _, v2) = self.block(b + 1, h);
+                (k2, v2)
+            }
+            PageLayout::BlockMajor => (k_at, v_at),
+        }
+    }
 }
 
 impl<'a> From<&'a KvPage> for PageView<'a> {

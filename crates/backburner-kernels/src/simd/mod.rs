@@ -98,23 +98,32 @@ pub(crate) fn scale_axpy(y: &mut [f32], s: f32, a: f32, x: &[f32]) {
 /// 8,192 cold f16 positions took 1.0–1.1 ms against 0.6–0.7). Never faults, whatever the address.
 #[inline(always)]
 pub(crate) fn prefetch_l2(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it reads nothing architecturally and never faults.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    prefetch_hint::<HINT_T1>(p);
 }
 
 /// A hint to bring the cache line at `p` close to the core for one use (`prefetchnta`): any address (never
 /// dereferenced, never faults); nothing off x86-64.
 #[inline(always)]
 pub(crate) fn prefetch_once(p: *const u8) {
+    prefetch_hint::<HINT_NTA>(p);
+}
+
+/// `_MM_HINT_T1` and `_MM_HINT_NTA` (checked against `std::arch` below), spelled out so that the callers compile
+/// on every target.
+const HINT_T1: i32 = 2;
+const HINT_NTA: i32 = 0;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    HINT_T1 == std::arch::x86_64::_MM_HINT_T1 && HINT_NTA == std::arch::x86_64::_MM_HINT_NTA
+);
+
+/// `prefetch` with hint `H` at `p` on x86-64, nothing elsewhere.
+#[inline(always)]
+fn prefetch_hint<const H: i32>(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint: it reads nothing architecturally and never faults.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_NTA }>(p.cast());
+        std::arch::x86_64::_mm_prefetch::<H>(p.cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
