@@ -2,6 +2,7 @@
 # Alternating pairs, ours then the peer, on 27B-shape GGUF files (the figures of docs/BENCHMARKS.md, 2026-12-05).
 #   scripts/pairs_27b.sh ik FILE THREADS PAIRS       decode of 32 tokens at depth 128 vs ik_llama.cpp (-rtr 1; IK=its root)
 #   scripts/pairs_27b.sh bf16 FILE THREADS PAIRS     512-token prefill with --precision bf16 vs llama.cpp (LCPP=its root)
+#   scripts/pairs_27b.sh prefill FILE THREADS PAIRS  512-token prefill vs llama.cpp and ik_llama.cpp (-rtr 1), in turn
 #   scripts/pairs_27b.sh types TYPE...               per type: a 4-layer 27B-shape file (written, then removed), two
 #                                                     pairs at 1 thread and one at 2: 512-token prefill, 32 decoded tokens
 # BB: our binary (default target/release/backburner; use a copy while building). OUT: where `types` writes its files.
@@ -28,6 +29,13 @@ bf16)
     read -r op _ < <(ours "$2" "$3" 512 --precision bf16)
     lp=$(peer "${LCPP:?set LCPP}/build/bin/llama-bench" "$2" "$3" -p 512 -n 0 -ub 512 -fa on -ctk f16 -ctv f16)
     echo "$(basename "$2") t$3 prefill ours $op llama.cpp $lp ratio $(ratio "$op" "$lp")"
+  done ;;
+prefill)
+  for _ in $(seq "$4"); do
+    read -r op _ < <(ours "$2" "$3" 512)
+    lp=$(peer "${LCPP:?set LCPP}/build/bin/llama-bench" "$2" "$3" -p 512 -n 0 -ub 512 -fa on -ctk f16 -ctv f16)
+    kp=$(peer "${IK:?set IK}/build/bin/llama-bench" "$2" "$3" -p 512 -n 0 -ub 512 -rtr 1)
+    echo "$(basename "$2") t$3 prefill ours $op llama.cpp $lp ik $kp ratios $(ratio "$op" "$lp") $(ratio "$op" "$kp")"
   done ;;
 types)
   shift

@@ -5,8 +5,8 @@
 //! The block layout of pages on the link ([`k_offset`], [`v_offset`] and their pair forms) puts the four lane
 //! groups of K 16 · `head_dim` keys apart, and four 16-dimension chunks of V 64 keys apart. The kernel's tiles read
 //! one vector of each of the four at a time, so the hardware sees four streams a few KiB apart per block; on the
-//! AMD EPYC (Zen 5) dev VM a plain read of 256 MiB in that pattern runs at 22 GB/s (28 with software prefetches)
-//! against 36 GB/s front to back. In tile order the same loads are adjacent:
+//! AMD EPYC (Zen 5) dev VM a plain read of 256 MiB in that pattern runs at 22–24 GB/s (28–30 with software
+//! prefetches) against 36 GB/s front to back (`scripts/stream_pattern_read.c`). In tile order the same loads are adjacent:
 //!
 //! * K `[dim][KV_BLOCK]` ([`k_tile_offset`]): the 64 keys of one dimension side by side (bf16: `[dim / 2][KV_BLOCK][2]`,
 //!   [`k_pair_tile_offset`]);
@@ -21,7 +21,8 @@ use super::{k_offset, k_pair_offset, v_offset, v_pair_offset, KV_BLOCK, KV_LANES
 /// Dimensions of V per quad of the tile order: the kernel's widest value tile (4 vectors of 16 lanes).
 pub const V_QUAD: usize = 4 * KV_LANES;
 
-/// Offset of key `lane` (`< KV_BLOCK`), dimension `d` inside a K block in tile order: `[dim][KV_BLOCK]`.
+/// Offset of key `lane` (`< KV_BLOCK`), dimension `d` inside a K block in tile order: `[dim][KV_BLOCK]`. This and
+/// the three offsets below give a meaningless offset for arguments out of range, as [`k_offset`] does.
 #[inline]
 pub fn k_tile_offset(lane: usize, d: usize) -> usize {
     d * KV_BLOCK + lane
