@@ -7,6 +7,7 @@ pub mod arch;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod fingerprint;
 pub mod fsutil;

@@ -144,6 +144,9 @@ pub struct ModelState {
     scratch_b: Scratch,
     /// Where pages held elsewhere are attended (KV offload), and the step's first failure.
     remote: crate::remote::RemoteSlot,
+    /// The state of the layers placed on devices, one per placed range of the model, made at the sequence's first
+    /// pass ([`crate::Model::place_layers`]).
+    pub(crate) device: Vec<Option<crate::device::DeviceState>>,
 }
 
 impl ModelState {
@@ -174,6 +177,7 @@ impl ModelState {
             scratch: Scratch::default(),
             scratch_b: Scratch::default(),
             remote: Default::default(),
+            device: Vec::new(),
         }
     }
 
@@ -211,6 +215,11 @@ impl ModelState {
     /// Latches `e` as the state's remote failure unless one is latched already.
     pub(crate) fn latch_remote_error(&mut self, e: crate::RemoteError) {
         self.remote.error.get_or_insert(e);
+    }
+
+    /// Whether a store of pages held elsewhere is attached (KV offload).
+    pub(crate) fn has_remote(&self) -> bool {
+        self.remote.pages.is_some()
     }
 
     /// The remote failure latched, if any, without clearing it.

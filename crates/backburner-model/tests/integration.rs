@@ -7,6 +7,7 @@ mod chat_pycompat;
 mod chat_request;
 mod chat_template;
 mod checkpoints;
+mod device;
 mod gguf_mix;
 mod load_bytes;
 mod loading;

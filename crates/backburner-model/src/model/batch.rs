@@ -24,6 +24,7 @@ impl Model {
     /// elsewhere (`offloaded() > 0`: the batch is only for sequences whose pages are all local), or an id is out of
     /// range (check with [`Model::check_ids`] first).
     pub fn forward_decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Vec<f32> {
+        self.check_cpu_only("batched decode");
         self.check_batch(ids, states);
         let n = ids.len();
         let h = self.config.hidden_size;

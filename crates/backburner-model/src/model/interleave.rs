@@ -26,6 +26,7 @@ impl Model {
         state: &mut ModelState,
         logit_rows: Option<Range<usize>>,
     ) -> Vec<f32> {
+        self.check_cpu_only("the interleaved pass (KV offload)");
         assert!(
             split > 0 && split < ids.len(),
             "split {split} outside 1..{}",

@@ -27,6 +27,7 @@ mod mixer;
 mod moe;
 mod moe_split;
 mod mtp;
+mod place;
 mod scratch;
 pub mod verify;
 pub use experts::ExpertStore;
@@ -173,6 +174,8 @@ pub struct Model {
     experts_elsewhere: bool,
     /// The MTP block (loaded with the ends when the config asks for it and the file has it).
     mtp: Option<Mtp>,
+    /// Layer ranges placed on a device ([`Model::place_layers`]), in layer order, disjoint.
+    devices: Vec<crate::device::DeviceLayers>,
 }
 
 impl Model {
@@ -254,6 +257,7 @@ impl Model {
             expert_reads: std::sync::atomic::AtomicU64::new(0),
             remote_experts: Default::default(),
             mtp,
+            devices: Vec::new(),
         })
     }
 
@@ -498,11 +502,17 @@ impl Model {
             n_tokens * self.config.hidden_size,
             "x is not [T, H]"
         );
-        for i in layers {
+        let mut i = layers.start;
+        while i < layers.end {
+            if let Some(end) = self.forward_on_device(i..layers.end, x, n_tokens, pos0, state) {
+                i = end;
+                continue;
+            }
             let layer = self.layers[i].as_ref().expect("layer not loaded");
             let (ls, scratch, remote) = state.layer_and_scratch(i);
             let ls = ls.expect("layer state not held");
             self.forward_layer(i, layer, x, n_tokens, pos0, ls, scratch, remote);
+            i += 1;
         }
     }
 

@@ -167,6 +167,7 @@ impl Model {
         ids: &[u32],
         state: &mut ModelState,
     ) -> Result<Vec<f32>, VerifyError> {
+        self.check_cpu_only("verify");
         let all = 0..self.config.num_hidden_layers;
         if self.range != all || !self.holds_ends() || state.range() != all {
             return Err(VerifyError::NotWholeModel);
@@ -218,6 +219,7 @@ impl Model {
         n_tokens: usize,
         state: &mut ModelState,
     ) -> Result<(), VerifyError> {
+        self.check_cpu_only("verify");
         let t = n_tokens;
         if t == 0 {
             return Err(VerifyError::Empty);

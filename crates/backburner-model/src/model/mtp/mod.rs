@@ -190,6 +190,7 @@ impl Model {
         next: &[u32],
         logit_rows: Option<Range<usize>>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.check_cpu_only("MTP drafting");
         let mtp = self.need_mtp()?;
         let (t, h) = (next.len(), self.config.hidden_size);
         let bad = |m: String| Err(ModelError::InvalidConfig(m));

@@ -1,0 +1,466 @@
+//! A range of decoder layers held on one backend, and their pass over a sequence's residual stream: the same math as
+//! the CPU path (`model/forward.rs`, `model/mixer.rs`), written once against [`Backend`]'s ops so that any device
+//! runs it. On [`super::CpuBackend`] it gives the CPU path's bits.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use backburner_kernels::gdn::GdnDims;
+
+use super::backend::{Backend, Buf, DecodeStep, DeviceKv, DeviceMatrix, DeviceResult};
+use super::id::DeviceError;
+use crate::config::{ModelConfig, VHeadOrder};
+use crate::model::{Ffn, Layer, Mixer, Model, GDN_CHUNK};
+use crate::ops::Rope;
+use crate::state::KvOptions;
+
+/// One layer's weights on a device.
+struct DLayer {
+    input_norm: Buf,
+    post_norm: Buf,
+    mixer: DMixer,
+    gate_up: DeviceMatrix,
+    down: DeviceMatrix,
+}
+
+enum DMixer {
+    Gdn {
+        in_proj: DeviceMatrix,
+        conv_weight: Buf,
+        dt_bias: Buf,
+        neg_a: Buf,
+        norm: Buf,
+        out_proj: DeviceMatrix,
+    },
+    Attn {
+        qkv: DeviceMatrix,
+        q_norm: Buf,
+        k_norm: Buf,
+        o_proj: DeviceMatrix,
+    },
+}
+
+/// Layers `range` of a model held on one backend: their weights uploaded once, run on a [`DeviceState`].
+pub struct DeviceLayers {
+    backend: Arc<dyn Backend>,
+    range: Range<usize>,
+    layers: Vec<DLayer>,
+    cfg: ModelConfig,
+    rope: Rope,
+}
+
+impl std::fmt::Debug for DeviceLayers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceLayers({:?} on {})",
+            self.range,
+            self.backend.info().id
+        )
+    }
+}
+
+/// One sequence's state of the layers of a [`DeviceLayers`], on its device, and the pass's activation buffers.
+pub struct DeviceState {
+    layers: Vec<DState>,
+    /// Positions each layer has processed.
+    pos: Vec<usize>,
+    s: Scratch,
+}
+
+impl DeviceState {
+    /// Positions layer `i` (an index of the model) has processed, if this state holds it.
+    pub fn positions(&self, first: usize, i: usize) -> Option<usize> {
+        self.pos.get(i.checked_sub(first)?).copied()
+    }
+}
+
+impl std::fmt::Debug for DeviceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceState({} layers)", self.layers.len())
+    }
+}
+
+enum DState {
+    /// `[conv_dim, kernel − 1]` conv state and `[Hv, Dk, Dv]` recurrent state.
+    Gdn {
+        conv: Buf,
+        recurrent: Buf,
+    },
+    Attn(DeviceKv),
+}
+
+/// Activation buffers, grown to the ubatch once.
+struct Scratch {
+    x: Buf,
+    h: Buf,
+    proj: Buf,
+    out: Buf,
+    gu: Buf,
+    act: Buf,
+    a: Buf,
+    b: Buf,
+    q: Buf,
+    k: Buf,
+    v: Buf,
+    z: Buf,
+    g: Buf,
+    beta: Buf,
+    o: Buf,
+    lse: Buf,
+}
+
+impl DeviceLayers {
+    /// Uploads the weights of layers `range` of `model` (which must hold them) to `backend`.
+    ///
+    /// Errors: [`DeviceError::Unsupported`] for a mixture-of-experts layer (they run on the CPU) or a weight format
+    /// the backend lacks; the backend's out-of-memory and driver errors.
+    pub fn new(
+        model: &Model,
+        range: Range<usize>,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Self, DeviceError> {
+        let id = backend.info().id;
+        let mut layers = Vec::with_capacity(range.len());
+        for i in range.clone() {
+            let l = model
+                .layer(i)
+                .ok_or_else(|| DeviceError::Unsupported(id, format!("layer {i}: not loaded")))?;
+            layers.push(upload_layer(backend.as_ref(), l, i)?);
+        }
+        let cfg = model.config().clone();
+        let rope = Rope::new(cfg.rotary_dim(), cfg.head_dim, cfg.rope.rope_theta);
+        Ok(DeviceLayers {
+            backend,
+            range,
+            layers,
+            cfg,
+            rope,
+        })
+    }
+
+    /// The layers held.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        let m = |w: &DeviceMatrix| w.bytes;
+        let f = |b: &Buf| 4 * b.len() as u64;
+        self.layers
+            .iter()
+            .map(|l| {
+                let mix = match &l.mixer {
+                    DMixer::Gdn {
+                        in_proj,
+                        conv_weight,
+                        dt_bias,
+                        neg_a,
+                        norm,
+                        out_proj,
+                    } => {
+                        m(in_proj) + m(out_proj) + f(conv_weight) + f(dt_bias) + f(neg_a) + f(norm)
+                    }
+                    DMixer::Attn {
+                        qkv,
+                        q_norm,
+                        k_norm,
+                        o_proj,
+                    } => m(qkv) + m(o_proj) + f(q_norm) + f(k_norm),
+                };
+                mix + m(&l.gate_up) + m(&l.down) + f(&l.input_norm) + f(&l.post_norm)
+            })
+            .sum()
+    }
+
+    /// A sequence's empty state of these layers (position 0), its KV pages as `kv` says.
+    ///
+    /// Errors: the backend's out-of-memory and driver errors.
+    pub fn new_state(&self, kv: KvOptions) -> DeviceResult<DeviceState> {
+        let be = self.backend.as_ref();
+        let c = &self.cfg;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l.mixer {
+                DMixer::Gdn { .. } => {
+                    let conv = c.conv_dim() * (c.linear_conv_kernel_dim - 1);
+                    let rec =
+                        c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+                    Ok(DState::Gdn {
+                        conv: be.zeros(conv)?,
+                        recurrent: be.zeros(rec)?,
+                    })
+                }
+                DMixer::Attn { .. } => Ok(DState::Attn(be.kv_new(
+                    kv.page_size,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                    kv.dtype,
+                )?)),
+            })
+            .collect::<DeviceResult<Vec<_>>>()?;
+        let z = || be.zeros(0);
+        let s = Scratch {
+            x: z()?,
+            h: z()?,
+            proj: z()?,
+            out: z()?,
+            gu: z()?,
+            act: z()?,
+            a: z()?,
+            b: z()?,
+            q: z()?,
+            k: z()?,
+            v: z()?,
+            z: z()?,
+            g: z()?,
+            beta: z()?,
+            o: z()?,
+            lse: z()?,
+        };
+        let pos = vec![0; layers.len()];
+        Ok(DeviceState { layers, pos, s })
+    }
+
+    /// Runs layers `layers` (model indices inside [`DeviceLayers::range`]) on the host residual stream `x`
+    /// (`[n_tokens, hidden]` f32, in place) for tokens at positions `pos0..`: one upload, the layers on the device,
+    /// one download. Each of those layers must have processed exactly `pos0` positions (panics otherwise: caller
+    /// bug).
+    ///
+    /// Errors: the backend's; after one, the state is unusable (drop it).
+    pub fn forward_host(
+        &self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        n_tokens: usize,
+        pos0: usize,
+        st: &mut DeviceState,
+    ) -> DeviceResult<()> {
+        assert!(
+            layers.start >= self.range.start && layers.end <= self.range.end,
+            "layers {layers:?} are not all in {:?}",
+            self.range
+        );
+        assert_eq!(x.len(), n_tokens * self.cfg.hidden_size, "x is not [T, H]");
+        let be = self.backend.as_ref();
+        let (a, b) = (
+            layers.start - self.range.start,
+            layers.end - self.range.start,
+        );
+        for (i, &p) in st.pos[a..b].iter().enumerate() {
+            assert_eq!(
+                p,
+                pos0,
+                "layer {} holds {p} positions, the pass is at {pos0}",
+                a + i
+            );
+        }
+        let mut xd = std::mem::replace(&mut st.s.x, be.zeros(0)?);
+        let r = (|| {
+            xd = be.upload(x)?;
+            for (l, ls) in self.layers[a..b].iter().zip(st.layers[a..b].iter_mut()) {
+                self.layer(l, &mut xd, n_tokens, pos0, ls, &mut st.s)?;
+            }
+            be.download(&xd, x)
+        })();
+        st.s.x = xd;
+        r?;
+        for p in &mut st.pos[a..b] {
+            *p = pos0 + n_tokens;
+        }
+        Ok(())
+    }
+
+    /// One layer on the device residual stream `x` (`[t, H]`).
+    fn layer(
+        &self,
+        l: &DLayer,
+        x: &mut Buf,
+        t: usize,
+        pos0: usize,
+        ls: &mut DState,
+        s: &mut Scratch,
+    ) -> DeviceResult<()> {
+        let be = self.backend.as_ref();
+        let eps = self.cfg.rms_norm_eps as f32;
+        be.rms_norm(x, &l.input_norm, eps, &mut s.h)?;
+        match (&l.mixer, ls) {
+            (DMixer::Gdn { .. }, DState::Gdn { conv, recurrent }) => {
+                self.gdn(&l.mixer, t, conv, recurrent, s)?
+            }
+            (DMixer::Attn { .. }, DState::Attn(kv)) => self.attention(&l.mixer, t, pos0, kv, s)?,
+            _ => panic!("layer kind and state kind differ"),
+        }
+        be.add_assign(x, &s.out)?;
+        be.rms_norm(x, &l.post_norm, eps, &mut s.h)?;
+        be.matmul_swiglu(&s.h, t, &l.gate_up, &mut s.gu, &mut s.act)?;
+        be.matmul(&s.act, t, &l.down, &mut s.out)?;
+        be.add_assign(x, &s.out)
+    }
+
+    /// The Gated DeltaNet mixer on `s.h`, output in `s.out` (`model/mixer.rs`'s `gdn_core` with its projections).
+    fn gdn(
+        &self,
+        m: &DMixer,
+        t: usize,
+        conv: &mut Buf,
+        recurrent: &mut Buf,
+        s: &mut Scratch,
+    ) -> DeviceResult<()> {
+        let DMixer::Gdn {
+            in_proj,
+            conv_weight,
+            dt_bias,
+            neg_a,
+            norm,
+            out_proj,
+        } = m
+        else {
+            unreachable!("gdn on an attention layer")
+        };
+        let be = self.backend.as_ref();
+        let c = &self.cfg;
+        let (hk, hv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.conv_dim();
+        let width = conv_dim + hv * dv + 2 * hv;
+        let eps = c.rms_norm_eps as f32;
+        let dims = GdnDims {
+            n_tokens: t,
+            n_k_heads: hk,
+            n_v_heads: hv,
+            d_k: dk,
+            d_v: dv,
+            tiled_v_heads: c.linear_v_head_order == VHeadOrder::Tiled,
+        };
+        let kernel = c.linear_conv_kernel_dim;
+        be.matmul(&s.h, t, in_proj, &mut s.proj)?;
+        be.gdn_gates(
+            &s.proj,
+            width,
+            conv_dim + hv * dv,
+            neg_a,
+            dt_bias,
+            &mut s.beta,
+            &mut s.g,
+        )?;
+        if t == 1 {
+            let step = DecodeStep {
+                dims,
+                kernel,
+                proj: &s.proj,
+                g: &s.g,
+                beta: &s.beta,
+                conv_weight,
+                norm_weight: norm,
+                eps,
+                conv_state: conv,
+                state: recurrent,
+            };
+            be.delta_rule_decode(step, &mut s.o)?;
+        } else {
+            be.take_cols(&s.proj, width, 0, conv_dim, &mut s.a)?;
+            be.take_cols(&s.proj, width, conv_dim, hv * dv, &mut s.z)?;
+            be.causal_conv(&s.a, t, conv_dim, kernel, conv_weight, conv, &mut s.b)?;
+            be.take_cols(&s.b, conv_dim, 0, hk * dk, &mut s.q)?;
+            be.take_cols(&s.b, conv_dim, hk * dk, hk * dk, &mut s.k)?;
+            be.take_cols(&s.b, conv_dim, 2 * hk * dk, hv * dv, &mut s.v)?;
+            be.l2_norm_scaled(&mut s.q, dk, 1.0 / (dk as f32).sqrt())?;
+            be.l2_norm_scaled(&mut s.k, dk, 1.0)?;
+            let (q, k, v, g, beta) = (&s.q, &s.k, &s.v, &s.g, &s.beta);
+            be.delta_rule_chunked(dims, GDN_CHUNK, q, k, v, g, beta, recurrent, &mut s.o)?;
+            be.gated_rms_norm(&mut s.o, &s.z, norm, eps)?;
+        }
+        be.matmul(&s.o, t, out_proj, &mut s.out)
+    }
+
+    /// Gated attention on `s.h` at positions `pos0..`, output in `s.out` (`model/mixer.rs`'s `attention_core` with
+    /// its projections, all pages on this device).
+    fn attention(
+        &self,
+        m: &DMixer,
+        t: usize,
+        pos0: usize,
+        kv: &mut DeviceKv,
+        s: &mut Scratch,
+    ) -> DeviceResult<()> {
+        let DMixer::Attn {
+            qkv,
+            q_norm,
+            k_norm,
+            o_proj,
+        } = m
+        else {
+            unreachable!("attention on a Gated DeltaNet layer")
+        };
+        let be = self.backend.as_ref();
+        let c = &self.cfg;
+        let (hq, hkv, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let width = hq * 2 * d + 2 * hkv * d;
+        let eps = c.rms_norm_eps as f32;
+        be.matmul(&s.h, t, qkv, &mut s.proj)?;
+        // [t, Hq·2D] per-head (q | gate) = [t·Hq, 2D]: q the first D of each, the gate the rest
+        be.take_cols(&s.proj, width, 0, hq * 2 * d, &mut s.o)?;
+        be.take_cols(&s.o, 2 * d, 0, d, &mut s.a)?;
+        be.take_cols(&s.o, 2 * d, d, d, &mut s.b)?;
+        be.take_cols(&s.proj, width, hq * 2 * d, hkv * d, &mut s.k)?;
+        be.take_cols(&s.proj, width, hq * 2 * d + hkv * d, hkv * d, &mut s.v)?;
+        be.rms_norm_inplace(&mut s.a, q_norm, eps)?;
+        be.rms_norm_inplace(&mut s.k, k_norm, eps)?;
+        be.rope(&self.rope, &mut s.a, t, hq, pos0)?;
+        be.rope(&self.rope, &mut s.k, t, hkv, pos0)?;
+        assert_eq!(kv.len, pos0, "KV cache length differs from the position");
+        be.kv_append(kv, &s.k, &s.v, t)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        be.attend(kv, &s.a, t, hq, pos0, scale, &mut s.o, &mut s.lse)?;
+        be.sigmoid_mul(&mut s.o, &s.b)?;
+        be.matmul(&s.o, t, o_proj, &mut s.out)
+    }
+}
+
+/// Uploads one layer's weights.
+fn upload_layer(be: &dyn Backend, l: &Layer, i: usize) -> Result<DLayer, DeviceError> {
+    let (gate_up, down) = match &l.ffn {
+        Ffn::Dense { gate_up, down } => (be.upload_matrix(gate_up)?, be.upload_matrix(down)?),
+        Ffn::Moe(_) => {
+            return Err(DeviceError::Unsupported(
+                be.info().id,
+                format!("layer {i}: mixture-of-experts layers (they run on the CPU)"),
+            ))
+        }
+    };
+    let mixer = match &l.mixer {
+        Mixer::Linear(w) => DMixer::Gdn {
+            in_proj: be.upload_matrix(&w.in_proj)?,
+            conv_weight: be.upload(&w.conv_weight)?,
+            dt_bias: be.upload(&w.dt_bias)?,
+            neg_a: be.upload(&w.neg_a)?,
+            norm: be.upload(&w.norm)?,
+            out_proj: be.upload_matrix(&w.out_proj)?,
+        },
+        Mixer::Attention(w) => DMixer::Attn {
+            qkv: be.upload_matrix(&w.qkv)?,
+            q_norm: be.upload(&w.q_norm)?,
+            k_norm: be.upload(&w.k_norm)?,
+            o_proj: be.upload_matrix(&w.o_proj)?,
+        },
+    };
+    Ok(DLayer {
+        input_norm: be.upload(&l.input_norm)?,
+        post_norm: be.upload(&l.post_norm)?,
+        mixer,
+        gate_up,
+        down,
+    })
+}

@@ -1,0 +1,119 @@
+//! Layers placed on devices: [`Model::place_layers`] uploads a range of layers to a backend, and the plain forward
+//! pass ([`Model::forward_layers_at`]) hands those layers to it, keeping the sequence's state of them on the device
+//! ([`crate::device::DeviceState`] in the [`ModelState`]). The rest of the layers stay on the CPU path; the residual
+//! stream crosses at the range's ends (one upload, one download per pass), as it crosses the link in a layer split.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::Model;
+use crate::device::{Backend, DeviceError, DeviceId, DeviceLayers};
+use crate::remote::RemoteError;
+use crate::state::ModelState;
+
+impl Model {
+    /// Places layers `range` on `backend`: their weights are uploaded now, and every pass of
+    /// [`Model::forward_layers`] and [`Model::forward_tokens`] runs them there. The host keeps its copy of the
+    /// weights (the CPU path's other entry points still read them).
+    ///
+    /// Only the single-sequence pass runs placed layers: batched decode, verify, MTP drafting, checkpoint capture and
+    /// KV offload panic on a model with placed layers (`Model::check_cpu_only`), and a [`ModelState`]'s snapshots
+    /// do not hold the device state.
+    ///
+    /// Errors: [`DeviceError::Unsupported`] if `range` is empty, not loaded here, overlaps a range already placed, or
+    /// holds a layer the backend cannot run (a mixture-of-experts layer); the backend's memory and driver errors.
+    pub fn place_layers(
+        &mut self,
+        range: Range<usize>,
+        backend: Arc<dyn Backend>,
+    ) -> Result<(), DeviceError> {
+        let id = backend.info().id;
+        let bad = |why: String| Err(DeviceError::Unsupported(id, why));
+        if range.is_empty() || range.start < self.range.start || range.end > self.range.end {
+            return bad(format!(
+                "layers {range:?}: this node holds {:?}",
+                self.range
+            ));
+        }
+        if let Some(p) = self.devices.iter().find(|p| {
+            let r = p.range();
+            r.start < range.end && range.start < r.end
+        }) {
+            return bad(format!(
+                "layers {range:?} overlap {:?}, placed already",
+                p.range()
+            ));
+        }
+        let part = DeviceLayers::new(self, range, backend)?;
+        self.devices.push(part);
+        self.devices.sort_by_key(|p| p.range().start);
+        Ok(())
+    }
+
+    /// Where each placed range of layers runs, in layer order (layers not listed run on the CPU path).
+    pub fn placement(&self) -> Vec<(Range<usize>, DeviceId)> {
+        self.devices
+            .iter()
+            .map(|p| (p.range(), p.backend().info().id))
+            .collect()
+    }
+
+    /// Bytes of weights placed on devices.
+    pub fn device_weight_bytes(&self) -> u64 {
+        self.devices.iter().map(DeviceLayers::weight_bytes).sum()
+    }
+
+    /// Panics (a caller bug) if layers are placed on a device: `what` runs on the CPU path only.
+    pub(crate) fn check_cpu_only(&self, what: &str) {
+        assert!(
+            self.devices.is_empty(),
+            "{what} runs on the CPU path only; layers {:?} are placed on devices",
+            self.placement()
+        );
+    }
+
+    /// If layer `layers.start` is placed on a device, runs the placed layers from there (up to `layers.end` or the
+    /// placed range's end) on `x` and returns where the pass goes on; `None` if it is not placed. A device failure
+    /// latches in the state as a remote failure does (the step's output is meaningless: the caller discards it).
+    pub(super) fn forward_on_device(
+        &self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        n_tokens: usize,
+        pos0: usize,
+        state: &mut ModelState,
+    ) -> Option<usize> {
+        let (p, part) = self
+            .devices
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.range().contains(&layers.start))?;
+        let end = layers.end.min(part.range().end);
+        if state.has_remote() {
+            let e = "KV pages held elsewhere with layers on a device: not supported yet (docs/DEVICES.md)";
+            state.latch_remote_error(RemoteError(e.into()));
+            return Some(end);
+        }
+        if state.device.len() <= p {
+            state.device.resize_with(p + 1, || None);
+        }
+        let first = part.range().start;
+        let stale = state.device[p]
+            .as_ref()
+            .is_none_or(|s| pos0 == 0 && s.positions(first, layers.start) != Some(0));
+        if stale {
+            match part.new_state(state.kv_options()) {
+                Ok(s) => state.device[p] = Some(s),
+                Err(e) => {
+                    state.latch_remote_error(RemoteError(e.to_string()));
+                    return Some(end);
+                }
+            }
+        }
+        let st = state.device[p].as_mut().expect("made above");
+        if let Err(e) = part.forward_host(layers.start..end, x, n_tokens, pos0, st) {
+            state.latch_remote_error(RemoteError(e.to_string()));
+        }
+        Some(end)
+    }
+}

@@ -1,0 +1,145 @@
+//! The device layer on the CPU backend: layers placed on it give the CPU path's logits bit for bit, whatever the
+//! range placed (all layers, a middle range, two ranges), through prefill (more than a delta-rule chunk) and decode,
+//! for dense (safetensors) and block-format (GGUF Q4_K, Q6_K, Q8_0 mix) weights; and the placement's typed errors.
+
+use std::sync::Arc;
+
+use backburner_model::device::{top_k_row, Backend, CpuBackend, DeviceError, DeviceId, Registry};
+use backburner_model::gguf::random::{Generator, TypeRule, Vocab};
+use backburner_model::synthetic::{tiny_config, tiny_moe_config, write_random_checkpoint};
+use backburner_model::{KvOptions, Model, ModelConfig, ModelState};
+
+/// Small pages so that the prompt and the decode steps cross page boundaries.
+const KV: KvOptions = KvOptions {
+    page_size: 16,
+    dtype: backburner_kernels::kv::KvDtype::F16,
+};
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+fn cpu() -> Arc<dyn Backend> {
+    Arc::new(CpuBackend)
+}
+
+/// Logits of a 70-token prompt (one 64-token chunk and a rest), then of 5 decode steps, as bits.
+fn run(m: &Model) -> Vec<Vec<u32>> {
+    let c = m.config();
+    let mut s = ModelState::new(c, 0..c.num_hidden_layers, KV);
+    let prompt: Vec<u32> = (0..70u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % c.vocab_size as u32)
+        .collect();
+    let mut out = vec![bits(&m.forward_tokens(&prompt, &mut s, Some(0..70)))];
+    let mut next = 3u32;
+    for _ in 0..5 {
+        let l = m.forward_tokens(&[next], &mut s, Some(0..1));
+        next = top_k_row(&l, 1)[0].0;
+        out.push(bits(&l));
+    }
+    assert!(s.take_remote_error().is_none());
+    out
+}
+
+fn check_placements(load: impl Fn() -> Model) {
+    let want = run(&load());
+    let n = load().config().num_hidden_layers;
+    let placements: Vec<Vec<std::ops::Range<usize>>> =
+        vec![vec![0..n], vec![1..n - 1], vec![0..1, 2..n], vec![n - 1..n]];
+    for ranges in placements {
+        let mut m = load();
+        for r in &ranges {
+            m.place_layers(r.clone(), cpu()).unwrap();
+        }
+        let placed: Vec<_> = m.placement().into_iter().map(|(r, _)| r).collect();
+        assert_eq!(placed, ranges);
+        assert!(m.device_weight_bytes() > 0);
+        assert_eq!(run(&m), want, "layers {ranges:?} on the CPU backend");
+    }
+}
+
+#[test]
+fn layers_on_the_cpu_backend_give_the_cpu_paths_bits_dense() {
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
+    check_placements(|| Model::load(dir.path()).unwrap());
+}
+
+#[test]
+fn layers_on_the_cpu_backend_give_the_cpu_paths_bits_block_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let c = ModelConfig::from_json_str(&tiny_config(4).to_string()).unwrap();
+    let o = vec!["ffn_down=Q6_K".to_string(), "attn_qkv=Q8_0".to_string()];
+    let rule = TypeRule::parse("Q4_K", &o).unwrap();
+    let g = Generator::new(&c, &rule, &Vocab::ByteLevel, 7).unwrap();
+    g.write_file(&path, 1 << 20, &mut |_| {}).unwrap();
+    check_placements(|| Model::load(&path).unwrap());
+}
+
+#[test]
+fn placing_layers_checks_the_range_and_the_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
+    let mut m = Model::load(dir.path()).unwrap();
+    for r in [0..0, 2..5] {
+        assert!(matches!(
+            m.place_layers(r, cpu()),
+            Err(DeviceError::Unsupported(DeviceId::CPU, _))
+        ));
+    }
+    m.place_layers(1..3, cpu()).unwrap();
+    let e = m.place_layers(2..4, cpu()).unwrap_err();
+    assert!(e.to_string().contains("overlap"), "{e}");
+    assert!(m.placement().len() == 1);
+
+    let moe = tempfile::tempdir().unwrap();
+    write_random_checkpoint(moe.path(), &tiny_moe_config(2), 5).unwrap();
+    let mut m = Model::load(moe.path()).unwrap();
+    let e = m.place_layers(0..2, cpu()).unwrap_err();
+    assert!(e.to_string().contains("mixture-of-experts"), "{e}");
+    assert!(m.placement().is_empty());
+}
+
+#[test]
+#[should_panic(expected = "batched decode runs on the CPU path only")]
+fn batched_decode_with_placed_layers_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
+    let mut m = Model::load(dir.path()).unwrap();
+    m.place_layers(0..2, cpu()).unwrap();
+    let c = m.config().clone();
+    let mut s = ModelState::new(&c, 0..4, KV);
+    m.forward_decode_batch(&[1], &mut [&mut s]);
+}
+
+#[test]
+fn top_k_orders_by_logit_then_id_and_the_registry_opens_the_cpu() {
+    let row = [0.5, 2.0, f32::NAN, 2.0, -1.0, 3.0];
+    assert_eq!(top_k_row(&row, 3), vec![(5, 3.0), (1, 2.0), (3, 2.0)]);
+    assert_eq!(top_k_row(&row, 0), vec![]);
+    assert_eq!(top_k_row(&row, 10).len(), 6);
+    assert_eq!(top_k_row(&row, 10)[5].0, 2, "NaN last");
+    let cpu = CpuBackend;
+    let mut l = cpu.upload(&row).unwrap();
+    assert_eq!(
+        cpu.top_k(&l, 2, 1).unwrap(),
+        vec![vec![(1, 2.0)], vec![(2, 3.0)]]
+    );
+    let y = cpu.upload(&[1.0; 6]).unwrap();
+    cpu.add_assign(&mut l, &y).unwrap();
+    let mut back = [0.0; 6];
+    cpu.download(&l, &mut back).unwrap();
+    assert_eq!(back[..2], [1.5, 3.0]);
+
+    let reg = Registry::cpu_only();
+    let (list, missing) = reg.list();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].id, DeviceId::CPU);
+    assert!(list[0].memory_bytes > 0);
+    assert!(missing.is_empty());
+    assert_eq!(reg.open(DeviceId::CPU).unwrap().info().id, DeviceId::CPU);
+    let e = reg.open("cuda:0".parse().unwrap()).err().unwrap();
+    assert!(matches!(e, DeviceError::NotBuilt("cuda", _)), "{e}");
+    assert!(e.to_string().contains("--features cuda"));
+}
