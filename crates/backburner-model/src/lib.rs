@@ -31,7 +31,7 @@ pub use config::{FfnKind, LayerKind, ModelConfig, MoeConfig, VHeadOrder, WeightL
 pub use error::{ModelError, Result};
 pub use fingerprint::fingerprint;
 pub use gguf::{config_from_gguf, GgufFile};
-pub use linear::Linear;
+pub use linear::{Linear, LinearPart};
 pub use model::{
     experts_bytes, load_bytes, load_bytes_without, ExpertStore, LoadOptions, Model, Mtp, MtpState,
     GDN_CHUNK,

@@ -60,6 +60,17 @@ impl Segment {
     }
 }
 
+/// One segment of a [`Linear`] as a compute backend reads it to upload it
+/// ([`crate::device::Backend::upload_matrix`]): a dense matrix (rows through [`PackedMatrix::row_into`]) or a block
+/// format (rows as their GGUF bytes through [`QuantMatrix::gguf_row_into`], or dequantized).
+#[derive(Clone, Copy, Debug)]
+pub enum LinearPart<'a> {
+    /// Dense f32, bf16 or f16.
+    Dense(&'a PackedMatrix),
+    /// One GGUF block format.
+    Quant(&'a QuantMatrix),
+}
+
 /// `y = x · Wᵀ` with `W: [out_features, in_features]` (no bias: Qwen3.5 projections have none).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Linear {
@@ -172,6 +183,17 @@ impl Linear {
         } else {
             LinearFormat::Mixed
         }
+    }
+
+    /// The segments in output-column order, each with its first output column (rows of `W`).
+    pub fn parts(&self) -> impl Iterator<Item = (usize, LinearPart<'_>)> {
+        self.segs.iter().map(|(first, s)| {
+            let p = match s {
+                Segment::Dense(w) => LinearPart::Dense(w),
+                Segment::Quant(w) => LinearPart::Quant(w),
+            };
+            (*first, p)
+        })
     }
 
     /// Bytes of weights held.
