@@ -117,10 +117,9 @@ fn run(
     let mut done = 0;
     for chunk in prompt.chunks(64) {
         if let Some((after, pages)) = offload {
-            if done >= after && st.kv_cache_mut(attn[0]).unwrap().offloaded() == 0 {
+            if done >= after && st.offloaded() == 0 {
                 for &l in &attn {
-                    let c = st.kv_cache_mut(l).unwrap();
-                    let taken: Vec<KvPage> = c.take_oldest(pages).unwrap();
+                    let taken: Vec<KvPage> = st.take_oldest_pages(l, pages).unwrap();
                     let bytes: Vec<u8> = taken
                         .iter()
                         .flat_map(|p| page_bytes(p.view(), &shape))
@@ -167,6 +166,59 @@ fn offloaded_pages_give_the_local_bits_in_prefill_and_decode() {
         run(&m, &prompt, Some((5 * 64, 4)), &never) == local,
         "4 pages out before the last ubatch"
     );
+}
+
+/// The host's GPU with its oldest KV pages on a CPU worker, as the device layer runs it: layers placed on a backend
+/// (here the CPU backend, the only one this machine has) move their device caches' pages to the worker's store and
+/// fold the worker's partial into their own, giving the bits of the local run on the CPU path.
+#[test]
+fn offloaded_pages_of_layers_on_a_device_give_the_local_bits() {
+    let (d, m) = model();
+    let prompt = ids(5 * 64 + 17, 1);
+    let never = Arc::new(AtomicBool::new(false));
+    let local = run(&m, &prompt, None, &never);
+    let n = m.config().num_hidden_layers;
+    for ranges in [0..n, 2..6] {
+        let mut placed = Model::load(d.path()).unwrap();
+        placed
+            .place_layers(
+                ranges.clone(),
+                Arc::new(backburner_model::device::CpuBackend),
+            )
+            .unwrap();
+        assert!(
+            run(&placed, &prompt, None, &never) == local,
+            "{ranges:?} local"
+        );
+        assert!(
+            run(&placed, &prompt, Some((4 * 64, 3)), &never) == local,
+            "{ranges:?}: 3 pages out mid-prefill"
+        );
+        assert!(
+            run(&placed, &prompt, Some((2 * 64, 1)), &never) == local,
+            "{ranges:?}: 1 page out early"
+        );
+    }
+    // pages off the device and no store to attend them: latched, not skipped
+    let mut placed = Model::load(d.path()).unwrap();
+    placed
+        .place_layers(0..n, Arc::new(backburner_model::device::CpuBackend))
+        .unwrap();
+    let cfg = placed.config().clone();
+    let mut st = ModelState::new(&cfg, 0..n, kv());
+    placed.forward_tokens(&prompt[..3 * 64], &mut st, None);
+    for l in (0..n).filter(|i| cfg.layer_types[*i] == LayerKind::FullAttention) {
+        assert_eq!(st.movable_pages(l), Some(2));
+        assert_eq!(st.take_oldest_pages(l, 1).unwrap().len(), 1);
+    }
+    assert_eq!(st.offloaded(), PAGE);
+    assert!(
+        st.take_oldest_pages(0, 1).is_err(),
+        "a Gated DeltaNet layer"
+    );
+    placed.forward_tokens(&[5], &mut st, Some(0..1));
+    let e = st.take_remote_error().unwrap();
+    assert!(e.0.contains("no remote store"), "{e}");
 }
 
 #[test]

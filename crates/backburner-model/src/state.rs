@@ -9,6 +9,7 @@ use backburner_kernels::kv::{KvDtype, PagedKvCache};
 use crate::config::{LayerKind, ModelConfig};
 use crate::model::Scratch;
 
+mod device;
 mod rollback;
 
 pub use rollback::{Back, BackError, StateSnapshot};
@@ -217,11 +218,6 @@ impl ModelState {
         self.remote.error.get_or_insert(e);
     }
 
-    /// Whether a store of pages held elsewhere is attached (KV offload).
-    pub(crate) fn has_remote(&self) -> bool {
-        self.remote.pages.is_some()
-    }
-
     /// The remote failure latched, if any, without clearing it.
     pub fn remote_error(&self) -> Option<&crate::RemoteError> {
         self.remote.error.as_ref()
@@ -237,6 +233,12 @@ impl ModelState {
                 LayerState::Attention(c) => c.offloaded(),
                 LayerState::Linear(_) => 0,
             })
+            .chain(
+                self.device
+                    .iter()
+                    .flatten()
+                    .flat_map(|d| self.range.clone().filter_map(|i| d.kv_offloaded(i))),
+            )
             .max()
             .unwrap_or(0)
     }

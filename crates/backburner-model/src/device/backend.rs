@@ -8,8 +8,9 @@
 
 use std::any::Any;
 
+use backburner_kernels::attention::Partial;
 use backburner_kernels::gdn::GdnDims;
-use backburner_kernels::kv::KvDtype;
+use backburner_kernels::kv::{KvDtype, KvPage};
 
 use super::id::{DeviceError, DeviceInfo};
 use crate::linear::Linear;
@@ -242,6 +243,53 @@ pub trait Backend: Send + Sync {
         o: &mut Buf,
         lse: &mut Buf,
     ) -> DeviceResult<()>;
+
+    /// Positions `[0, n)` of `kv` held elsewhere (KV offload: their pages moved by [`Backend::kv_take_oldest`]).
+    /// Default: none (a backend without offload).
+    fn kv_offloaded(&self, _kv: &DeviceKv) -> usize {
+        0
+    }
+    /// Full pages of `kv` that may move elsewhere (every full page before the newest). Default: none.
+    fn kv_movable_pages(&self, _kv: &DeviceKv) -> usize {
+        0
+    }
+    /// Moves the `n` oldest pages of `kv` to the host, in position order, in the wire's page layout
+    /// ([`KvPage`]: what a worker holds); [`Backend::kv_offloaded`] grows by `n` pages. Attention over the layer then
+    /// needs the partial over those pages: [`Backend::attend_after`].
+    ///
+    /// Errors: [`DeviceError::Unsupported`] if fewer than `n` pages may move or the backend has no offload (the
+    /// default).
+    fn kv_take_oldest(&self, kv: &mut DeviceKv, n: usize) -> DeviceResult<Vec<KvPage>> {
+        let _ = (kv, n);
+        Err(DeviceError::Unsupported(
+            self.info().id,
+            "moving KV pages off the device".into(),
+        ))
+    }
+    /// [`Backend::attend`] continued from `prefix`, the partial of the same queries over the positions held
+    /// elsewhere (folded in page order, e.g. by a worker): the fold goes on over the pages held here, so that the
+    /// result is the attention over every position (on the CPU backend, the bits of a cache holding every page).
+    ///
+    /// Errors: as [`Backend::attend`]; [`DeviceError::Unsupported`] for a backend without offload (the default).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_after(
+        &self,
+        kv: &DeviceKv,
+        prefix: Partial,
+        q: &Buf,
+        n_tokens: usize,
+        n_heads: usize,
+        pos0: usize,
+        scale: f32,
+        o: &mut Buf,
+        lse: &mut Buf,
+    ) -> DeviceResult<()> {
+        let _ = (kv, prefix, q, n_tokens, n_heads, pos0, scale, o, lse);
+        Err(DeviceError::Unsupported(
+            self.info().id,
+            "attention over KV pages held elsewhere".into(),
+        ))
+    }
 
     /// Rows `ids` of the table `w` (`[vocab, hidden]`) into `out` `[ids.len(), hidden]` (the embedding lookup).
     /// Panics if an id is `>= w.n`.

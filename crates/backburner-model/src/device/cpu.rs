@@ -3,11 +3,11 @@
 
 use backburner_kernels::attention::Partial;
 use backburner_kernels::gdn::{self, GdnDims};
-use backburner_kernels::kv::{KvDtype, PagedKvCache};
+use backburner_kernels::kv::{KvDtype, KvPage, PagedKvCache};
 use backburner_kernels::rowops;
 
 use super::backend::{Backend, Buf, DecodeStep, DeviceKv, DeviceMatrix, DeviceResult};
-use super::id::DeviceInfo;
+use super::id::{DeviceError, DeviceId, DeviceInfo};
 use crate::linear::Linear;
 use crate::ops::{self, Rope};
 use crate::state::PageStore;
@@ -281,16 +281,42 @@ impl Backend for CpuBackend {
         o: &mut Buf,
         lse: &mut Buf,
     ) -> DeviceResult<()> {
+        let p = PageStore::attend(cache(kv), v(q), n_tokens, n_heads, pos0, scale, None);
+        set_partial(p, o, lse);
+        Ok(())
+    }
+
+    fn kv_offloaded(&self, kv: &DeviceKv) -> usize {
+        cache(kv).offloaded()
+    }
+
+    fn kv_movable_pages(&self, kv: &DeviceKv) -> usize {
+        cache(kv).movable_pages()
+    }
+
+    fn kv_take_oldest(&self, kv: &mut DeviceKv, n: usize) -> DeviceResult<Vec<KvPage>> {
         let c = kv
             .inner
-            .downcast_ref::<PagedKvCache>()
+            .downcast_mut::<PagedKvCache>()
             .expect("a CPU cache");
-        let Partial { o: po, lse: pl, .. } =
-            PageStore::attend(c, v(q), n_tokens, n_heads, pos0, scale, None);
-        o.set_len(po.len());
-        lse.set_len(pl.len());
-        *vm(o) = po;
-        *vm(lse) = pl;
+        c.take_oldest(n)
+            .map_err(|e| DeviceError::Unsupported(DeviceId::CPU, e.to_string()))
+    }
+
+    fn attend_after(
+        &self,
+        kv: &DeviceKv,
+        prefix: Partial,
+        q: &Buf,
+        n_tokens: usize,
+        n_heads: usize,
+        pos0: usize,
+        scale: f32,
+        o: &mut Buf,
+        lse: &mut Buf,
+    ) -> DeviceResult<()> {
+        let p = cache(kv).attend_after(prefix, v(q), n_tokens, n_heads, pos0, scale);
+        set_partial(p, o, lse);
         Ok(())
     }
 
@@ -313,6 +339,21 @@ impl Backend for CpuBackend {
             .map(|row| top_k_row(row, k))
             .collect())
     }
+}
+
+/// A CPU device cache.
+fn cache(kv: &DeviceKv) -> &PagedKvCache {
+    kv.inner
+        .downcast_ref::<PagedKvCache>()
+        .expect("a CPU cache")
+}
+
+/// Moves a partial's vectors into `o` and `lse` (no copy).
+fn set_partial(p: Partial, o: &mut Buf, lse: &mut Buf) {
+    o.set_len(p.o.len());
+    lse.set_len(p.lse.len());
+    *vm(o) = p.o;
+    *vm(lse) = p.lse;
 }
 
 /// The `k` largest `(id, logit)` of `row`, largest first, equal logits by lower id (NaN sorts last).

@@ -9,9 +9,11 @@ use backburner_kernels::gdn::GdnDims;
 
 use super::backend::{Backend, Buf, DecodeStep, DeviceKv, DeviceMatrix, DeviceResult};
 use super::id::DeviceError;
+use super::state::{DState, DeviceState, Scratch};
 use crate::config::{ModelConfig, VHeadOrder};
 use crate::model::{Ffn, Layer, Mixer, Model, GDN_CHUNK};
 use crate::ops::Rope;
+use crate::remote::RemoteSlot;
 use crate::state::KvOptions;
 
 /// One layer's weights on a device.
@@ -58,56 +60,6 @@ impl std::fmt::Debug for DeviceLayers {
             self.backend.info().id
         )
     }
-}
-
-/// One sequence's state of the layers of a [`DeviceLayers`], on its device, and the pass's activation buffers.
-pub struct DeviceState {
-    layers: Vec<DState>,
-    /// Positions each layer has processed.
-    pos: Vec<usize>,
-    s: Scratch,
-}
-
-impl DeviceState {
-    /// Positions layer `i` (an index of the model) has processed, if this state holds it.
-    pub fn positions(&self, first: usize, i: usize) -> Option<usize> {
-        self.pos.get(i.checked_sub(first)?).copied()
-    }
-}
-
-impl std::fmt::Debug for DeviceState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceState({} layers)", self.layers.len())
-    }
-}
-
-enum DState {
-    /// `[conv_dim, kernel − 1]` conv state and `[Hv, Dk, Dv]` recurrent state.
-    Gdn {
-        conv: Buf,
-        recurrent: Buf,
-    },
-    Attn(DeviceKv),
-}
-
-/// Activation buffers, grown to the ubatch once.
-struct Scratch {
-    x: Buf,
-    h: Buf,
-    proj: Buf,
-    out: Buf,
-    gu: Buf,
-    act: Buf,
-    a: Buf,
-    b: Buf,
-    q: Buf,
-    k: Buf,
-    v: Buf,
-    z: Buf,
-    g: Buf,
-    beta: Buf,
-    o: Buf,
-    lse: Buf,
 }
 
 impl DeviceLayers {
@@ -226,7 +178,13 @@ impl DeviceLayers {
             lse: z()?,
         };
         let pos = vec![0; layers.len()];
-        Ok(DeviceState { layers, pos, s })
+        Ok(DeviceState {
+            backend: self.backend.clone(),
+            first: self.range.start,
+            layers,
+            pos,
+            s,
+        })
     }
 
     /// Runs layers `layers` (model indices inside [`DeviceLayers::range`]) on the host residual stream `x`
@@ -242,6 +200,22 @@ impl DeviceLayers {
         n_tokens: usize,
         pos0: usize,
         st: &mut DeviceState,
+    ) -> DeviceResult<()> {
+        self.forward_host_with(layers, x, n_tokens, pos0, st, &mut RemoteSlot::default())
+    }
+
+    /// [`DeviceLayers::forward_host`] with the sequence's store of KV pages held elsewhere (KV offload): an
+    /// attention layer whose device cache moved pages off ([`DeviceState::kv_take_oldest`]) asks `remote` for their
+    /// partial and continues the fold over its own pages ([`Backend::attend_after`]). A failure of the store is
+    /// latched in `remote` (the step's output is then meaningless).
+    pub(crate) fn forward_host_with(
+        &self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        n_tokens: usize,
+        pos0: usize,
+        st: &mut DeviceState,
+        remote: &mut RemoteSlot,
     ) -> DeviceResult<()> {
         assert!(
             layers.start >= self.range.start && layers.end <= self.range.end,
@@ -265,8 +239,17 @@ impl DeviceLayers {
         let mut xd = std::mem::replace(&mut st.s.x, be.zeros(0)?);
         let r = (|| {
             xd = be.upload(x)?;
-            for (l, ls) in self.layers[a..b].iter().zip(st.layers[a..b].iter_mut()) {
-                self.layer(l, &mut xd, n_tokens, pos0, ls, &mut st.s)?;
+            for (j, (l, ls)) in self.layers[a..b]
+                .iter()
+                .zip(st.layers[a..b].iter_mut())
+                .enumerate()
+            {
+                let at = Pass {
+                    idx: layers.start + j,
+                    t: n_tokens,
+                    pos0,
+                };
+                self.layer(l, &mut xd, at, ls, &mut st.s, remote)?;
             }
             be.download(&xd, x)
         })();
@@ -283,11 +266,12 @@ impl DeviceLayers {
         &self,
         l: &DLayer,
         x: &mut Buf,
-        t: usize,
-        pos0: usize,
+        at: Pass,
         ls: &mut DState,
         s: &mut Scratch,
+        remote: &mut RemoteSlot,
     ) -> DeviceResult<()> {
+        let t = at.t;
         let be = self.backend.as_ref();
         let eps = self.cfg.rms_norm_eps as f32;
         be.rms_norm(x, &l.input_norm, eps, &mut s.h)?;
@@ -295,7 +279,9 @@ impl DeviceLayers {
             (DMixer::Gdn { .. }, DState::Gdn { conv, recurrent }) => {
                 self.gdn(&l.mixer, t, conv, recurrent, s)?
             }
-            (DMixer::Attn { .. }, DState::Attn(kv)) => self.attention(&l.mixer, t, pos0, kv, s)?,
+            (DMixer::Attn { .. }, DState::Attn(kv)) => {
+                self.attention(&l.mixer, at, kv, s, remote)?
+            }
             _ => panic!("layer kind and state kind differ"),
         }
         be.add_assign(x, &s.out)?;
@@ -390,11 +376,12 @@ impl DeviceLayers {
     fn attention(
         &self,
         m: &DMixer,
-        t: usize,
-        pos0: usize,
+        at: Pass,
         kv: &mut DeviceKv,
         s: &mut Scratch,
+        remote: &mut RemoteSlot,
     ) -> DeviceResult<()> {
+        let (t, pos0) = (at.t, at.pos0);
         let DMixer::Attn {
             qkv,
             q_norm,
@@ -423,10 +410,35 @@ impl DeviceLayers {
         assert_eq!(kv.len, pos0, "KV cache length differs from the position");
         be.kv_append(kv, &s.k, &s.v, t)?;
         let scale = 1.0 / (d as f32).sqrt();
-        be.attend(kv, &s.a, t, hq, pos0, scale, &mut s.o, &mut s.lse)?;
+        if be.kv_offloaded(kv) == 0 {
+            be.attend(kv, &s.a, t, hq, pos0, scale, &mut s.o, &mut s.lse)?;
+        } else {
+            // the oldest pages are elsewhere: their partial first, then the fold over ours (docs/KV_OFFLOAD.md)
+            let mut q = vec![0.0f32; s.a.len()];
+            be.download(&s.a, &mut q)?;
+            let prefix = remote
+                .begin(at.idx, &q, t, hq, pos0, scale)
+                .then(|| remote.finish(at.idx, t, hq, d))
+                .flatten();
+            match prefix {
+                Some(p) => {
+                    be.attend_after(kv, p, &s.a, t, hq, pos0, scale, &mut s.o, &mut s.lse)?
+                }
+                // the failure is latched in `remote`: the step's output is discarded
+                None => s.o = be.zeros(t * hq * d)?,
+            }
+        }
         be.sigmoid_mul(&mut s.o, &s.b)?;
         be.matmul(&s.o, t, o_proj, &mut s.out)
     }
+}
+
+/// Where a layer's pass is: its model index, its tokens and their first position.
+#[derive(Clone, Copy)]
+struct Pass {
+    idx: usize,
+    t: usize,
+    pos0: usize,
 }
 
 /// Uploads one layer's weights.

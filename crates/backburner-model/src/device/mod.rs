@@ -17,9 +17,11 @@ mod cpu;
 mod id;
 mod layer;
 mod registry;
+mod state;
 
 pub use backend::{Backend, Buf, DecodeStep, DeviceKv, DeviceMatrix, DeviceResult};
 pub use cpu::{top_k_row, CpuBackend};
 pub use id::{BackendKind, DeviceError, DeviceId, DeviceInfo};
-pub use layer::{DeviceLayers, DeviceState};
+pub use layer::DeviceLayers;
 pub use registry::{cpu_info, Provider, Registry};
+pub use state::DeviceState;

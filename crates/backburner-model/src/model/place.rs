@@ -16,9 +16,10 @@ impl Model {
     /// [`Model::forward_layers`] and [`Model::forward_tokens`] runs them there. The host keeps its copy of the
     /// weights (the CPU path's other entry points still read them).
     ///
-    /// Only the single-sequence pass runs placed layers: batched decode, verify, MTP drafting, checkpoint capture and
-    /// KV offload panic on a model with placed layers (`Model::check_cpu_only`), and a [`ModelState`]'s snapshots
-    /// do not hold the device state.
+    /// Only the single-sequence pass runs placed layers, KV offload included (move pages with
+    /// [`ModelState::take_oldest_pages`]): batched decode, verify, MTP drafting and the interleaved pass panic on a
+    /// model with placed layers (`Model::check_cpu_only`), and a [`ModelState`]'s snapshots and checkpoints do not
+    /// hold the device state.
     ///
     /// Errors: [`DeviceError::Unsupported`] if `range` is empty, not loaded here, overlaps a range already placed, or
     /// holds a layer the backend cannot run (a mixture-of-experts layer); the backend's memory and driver errors.
@@ -89,18 +90,12 @@ impl Model {
             .enumerate()
             .find(|(_, p)| p.range().contains(&layers.start))?;
         let end = layers.end.min(part.range().end);
-        if state.has_remote() {
-            let e = "KV pages held elsewhere with layers on a device: not supported yet (docs/DEVICES.md)";
-            state.latch_remote_error(RemoteError(e.into()));
-            return Some(end);
-        }
         if state.device.len() <= p {
             state.device.resize_with(p + 1, || None);
         }
-        let first = part.range().start;
         let stale = state.device[p]
             .as_ref()
-            .is_none_or(|s| pos0 == 0 && s.positions(first, layers.start) != Some(0));
+            .is_none_or(|s| pos0 == 0 && s.positions(layers.start) != Some(0));
         if stale {
             match part.new_state(state.kv_options()) {
                 Ok(s) => state.device[p] = Some(s),
@@ -110,8 +105,9 @@ impl Model {
                 }
             }
         }
-        let st = state.device[p].as_mut().expect("made above");
-        if let Err(e) = part.forward_host(layers.start..end, x, n_tokens, pos0, st) {
+        let (devs, remote) = state.device_and_remote();
+        let st = devs[p].as_mut().expect("made above");
+        if let Err(e) = part.forward_host_with(layers.start..end, x, n_tokens, pos0, st, remote) {
             state.latch_remote_error(RemoteError(e.to_string()));
         }
         Some(end)

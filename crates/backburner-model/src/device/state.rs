@@ -1,0 +1,89 @@
+//! One sequence's state of the layers a [`super::DeviceLayers`] holds: each layer's conv and recurrent state or KV
+//! cache on the device, the positions each has processed, and the pass's activation buffers.
+
+use std::sync::Arc;
+
+use backburner_kernels::kv::KvPage;
+
+use super::backend::{Backend, Buf, DeviceKv, DeviceResult};
+
+/// One sequence's state of the layers of a [`super::DeviceLayers`], on its device, and the pass's activation buffers.
+pub struct DeviceState {
+    pub(super) backend: Arc<dyn Backend>,
+    /// The model index of the first layer held.
+    pub(super) first: usize,
+    pub(super) layers: Vec<DState>,
+    /// Positions each layer has processed.
+    pub(super) pos: Vec<usize>,
+    pub(super) s: Scratch,
+}
+
+impl DeviceState {
+    /// Positions layer `i` (an index of the model) has processed, if this state holds it.
+    pub fn positions(&self, i: usize) -> Option<usize> {
+        self.pos.get(i.checked_sub(self.first)?).copied()
+    }
+
+    /// The KV cache of attention layer `i` (a model index), if this state holds it.
+    fn kv(&self, i: usize) -> Option<&DeviceKv> {
+        match self.layers.get(i.checked_sub(self.first)?)? {
+            DState::Attn(kv) => Some(kv),
+            DState::Gdn { .. } => None,
+        }
+    }
+
+    /// Positions of attention layer `i`'s cache held elsewhere (KV offload), if this state holds the layer.
+    pub fn kv_offloaded(&self, i: usize) -> Option<usize> {
+        self.kv(i).map(|kv| self.backend.kv_offloaded(kv))
+    }
+
+    /// Full pages of attention layer `i`'s cache that may move elsewhere, if this state holds the layer.
+    pub fn kv_movable_pages(&self, i: usize) -> Option<usize> {
+        self.kv(i).map(|kv| self.backend.kv_movable_pages(kv))
+    }
+
+    /// Moves the `n` oldest pages of attention layer `i`'s cache off the device ([`Backend::kv_take_oldest`]);
+    /// `None` if this state does not hold the layer.
+    pub fn kv_take_oldest(&mut self, i: usize, n: usize) -> Option<DeviceResult<Vec<KvPage>>> {
+        let j = i.checked_sub(self.first)?;
+        match self.layers.get_mut(j)? {
+            DState::Attn(kv) => Some(self.backend.kv_take_oldest(kv, n)),
+            DState::Gdn { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceState({} layers)", self.layers.len())
+    }
+}
+
+pub(super) enum DState {
+    /// `[conv_dim, kernel − 1]` conv state and `[Hv, Dk, Dv]` recurrent state.
+    Gdn {
+        conv: Buf,
+        recurrent: Buf,
+    },
+    Attn(DeviceKv),
+}
+
+/// Activation buffers, grown to the ubatch once.
+pub(super) struct Scratch {
+    pub(super) x: Buf,
+    pub(super) h: Buf,
+    pub(super) proj: Buf,
+    pub(super) out: Buf,
+    pub(super) gu: Buf,
+    pub(super) act: Buf,
+    pub(super) a: Buf,
+    pub(super) b: Buf,
+    pub(super) q: Buf,
+    pub(super) k: Buf,
+    pub(super) v: Buf,
+    pub(super) z: Buf,
+    pub(super) g: Buf,
+    pub(super) beta: Buf,
+    pub(super) o: Buf,
+    pub(super) lse: Buf,
+}
