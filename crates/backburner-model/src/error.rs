@@ -36,6 +36,9 @@ pub enum ModelError {
     /// The config is well-formed JSON but describes an impossible model.
     #[error("invalid config: {0}")]
     InvalidConfig(String),
+    /// A device holding some of the model failed (memory, the driver) or cannot run what it was given.
+    #[error("device: {0}")]
+    Device(#[from] crate::device::DeviceError),
     /// A tensor the architecture needs is absent from every shard.
     #[error("missing tensor {name:?} in checkpoint {dir}")]
     MissingTensor {

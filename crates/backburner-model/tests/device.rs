@@ -1,6 +1,7 @@
 //! The device layer on the CPU backend: layers placed on it give the CPU path's logits bit for bit, whatever the
 //! range placed (all layers, a middle range, two ranges), through prefill (more than a delta-rule chunk) and decode,
-//! for dense (safetensors) and block-format (GGUF Q4_K, Q6_K, Q8_0 mix) weights; and the placement's typed errors.
+//! for dense (safetensors) and block-format (GGUF Q4_K, Q6_K, Q8_0 mix) weights, the output head placed too; and the
+//! placement's typed errors.
 
 use std::sync::Arc;
 
@@ -56,6 +57,11 @@ fn check_placements(load: impl Fn() -> Model) {
         assert!(m.device_weight_bytes() > 0);
         assert_eq!(run(&m), want, "layers {ranges:?} on the CPU backend");
     }
+    let mut m = load();
+    m.place_layers(0..n, cpu()).unwrap();
+    m.place_head(cpu()).unwrap();
+    assert_eq!(m.head_placement(), Some(DeviceId::CPU));
+    assert_eq!(run(&m), want, "every layer and the head on the CPU backend");
 }
 
 #[test]

@@ -176,6 +176,8 @@ pub struct Model {
     mtp: Option<Mtp>,
     /// Layer ranges placed on a device ([`Model::place_layers`]), in layer order, disjoint.
     devices: Vec<crate::device::DeviceLayers>,
+    /// The final norm and output head on a device ([`Model::place_head`]).
+    head_device: Option<place::DeviceHead>,
 }
 
 impl Model {
@@ -258,6 +260,7 @@ impl Model {
             remote_experts: Default::default(),
             mtp,
             devices: Vec::new(),
+            head_device: None,
         })
     }
 
@@ -400,6 +403,9 @@ impl Model {
             ModelError::InvalidConfig("output head not loaded on this node".into())
         })?;
         let _s = profile::scope(Op::Head);
+        if let Some(d) = &self.head_device {
+            return Ok(d.logits(x, n_rows)?);
+        }
         let mut h = x.to_vec();
         backburner_kernels::rowops::rms_norm_inplace(&mut h, norm, self.config.rms_norm_eps as f32);
         let head = self

@@ -4,10 +4,12 @@
 //! stream crosses at the range's ends (one upload, one download per pass), as it crosses the link in a layer split.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::Model;
-use crate::device::{Backend, DeviceError, DeviceId, DeviceLayers};
+use crate::device::{
+    Backend, Buf, DeviceError, DeviceId, DeviceLayers, DeviceMatrix, DeviceResult,
+};
 use crate::remote::RemoteError;
 use crate::state::ModelState;
 
@@ -49,6 +51,39 @@ impl Model {
         self.devices.push(part);
         self.devices.sort_by_key(|p| p.range().start);
         Ok(())
+    }
+
+    /// Places the final norm and the output head on `backend` (the tied embedding or `lm_head`, as held): every
+    /// [`Model::logits`] then runs there and copies only the logits back. The MTP block's head stays on the CPU.
+    ///
+    /// Errors: [`DeviceError::Unsupported`] if this node does not hold the ends or the head's format is one the
+    /// backend lacks; the backend's memory and driver errors.
+    pub fn place_head(&mut self, backend: Arc<dyn Backend>) -> Result<(), DeviceError> {
+        let id = backend.info().id;
+        let (Some(norm), Some(head)) = (
+            self.final_norm.as_ref(),
+            self.lm_head.as_ref().or(self.embed.as_ref()),
+        ) else {
+            return Err(DeviceError::Unsupported(
+                id,
+                "a head this node does not hold".into(),
+            ));
+        };
+        let norm = backend.upload(norm)?;
+        let head = backend.upload_matrix(head)?;
+        self.head_device = Some(DeviceHead {
+            eps: self.config.rms_norm_eps as f32,
+            norm,
+            head,
+            scratch: Mutex::new(None),
+            backend,
+        });
+        Ok(())
+    }
+
+    /// The device of the output head, if it is placed on one.
+    pub fn head_placement(&self) -> Option<DeviceId> {
+        self.head_device.as_ref().map(|d| d.backend.info().id)
     }
 
     /// Where each placed range of layers runs, in layer order (layers not listed run on the CPU path).
@@ -111,5 +146,49 @@ impl Model {
             state.latch_remote_error(RemoteError(e.to_string()));
         }
         Some(end)
+    }
+}
+
+/// The final norm and the output head on a device.
+pub(super) struct DeviceHead {
+    backend: Arc<dyn Backend>,
+    eps: f32,
+    norm: Buf,
+    head: DeviceMatrix,
+    /// The rows, their norm and the logits, kept between calls.
+    scratch: Mutex<Option<[Buf; 3]>>,
+}
+
+impl std::fmt::Debug for DeviceHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceHead({:?} on {})",
+            self.head,
+            self.backend.info().id
+        )
+    }
+}
+
+impl DeviceHead {
+    /// Final norm and head on residual rows `x` (`[n_rows, hidden]`) → logits `[n_rows, vocab]` f32 on the host.
+    pub(super) fn logits(&self, x: &[f32], n_rows: usize) -> DeviceResult<Vec<f32>> {
+        let be = self.backend.as_ref();
+        let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let [xd, h, y] = match guard.take() {
+            Some(s) => s,
+            None => [be.zeros(0)?, be.zeros(0)?, be.zeros(0)?],
+        };
+        let (mut xd, mut h, mut y) = (xd, h, y);
+        let r = (|| {
+            xd = be.upload(x)?;
+            be.rms_norm(&xd, &self.norm, self.eps, &mut h)?;
+            be.matmul(&h, n_rows, &self.head, &mut y)?;
+            let mut out = vec![0.0f32; y.len()];
+            be.download(&y, &mut out)?;
+            Ok(out)
+        })();
+        *guard = Some([xd, h, y]);
+        r
     }
 }
