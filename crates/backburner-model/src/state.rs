@@ -409,9 +409,12 @@ impl ModelState {
     /// Makes this state an exact copy of `src` (another sequence's state on the same layers and KV settings): its KV
     /// pages and linear states are copied, its position taken; the activation buffers and the remote store stay.
     /// How a prompt prefilled once is forked into other sequences (`n` > 1). Returns false, changing nothing, when
-    /// the layers or KV settings differ or either state has pages held elsewhere (KV offload) or a remote failure.
+    /// the layers or KV settings differ or either state has pages held elsewhere (KV offload), a remote failure, or
+    /// the state of layers placed on a device.
     pub fn copy_from(&mut self, src: &ModelState) -> bool {
-        let movable = |s: &ModelState| s.offloaded() == 0 && s.remote.error.is_none();
+        let movable = |s: &ModelState| {
+            s.offloaded() == 0 && s.remote.error.is_none() && s.device.iter().all(Option::is_none)
+        };
         let same_kinds = self.layers.len() == src.layers.len()
             && self.layers.iter().zip(&src.layers).all(|(d, s)| {
                 matches!(
@@ -449,6 +452,7 @@ impl ModelState {
     pub fn clear(&mut self) {
         self.scratch.close_verify();
         self.remote.error = None;
+        self.device.clear();
         for l in self.layers.iter_mut().flatten() {
             match l {
                 LayerState::Attention(c) => c.clear(),

@@ -149,3 +149,47 @@ fn top_k_orders_by_logit_then_id_and_the_registry_opens_the_cpu() {
     assert!(matches!(e, DeviceError::NotBuilt("cuda", _)), "{e}");
     assert!(e.to_string().contains("--features cuda"));
 }
+
+/// Decodes `ids` one at a time from `s`, each step's logits as bits.
+fn decode(m: &Model, s: &mut ModelState, ids: &[u32]) -> Vec<Vec<u32>> {
+    ids.iter()
+        .map(|&id| bits(&m.forward_tokens(&[id], s, Some(0..1))))
+        .collect()
+}
+
+#[test]
+fn snapshots_restore_and_clear_cover_the_layers_on_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
+    let plain = Model::load(dir.path()).unwrap();
+    let mut placed = Model::load(dir.path()).unwrap();
+    placed.place_layers(1..4, cpu()).unwrap();
+    let c = plain.config().clone();
+    let prompt: Vec<u32> = (0..70u32).map(|i| (i * 7 + 3) % 200).collect();
+    let steps = [5u32, 9, 2, 11];
+    let mut want = ModelState::new(&c, 0..4, KV);
+    plain.forward_tokens(&prompt, &mut want, None);
+    let want = decode(&plain, &mut want, &steps);
+
+    let mut s = ModelState::new(&c, 0..4, KV);
+    placed.forward_tokens(&prompt, &mut s, None);
+    let snap = s.snapshot();
+    assert_eq!(snap.n_tokens(), 70);
+    assert_eq!(decode(&placed, &mut s, &steps), want);
+    // back to the snapshot: the device's recurrent states and KV rows go back too
+    s.restore(&snap);
+    assert_eq!(decode(&placed, &mut s, &steps), want, "after restore");
+    assert_eq!(
+        s.go_back(70, &[&snap]).unwrap(),
+        backburner_model::state::Back::Checkpoint
+    );
+    assert_eq!(decode(&placed, &mut s, &steps), want, "after go_back");
+    // a fork refuses device state rather than copying half of it
+    let mut other = ModelState::new(&c, 0..4, KV);
+    assert!(!other.copy_from(&s));
+    // a cleared state starts over on the device too
+    s.clear();
+    placed.forward_tokens(&prompt, &mut s, None);
+    assert_eq!(decode(&placed, &mut s, &steps), want, "after clear");
+    assert!(s.take_remote_error().is_none());
+}

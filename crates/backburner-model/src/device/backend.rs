@@ -244,6 +244,17 @@ pub trait Backend: Send + Sync {
         lse: &mut Buf,
     ) -> DeviceResult<()>;
 
+    /// Drops the positions `>= len` of `kv` (no effect if it holds fewer): going back to a checkpoint.
+    ///
+    /// Errors: [`DeviceError::Unsupported`] when `len` is below the positions held elsewhere, or for a backend
+    /// that cannot truncate (the default).
+    fn kv_truncate(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
+        let _ = (kv, len);
+        Err(DeviceError::Unsupported(
+            self.info().id,
+            "truncating a KV cache".into(),
+        ))
+    }
     /// Positions `[0, n)` of `kv` held elsewhere (KV offload: their pages moved by [`Backend::kv_take_oldest`]).
     /// Default: none (a backend without offload).
     fn kv_offloaded(&self, _kv: &DeviceKv) -> usize {

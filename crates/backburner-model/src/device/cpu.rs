@@ -286,6 +286,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn kv_truncate(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
+        let c = kv
+            .inner
+            .downcast_mut::<PagedKvCache>()
+            .expect("a CPU cache");
+        c.try_truncate(len)
+            .map_err(|e| DeviceError::Unsupported(DeviceId::CPU, e.to_string()))?;
+        kv.len = c.len();
+        Ok(())
+    }
+
     fn kv_offloaded(&self, kv: &DeviceKv) -> usize {
         cache(kv).offloaded()
     }

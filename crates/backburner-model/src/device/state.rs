@@ -6,6 +6,7 @@ use std::sync::Arc;
 use backburner_kernels::kv::KvPage;
 
 use super::backend::{Backend, Buf, DeviceKv, DeviceResult};
+use crate::state::LinearState;
 
 /// One sequence's state of the layers of a [`super::DeviceLayers`], on its device, and the pass's activation buffers.
 pub struct DeviceState {
@@ -30,6 +31,63 @@ impl DeviceState {
             DState::Attn(kv) => Some(kv),
             DState::Gdn { .. } => None,
         }
+    }
+
+    /// The Gated DeltaNet layers' states copied to the host, as `(model index, state)` in layer order: what a
+    /// [`crate::StateSnapshot`] keeps of them.
+    ///
+    /// Errors: the backend's copy errors.
+    pub fn linear_states(&self) -> DeviceResult<Vec<(usize, LinearState)>> {
+        let mut out = Vec::new();
+        for (j, l) in self.layers.iter().enumerate() {
+            if let DState::Gdn { conv, recurrent } = l {
+                let mut s = LinearState {
+                    conv: vec![0.0; conv.len()],
+                    recurrent: vec![0.0; recurrent.len()],
+                };
+                self.backend.download(conv, &mut s.conv)?;
+                self.backend.download(recurrent, &mut s.recurrent)?;
+                out.push((self.first + j, s));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Goes back to position `n`: every KV cache truncated there and the Gated DeltaNet layers' states taken from
+    /// `linear` (`(model index, state)`, as [`DeviceState::linear_states`] gives; entries of layers not held are
+    /// skipped).
+    ///
+    /// Errors: a layer held here without an entry in `linear` or of another size ([`DeviceError::Unsupported`]),
+    /// the backend's copy and truncation errors. After an error the state is unusable (drop it).
+    pub fn restore(&mut self, n: usize, linear: &[(usize, LinearState)]) -> DeviceResult<()> {
+        let be = self.backend.clone();
+        for (j, l) in self.layers.iter_mut().enumerate() {
+            let i = self.first + j;
+            match l {
+                DState::Attn(kv) => be.kv_truncate(kv, n)?,
+                DState::Gdn { conv, recurrent } => {
+                    let s = linear
+                        .iter()
+                        .find(|(k, _)| *k == i)
+                        .map(|(_, s)| s)
+                        .filter(|s| {
+                            s.conv.len() == conv.len() && s.recurrent.len() == recurrent.len()
+                        })
+                        .ok_or_else(|| {
+                            super::DeviceError::Unsupported(
+                                be.info().id,
+                                format!(
+                                    "restoring layer {i}: the snapshot holds no state of its size"
+                                ),
+                            )
+                        })?;
+                    *conv = be.upload(&s.conv)?;
+                    *recurrent = be.upload(&s.recurrent)?;
+                }
+            }
+        }
+        self.pos.fill(n);
+        Ok(())
     }
 
     /// Positions of attention layer `i`'s cache held elsewhere (KV offload), if this state holds the layer.

@@ -101,17 +101,32 @@ impl ModelState {
         }
     }
 
-    /// Copies the linear states and records the position, for [`ModelState::restore`].
+    /// Copies the linear states and records the position, for [`ModelState::restore`]. The states of layers
+    /// placed on a device are copied from it.
+    ///
+    /// Panics if a device fails to copy them (its driver failed: the device is unusable).
     pub fn snapshot(&self) -> StateSnapshot {
-        let linear = self
+        let on_device: Vec<(usize, LinearState)> = self
+            .device
+            .iter()
+            .flatten()
+            .flat_map(|d| {
+                d.linear_states()
+                    .unwrap_or_else(|e| panic!("snapshot: a device failed: {e}"))
+            })
+            .collect();
+        let mut linear: Vec<(usize, LinearState)> = self
             .layers
             .iter()
             .enumerate()
+            .filter(|(i, _)| !on_device.iter().any(|(k, _)| k == i))
             .filter_map(|(i, l)| match l {
                 Some(LayerState::Linear(s)) => Some((i, s.clone())),
                 _ => None,
             })
             .collect();
+        linear.extend(on_device);
+        linear.sort_by_key(|(i, _)| *i);
         StateSnapshot {
             n_tokens: self.n_tokens,
             linear,
@@ -136,6 +151,11 @@ impl ModelState {
         for (i, s) in &snap.linear {
             if let Some(LayerState::Linear(dst)) = self.layers[*i].as_mut() {
                 dst.clone_from(s);
+            }
+        }
+        for d in self.device.iter_mut().flatten() {
+            if let Err(e) = d.restore(snap.n_tokens, &snap.linear) {
+                panic!("restore: a device failed: {e}");
             }
         }
         self.n_tokens = snap.n_tokens;
