@@ -193,3 +193,65 @@ fn snapshots_restore_and_clear_cover_the_layers_on_a_device() {
     assert_eq!(decode(&placed, &mut s, &steps), want, "after clear");
     assert!(s.take_remote_error().is_none());
 }
+
+#[test]
+fn checkpoints_inside_a_prefill_cover_the_layers_on_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(dir.path(), &tiny_config(4), 29).unwrap();
+    let plain = Model::load(dir.path()).unwrap();
+    let mut placed = Model::load(dir.path()).unwrap();
+    placed.place_layers(0..3, cpu()).unwrap();
+    let c = plain.config().clone();
+    let prompt: Vec<u32> = (0..150u32).map(|i| (i * 13 + 1) % 200).collect();
+    let steps = [4u32, 8, 15];
+    let run_with = |m: &Model| {
+        let mut s = ModelState::new(&c, 0..4, KV);
+        s.request_checkpoints(&[64, 100, 128, 150]);
+        m.forward_tokens(&prompt, &mut s, None);
+        let cps = s.take_checkpoints();
+        (s, cps)
+    };
+    let (mut ps, plain_cps) = run_with(&plain);
+    let want = decode(&plain, &mut ps, &steps);
+    let (mut s, cps) = run_with(&placed);
+    // 64 and 128 are chunk boundaries and 150 the call's end; 100 is neither
+    let at: Vec<usize> = cps.iter().map(|c| c.n_tokens()).collect();
+    assert_eq!(at, vec![64, 128, 150]);
+    assert_eq!(
+        at,
+        plain_cps.iter().map(|c| c.n_tokens()).collect::<Vec<_>>()
+    );
+    assert_eq!(cps[0].bytes(), plain_cps[0].bytes());
+    for cp in &cps {
+        // resume from each checkpoint: the rest of the prompt, then the decode steps, give the uninterrupted bits
+        s.go_back(cp.n_tokens(), &[cp]).unwrap();
+        placed.forward_tokens(&prompt[cp.n_tokens()..], &mut s, None);
+        assert_eq!(
+            decode(&placed, &mut s, &steps),
+            want,
+            "from {}",
+            cp.n_tokens()
+        );
+        // and the plain model resumes from the placed model's checkpoint alike (the same states)
+        ps.go_back(cp.n_tokens(), &[cp]).unwrap();
+        plain.forward_tokens(&prompt[cp.n_tokens()..], &mut ps, None);
+        assert_eq!(
+            decode(&plain, &mut ps, &steps),
+            want,
+            "plain from {}",
+            cp.n_tokens()
+        );
+    }
+    // a decode step's checkpoint is its end
+    let n = s.n_tokens();
+    s.request_checkpoints(&[n + 1]);
+    ps.request_checkpoints(&[n + 1]);
+    placed.forward_tokens(&[3], &mut s, None);
+    plain.forward_tokens(&[3], &mut ps, None);
+    let (a, b) = (s.take_checkpoints(), ps.take_checkpoints());
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (a[0].n_tokens(), a[0].bytes()),
+        (b[0].n_tokens(), b[0].bytes())
+    );
+}

@@ -161,6 +161,31 @@ pub trait Backend: Send + Sync {
         n_cols: usize,
         dst: &mut Buf,
     ) -> DeviceResult<()>;
+    /// Rows `rows` of `src` (`[.., width]`) written over rows `dst_row0..` of `dst` (`[.., width]`, holding them;
+    /// its length unchanged). The default copies through the host (for checkpoints, not a hot path); a backend
+    /// overrides it with a device copy.
+    fn copy_rows(
+        &self,
+        src: &Buf,
+        width: usize,
+        rows: std::ops::Range<usize>,
+        dst: &mut Buf,
+        dst_row0: usize,
+    ) -> DeviceResult<()> {
+        let n = rows.len() * width;
+        let (s0, d0) = (rows.start * width, dst_row0 * width);
+        assert!(
+            s0 + n <= src.len() && d0 + n <= dst.len(),
+            "copy_rows: rows outside the buffers"
+        );
+        let mut a = vec![0.0f32; src.len()];
+        self.download(src, &mut a)?;
+        let mut b = vec![0.0f32; dst.len()];
+        self.download(dst, &mut b)?;
+        b[d0..d0 + n].copy_from_slice(&a[s0..s0 + n]);
+        *dst = self.upload(&b)?;
+        Ok(())
+    }
     /// Partial NeoX RoPE in place on x `[n_tokens, n_heads, head_dim]`, token t at position `pos0 + t`.
     fn rope(
         &self,

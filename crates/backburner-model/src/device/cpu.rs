@@ -154,6 +154,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn copy_rows(
+        &self,
+        src: &Buf,
+        width: usize,
+        rows: std::ops::Range<usize>,
+        dst: &mut Buf,
+        dst_row0: usize,
+    ) -> DeviceResult<()> {
+        let n = rows.len() * width;
+        let (s0, d0) = (rows.start * width, dst_row0 * width);
+        vm(dst)[d0..d0 + n].copy_from_slice(&v(src)[s0..s0 + n]);
+        Ok(())
+    }
+
     fn rope(
         &self,
         rope: &Rope,

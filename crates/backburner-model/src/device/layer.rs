@@ -5,19 +5,18 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use backburner_kernels::gdn::GdnDims;
-
-use super::backend::{Backend, Buf, DecodeStep, DeviceKv, DeviceMatrix, DeviceResult};
+use super::backend::{Backend, Buf, DeviceKv, DeviceMatrix, DeviceResult};
 use super::id::DeviceError;
 use super::state::{DState, DeviceState, Scratch};
-use crate::config::{ModelConfig, VHeadOrder};
-use crate::model::{Ffn, Layer, Mixer, Model, GDN_CHUNK};
+use crate::config::ModelConfig;
+use crate::model::Capture;
+use crate::model::{Ffn, Layer, Mixer, Model};
 use crate::ops::Rope;
 use crate::remote::RemoteSlot;
 use crate::state::KvOptions;
 
 /// One layer's weights on a device.
-struct DLayer {
+pub(super) struct DLayer {
     input_norm: Buf,
     post_norm: Buf,
     mixer: DMixer,
@@ -25,7 +24,7 @@ struct DLayer {
     down: DeviceMatrix,
 }
 
-enum DMixer {
+pub(super) enum DMixer {
     Gdn {
         in_proj: DeviceMatrix,
         conv_weight: Buf,
@@ -44,11 +43,11 @@ enum DMixer {
 
 /// Layers `range` of a model held on one backend: their weights uploaded once, run on a [`DeviceState`].
 pub struct DeviceLayers {
-    backend: Arc<dyn Backend>,
-    range: Range<usize>,
-    layers: Vec<DLayer>,
-    cfg: ModelConfig,
-    rope: Rope,
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) range: Range<usize>,
+    pub(super) layers: Vec<DLayer>,
+    pub(super) cfg: ModelConfig,
+    pub(super) rope: Rope,
 }
 
 impl std::fmt::Debug for DeviceLayers {
@@ -201,13 +200,16 @@ impl DeviceLayers {
         pos0: usize,
         st: &mut DeviceState,
     ) -> DeviceResult<()> {
-        self.forward_host_with(layers, x, n_tokens, pos0, st, &mut RemoteSlot::default())
+        let (mut remote, mut capture) = (RemoteSlot::default(), Capture::default());
+        self.forward_host_with(layers, x, n_tokens, pos0, st, &mut remote, &mut capture)
     }
 
     /// [`DeviceLayers::forward_host`] with the sequence's store of KV pages held elsewhere (KV offload): an
     /// attention layer whose device cache moved pages off ([`DeviceState::kv_take_oldest`]) asks `remote` for their
     /// partial and continues the fold over its own pages ([`Backend::attend_after`]). A failure of the store is
-    /// latched in `remote` (the step's output is then meaningless).
+    /// latched in `remote` (the step's output is then meaningless). The Gated DeltaNet layers take the checkpoints
+    /// `capture` requests, as the CPU path does (`model/capture.rs`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward_host_with(
         &self,
         layers: Range<usize>,
@@ -216,6 +218,7 @@ impl DeviceLayers {
         pos0: usize,
         st: &mut DeviceState,
         remote: &mut RemoteSlot,
+        capture: &mut Capture,
     ) -> DeviceResult<()> {
         assert!(
             layers.start >= self.range.start && layers.end <= self.range.end,
@@ -249,7 +252,7 @@ impl DeviceLayers {
                     t: n_tokens,
                     pos0,
                 };
-                self.layer(l, &mut xd, at, ls, &mut st.s, remote)?;
+                self.layer(l, &mut xd, at, ls, &mut st.s, remote, capture)?;
             }
             be.download(&xd, x)
         })();
@@ -262,6 +265,7 @@ impl DeviceLayers {
     }
 
     /// One layer on the device residual stream `x` (`[t, H]`).
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
         l: &DLayer,
@@ -270,6 +274,7 @@ impl DeviceLayers {
         ls: &mut DState,
         s: &mut Scratch,
         remote: &mut RemoteSlot,
+        capture: &mut Capture,
     ) -> DeviceResult<()> {
         let t = at.t;
         let be = self.backend.as_ref();
@@ -277,7 +282,7 @@ impl DeviceLayers {
         be.rms_norm(x, &l.input_norm, eps, &mut s.h)?;
         match (&l.mixer, ls) {
             (DMixer::Gdn { .. }, DState::Gdn { conv, recurrent }) => {
-                self.gdn(&l.mixer, t, conv, recurrent, s)?
+                self.gdn(&l.mixer, at, conv, recurrent, s, capture)?
             }
             (DMixer::Attn { .. }, DState::Attn(kv)) => {
                 self.attention(&l.mixer, at, kv, s, remote)?
@@ -289,86 +294,6 @@ impl DeviceLayers {
         be.matmul_swiglu(&s.h, t, &l.gate_up, &mut s.gu, &mut s.act)?;
         be.matmul(&s.act, t, &l.down, &mut s.out)?;
         be.add_assign(x, &s.out)
-    }
-
-    /// The Gated DeltaNet mixer on `s.h`, output in `s.out` (`model/mixer.rs`'s `gdn_core` with its projections).
-    fn gdn(
-        &self,
-        m: &DMixer,
-        t: usize,
-        conv: &mut Buf,
-        recurrent: &mut Buf,
-        s: &mut Scratch,
-    ) -> DeviceResult<()> {
-        let DMixer::Gdn {
-            in_proj,
-            conv_weight,
-            dt_bias,
-            neg_a,
-            norm,
-            out_proj,
-        } = m
-        else {
-            unreachable!("gdn on an attention layer")
-        };
-        let be = self.backend.as_ref();
-        let c = &self.cfg;
-        let (hk, hv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
-        let conv_dim = c.conv_dim();
-        let width = conv_dim + hv * dv + 2 * hv;
-        let eps = c.rms_norm_eps as f32;
-        let dims = GdnDims {
-            n_tokens: t,
-            n_k_heads: hk,
-            n_v_heads: hv,
-            d_k: dk,
-            d_v: dv,
-            tiled_v_heads: c.linear_v_head_order == VHeadOrder::Tiled,
-        };
-        let kernel = c.linear_conv_kernel_dim;
-        be.matmul(&s.h, t, in_proj, &mut s.proj)?;
-        be.gdn_gates(
-            &s.proj,
-            width,
-            conv_dim + hv * dv,
-            neg_a,
-            dt_bias,
-            &mut s.beta,
-            &mut s.g,
-        )?;
-        if t == 1 {
-            let step = DecodeStep {
-                dims,
-                kernel,
-                proj: &s.proj,
-                g: &s.g,
-                beta: &s.beta,
-                conv_weight,
-                norm_weight: norm,
-                eps,
-                conv_state: conv,
-                state: recurrent,
-            };
-            be.delta_rule_decode(step, &mut s.o)?;
-        } else {
-            be.take_cols(&s.proj, width, 0, conv_dim, &mut s.a)?;
-            be.take_cols(&s.proj, width, conv_dim, hv * dv, &mut s.z)?;
-            be.causal_conv(&s.a, t, conv_dim, kernel, conv_weight, conv, &mut s.b)?;
-            be.take_cols(&s.b, conv_dim, 0, hk * dk, &mut s.q)?;
-            be.take_cols(&s.b, conv_dim, hk * dk, hk * dk, &mut s.k)?;
-            be.take_cols(&s.b, conv_dim, 2 * hk * dk, hv * dv, &mut s.v)?;
-            be.l2_norm_scaled(&mut s.q, dk, 1.0 / (dk as f32).sqrt())?;
-            be.l2_norm_scaled(&mut s.k, dk, 1.0)?;
-            let (q, k, v, g, beta) = (&s.q, &s.k, &s.v, &s.g, &s.beta);
-            be.delta_rule_chunked(dims, GDN_CHUNK, q, k, v, g, beta, recurrent, &mut s.o)?;
-            be.gated_rms_norm(&mut s.o, &s.z, norm, eps)?;
-        }
-        be.matmul(&s.o, t, out_proj, &mut s.out)
     }
 
     /// Gated attention on `s.h` at positions `pos0..`, output in `s.out` (`model/mixer.rs`'s `attention_core` with
@@ -435,10 +360,10 @@ impl DeviceLayers {
 
 /// Where a layer's pass is: its model index, its tokens and their first position.
 #[derive(Clone, Copy)]
-struct Pass {
-    idx: usize,
-    t: usize,
-    pos0: usize,
+pub(super) struct Pass {
+    pub(super) idx: usize,
+    pub(super) t: usize,
+    pub(super) pos0: usize,
 }
 
 /// Uploads one layer's weights.

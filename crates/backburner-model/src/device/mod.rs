@@ -14,6 +14,7 @@
 
 mod backend;
 mod cpu;
+mod gdn;
 mod id;
 mod layer;
 mod registry;

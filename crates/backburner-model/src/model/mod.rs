@@ -19,6 +19,7 @@ use crate::state::ModelState;
 mod batch;
 mod bytes;
 mod capture;
+pub(crate) use capture::{conv_window, Capture};
 mod experts;
 mod forward;
 mod interleave;

@@ -140,9 +140,10 @@ impl Model {
                 }
             }
         }
-        let (devs, remote) = state.device_and_remote();
+        let (devs, remote, capture) = state.device_pass();
         let st = devs[p].as_mut().expect("made above");
-        if let Err(e) = part.forward_host_with(layers.start..end, x, n_tokens, pos0, st, remote) {
+        let r = part.forward_host_with(layers.start..end, x, n_tokens, pos0, st, remote, capture);
+        if let Err(e) = r {
             state.latch_remote_error(RemoteError(e.to_string()));
         }
         Some(end)

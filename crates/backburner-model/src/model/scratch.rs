@@ -78,7 +78,7 @@ pub struct Scratch {
     pub(super) rows: RowBufs,
     pub(super) mix: MixerBufs,
     /// The exact checkpoints requested of the coming calls and those taken ([`crate::ModelState::request_checkpoints`]).
-    pub(super) capture: Capture,
+    pub(crate) capture: Capture,
     /// What the open speculative verify keeps for a rollback (`verify.rs`); not counted by [`Scratch::bytes`]
     /// (see [`crate::ModelState::verify_bytes`]).
     pub(super) verify: VerifyKeep,

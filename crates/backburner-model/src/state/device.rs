@@ -4,14 +4,20 @@
 use super::{LayerState, ModelState};
 
 impl ModelState {
-    /// The states of the layers placed on devices and the store of pages held elsewhere, together.
-    pub(crate) fn device_and_remote(
+    /// What a pass of layers placed on devices uses of the state, together: their states, the store of pages held
+    /// elsewhere and the checkpoints requested.
+    pub(crate) fn device_pass(
         &mut self,
     ) -> (
         &mut Vec<Option<crate::device::DeviceState>>,
         &mut crate::remote::RemoteSlot,
+        &mut crate::model::Capture,
     ) {
-        (&mut self.device, &mut self.remote)
+        (
+            &mut self.device,
+            &mut self.remote,
+            &mut self.scratch.capture,
+        )
     }
 
     /// The device state holding layer `i`, if it is placed on a device and the sequence has run it.
