@@ -107,16 +107,50 @@ fn placing_layers_checks_the_range_and_the_layers() {
     assert!(m.placement().is_empty());
 }
 
+/// Batched decode with layers on a device: each sequence's logits equal its own single-sequence pass (on the
+/// plain model too), sequences at different positions.
 #[test]
-#[should_panic(expected = "batched decode runs on the CPU path only")]
-fn batched_decode_with_placed_layers_is_refused() {
+fn batched_decode_with_placed_layers_gives_each_sequences_own_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
+    let plain = Model::load(dir.path()).unwrap();
+    let mut m = Model::load(dir.path()).unwrap();
+    m.place_layers(1..3, cpu()).unwrap();
+    m.place_head(cpu()).unwrap();
+    let c = m.config().clone();
+    let prompts: [Vec<u32>; 3] = [vec![1, 2, 3], (0..20).collect(), vec![7; 9]];
+    let mut batch: Vec<ModelState> = Vec::new();
+    let mut alone: Vec<ModelState> = Vec::new();
+    for p in &prompts {
+        let mut s = ModelState::new(&c, 0..4, KV);
+        m.forward_tokens(p, &mut s, None);
+        batch.push(s);
+        let mut s = ModelState::new(&c, 0..4, KV);
+        plain.forward_tokens(p, &mut s, None);
+        alone.push(s);
+    }
+    for step in 0..3u32 {
+        let ids = [5 + step, 9, 40 - step];
+        let mut refs: Vec<&mut ModelState> = batch.iter_mut().collect();
+        let got = m.forward_decode_batch(&ids, &mut refs);
+        for (i, s) in alone.iter_mut().enumerate() {
+            let want = plain.forward_tokens(&[ids[i]], s, Some(0..1));
+            let row = &got[i * c.vocab_size..(i + 1) * c.vocab_size];
+            assert_eq!(bits(row), bits(&want), "step {step}, sequence {i}");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "verify runs on the CPU path only")]
+fn verify_with_placed_layers_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
     let mut m = Model::load(dir.path()).unwrap();
     m.place_layers(0..2, cpu()).unwrap();
     let c = m.config().clone();
     let mut s = ModelState::new(&c, 0..4, KV);
-    m.forward_decode_batch(&[1], &mut [&mut s]);
+    let _ = m.forward_verify(&[1, 2], &mut s);
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! and the head run once on the stacked rows; only the mixers' per-sequence cores (`mixer.rs`) run per sequence,
 //! on its own state and buffers. The matmul computes each output element with the same FMA chain for any number of
 //! rows, and every other op is row-wise, so each sequence's logits and state equal those of
-//! [`Model::forward_tokens`] on its token alone, bit for bit.
+//! [`Model::forward_tokens`] on its token alone, bit for bit. Layers placed on a device (`place.rs`) run each
+//! sequence's row alone: the same bits, without the batch's shared weight reads there (yet).
 
 use backburner_kernels::profile::{self, Op};
 
@@ -24,7 +25,6 @@ impl Model {
     /// elsewhere (`offloaded() > 0`: the batch is only for sequences whose pages are all local), or an id is out of
     /// range (check with [`Model::check_ids`] first).
     pub fn forward_decode_batch(&self, ids: &[u32], states: &mut [&mut ModelState]) -> Vec<f32> {
-        self.check_cpu_only("batched decode");
         self.check_batch(ids, states);
         let n = ids.len();
         let h = self.config.hidden_size;
@@ -33,11 +33,22 @@ impl Model {
         self.embed_into(ids, sized(&mut x, n * h))
             .expect("forward_decode_batch: the embedding is loaded and the ids were checked");
         let mut err = None;
-        for (idx, layer) in self.layers.iter().enumerate() {
-            let layer = layer.as_ref().expect("layer not loaded");
+        let mut idx = 0;
+        while idx < self.layers.len() {
+            if let Some(end) = self.placed_end(idx) {
+                // layers on a device: each sequence's row through them alone (the same bits as its own pass)
+                for (row, st) in x.chunks_exact_mut(h).zip(states.iter_mut()) {
+                    let pos0 = st.n_tokens();
+                    self.forward_on_device(idx..end, row, 1, pos0, st);
+                }
+                idx = end;
+                continue;
+            }
+            let layer = self.layers[idx].as_ref().expect("layer not loaded");
             self.input_norm(layer, &x, &mut rows);
             self.batch_mixer(idx, &layer.mixer, states, &mut rows);
             self.layer_rest(idx, layer, &mut x, n, &mut rows, &mut err);
+            idx += 1;
         }
         // a failure of experts held elsewhere spoils every row of the batch
         if let Some(e) = err {

@@ -108,6 +108,15 @@ impl Model {
         );
     }
 
+    /// The end of the placed range holding layer `i`, if it is placed on a device.
+    pub(super) fn placed_end(&self, i: usize) -> Option<usize> {
+        self.devices
+            .iter()
+            .map(DeviceLayers::range)
+            .find(|r| r.contains(&i))
+            .map(|r| r.end)
+    }
+
     /// If layer `layers.start` is placed on a device, runs the placed layers from there (up to `layers.end` or the
     /// placed range's end) on `x` and returns where the pass goes on; `None` if it is not placed. A device failure
     /// latches in the state as a remote failure does (the step's output is meaningless: the caller discards it).
