@@ -9,6 +9,7 @@ mod cache_modes;
 mod choices;
 mod consistency;
 mod constraint;
+mod device_engine;
 mod experts_limits;
 mod experts_remote;
 mod faults;
