@@ -44,6 +44,34 @@ fn one_worker_holds_the_oldest_pages_and_the_logits_keep_their_bits() {
     assert!(st.offload_decode_tokens > 0 && st.bytes_per_decode_token() > 0);
 }
 
+/// The original's offload with the roles of host and phone: the host computes its layers on a device (here the CPU
+/// backend, the only one this machine has) and a CPU worker holds the oldest KV pages; the device's caches send
+/// their pages over the link and fold the worker's partials into their own, for the bits of an unbounded local run
+/// on the CPU path.
+#[test]
+fn a_worker_holds_the_pages_of_layers_on_a_device_and_the_logits_keep_their_bits() {
+    let f = model_with_layers(8, 11);
+    let w = start_worker(f.dir.path(), None, None);
+    let p = prompt(7 * 64 + 5, 3);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 70);
+    let mut placed = backburner_model::Model::load(f.dir.path()).unwrap();
+    let cpu = std::sync::Arc::new(backburner_model::device::CpuBackend);
+    placed.place_layers(0..8, cpu.clone()).unwrap();
+    placed.place_head(cpu).unwrap();
+    let mut off = Session::new(std::sync::Arc::new(placed), budgeted(128)).unwrap();
+    off.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    let got = run(&mut off, &p, 70);
+    assert_eq!(got.1, want.1, "tokens");
+    assert!(got.0 == want.0, "logits differ in bits");
+    let st = off.link_stats();
+    let on_worker = st.positions_on_workers as usize;
+    assert!(p.len() + 70 - on_worker <= 128, "{on_worker} on the worker");
+    assert_eq!(st.pages_on_workers as usize, on_worker / 64 * 2);
+    assert_eq!((st.fallbacks, st.offload_failures), (0, 0));
+    assert!(st.offload_decode_tokens > 0);
+}
+
 #[test]
 fn two_workers_share_the_pages_in_order_and_the_logits_keep_their_bits() {
     let f = model_with_layers(8, 12);

@@ -216,8 +216,12 @@ impl Session {
             // the MTP block takes every new position's hidden row (not interleaved then: one pass gives them); a
             // re-ingested history's it has already
             let mtp = self.mtp.is_some() && r.start >= base + skip;
-            let interleave =
-                self.opts.interleave && !mtp && state.offloaded() > 0 && split >= GDN_CHUNK;
+            // (not with layers on a device either: the interleaved pass is the CPU path's)
+            let interleave = self.opts.interleave
+                && !mtp
+                && state.offloaded() > 0
+                && split >= GDN_CHUNK
+                && model.placement().is_empty();
             let (logits, hidden) = self.opts.pool.install(|| {
                 if interleave {
                     (
@@ -299,7 +303,7 @@ impl Session {
         let n = (on_host + add - budget).div_ceil(ps);
         let movable = layers
             .iter()
-            .filter_map(|&l| self.state.kv_cache_mut(l).map(|c| c.movable_pages()))
+            .filter_map(|&l| self.state.movable_pages(l))
             .min()
             .unwrap_or(0);
         if n > movable {
@@ -368,9 +372,13 @@ impl Session {
         let shape = self.page_shape();
         let mut bytes = Vec::new();
         for &l in layers {
-            let c = self.state.kv_cache_mut(l).expect("attention layer");
-            for p in &c.pages()[..k] {
-                bytes.extend(page_bytes(p.view(), &shape));
+            let put = &mut |p: &backburner_kernels::kv::KvPage| {
+                bytes.extend(page_bytes(p.view(), &shape))
+            };
+            if let Err(e) = self.state.for_oldest_pages(l, k, put) {
+                return Err(Failure::Refused(EngineError::InvalidSetting(format!(
+                    "moving KV pages of layer {l}: {e}"
+                ))));
             }
         }
         let first = self.state.offloaded();
@@ -404,8 +412,9 @@ impl Session {
                 Ok(PutOutcome::Stored(_)) => {
                     drop(ws);
                     for &l in layers {
-                        let c = self.state.kv_cache_mut(l).expect("attention layer");
-                        c.take_oldest(k).expect("movable pages checked");
+                        self.state
+                            .take_oldest_pages(l, k)
+                            .expect("movable pages checked, copied above");
                     }
                     self.placement.push(wi, k * shape.page_size);
                     self.offload_stats.pages_moved += (k * layers.len()) as u64;

@@ -41,11 +41,7 @@ impl Session {
         }
         self.placement.truncate(n);
         for l in attention_layers(self.model.config()) {
-            let ok = self
-                .state
-                .kv_cache_mut(l)
-                .is_none_or(|c| c.truncate_offloaded(n).is_ok());
-            if !ok {
+            if self.state.truncate_offloaded_at(l, n).is_err() {
                 return false;
             }
         }

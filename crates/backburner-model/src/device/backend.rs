@@ -302,6 +302,28 @@ pub trait Backend: Send + Sync {
             "moving KV pages off the device".into(),
         ))
     }
+    /// Copies of the `n` oldest pages of `kv` (nothing moves): what a worker is sent before the pages leave with
+    /// [`Backend::kv_take_oldest`] once it has stored them.
+    ///
+    /// Errors: as [`Backend::kv_take_oldest`].
+    fn kv_copy_oldest(&self, kv: &DeviceKv, n: usize) -> DeviceResult<Vec<KvPage>> {
+        let _ = (kv, n);
+        Err(DeviceError::Unsupported(
+            self.info().id,
+            "copying KV pages off the device".into(),
+        ))
+    }
+    /// Goes back to position `len` inside the positions held elsewhere (a page boundary at or below
+    /// [`Backend::kv_offloaded`]): the pages held here are dropped, the holder keeps `[0, len)`.
+    ///
+    /// Errors: [`DeviceError::Unsupported`] for another position, or a backend without offload (the default).
+    fn kv_truncate_offloaded(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
+        let _ = (kv, len);
+        Err(DeviceError::Unsupported(
+            self.info().id,
+            "going back into KV pages held elsewhere".into(),
+        ))
+    }
     /// [`Backend::attend`] continued from `prefix`, the partial of the same queries over the positions held
     /// elsewhere (folded in page order, e.g. by a worker): the fold goes on over the pages held here, so that the
     /// result is the attention over every position (on the CPU backend, the bits of a cache holding every page).

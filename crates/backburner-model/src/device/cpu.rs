@@ -328,6 +328,26 @@ impl Backend for CpuBackend {
             .map_err(|e| DeviceError::Unsupported(DeviceId::CPU, e.to_string()))
     }
 
+    fn kv_copy_oldest(&self, kv: &DeviceKv, n: usize) -> DeviceResult<Vec<KvPage>> {
+        let c = cache(kv);
+        if n > c.movable_pages() {
+            let why = format!("{n} pages asked, {} may move", c.movable_pages());
+            return Err(DeviceError::Unsupported(DeviceId::CPU, why));
+        }
+        Ok(c.pages()[..n].to_vec())
+    }
+
+    fn kv_truncate_offloaded(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
+        let c = kv
+            .inner
+            .downcast_mut::<PagedKvCache>()
+            .expect("a CPU cache");
+        c.truncate_offloaded(len)
+            .map_err(|e| DeviceError::Unsupported(DeviceId::CPU, e.to_string()))?;
+        kv.len = c.len();
+        Ok(())
+    }
+
     fn attend_after(
         &self,
         kv: &DeviceKv,

@@ -100,6 +100,26 @@ impl DeviceState {
         self.kv(i).map(|kv| self.backend.kv_movable_pages(kv))
     }
 
+    /// Copies of the `n` oldest pages of attention layer `i`'s cache ([`Backend::kv_copy_oldest`]); `None` if this
+    /// state does not hold the layer.
+    pub fn kv_copy_oldest(&self, i: usize, n: usize) -> Option<DeviceResult<Vec<KvPage>>> {
+        self.kv(i).map(|kv| self.backend.kv_copy_oldest(kv, n))
+    }
+
+    /// Goes back to position `len` inside attention layer `i`'s pages held elsewhere
+    /// ([`Backend::kv_truncate_offloaded`]); `None` if this state does not hold the layer.
+    pub fn kv_truncate_offloaded(&mut self, i: usize, len: usize) -> Option<DeviceResult<()>> {
+        let j = i.checked_sub(self.first)?;
+        let r = match self.layers.get_mut(j)? {
+            DState::Attn(kv) => self.backend.kv_truncate_offloaded(kv, len),
+            DState::Gdn { .. } => return None,
+        };
+        if r.is_ok() {
+            self.pos[j] = len;
+        }
+        Some(r)
+    }
+
     /// Moves the `n` oldest pages of attention layer `i`'s cache off the device ([`Backend::kv_take_oldest`]);
     /// `None` if this state does not hold the layer.
     pub fn kv_take_oldest(&mut self, i: usize, n: usize) -> Option<DeviceResult<Vec<KvPage>>> {

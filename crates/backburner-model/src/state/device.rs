@@ -66,4 +66,59 @@ impl ModelState {
             _ => Err(format!("layer {i} has no KV cache here")),
         }
     }
+
+    /// Calls `f` on each of the `n` oldest pages of attention layer `i`'s KV cache, in position order, wherever the
+    /// layer runs (a device's are copied to the host first); nothing moves.
+    ///
+    /// Errors: a message if the layer has no cache here, fewer than `n` pages may move, or the device cannot copy
+    /// them.
+    pub fn for_oldest_pages(
+        &self,
+        i: usize,
+        n: usize,
+        f: &mut dyn FnMut(&backburner_kernels::kv::KvPage),
+    ) -> Result<(), String> {
+        if let Some(d) = self.device_of(i) {
+            let pages = d
+                .kv_copy_oldest(i, n)
+                .ok_or_else(|| format!("layer {i} has no KV cache"))?
+                .map_err(|e| e.to_string())?;
+            pages.iter().for_each(f);
+            return Ok(());
+        }
+        match self.layers.get(i).and_then(Option::as_ref) {
+            Some(LayerState::Attention(c)) if n <= c.movable_pages() => {
+                c.pages()[..n].iter().for_each(f);
+                Ok(())
+            }
+            Some(LayerState::Attention(c)) => Err(format!(
+                "layer {i}: {n} pages asked, {} may move",
+                c.movable_pages()
+            )),
+            _ => Err(format!("layer {i} has no KV cache here")),
+        }
+    }
+
+    /// Goes back to position `len` inside attention layer `i`'s pages held elsewhere (a page boundary at or below
+    /// the positions held elsewhere: their holder keeps `[0, len)`), wherever the layer runs; nothing to do for a
+    /// layer without a cache here.
+    ///
+    /// Errors: a message for a position that is not such a boundary or a device that cannot do it.
+    pub fn truncate_offloaded_at(&mut self, i: usize, len: usize) -> Result<(), String> {
+        if let Some(d) = self
+            .device
+            .iter_mut()
+            .flatten()
+            .find(|d| d.positions(i).is_some())
+        {
+            return match d.kv_truncate_offloaded(i, len) {
+                Some(r) => r.map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+        }
+        match self.layers.get_mut(i).and_then(Option::as_mut) {
+            Some(LayerState::Attention(c)) => c.truncate_offloaded(len).map_err(|e| e.to_string()),
+            _ => Ok(()),
+        }
+    }
 }
