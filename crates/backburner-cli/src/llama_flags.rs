@@ -20,9 +20,9 @@ enum Meaning {
     Always(bool, &'static str),
     /// Refused, with why.
     No(&'static str),
-    /// GPU layers: 0 (the CPU only, as scripts pass it) is what happens without `--device`; more is
-    /// `--device-layers` where the command has it (`true`: the model's layers), else refused (`false`: a draft
-    /// model's, which there is none of).
+    /// GPU layers: `--device-layers N` where the command has it (`true`: the model's layers); elsewhere (and for
+    /// a draft model's, `false`, which there is none of) 0 is accepted (the CPU only, as scripts pass it) and more
+    /// refused.
     Gpu(bool),
     /// llama.cpp's `--reasoning-budget N`: 0 is `--no-think`, -1 (no budget) what happens anyway; others refused.
     Budget,
@@ -218,11 +218,12 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
                 return Err(format!("{flag} (llama.cpp's flag) has no meaning here: {why}"))
             }
             Meaning::Gpu(layers) => match value(&mut it)?.as_str() {
-                "0" => {}
+                // `-ngl 0 -dev CUDA0`: no layer on the device (as in llama.cpp), not the default of all
                 n if layers && find_arg(cmd, "--device-layers").is_some() => {
                     out.push("--device-layers".into());
                     out.push(n.to_string());
                 }
+                "0" => {}
                 n => {
                     return Err(format!(
                         "{flag} {n}: `{path}` puts no layers on a device (layers on a GPU: `backburner run --device \

@@ -151,6 +151,7 @@ fn device_cpu_gives_the_same_text_as_no_device_flag_and_layers_on_the_cpu_backen
         (None, "layers 0..8 on cpu ("),
         (Some("5"), "layers 0..5 on cpu ("),
         (Some("99"), "layers 0..8 on cpu ("),
+        (Some("0"), "layers 0..8 on cpu"),
     ] {
         let mut extra = vec!["--device", "cpu", "--device-cpu-backend"];
         if let Some(n) = n {

@@ -48,7 +48,11 @@ fn flags_with_a_meaning_become_long_ones_and_the_rest_are_named() {
         .contains("puts no layers on a device"));
     assert_eq!(
         t(&["run", "-ngl", "0", "-no-cnv", "--jinja"]).unwrap()[1..],
-        ["run"]
+        ["run", "--device-layers", "0"]
+    );
+    assert_eq!(
+        t(&["plan", "-ngl", "0", "-ngld", "0"]).unwrap()[1..],
+        ["plan"]
     );
     assert_eq!(
         t(&["run", "--n-gpu-layers=99"]).unwrap()[1..],
@@ -214,7 +218,7 @@ fn other_multi_letter_short_flags_are_refused_where_a_flag_stands() {
     // the table's flags are read only where a flag stands: `-p -fa` is the prompt `-fa`
     assert_eq!(
         t(&["run", "-p", "-fa", "-ngl", "0"]).unwrap()[1..],
-        ["run", "-p", "-fa"]
+        ["run", "-p", "-fa", "--device-layers", "0"]
     );
     assert_eq!(
         t(&["run", "-p", "-ngl", "-ub", "8"]).unwrap()[1..],
