@@ -60,7 +60,7 @@ enum BenchKind {
 #[command(mut_arg("threads", |a| a.help("One thread count to run (the same as --thread-counts N)").conflicts_with("thread_counts")))]
 struct LocalArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Context depths (tokens, comma-separated) at which to report prefill and decode.
     #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384")]
     depths: Vec<usize>,
@@ -449,8 +449,24 @@ pub fn bench_model_dir() -> Result<std::path::PathBuf> {
     )
 }
 
-/// Runs a benchmark.
+/// Runs a benchmark (each on the CPU path: `--device` other than cpu is refused).
 pub fn run(a: BenchArgs) -> Result<()> {
+    use BenchKind as K;
+    let model = match &a.kind {
+        K::Local(a) => Some(&a.model),
+        K::SplitPrefill(a) => Some(&a.model),
+        K::DecodeOffload(a) => Some(&a.model),
+        K::LayerSplit(a) => Some(&a.model),
+        K::Session(a) => Some(&a.model),
+        K::Slots(a) => Some(&a.model),
+        K::Spec(a) => Some(&a.model),
+        K::GenGguf(_) | K::SeedTable(_) => None,
+    };
+    if let Some(m) = model {
+        m.device.refuse(
+            "the benchmarks (they rewind to state snapshots, which hold no device state)",
+        )?;
+    }
     match a.kind {
         BenchKind::Local(l) => run_local(l),
         BenchKind::SplitPrefill(a) => crate::bench_split::run(a),

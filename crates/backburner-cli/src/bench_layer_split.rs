@@ -39,7 +39,7 @@ use crate::{bench, chain_args, compute_pool, ModelArgs};
 #[command(mut_arg("threads", |a| a.help("Host compute threads (default 1 here)")))]
 pub struct LayerSplitArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Prompt length (tokens) prefilled from an empty context in every round (a pseudo-random prompt).
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,

@@ -26,7 +26,7 @@ use crate::{bench, compute_pool, Loaded, ModelArgs};
 #[command(mut_arg("threads", |a| a.help("Host compute threads (default 1 here)")))]
 pub struct OffloadArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Context depth (positions) to decode at.
     #[arg(long, default_value_t = 65536)]
     depth: usize,

@@ -35,7 +35,7 @@ const TRANSCRIPT: &str = include_str!("../../../assets/agent-session/transcript.
 #[command(mut_arg("threads", |a| a.help("Compute threads of the server (default 1 here, as the worker's)")))]
 pub struct SessionArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Transcript to replay (default: the shipped assets/agent-session/transcript.json, built in).
     #[arg(long, value_name = "FILE")]
     transcript: Option<PathBuf>,

@@ -25,7 +25,7 @@ use crate::{bench, compute_pool, ModelArgs};
 #[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 pub struct SlotsArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Slot counts (sequences decoded at once), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     slots: Vec<usize>,

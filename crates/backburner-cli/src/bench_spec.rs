@@ -44,7 +44,7 @@ use verify_cost::verify_cost;
 #[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 pub struct SpecArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Context depth: tokens of the pseudo-random prompt before the verify steps and the generation.
     #[arg(long, default_value_t = 512)]
     depth: usize,

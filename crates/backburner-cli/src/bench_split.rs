@@ -22,7 +22,7 @@ use crate::{bench, compute_pool, ModelArgs};
 #[command(mut_arg("model", |a| a.help("Checkpoint directory (config.json, *.safetensors) or GGUF file. Default: the bundled bench model (random weights, generated once)")))]
 pub struct SplitArgs {
     #[command(flatten)]
-    model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Prompt lengths (tokens, comma-separated) to ingest, each from an empty context.
     #[arg(long, value_delimiter = ',', default_value = "2048,8192,16384")]
     depths: Vec<usize>,

@@ -38,6 +38,9 @@ pub struct CalibrateArgs {
 /// final norm, head) timed apart; on each `--worker`, the same through a layer-split session holding that cycle,
 /// from the worker's own compute reports, and the link's round trip and bandwidth.
 pub fn calibrate(a: CalibrateArgs) -> Result<()> {
+    a.model
+        .device
+        .refuse("calibrate (it times the CPU path's layers for `plan --calibration`)")?;
     if a.decode_tokens == 0 {
         bail!("--decode-tokens must be ≥ 1");
     }

@@ -54,6 +54,10 @@ pub(crate) struct ChatArgs {
 
 /// Runs `backburner chat` until `/exit`, Ctrl-D or the end of the input.
 pub(crate) fn run(a: ChatArgs) -> Result<()> {
+    a.model.device.refuse(
+        "chat (it runs on a serving engine's slot: batched decode steps, and a prompt cache of state snapshots, \
+         which hold no device state)",
+    )?;
     a.sampling.check()?;
     let max_tokens = crate::run_cmd::max_tokens(a.max_tokens, false)?;
     let pool = compute_pool(a.model.threads)?;

@@ -20,8 +20,10 @@ enum Meaning {
     Always(bool, &'static str),
     /// Refused, with why.
     No(&'static str),
-    /// GPU layers: 0 (the CPU only, as scripts pass it) is what happens here; more is refused.
-    Gpu,
+    /// GPU layers: `--device-layers N` where the command has it (`true`: the model's layers); elsewhere (and for
+    /// a draft model's, `false`, which there is none of) 0 is accepted (the CPU only, as scripts pass it) and more
+    /// refused.
+    Gpu(bool),
     /// llama.cpp's `--reasoning-budget N`: 0 is `--no-think`, -1 (no budget) what happens anyway; others refused.
     Budget,
     /// llama.cpp's `--repeat-last-n N`: -1 (the whole context) is what `--repeat-penalty` covers here.
@@ -57,15 +59,16 @@ fn meaning(flag: &str, sub: &str) -> Option<Meaning> {
         "-cmoe" | "--cpu-moe" => Always(false, "the experts run on the CPU (or on workers with --expert-split)"),
         "--jinja" => Always(false, "chat templates always render as transformers renders them (Jinja)"),
         "--mlock" => No("not supported: the weights are not locked in memory"),
-        "-dev" | "--device" => No("there is no GPU backend yet: everything runs on the CPU (and on workers over the link)"),
-        "-ngl" | "-ngld" | "--n-gpu-layers" | "--gpu-layers" => Gpu,
+        "-dev" => Long("--device"),
+        "-ngl" | "--n-gpu-layers" | "--gpu-layers" => Gpu(true),
+        "-ngld" | "--n-gpu-layers-draft" => Gpu(false),
         "--reasoning-budget" => Budget,
         "--repeat-last-n" => RepeatLastN,
         "-ts" | "-sm" | "-mg" => No("there is no GPU to split across; a model splits across machines with --layer-split"),
         "-cnv" | "--conversation" => No("the interactive conversation is `backburner chat`, or `backburner run -cnv`"),
         "-b" => No("prompts are ingested in --ubatch chunks with no logical batch above them; set -ub / --ubatch"),
         "-tb" => No("prefill and decode share one thread pool: set -t / --threads"),
-        "-nkvo" => No("the KV cache lives in host memory (or on workers with --kv-budget); there is no device memory to keep it from"),
+        "-nkvo" => No("a layer's KV cache lives where the layer runs (in host memory, or on the --device that runs it) or on workers with --kv-budget"),
         "-ot" => No("tensors go to devices by layer (--layer-split) or by expert (--expert-split), not by pattern"),
         "-hf" | "-hfr" | "-hff" => No("no model hub is reached: give a local checkpoint directory or GGUF file with -m"),
         _ => return None,
@@ -214,12 +217,17 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
             Meaning::No(why) => {
                 return Err(format!("{flag} (llama.cpp's flag) has no meaning here: {why}"))
             }
-            Meaning::Gpu => match value(&mut it)?.as_str() {
+            Meaning::Gpu(layers) => match value(&mut it)?.as_str() {
+                // `-ngl 0 -dev CUDA0`: no layer on the device (as in llama.cpp), not the default of all
+                n if layers && find_arg(cmd, "--device-layers").is_some() => {
+                    out.push("--device-layers".into());
+                    out.push(n.to_string());
+                }
                 "0" => {}
                 n => {
                     return Err(format!(
-                        "{flag} {n}: backburner has no GPU backend yet: layers run on the CPU (-ngl 0 is accepted), \
-                         and on workers with --layer-split"
+                        "{flag} {n}: `{path}` puts no layers on a device (layers on a GPU: `backburner run --device \
+                         cuda:0 --device-layers N`, docs/DEVICES.md); -ngl 0 is accepted"
                     ))
                 }
             },

@@ -20,6 +20,8 @@ mod chat_conv;
 mod chat_repl;
 mod constraint_args;
 mod default_model;
+mod device_args;
+mod devices_cmd;
 mod experts_args;
 mod link_args;
 mod llama_flags;
@@ -78,6 +80,9 @@ enum Cmd {
     Plan(Box<plan_cmd::PlanArgs>),
     /// Measure the host's and workers' per-layer prefill and decode speed and the link, for `plan --calibration`.
     Calibrate(Box<calibrate_cmd::CalibrateArgs>),
+    /// List the devices this build and machine offer (`--device`): id, name, memory, backend; and the backends
+    /// not built.
+    Devices(devices_cmd::DevicesArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -118,6 +123,8 @@ pub struct ModelArgs {
     /// Load the checkpoint's MTP block (set by `--spec mtp`; otherwise it stays on disk).
     #[arg(skip)]
     pub mtp: bool,
+    #[command(flatten)]
+    pub device: device_args::DeviceArgs,
 }
 
 /// `--precision`: `f32` or `bf16`.
@@ -238,6 +245,7 @@ fn main() {
         Cmd::Plan(a) => plan_cmd::run(*a),
         Cmd::Serve(a) => serve_cmd::run(*a),
         Cmd::Calibrate(a) => calibrate_cmd::calibrate(*a),
+        Cmd::Devices(a) => devices_cmd::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -376,8 +384,13 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     if let Some(c) = a.ctx.filter(|&c| c < 2) {
         bail!("--ctx {c} is too short: a window needs at least 2 tokens (a token to predict and one before it)");
     }
+    let backend = a.model.device.open()?;
     let pool = compute_pool(a.model.threads)?;
-    let loaded = load(&a.model, &pool)?;
+    let mut loaded = load(&a.model, &pool)?;
+    if let Some(b) = backend {
+        let line = device_args::place(&mut loaded.model, b, a.model.device.device_layers)?;
+        eprintln!("{line}");
+    }
     let (path, ids) = ppl_tokens(&a, &loaded)?;
     let path = path.display();
     if ids.len() < 2 {

@@ -9,6 +9,7 @@ use backburner_engine::plan::{
     self, summary, Calibration, DevicePlan, ModelCosts, Plan, PlanRequest,
 };
 use backburner_kernels::kv::KvDtype;
+use backburner_model::device::DeviceId;
 use clap::Args;
 
 use crate::run_cmd::out_line;
@@ -48,6 +49,15 @@ pub struct PlanArgs {
     /// Positions per KV page.
     #[arg(long, default_value_t = 4096)]
     kv_page_size: usize,
+    /// A device for the host's first layers (`cuda:0`, as `run --device` takes it): the plan says how many fit its
+    /// memory (weights, their KV at the plan's context or their state, and a reserve for the runtime and a ubatch's
+    /// activations), the rest staying on the CPU, and the `run` flags that place them. `cpu` places none.
+    #[arg(long, value_parser = crate::device_args::parse_device)]
+    device: Option<DeviceId>,
+    /// Memory of --device (same units: `80G`), so that a plan needs no device; default: its total memory as this
+    /// build reads it (the device must be present).
+    #[arg(long, value_parser = parse_bytes, requires = "device")]
+    device_memory: Option<u64>,
 }
 
 /// Runs `backburner plan`.
@@ -81,20 +91,92 @@ pub fn run(a: PlanArgs) -> Result<()> {
             Some(m) => m,
             None => this_machine_memory()?,
         },
-        worker_memory: a.worker_memory,
+        worker_memory: a.worker_memory.clone(),
         ctx: a.ctx,
         ubatch: a.ubatch,
         page_size: a.kv_page_size,
-        layer_split: a.layer_split,
+        layer_split: a.layer_split.clone(),
         calibration,
     };
-    let p = plan::plan(&req)?;
+    let p = match device_budget(&a)? {
+        Some(d) => plan::plan_with_device(&req, &d)?,
+        None => plan::plan(&req)?,
+    };
+    let command = p.device.as_ref().map(|d| run_command(&a, &p, d));
     if a.json {
-        out_line(&serde_json::to_string_pretty(&p)?);
+        let mut v = serde_json::to_value(&p)?;
+        if let Some(c) = command {
+            v["device"]["command"] = c.into();
+        }
+        out_line(&serde_json::to_string_pretty(&v)?);
     } else {
         print_plan(&p);
+        if let (Some(d), Some(c)) = (&p.device, command) {
+            print_device(d, &c);
+        }
     }
     Ok(())
+}
+
+/// The device of `--device` (none for `cpu`) with its memory: `--device-memory`, else what this build's registry
+/// reads. Errors: a device this build or machine lacks without `--device-memory`.
+fn device_budget(a: &PlanArgs) -> Result<Option<plan::DeviceBudget>> {
+    let Some(id) = a.device.filter(|d| !d.is_cpu()) else {
+        return Ok(None);
+    };
+    let memory = match a.device_memory {
+        Some(m) => m,
+        None => {
+            let reg = crate::device_args::registry();
+            match reg.info(id) {
+                Some(i) => i.memory_bytes,
+                None => anyhow::bail!(
+                    "--device {id}: {}: give its memory with --device-memory (e.g. 80G) to plan for it",
+                    match reg.has(id.kind) {
+                        true => "not found on this machine",
+                        false => "this build has no such backend (`backburner devices` lists what it has)",
+                    }
+                ),
+            }
+        }
+    };
+    Ok(Some(plan::DeviceBudget {
+        id: id.to_string(),
+        memory,
+    }))
+}
+
+/// The `run` command line that carries out a plan with layers on a device.
+fn run_command(a: &PlanArgs, p: &Plan, d: &plan::DevicePlacement) -> String {
+    let model = a
+        .model
+        .as_ref()
+        .map_or(String::new(), |m| format!(" --model {}", m.display()));
+    format!(
+        "backburner run{model} --ctx-size {} --kv-dtype {} {}",
+        p.ctx, a.kv_dtype, d.flags
+    )
+}
+
+/// The device's lines: what its layers take, and the command.
+fn print_device(d: &plan::DevicePlacement, command: &str) {
+    let cpu = match d.cpu_layers.is_empty() {
+        true => String::new(),
+        false => format!("; {}..{} on cpu", d.cpu_layers.start, d.cpu_layers.end),
+    };
+    out_line(&format!(
+        "{}: layers {}..{} (weights {}, state {}, KV {}, reserve {}: {} of {}){cpu}",
+        d.device,
+        d.layers.start,
+        d.layers.end,
+        human(d.weight_bytes),
+        human(d.state_bytes),
+        human(d.kv_bytes),
+        human(d.reserve_bytes),
+        human(d.total_bytes()),
+        human(d.memory)
+    ));
+    out_line(&format!("command: {command}"));
 }
 
 /// GB (10^9) from 1 GB up, MB (10^6) below, so small states do not print as 0.

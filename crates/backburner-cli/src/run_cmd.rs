@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 use backburner_engine::memory;
 
 mod choices;
+mod device;
 
 use crate::constraint_args::ConstraintArgs;
 use crate::sampling_args::SamplingArgs;
@@ -120,6 +121,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
         bail!("--ignore-eos cannot go with --grammar/--json-schema: a complete grammar ends at an eos id");
     }
     check_stop(&a)?;
+    let backend = device::check(&a)?;
     let pool = compute_pool(a.model.threads)?;
     let dir = match &a.model.model {
         Some(d) => d.clone(),
@@ -147,8 +149,7 @@ pub(crate) fn run(mut a: RunArgs) -> Result<()> {
     };
     // the engine plans, checks memory, loads and connects: one request in, a ready session out
     let req = crate::placement::request(&a.model, &a.link, dir, config, &pool, Some(need))?;
-    let (host, mut session) =
-        backburner_engine::open::open(req, &mut crate::placement::Printer::new(a.json))?;
+    let (host, mut session) = device::open_session(req, &a, backend)?;
     let (plan, experts) = (host.plan, host.experts);
     let tok = &tokenizer;
     backburner_engine::sequence::check_token_ids(&prompt, session.model().config().vocab_size)

@@ -75,6 +75,10 @@ pub(crate) struct ServeArgs {
 
 /// Runs `backburner serve` until Ctrl-C or SIGTERM.
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
+    a.model.device.refuse(
+        "serve (its slots decode as one batch, and its prompt cache restores state snapshots, which hold no device \
+         state)",
+    )?;
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel must be in 1..=256");
     }

@@ -59,6 +59,8 @@ pub struct WorkerArgs {
     /// the attention kernel's faster layout; same results either way.
     #[arg(long)]
     no_pack_pages: bool,
+    #[command(flatten)]
+    device: crate::device_args::DeviceArgs,
     /// Test fault injection: exit the process on the Nth frame after a handshake.
     #[arg(long, hide = true)]
     exit_after_frames: Option<usize>,
@@ -142,6 +144,10 @@ pub fn read_secret(file: Option<&PathBuf>) -> Result<Option<Vec<u8>>> {
 
 /// Runs the daemon until SIGINT/SIGTERM.
 pub fn run(a: WorkerArgs) -> Result<()> {
+    a.device.refuse(
+        "a worker (the layers and KV pages it serves run on the CPU path; the host's own layers can go on a device \
+         in a later version)",
+    )?;
     let threads = thread_count(a.threads)?;
     let addr: SocketAddr = a
         .listen

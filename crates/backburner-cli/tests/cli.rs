@@ -275,8 +275,8 @@ fn multi_letter_short_flags_are_never_clusters_and_values_that_look_like_flags_p
             "error: -kvu is not a flag of `backburner serve`",
         ),
         (
-            &["run", "-dev", "CUDA0"],
-            "error: -dev (llama.cpp's flag) has no meaning here",
+            &["run", "-dev", "GPU0"],
+            "'GPU0' is not a device name: use cpu, cuda:N or vulkan:N",
         ),
         (
             &["chat", "-p", "hi"],

@@ -36,16 +36,31 @@ fn flags_with_a_meaning_become_long_ones_and_the_rest_are_named() {
         t(&["run", "-ub=64"]).unwrap()[1..],
         ["run", "--ubatch", "64"]
     );
-    assert!(t(&["run", "-ngl", "99"])
+    assert_eq!(
+        t(&["run", "-ngl", "99", "-dev", "CUDA0"]).unwrap()[1..],
+        ["run", "--device-layers", "99", "--device", "CUDA0"]
+    );
+    assert!(t(&["run", "-ngld", "99"])
         .unwrap_err()
-        .starts_with("-ngl 99: backburner has no GPU backend"));
+        .starts_with("-ngld 99: `backburner run` puts no layers on a device"));
+    assert!(t(&["plan", "-ngl", "8"])
+        .unwrap_err()
+        .contains("puts no layers on a device"));
     assert_eq!(
         t(&["run", "-ngl", "0", "-no-cnv", "--jinja"]).unwrap()[1..],
-        ["run"]
+        ["run", "--device-layers", "0"]
     );
-    assert!(t(&["run", "--n-gpu-layers=99"])
+    assert_eq!(
+        t(&["plan", "-ngl", "0", "-ngld", "0"]).unwrap()[1..],
+        ["plan"]
+    );
+    assert_eq!(
+        t(&["run", "--n-gpu-layers=99"]).unwrap()[1..],
+        ["run", "--device-layers", "99"]
+    );
+    assert!(t(&["worker", "--n-gpu-layers-draft=2"])
         .unwrap_err()
-        .contains("--n-gpu-layers 99"));
+        .contains("--n-gpu-layers-draft 2"));
     assert_eq!(
         t(&["run", "--flash-attn", "auto", "--cache-type-k", "bf16"]).unwrap()[1..],
         ["run", "--kv-dtype", "bf16"]
@@ -127,8 +142,11 @@ fn new_entries_have_their_meanings() {
     assert!(err(&["serve", "-nocb"])
         .starts_with("-nocb (llama.cpp's flag) has no meaning here: serve always"));
     assert!(err(&["run", "--mlock"]).contains("not supported"));
-    assert!(err(&["run", "-dev", "CUDA0"]).contains("no GPU backend"));
-    assert!(err(&["serve", "--device", "none"]).contains("no GPU backend"));
+    // --device is this CLI's own flag (llama.cpp's device names parse: `none`, `CUDA0`)
+    assert_eq!(
+        t(&["serve", "--device", "none"]).unwrap()[1..],
+        ["serve", "--device", "none"]
+    );
     assert!(err(&["chat", "-st"]).contains("backburner run --chat -p"));
     assert!(err(&["run", "-ot", "exps=CPU"]).contains("--expert-split"));
     assert!(!err(&["run", "-ot", "x"]).contains("--experts-worker"));
@@ -200,7 +218,7 @@ fn other_multi_letter_short_flags_are_refused_where_a_flag_stands() {
     // the table's flags are read only where a flag stands: `-p -fa` is the prompt `-fa`
     assert_eq!(
         t(&["run", "-p", "-fa", "-ngl", "0"]).unwrap()[1..],
-        ["run", "-p", "-fa"]
+        ["run", "-p", "-fa", "--device-layers", "0"]
     );
     assert_eq!(
         t(&["run", "-p", "-ngl", "-ub", "8"]).unwrap()[1..],

@@ -47,7 +47,15 @@ pub fn summary(p: &Plan) -> String {
             format!("layer split: {}", parts.join(", "))
         }
     };
-    format!("{what}; context up to {} tokens", p.max_ctx)
+    let on_device = match &p.device {
+        Some(d) if !d.layers.is_empty() => format!(
+            "; layers {}..{} on {}",
+            d.layers.start, d.layers.end, d.device
+        ),
+        Some(d) => format!("; no layer fits {}", d.device),
+        None => String::new(),
+    };
+    format!("{what}{on_device}; context up to {} tokens", p.max_ctx)
 }
 
 fn ordinal(k: usize) -> String {

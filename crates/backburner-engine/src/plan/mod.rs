@@ -20,6 +20,7 @@
 //! `max_position_embeddings`; a placement must hold at least [`min_context`] positions to count as fitting.
 
 mod calib;
+mod device;
 mod experts;
 mod explain;
 pub(crate) mod memory;
@@ -27,6 +28,8 @@ pub mod moe;
 mod search;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_device;
 #[cfg(test)]
 mod tests_experts;
 
@@ -36,6 +39,10 @@ use backburner_model::{ModelConfig, ModelError};
 use serde::Serialize;
 
 pub use calib::{Calibration, DecodeBreakdown, DeviceTimes, LinkTimes, Rates};
+pub use device::{
+    device_reserve, layer_device_bytes, place_on_device, plan_with_device, DeviceBudget,
+    DevicePlacement, DEVICE_RUNTIME_RESERVE,
+};
 pub use explain::summary;
 pub use memory::{
     config_dtype_bytes, EndsBytes, ModelCosts, StoredType, WeightSource, WeightsFormat,
@@ -225,6 +232,9 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// The weights placed: their format and per-layer bytes.
     pub weights: PlanWeights,
+    /// The host's layers on a device (`plan --device`, [`plan_with_device`]); absent from the JSON when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DevicePlacement>,
 }
 
 /// Why no plan came out.

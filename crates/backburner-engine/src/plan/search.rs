@@ -161,6 +161,7 @@ pub(super) fn new_plan(
         expected: None,
         notes: Vec::new(),
         weights: super::PlanWeights::of(&req.costs),
+        device: None,
     }
 }
 

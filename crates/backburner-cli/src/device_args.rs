@@ -1,0 +1,298 @@
+//! `--device` and `--device-layers`: which device computes a command's layers (`cpu`, the default, computes them all
+//! as before), the registry of the devices this build offers, and the typed refusals of the commands and modes that
+//! cannot run layers on a device yet (docs/DEVICES.md).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use backburner_model::device::{Backend, DeviceError, DeviceId, Registry};
+use backburner_model::Model;
+use clap::Args;
+
+/// The device flags of every command that computes.
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Device that computes the model's layers: `cpu` (the default: every layer on this machine's cores, as without
+    /// the flag), `cuda:N` (an NVIDIA GPU: a build with `--features cuda`) or `vulkan:N` (no backend yet).
+    /// `backburner devices` lists what this build and machine offer; llama.cpp's spellings (`CUDA0`, `none` for
+    /// cpu) work too. Layers on a device run in `run` (one sequence, no workers, no speculative decoding) and
+    /// `perplexity`; the other commands and modes accept only `cpu` for now (docs/DEVICES.md).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceId,
+    /// With a --device other than cpu: the first N of the layers this command holds go on the device, the rest stay
+    /// on the CPU (llama.cpp's -ngl; more than the model has: all). Default: every layer. `backburner plan --device
+    /// D --device-memory M` says how many fit.
+    #[arg(long, value_name = "N")]
+    pub device_layers: Option<usize>,
+    /// Tests: place the layers on the device layer's CPU backend (`--device cpu` only), which gives the CPU path's
+    /// bits, so that the placement path of a command runs without a GPU.
+    #[arg(long, hide = true)]
+    pub device_cpu_backend: bool,
+}
+
+impl Default for DeviceArgs {
+    fn default() -> Self {
+        DeviceArgs {
+            device: DeviceId::CPU,
+            device_layers: None,
+            device_cpu_backend: false,
+        }
+    }
+}
+
+/// Why a command cannot compute on the device its flags name.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceFlagError {
+    /// A command or mode that runs every layer on the CPU path only (for now).
+    #[error(
+        "--device {device}: {what} cannot run layers on a device yet; use --device cpu (layers on a device run in \
+         `run` alone with one sequence and in `perplexity`; see docs/DEVICES.md)"
+    )]
+    NotSupported {
+        /// The device asked for.
+        device: DeviceId,
+        /// What cannot run on it, and why.
+        what: String,
+    },
+    /// `--device-layers N` (N > 0) with `--device cpu`.
+    #[error(
+        "--device-layers {n} puts layers on a device, but --device is cpu: name one (--device cuda:0; `backburner \
+         devices` lists them)"
+    )]
+    LayersWithoutDevice {
+        /// The layers asked for.
+        n: usize,
+    },
+    /// The device layer refused: a backend this build lacks, a device the machine lacks, layers it cannot hold.
+    #[error("--device {device}: {cause}")]
+    Device {
+        /// The device asked for.
+        device: DeviceId,
+        /// The device layer's error.
+        cause: DeviceError,
+    },
+}
+
+/// `--device`: a [`DeviceId`] (`cpu`, `cuda:N`, `vulkan:N`), or llama.cpp's names of one (`CUDA0`, `Vulkan1`,
+/// `none` = the CPU). Errors: [`DeviceError::BadName`]'s message.
+pub fn parse_device(s: &str) -> Result<DeviceId, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(DeviceId::CPU);
+    }
+    // llama.cpp's `CUDA0`: a backend's name and an index with no colon
+    let split = t
+        .find(|c: char| c.is_ascii_digit())
+        .filter(|&i| i > 0 && !t.contains(':') && t[i..].bytes().all(|b| b.is_ascii_digit()));
+    let r = match split {
+        Some(i) if !t[..i].eq_ignore_ascii_case("cpu") => {
+            format!("{}:{}", &t[..i], &t[i..]).parse::<DeviceId>()
+        }
+        _ => t.parse::<DeviceId>(),
+    };
+    r.map_err(|_| DeviceError::BadName(s.to_string()).to_string())
+}
+
+/// The devices this build offers: the CPU, and the CUDA backend in a build with the `cuda` feature.
+pub fn registry() -> Registry {
+    #[cfg(feature = "cuda")]
+    {
+        Registry::cpu_only().with(Box::new(backburner_cuda::CudaProvider::new()))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Registry::cpu_only()
+    }
+}
+
+impl DeviceArgs {
+    /// Whether every layer computes on the CPU path (`--device cpu`, the default, without the tests' CPU backend).
+    pub fn is_cpu(&self) -> bool {
+        self.device.is_cpu() && !self.device_cpu_backend
+    }
+
+    /// Refuses a device other than the CPU for `what` (a command or mode that cannot run layers on one: named in the
+    /// error with why); `--device cpu` passes (with `--device-layers` 0 or absent).
+    pub fn refuse(&self, what: &str) -> Result<(), DeviceFlagError> {
+        self.check_layers()?;
+        if self.is_cpu() {
+            return Ok(());
+        }
+        Err(DeviceFlagError::NotSupported {
+            device: self.device,
+            what: what.to_string(),
+        })
+    }
+
+    /// Opens the device (before the weights load, so that a build or machine without it fails at once): `None` for
+    /// the CPU. Errors: [`DeviceFlagError::LayersWithoutDevice`], and the registry's ([`DeviceError::NotBuilt`]
+    /// naming the cargo feature, [`DeviceError::NotFound`], a driver's).
+    pub fn open(&self) -> Result<Option<Arc<dyn Backend>>, DeviceFlagError> {
+        self.check_layers()?;
+        if self.is_cpu() {
+            return Ok(None);
+        }
+        if self.device.is_cpu() {
+            return Ok(Some(Arc::new(backburner_model::device::CpuBackend)));
+        }
+        registry()
+            .open(self.device)
+            .map(Some)
+            .map_err(|cause| DeviceFlagError::Device {
+                device: self.device,
+                cause,
+            })
+    }
+
+    /// `--device-layers N` with N > 0 needs a device.
+    fn check_layers(&self) -> Result<(), DeviceFlagError> {
+        match self.device_layers {
+            Some(n) if n > 0 && self.is_cpu() => Err(DeviceFlagError::LayersWithoutDevice { n }),
+            _ if self.device_cpu_backend && !self.device.is_cpu() => {
+                Err(DeviceFlagError::NotSupported {
+                    device: self.device,
+                    what: "--device-cpu-backend (it takes --device cpu)".into(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The layers `--device-layers` puts on the device: the first `n` (all when `None`; at most all) of `held`.
+pub fn device_range(held: Range<usize>, n: Option<usize>) -> Range<usize> {
+    let n = n.unwrap_or(held.len()).min(held.len());
+    held.start..held.start + n
+}
+
+/// Places the first `n` (see [`device_range`]) of the layers `model` holds on `backend` and returns the line that
+/// says where each layer runs (`layers 0..48 on cuda:0 (40.2 GiB), 48..64 on cpu`). `model` must not be shared yet
+/// (a freshly loaded model, before any session).
+///
+/// Errors: [`DeviceFlagError::Device`] with the placement's error (a mixture-of-experts layer, the device's memory);
+/// [`DeviceFlagError::NotSupported`] for a model already shared.
+pub fn place(
+    model: &mut Arc<Model>,
+    backend: Arc<dyn Backend>,
+    n: Option<usize>,
+) -> Result<String, DeviceFlagError> {
+    let device = backend.info().id;
+    let m = Arc::get_mut(model).ok_or_else(|| DeviceFlagError::NotSupported {
+        device,
+        what: "a model shared before its layers are placed".into(),
+    })?;
+    let held = m.layer_range();
+    let on = device_range(held.clone(), n);
+    if !on.is_empty() {
+        m.place_layers(on.clone(), backend)
+            .map_err(|cause| DeviceFlagError::Device { device, cause })?;
+    }
+    Ok(placement_line(
+        device,
+        on.clone(),
+        on.end..held.end,
+        m.device_weight_bytes(),
+    ))
+}
+
+/// `layers 0..48 on cuda:0 (40.25 GiB), 48..64 on cpu` (a side without layers left out).
+pub fn placement_line(
+    device: DeviceId,
+    on: Range<usize>,
+    cpu: Range<usize>,
+    device_bytes: u64,
+) -> String {
+    let mut parts = Vec::new();
+    if !on.is_empty() {
+        parts.push(format!(
+            "{}..{} on {device} ({})",
+            on.start,
+            on.end,
+            gib(device_bytes)
+        ));
+    }
+    if !cpu.is_empty() {
+        parts.push(format!("{}..{} on cpu", cpu.start, cpu.end));
+    }
+    if parts.is_empty() {
+        return "no layers".into();
+    }
+    format!("layers {}", parts.join(", "))
+}
+
+/// Bytes in GiB (2^30) with two decimals, MiB below one GiB.
+pub fn gib(b: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const MIB: f64 = (1u64 << 20) as f64;
+    if b as f64 >= GIB {
+        format!("{:.2} GiB", b as f64 / GIB)
+    } else {
+        format!("{:.1} MiB", b as f64 / MIB)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse_with_llama_cpp_spellings() {
+        for (s, want) in [
+            ("cpu", "cpu"),
+            ("none", "cpu"),
+            ("cuda:1", "cuda:1"),
+            ("CUDA0", "cuda:0"),
+            ("Vulkan2", "vulkan:2"),
+            ("cuda", "cuda:0"),
+        ] {
+            assert_eq!(parse_device(s).unwrap().to_string(), want, "{s}");
+        }
+        for bad in ["gpu", "cpu1", "cuda:x", "metal0", "", "0"] {
+            let e = parse_device(bad).unwrap_err();
+            assert!(e.contains("is not a device name"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn device_layers_take_the_first_n_held_layers() {
+        assert_eq!(device_range(0..64, None), 0..64);
+        assert_eq!(device_range(0..64, Some(48)), 0..48);
+        assert_eq!(device_range(0..64, Some(999)), 0..64);
+        assert_eq!(device_range(0..24, Some(0)), 0..0);
+        assert_eq!(device_range(8..16, Some(3)), 8..11);
+        assert_eq!(
+            placement_line("cuda:0".parse().unwrap(), 0..48, 48..64, 3 << 30),
+            "layers 0..48 on cuda:0 (3.00 GiB), 48..64 on cpu"
+        );
+        assert_eq!(
+            placement_line("cuda:1".parse().unwrap(), 0..8, 8..8, 5 << 20),
+            "layers 0..8 on cuda:1 (5.0 MiB)"
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_device_and_pass_the_cpu() {
+        let mut a = DeviceArgs::default();
+        a.refuse("serve").unwrap();
+        assert!(a.open().unwrap().is_none());
+        a.device_layers = Some(0);
+        a.refuse("serve").unwrap();
+        a.device_layers = Some(4);
+        let e = a.refuse("serve").unwrap_err().to_string();
+        assert!(
+            e.starts_with("--device-layers 4 puts layers on a device"),
+            "{e}"
+        );
+        a.device_layers = None;
+        a.device = "cuda:0".parse().unwrap();
+        let e = a
+            .refuse("serve (its batched slots)")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--device cuda:0: serve (its batched slots) cannot run layers"),
+            "{e}"
+        );
+        assert!(e.contains("docs/DEVICES.md"), "{e}");
+    }
+}

@@ -1,0 +1,49 @@
+//! `run --device`: the modes of `run` that cannot run layers on a device are refused before anything loads, the
+//! device is opened, and after the load the layers `--device-layers` names are placed on it.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use backburner_engine::open::{self, Host, SessionRequest};
+use backburner_engine::Session;
+use backburner_model::device::Backend;
+
+use super::RunArgs;
+use crate::spec_args::SpecKind;
+
+/// Refuses what `run` cannot do with layers on a device (workers of any mode, speculative decoding, several
+/// choices), then opens the device: `None` for `--device cpu`. Errors: [`crate::device_args::DeviceFlagError`].
+pub(super) fn check(a: &RunArgs) -> Result<Option<Arc<dyn Backend>>> {
+    let d = &a.model.device;
+    let refused = if !a.link.worker.is_empty() {
+        Some("a run with workers (split prefill, KV offload, layer split, experts on workers: --worker)")
+    } else if a.spec.spec != SpecKind::None {
+        Some("speculative decoding (--spec: its verify steps and MTP drafts)")
+    } else if a.n_choices > 1 {
+        Some("--n-choices (it rewinds to a snapshot of the prompt's state, which holds no device state)")
+    } else {
+        None
+    };
+    if let Some(what) = refused {
+        d.refuse(what)?;
+    }
+    Ok(d.open()?)
+}
+
+/// Loads the model as `req` asks ([`open::load`]), places its layers on `backend` (when given) and opens the
+/// session: with no backend, exactly [`open::open`]. `printer` hears the load.
+pub(super) fn open_session(
+    req: SessionRequest,
+    a: &RunArgs,
+    backend: Option<Arc<dyn Backend>>,
+) -> Result<(Host, Session)> {
+    let mut printer = crate::placement::Printer::new(a.json);
+    let Some(b) = backend else {
+        return Ok(open::open(req, &mut printer)?);
+    };
+    let mut host = open::load(req, &mut printer)?;
+    let line = crate::device_args::place(&mut host.model, b, a.model.device.device_layers)?;
+    eprintln!("{line}");
+    let session = host.session()?;
+    Ok((host, session))
+}
