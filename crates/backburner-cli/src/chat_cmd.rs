@@ -54,16 +54,18 @@ pub(crate) struct ChatArgs {
 
 /// Runs `backburner chat` until `/exit`, Ctrl-D or the end of the input.
 pub(crate) fn run(a: ChatArgs) -> Result<()> {
-    a.model.device.refuse(
-        "chat (it runs on a serving engine's slot: batched decode steps, and a prompt cache of state snapshots, \
-         which hold no device state)",
-    )?;
+    let spec = a.spec.spec != crate::spec_args::SpecKind::None;
+    let backend = a
+        .model
+        .device
+        .open_for_serving("chat", !a.link.worker.is_empty(), spec)?;
     a.sampling.check()?;
     let max_tokens = crate::run_cmd::max_tokens(a.max_tokens, false)?;
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
     let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
+    crate::device_args::place_loaded(&mut placed.host, backend, a.model.device.device_layers)?;
     crate::need_tok(&placed.tokenizer, &placed.dir, "chat", "")?;
     let tok = Arc::new(placed.tokenizer.take().context("a tokenizer")?);
     tok.chat_template()

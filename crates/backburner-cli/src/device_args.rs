@@ -15,8 +15,8 @@ pub struct DeviceArgs {
     /// Device that computes the model's layers: `cpu` (the default: every layer on this machine's cores, as without
     /// the flag), `cuda:N` (an NVIDIA GPU: a build with `--features cuda`) or `vulkan:N` (no backend yet).
     /// `backburner devices` lists what this build and machine offer; llama.cpp's spellings (`CUDA0`, `none` for
-    /// cpu) work too. Layers on a device run in `run` (one sequence, no workers, no speculative decoding) and
-    /// `perplexity`; the other commands and modes accept only `cpu` for now (docs/DEVICES.md).
+    /// cpu) work too. Layers on a device run in `run`, `chat`, `serve` and `perplexity` (no workers, no speculative
+    /// decoding); the other commands and modes accept only `cpu` for now (docs/DEVICES.md).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceId,
     /// With a --device other than cpu: the first N of the layers this command holds go on the device, the rest stay
@@ -46,7 +46,7 @@ pub enum DeviceFlagError {
     /// A command or mode that runs every layer on the CPU path only (for now).
     #[error(
         "--device {device}: {what} cannot run layers on a device yet; use --device cpu (layers on a device run in \
-         `run` alone with one sequence and in `perplexity`; see docs/DEVICES.md)"
+         `run`, `chat`, `serve` and `perplexity`, without workers or speculative decoding; see docs/DEVICES.md)"
     )]
     NotSupported {
         /// The device asked for.
@@ -144,6 +144,28 @@ impl DeviceArgs {
             })
     }
 
+    /// For a serving command (`what`: serve, chat): refuses the modes whose steps cannot run placed layers yet,
+    /// workers (`workers`) and speculative decoding (`spec`: its verify steps and MTP drafts), then opens the device
+    /// (`None` for the CPU), before anything loads. Place the layers with [`place_loaded`] once the model is loaded.
+    ///
+    /// Errors: [`DeviceFlagError`] (a refusal, the device's).
+    pub fn open_for_serving(
+        &self,
+        what: &str,
+        workers: bool,
+        spec: bool,
+    ) -> Result<Option<Arc<dyn Backend>>, DeviceFlagError> {
+        if workers {
+            self.refuse(&format!("{what} with workers (--worker)"))?;
+        }
+        if spec {
+            self.refuse(&format!(
+                "{what} with speculative decoding (--spec: its verify steps and MTP drafts)"
+            ))?;
+        }
+        self.open()
+    }
+
     /// `--device-layers N` with N > 0 needs a device.
     fn check_layers(&self) -> Result<(), DeviceFlagError> {
         match self.device_layers {
@@ -193,6 +215,21 @@ pub fn place(
         on.end..held.end,
         m.device_weight_bytes(),
     ))
+}
+
+/// Places the first `n` (see [`device_range`]) of the layers a freshly loaded `host` holds on `backend`, when given,
+/// and prints where each layer runs; before any session is opened.
+///
+/// Errors: as [`place`].
+pub fn place_loaded(
+    host: &mut backburner_engine::open::Host,
+    backend: Option<Arc<dyn Backend>>,
+    n: Option<usize>,
+) -> Result<(), DeviceFlagError> {
+    if let Some(b) = backend {
+        eprintln!("{}", place(&mut host.model, b, n)?);
+    }
+    Ok(())
 }
 
 /// `layers 0..48 on cuda:0 (40.25 GiB), 48..64 on cpu` (a side without layers left out).

@@ -75,10 +75,11 @@ pub(crate) struct ServeArgs {
 
 /// Runs `backburner serve` until Ctrl-C or SIGTERM.
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
-    a.model.device.refuse(
-        "serve (its slots decode as one batch, and its prompt cache restores state snapshots, which hold no device \
-         state)",
-    )?;
+    let spec = a.spec.spec != crate::spec_args::SpecKind::None;
+    let backend = a
+        .model
+        .device
+        .open_for_serving("serve", !a.link.worker.is_empty(), spec)?;
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel must be in 1..=256");
     }
@@ -103,7 +104,8 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
-    let placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
+    let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
+    crate::device_args::place_loaded(&mut placed.host, backend, a.model.device.device_layers)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         placed
             .dir

@@ -405,6 +405,11 @@ fn a_layer_split_chat_gives_the_local_replies_and_reuse() {
         "{local:?}"
     );
     assert_eq!(chat(&["--worker", &w.addr, "--layer-split", "4"]), local);
+    // layers on a device (the device layer's CPU backend): the same replies, the second turn from the cache
+    assert_eq!(
+        chat(&["--device", "cpu", "--device-cpu-backend", "-ngl", "3"]),
+        local
+    );
 }
 
 #[test]

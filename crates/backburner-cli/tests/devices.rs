@@ -196,12 +196,12 @@ fn commands_and_modes_without_device_support_refuse_a_device_and_accept_the_cpu(
     let out = out.to_str().unwrap();
     let refused: Vec<(Vec<&str>, &str)> = vec![
         (
-            vec!["serve", "-m", &m],
-            "serve (its slots decode as one batch",
+            vec!["serve", "-m", &m, "--spec", "ngram"],
+            "serve with speculative decoding",
         ),
         (
-            vec!["chat", "-m", &m],
-            "chat (it runs on a serving engine's slot",
+            vec!["chat", "-m", &m, "--worker", "127.0.0.1:9"],
+            "chat with workers",
         ),
         (
             vec!["worker", "-m", &m],
@@ -276,6 +276,19 @@ fn commands_and_modes_without_device_support_refuse_a_device_and_accept_the_cpu(
     // chat reads its messages from standard input (here empty): it opens and leaves
     let o = bb(&["chat", "-m", &m, "--device", "cpu"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // serve and chat run layers on a device: a build without the backend says so
+    for cmd in ["serve", "chat"] {
+        let o = bb(&[cmd, "-m", &m, "--device", "cuda:0"]);
+        assert_eq!(o.status.code(), Some(1), "{cmd}");
+        assert!(stderr(&o).contains(&not_built("cuda:0")), "{}", stderr(&o));
+    }
+    let o = bb(&["chat", "-m", &m, "--device-cpu-backend", "-ngl", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("layers 0..2 on cpu ("),
+        "{}",
+        stderr(&o)
+    );
     // --device-layers without a device
     let o = run_tiny(&["-ngl", "99"]);
     assert_eq!(o.status.code(), Some(1));
