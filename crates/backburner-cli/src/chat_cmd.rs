@@ -58,7 +58,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
     let backend = a
         .model
         .device
-        .open_for_serving("chat", !a.link.worker.is_empty(), spec)?;
+        .open_for_serving("chat", a.link.splits_layers(), spec)?;
     a.sampling.check()?;
     let max_tokens = crate::run_cmd::max_tokens(a.max_tokens, false)?;
     let pool = compute_pool(a.model.threads)?;

@@ -15,8 +15,9 @@ pub struct DeviceArgs {
     /// Device that computes the model's layers: `cpu` (the default: every layer on this machine's cores, as without
     /// the flag), `cuda:N` (an NVIDIA GPU: a build with `--features cuda`) or `vulkan:N` (no backend yet).
     /// `backburner devices` lists what this build and machine offer; llama.cpp's spellings (`CUDA0`, `none` for
-    /// cpu) work too. Layers on a device run in `run`, `chat`, `serve` and `perplexity` (no workers, no speculative
-    /// decoding); the other commands and modes accept only `cpu` for now (docs/DEVICES.md).
+    /// cpu) work too. Layers on a device run in `run`, `chat`, `serve` and `perplexity` (workers may hold KV pages,
+    /// not compute layers; no speculative decoding); the other commands and modes accept only `cpu` for now
+    /// (docs/DEVICES.md).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceId,
     /// With a --device other than cpu: the first N of the layers this command holds go on the device, the rest stay
@@ -46,7 +47,8 @@ pub enum DeviceFlagError {
     /// A command or mode that runs every layer on the CPU path only (for now).
     #[error(
         "--device {device}: {what} cannot run layers on a device yet; use --device cpu (layers on a device run in \
-         `run`, `chat`, `serve` and `perplexity`, without workers or speculative decoding; see docs/DEVICES.md)"
+         `run`, `chat`, `serve` and `perplexity`, with workers holding KV pages but not computing layers, without \
+         speculative decoding; see docs/DEVICES.md)"
     )]
     NotSupported {
         /// The device asked for.
@@ -145,18 +147,22 @@ impl DeviceArgs {
     }
 
     /// For a serving command (`what`: serve, chat): refuses the modes whose steps cannot run placed layers yet,
-    /// workers (`workers`) and speculative decoding (`spec`: its verify steps and MTP drafts), then opens the device
-    /// (`None` for the CPU), before anything loads. Place the layers with [`place_loaded`] once the model is loaded.
+    /// workers that compute layers (`worker_layers`: split prefill at a layer, a layer split, routed experts;
+    /// workers holding KV pages are fine) and speculative decoding (`spec`: its verify steps and MTP drafts), then
+    /// opens the device (`None` for the CPU), before anything loads. Place the layers with [`place_loaded`] once
+    /// the model is loaded.
     ///
     /// Errors: [`DeviceFlagError`] (a refusal, the device's).
     pub fn open_for_serving(
         &self,
         what: &str,
-        workers: bool,
+        worker_layers: bool,
         spec: bool,
     ) -> Result<Option<Arc<dyn Backend>>, DeviceFlagError> {
-        if workers {
-            self.refuse(&format!("{what} with workers (--worker)"))?;
+        if worker_layers {
+            self.refuse(&format!(
+                "{what} with workers that compute layers (--split-layer, --layer-split, --expert-split)"
+            ))?;
         }
         if spec {
             self.refuse(&format!(
@@ -204,6 +210,12 @@ pub fn place(
         what: "a model shared before its layers are placed".into(),
     })?;
     let held = m.layer_range();
+    if held != (0..m.config().num_hidden_layers) || m.has_remote_experts() {
+        return Err(DeviceFlagError::NotSupported {
+            device,
+            what: "a model whose layers or experts are split across workers".into(),
+        });
+    }
     let on = device_range(held.clone(), n);
     if !on.is_empty() {
         m.place_layers(on.clone(), backend)

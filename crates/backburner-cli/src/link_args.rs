@@ -73,6 +73,12 @@ pub struct LinkArgs {
 }
 
 impl LinkArgs {
+    /// Whether the workers are asked to compute layers (split prefill at a given layer, a layer split, routed
+    /// experts), not only to hold KV pages.
+    pub fn splits_layers(&self) -> bool {
+        self.split_layer.is_some() || !self.layer_split.is_empty() || !self.expert_split.is_empty()
+    }
+
     /// The workers of these flags for the engine: addresses, `--worker-memory`, the secret (`--secret-file` or
     /// `BACKBURNER_SECRET`), `--worker-timeout`, `--split-min-tokens`. Errors: an unreadable secret file.
     pub fn workers(&self) -> Result<Workers> {

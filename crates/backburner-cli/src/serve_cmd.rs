@@ -79,7 +79,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let backend = a
         .model
         .device
-        .open_for_serving("serve", !a.link.worker.is_empty(), spec)?;
+        .open_for_serving("serve", a.link.splits_layers(), spec)?;
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel must be in 1..=256");
     }

@@ -200,8 +200,16 @@ fn commands_and_modes_without_device_support_refuse_a_device_and_accept_the_cpu(
             "serve with speculative decoding",
         ),
         (
-            vec!["chat", "-m", &m, "--worker", "127.0.0.1:9"],
-            "chat with workers",
+            vec![
+                "chat",
+                "-m",
+                &m,
+                "--worker",
+                "127.0.0.1:9",
+                "--split-layer",
+                "4",
+            ],
+            "chat with workers that compute layers",
         ),
         (
             vec!["worker", "-m", &m],
@@ -228,8 +236,18 @@ fn commands_and_modes_without_device_support_refuse_a_device_and_accept_the_cpu(
             "--n-choices",
         ),
         (
-            vec!["run", "-m", &m, "-p", "hi", "--worker", "127.0.0.1:9"],
-            "a run with workers",
+            vec![
+                "run",
+                "-m",
+                &m,
+                "-p",
+                "hi",
+                "--worker",
+                "127.0.0.1:9",
+                "--layer-split",
+                "4",
+            ],
+            "a run whose workers compute layers",
         ),
     ];
     for (args, what) in &refused {

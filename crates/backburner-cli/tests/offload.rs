@@ -45,6 +45,16 @@ fn a_prompt_past_the_budget_needs_a_worker_and_then_gives_the_local_bits() {
     );
     assert!(link["bytes_per_decode_token"].as_u64().unwrap() > 0);
     assert_eq!(link["offload_failures"], 0);
+    // the host's layers on a device (the device layer's CPU backend), the pages on the worker: the same bits
+    let f = d.path().join("device.bin");
+    let dev = ["--device", "cpu", "--device-cpu-backend"];
+    let out = host(&[BUDGET, &dev, &["--worker", &w.addr]].concat(), &f);
+    assert_eq!(out["tokens"], local["tokens"]);
+    assert!(
+        std::fs::read(&f).unwrap() == std::fs::read(d.path().join("local.bin")).unwrap(),
+        "logits differ with layers on a device"
+    );
+    assert_eq!(out["link"]["pages_on_workers"], link["pages_on_workers"]);
 }
 
 #[test]

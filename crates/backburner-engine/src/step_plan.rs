@@ -76,8 +76,12 @@ impl Session {
         }
     }
 
-    /// Whether the first attached worker takes a prefill of `n` tokens (split prefill).
-    fn split_prefill_wants(&self, n: usize) -> bool {
+    /// Whether the first attached worker takes a prefill of `n` tokens (split prefill): never with layers placed on
+    /// a device (split prefill hands layer states to and from the CPU path's; the workers then hold KV pages only).
+    pub(crate) fn split_prefill_wants(&self, n: usize) -> bool {
+        if !self.model.placement().is_empty() {
+            return false;
+        }
         let ws = self.lock_workers();
         ws.first().is_some_and(|w| w.wants(n, self.opts.ubatch))
     }

@@ -72,6 +72,35 @@ fn a_worker_holds_the_pages_of_layers_on_a_device_and_the_logits_keep_their_bits
     assert!(st.offload_decode_tokens > 0);
 }
 
+/// With layers on a device, a worker that would take split prefill (a prompt past `split_min_tokens`) is not asked
+/// to: split prefill hands layer states through the CPU path's, so the host computes every ubatch and the logits are
+/// the local run's.
+#[test]
+fn layers_on_a_device_take_no_split_prefill_from_a_worker() {
+    let f = model_with_layers(8, 13);
+    let w = start_worker(f.dir.path(), None, None);
+    let p = prompt(9 * 64 + 5, 5);
+    let mut local = Session::new(f.model.clone(), opts()).unwrap();
+    let want = run(&mut local, &p, 4);
+    let mut placed = backburner_model::Model::load(f.dir.path()).unwrap();
+    placed
+        .place_layers(
+            0..8,
+            std::sync::Arc::new(backburner_model::device::CpuBackend),
+        )
+        .unwrap();
+    let mut s = Session::new(std::sync::Arc::new(placed), opts()).unwrap();
+    s.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    let got = run(&mut s, &p, 4);
+    assert!(got == want, "logits differ in bits");
+    assert_eq!(s.link_stats().split_calls, 0);
+    // the same worker does split the plain model's prompt
+    let mut plain = Session::new(f.model.clone(), opts()).unwrap();
+    plain.attach_worker(client(f.dir.path(), &w.addr, Some(4), b""));
+    assert!(run(&mut plain, &p, 4) == want);
+    assert!(plain.link_stats().split_calls > 0);
+}
+
 #[test]
 fn two_workers_share_the_pages_in_order_and_the_logits_keep_their_bits() {
     let f = model_with_layers(8, 12);

@@ -11,12 +11,12 @@ use backburner_model::device::Backend;
 use super::RunArgs;
 use crate::spec_args::SpecKind;
 
-/// Refuses what `run` cannot do with layers on a device (workers of any mode, speculative decoding, several
-/// choices), then opens the device: `None` for `--device cpu`. Errors: [`crate::device_args::DeviceFlagError`].
+/// Refuses what `run` cannot do with layers on a device (workers that compute layers, speculative decoding, several
+/// choices; workers holding KV pages are fine: split prefill is not used with placed layers), then opens the device: `None` for `--device cpu`. Errors: [`crate::device_args::DeviceFlagError`].
 pub(super) fn check(a: &RunArgs) -> Result<Option<Arc<dyn Backend>>> {
     let d = &a.model.device;
-    let refused = if !a.link.worker.is_empty() {
-        Some("a run with workers (split prefill, KV offload, layer split, experts on workers: --worker)")
+    let refused = if a.link.splits_layers() {
+        Some("a run whose workers compute layers (--split-layer, --layer-split, --expert-split)")
     } else if a.spec.spec != SpecKind::None {
         Some("speculative decoding (--spec: its verify steps and MTP drafts)")
     } else if a.n_choices > 1 {

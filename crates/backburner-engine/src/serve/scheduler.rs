@@ -319,11 +319,7 @@ fn next_tokens(a: &Active<'_>, session: &crate::Session, others: bool) -> usize 
             let ubatch = session.options().ubatch;
             let left = a.seq.prompt_left();
             // split prefill and a layer split pipeline the ubatches of one call across the workers
-            let pipelined = session.layer_split().is_some()
-                || session
-                    .workers()
-                    .first()
-                    .is_some_and(|w| w.wants(left, ubatch));
+            let pipelined = session.layer_split().is_some() || session.split_prefill_wants(left);
             let mut n = if !others && pipelined {
                 left
             } else {
