@@ -1,0 +1,54 @@
+//! The kernels' CUDA C sources and their compilation with NVRTC: every source in `src/kernels/*.cu`, each preceded
+//! by `common.cuh`, is one program compiled to PTX for the device's compute capability (`compute_XY`), which the
+//! driver then loads (JIT to the device's code). Sources need no CUDA header, so no toolkit is needed.
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+
+/// The helpers every source starts with.
+const COMMON: &str = include_str!("kernels/common.cuh");
+
+/// The kernel sources: (name, CUDA C).
+pub const SOURCES: [(&str, &str); 4] = [
+    ("rowops", include_str!("kernels/rowops.cu")),
+    ("gdn", include_str!("kernels/gdn.cu")),
+    ("attention", include_str!("kernels/attention.cu")),
+    ("matmul", include_str!("kernels/matmul.cu")),
+];
+
+/// Compiles source `name` (`src` without the common header) to PTX for compute capability `major.minor`.
+///
+/// Errors: NVRTC's message and log (a missing library is checked by [`crate::loader::nvrtc_present`] first; this
+/// turns a panic of the loader into an error too).
+pub fn compile(name: &str, src: &str, major: i32, minor: i32) -> Result<Ptx, String> {
+    let full = format!("{COMMON}\n{src}");
+    let opts = CompileOptions {
+        // the IEEE forms of division and square root, no flush to zero (the CPU kernels' arithmetic)
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        options: vec![
+            format!("--gpu-architecture=compute_{major}{minor}"),
+            "--std=c++17".into(),
+        ],
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    crate::loader::guarded("NVRTC", || {
+        compile_ptx_with_opts(&full, opts).map_err(|e| match e {
+            cudarc::nvrtc::CompileError::CompileError { nvrtc, log, .. } => {
+                format!("{name}.cu: {nvrtc:?}\n{}", log.to_string_lossy())
+            }
+            other => format!("{name}.cu: {other}"),
+        })
+    })
+}
+
+/// Compiles every source for `major.minor`: their PTX in [`SOURCES`]' order.
+///
+/// Errors: the first failure's message.
+pub fn compile_all(major: i32, minor: i32) -> Result<Vec<Ptx>, String> {
+    SOURCES
+        .iter()
+        .map(|(name, src)| compile(name, src, major, minor))
+        .collect()
+}
