@@ -28,7 +28,12 @@ pub fn preload() -> &'static [PathBuf] {
         let mut opened = Vec::new();
         for dir in std::env::split_paths(&dirs) {
             // dependencies first: NVRTC's builtins, cuBLASLt before cuBLAS
-            for prefix in ["libnvrtc-builtins", "libnvrtc.", "libcublasLt.", "libcublas."] {
+            for prefix in [
+                "libnvrtc-builtins",
+                "libnvrtc.",
+                "libcublasLt.",
+                "libcublas.",
+            ] {
                 for p in libs_in(&dir, prefix) {
                     // SAFETY: opening a shared library runs its initializers; these are NVIDIA's CUDA libraries,
                     // the same ones cudarc would open by name. The handle is kept for the process's life.
