@@ -15,8 +15,9 @@
 //! - **One stream.** Every op is queued on the backend's stream in call order; allocations are stream-ordered
 //!   (`cuMemAllocAsync`); `download` and `top_k` wait. A buffer grows when an op needs it longer and is kept.
 //! - **Weights** (`backend/matrix.rs`): dense bf16 as bf16, f32 and f16 as f32 (exact); Q4_K, Q6_K, Q8_0 in their
-//!   GGUF bytes (Q6_K's and Q8_0's scales in planes of their own, for aligned loads); other block formats and Q5_K
-//!   are [`DeviceError::Unsupported`](backburner_model::device::DeviceError). Up to 4 rows of x: GEMV kernels that
+//!   GGUF bytes (Q6_K's and Q8_0's scales in planes of their own, for aligned loads); other block formats (Q5_K,
+//!   IQ*, Q5_0, …) dequantized to f32 rows (exact, 4 bytes per weight: [`fallback_formats`]). Up to 4 rows of x:
+//!   GEMV kernels that
 //!   read each weight once and dequantize in registers, in f32; more: cuBLAS `GemmEx`, bf16 × bf16 with f32
 //!   accumulation (x rounded to bf16, block formats dequantized to a bf16 tile first), f32 weights in f32.
 //! - **Gated DeltaNet** (`backend/gdn.rs`): the causal conv with SiLU and its state; the delta rule over a prompt
@@ -43,5 +44,5 @@ pub mod compile;
 pub mod loader;
 pub mod provider;
 
-pub use backend::CudaBackend;
+pub use backend::{fallback_formats, CudaBackend, GEMV_MAX_ROWS};
 pub use provider::CudaProvider;

@@ -8,7 +8,8 @@
 //!   its own `[n, k/256]`;
 //! - Q8_0: the i8 quants `[n, k]` and the f16 scales `[n, k/32]` in two planes.
 //!
-//! So a matrix takes exactly its GGUF bytes. Other block formats are [`DeviceError::Unsupported`].
+//! So a matrix takes exactly its GGUF bytes. Other block formats are held dequantized to f32 rows (exact, 4 bytes per
+//! weight; [`fallback_formats`] names them).
 //!
 //! Products: up to 4 rows of x, a GEMV kernel that reads each weight once and dequantizes in registers (f32
 //! arithmetic); more rows, cuBLAS `GemmEx` with bf16 inputs and f32 accumulation (x rounded to bf16; block formats
@@ -32,6 +33,27 @@ const STAGE_BYTES: usize = 64 << 20;
 
 /// Where a GGUF block's bytes go: (block, first plane's part, second plane's part).
 type Splitter = fn(&[u8], &mut [u8], &mut [u8]);
+
+/// Whether block-format segment `q` is held in its own bytes (Q4_K, Q6_K, Q8_0 with a GGUF row encoding); the
+/// other formats are held dequantized to f32.
+fn native(q: &backburner_kernels::quant::QuantMatrix) -> bool {
+    let f = q.format();
+    matches!(f, QuantFormat::Q4K | QuantFormat::Q6K | QuantFormat::Q8_0)
+        && f.row_bytes(q.k())
+            .is_some_and(|rb| q.n() == 0 || q.gguf_row_into(0, &mut vec![0u8; rb]))
+}
+
+/// The block formats of `w`'s segments that the CUDA backend holds dequantized to f32 (exact, but 4 bytes per
+/// weight: fine for small layers and tests, a real model in such a format is better left on the CPU); empty when
+/// every segment is dense or in a format it multiplies natively.
+pub fn fallback_formats(w: &Linear) -> Vec<&'static str> {
+    w.parts()
+        .filter_map(|(_, p)| match p {
+            LinearPart::Quant(q) if !native(q) => Some(q.format().name()),
+            _ => None,
+        })
+        .collect()
+}
 
 /// A segment's device format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,25 +156,30 @@ impl CudaBackend {
         Ok((WFmt::F32, m))
     }
 
-    /// A block-format segment: its format and planes, or why it cannot be held.
+    /// A block-format segment: its format and planes (f32 rows for a format without a kernel).
     fn upload_quant(
         &self,
         w: &backburner_kernels::quant::QuantMatrix,
     ) -> DeviceResult<(WFmt, DevMem, Option<DevMem>)> {
         let (n, k, f) = (w.n(), w.k(), w.format());
         let unsupported = || DeviceError::Unsupported(self.id, format!("weights in {}", f.name()));
+        if !native(w) {
+            let mut row = vec![0.0f32; k];
+            let m = self.upload_rows(n, 4 * k, &mut |r, out| {
+                w.row_into(r, &mut row);
+                for (o, v) in out.chunks_exact_mut(4).zip(&row) {
+                    o.copy_from_slice(&v.to_le_bytes());
+                }
+            })?;
+            return Ok((WFmt::F32, m, None));
+        }
         let fmt = match f {
             QuantFormat::Q4K => WFmt::Q4K,
             QuantFormat::Q6K => WFmt::Q6K,
-            QuantFormat::Q8_0 => WFmt::Q8_0,
-            _ => return Err(unsupported()),
+            _ => WFmt::Q8_0,
         };
         let rb = f.row_bytes(k).ok_or_else(unsupported)?;
         let (bb, nb) = (f.block_bytes(), k / f.block_elems());
-        let mut g = vec![0u8; rb];
-        if n > 0 && !w.gguf_row_into(0, &mut g) {
-            return Err(unsupported());
-        }
         // (bytes of the first plane's row, of the second's; where each block's bytes go)
         let (l1, l2, split): (usize, usize, Splitter) = match fmt {
             WFmt::Q4K => (rb, 0, |b, a, _| a.copy_from_slice(b)),

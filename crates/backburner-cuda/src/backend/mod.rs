@@ -5,6 +5,7 @@ mod api;
 mod attn;
 mod gdn;
 mod matrix;
+pub use matrix::{fallback_formats, GEMV_MAX_ROWS};
 pub mod mem;
 mod ops;
 
