@@ -52,3 +52,45 @@ pub fn compile_all(major: i32, minor: i32) -> Result<Vec<Ptx>, String> {
         .map(|(name, src)| compile(name, src, major, minor))
         .collect()
 }
+
+/// The kernel names (`.visible .entry`) of a PTX text.
+pub fn entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+        .filter_map(|l| l.split('(').next())
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+/// Every kernel the backend launches (the compile test checks each is in the PTX).
+pub fn launched_kernels() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "rms_norm",
+        "gated_rms_norm",
+        "l2_norm_scaled",
+        "sigmoid_mul",
+        "add_assign",
+        "silu_mul_halves",
+        "take_cols",
+        "rope",
+        "gdn_gates",
+        "f32_to_bf16_rows",
+        "conv_out",
+        "conv_state",
+        "delta_rule",
+    ]
+    .map(String::from)
+    .into();
+    for dt in ["f32", "f16", "bf16"] {
+        v.push(format!("kv_store_{dt}"));
+        v.push(format!("attend_{dt}"));
+    }
+    for f in ["bf16", "f32", "q4k", "q6k", "q8_0"] {
+        for nr in 1..=crate::GEMV_MAX_ROWS {
+            v.push(format!("gemv_{f}_{nr}"));
+        }
+        v.push(format!("deq_{f}_f32"));
+        v.push(format!("deq_{f}_bf16"));
+    }
+    v
+}

@@ -2,7 +2,7 @@
 //! toolkit, or PyPI's `nvidia-cuda-nvrtc-cu12` wheel: `scripts/get_nvrtc.sh DIR` prints a directory to put in
 //! `BACKBURNER_CUDA_LIB_DIRS` or `LD_LIBRARY_PATH`). Without libnvrtc the test prints one `skipped:` line and passes.
 
-use backburner_cuda::compile::{compile, SOURCES};
+use backburner_cuda::compile::{compile, entries, launched_kernels, SOURCES};
 use backburner_cuda::loader::nvrtc_present;
 use backburner_cuda::{CudaBackend, CudaProvider};
 use backburner_model::device::{BackendKind, DeviceError, Provider, Registry};
@@ -44,6 +44,7 @@ fn every_kernel_source_compiles_for_sm80_and_sm90() {
         return;
     }
     for (major, minor) in [(8, 0), (9, 0)] {
+        let mut names = Vec::new();
         for (name, src) in SOURCES {
             let ptx = compile(name, src, major, minor).unwrap_or_else(|e| panic!("{e}"));
             let text = ptx.to_src();
@@ -52,6 +53,13 @@ fn every_kernel_source_compiles_for_sm80_and_sm90() {
                 "{name}.cu: PTX for another target"
             );
             assert!(text.contains(".entry"), "{name}.cu: no kernel in the PTX");
+            names.extend(entries(&text));
+        }
+        for k in launched_kernels() {
+            assert!(
+                names.contains(&k),
+                "kernel {k} is launched but not compiled"
+            );
         }
     }
 }

@@ -46,15 +46,6 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
-/// The `.entry` names of a PTX text.
-fn entries(ptx: &str) -> Vec<String> {
-    ptx.lines()
-        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
-        .filter_map(|l| l.split('(').next())
-        .map(|s| s.trim().to_string())
-        .collect()
-}
-
 impl CudaBackend {
     /// Opens CUDA device `index`: its primary context, a stream, the kernels compiled by NVRTC for its compute
     /// capability, a cuBLAS handle.
@@ -95,7 +86,7 @@ impl CudaBackend {
         for ptx in
             crate::compile::compile_all(major, minor).map_err(|e| DeviceError::Driver(id, e))?
         {
-            let names = entries(&ptx.to_src());
+            let names = crate::compile::entries(&ptx.to_src());
             let module = ctx.load_module(ptx).map_err(|e| {
                 driver_err(
                     id,
