@@ -3,8 +3,10 @@
 //!
 //! Tolerances (|gpu − cpu| ≤ atol + rtol·|cpu|): norms, activations, RoPE, gates, the conv: rtol 1e-5, atol 1e-6
 //! (libdevice's `expf`/`sinf` and reduction orders differ from the CPU's by an ulp or two); copies, take_cols,
-//! embedding rows: exact; GEMV (≤ 4 rows): atol 1e-4·(row scale) where the row scale is Σ|x·w| bounded by max|y|·8;
-//! cuBLAS bf16 products (x rounded to bf16): atol 1e-2·max|y|; the delta rule and attention: rtol 1e-4, atol 1e-5.
+//! embedding rows, conv states: exact; dense GEMV (≤ 4 rows, f32 arithmetic): atol 1e-3·max|y|;
+//! cuBLAS bf16 products (x rounded to bf16) and block formats (the CPU quantizes x to 8 bits): atol 2e-2·max|y|; the
+//! delta rule (recurrent on the GPU, chunked on the CPU), the decode step and attention: atol 1e-4·max|cpu| (the
+//! kernels' own chunked-vs-recurrent bound), 2e-2 for a bf16 KV cache (the CPU rounds q and the softmax weights).
 
 mod common;
 
@@ -14,7 +16,7 @@ use backburner_kernels::matmul::{PackedMatrix, WeightDtype};
 use backburner_model::device::{Backend, CpuBackend, DecodeStep};
 use backburner_model::linear::Linear;
 use backburner_model::ops::Rope;
-use common::{both, check_products, close, gpu, host, max_abs, rand_vec};
+use common::{both, check_products, close, close_scaled, gpu, host, max_abs, rand_vec};
 
 #[test]
 fn buffers_round_trip_and_row_ops_match_the_cpu() {
@@ -197,19 +199,17 @@ fn conv_and_delta_rule_match_the_cpu_over_calls() {
                 .unwrap();
             c.delta_rule_chunked(dt, 64, &qc, &kc, &vc, &gc, &bc, &mut stc, &mut oc)
                 .unwrap();
-            close(
+            close_scaled(
                 "delta rule out",
                 &host(g.as_ref(), &o),
                 &host(&c, &oc),
                 1e-4,
-                1e-5,
             );
-            close(
+            close_scaled(
                 "delta rule state",
                 &host(g.as_ref(), &st),
                 &host(&c, &stc),
                 1e-4,
-                1e-5,
             );
         }
         decode_steps(&g, d, kernel, &mut cs, &mut csc, &mut st, &mut stc);
@@ -262,8 +262,8 @@ fn decode_steps(
             .unwrap();
         c.delta_rule_decode(s(&pc, &gc, &bc, &cwc, &nwc, &mut *csc, &mut *stc), &mut oc)
             .unwrap();
-        close("decode out", &host(g, &o), &host(&c, &oc), 1e-4, 1e-5);
-        close("decode state", &host(g, st), &host(&c, stc), 1e-4, 1e-5);
+        close_scaled("decode out", &host(g, &o), &host(&c, &oc), 1e-4);
+        close_scaled("decode state", &host(g, st), &host(&c, stc), 1e-4);
         close("decode conv state", &host(g, cs), &host(&c, csc), 0.0, 0.0);
     }
 }
@@ -303,19 +303,17 @@ fn attention_partials_match_the_cpu_for_every_kv_dtype() {
                 .unwrap();
             // bf16: the CPU rounds q and the softmax weights to bf16, the GPU does not
             let tol = if dtype == KvDtype::Bf16 { 2e-2 } else { 1e-4 };
-            close(
+            close_scaled(
                 &format!("attend {dtype:?} o"),
                 &host(g.as_ref(), &o),
                 &host(&c, &oc),
                 tol,
-                tol * 0.1,
             );
-            close(
+            close_scaled(
                 &format!("attend {dtype:?} lse"),
                 &host(g.as_ref(), &l),
                 &host(&c, &lc),
                 tol,
-                tol * 0.1,
             );
             pos0 += t;
         }

@@ -56,6 +56,11 @@ pub fn close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
     }
 }
 
+/// Asserts `max|got − want| ≤ rel·max|want|` (errors relative to the output's scale).
+pub fn close_scaled(what: &str, got: &[f32], want: &[f32], rel: f32) {
+    close(what, got, want, 0.0, rel * max_abs(want));
+}
+
 /// The largest absolute value.
 pub fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0.0f32, |m, x| m.max(x.abs()))
