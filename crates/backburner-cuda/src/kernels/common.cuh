@@ -8,6 +8,20 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 #define NEG_INF (__int_as_float(0xff800000))
 
+#ifdef BB_EMU
+// The CPU emulation of emu/ (scripts/gpu/emulate.sh): the same conversions without PTX.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    _Float16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    const _Float16 h = (_Float16)f;
+    u16 b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+#else
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -20,6 +34,7 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
