@@ -3,8 +3,10 @@
 //! `attn_qkv`) and on a wider random GGUF whose every projection is in a block format: the block-format products
 //! op by op, then every layer placed on `cuda:0` through `Model::place_layers`.
 //!
-//! Tolerances: each step's logits within 3e-2·max|logit| + 1e-3 of the CPU's (bf16 products of 70-token prompts,
-//! f32 activations where the CPU quantizes them to 8 bits for block formats); greedy tokens equal wherever the CPU's
+//! Tolerances: each step's logits within `rel`·max|logit| + 1e-3 of the CPU's, `rel` 2e-2 for the bf16 checkpoint (bf16
+//! products of the 70-token prompt), 6e-2 for block formats (the CPU quantizes activations to 8 bits, the GPU keeps
+//! them f32: the CPU emulation of the kernels, emu/, measured 0.4 % and 2.2 % of max|logit| for the two, the
+//! latter being the CPU's own quantization error); greedy tokens equal wherever the CPU's
 //! top-2 margin exceeds twice that bound (both runs are fed the CPU's tokens, so one near-tie does not end the
 //! comparison). Without a CUDA device the GPU tests print one `skipped:` line; the format check runs everywhere.
 
@@ -124,7 +126,7 @@ fn run(m: &Model, feed: Option<&[u32]>) -> (Vec<Vec<f32>>, Vec<u32>) {
     (out, toks)
 }
 
-fn check_model(load: impl Fn() -> Model, what: &str) {
+fn check_model(load: impl Fn() -> Model, what: &str, rel: f32) {
     let Some(g) = gpu(what) else { return };
     let (want, toks) = run(&load(), None);
     let mut m = load();
@@ -132,7 +134,7 @@ fn check_model(load: impl Fn() -> Model, what: &str) {
     m.place_layers(0..n, g).unwrap();
     let (got, _) = run(&m, Some(&toks));
     for (step, (gl, wl)) in got.iter().zip(&want).enumerate() {
-        let tol = 3e-2 * max_abs(wl) + 1e-3;
+        let tol = rel * max_abs(wl) + 1e-3;
         let dev = gl
             .iter()
             .zip(wl)
@@ -160,7 +162,11 @@ fn check_model(load: impl Fn() -> Model, what: &str) {
 fn a_dense_model_on_cuda_matches_the_cpu_path() {
     let dir = tempfile::tempdir().unwrap();
     write_random_checkpoint(dir.path(), &tiny_config(4), 23).unwrap();
-    check_model(|| Model::load(dir.path()).unwrap(), "tiny bf16 safetensors");
+    check_model(
+        || Model::load(dir.path()).unwrap(),
+        "tiny bf16 safetensors",
+        2e-2,
+    );
 }
 
 #[test]
@@ -169,6 +175,10 @@ fn block_format_models_on_cuda_match_the_cpu_path() {
     for (name, cfg) in [("tiny", tiny_config(4)), ("wide", wide_config())] {
         let path = dir.path().join(format!("{name}.gguf"));
         write_gguf(&path, &cfg);
-        check_model(|| Model::load(&path).unwrap(), &format!("{name} GGUF"));
+        check_model(
+            || Model::load(&path).unwrap(),
+            &format!("{name} GGUF"),
+            6e-2,
+        );
     }
 }
