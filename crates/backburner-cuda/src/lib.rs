@@ -39,6 +39,22 @@
 //! ops 1e-5 relative, GEMV 1e-4 relative to the row's scale, cuBLAS bf16 products 1e-2, attention and the delta
 //! rule 1e-4, and whole models' logits within 5e-2 of the largest logit with the same greedy tokens.
 
+//!
+//! ## Testing without and with a GPU
+//!
+//! - `tests/no_gpu.rs` runs anywhere: the provider answers without a driver, and every kernel source compiles with
+//!   NVRTC for sm_80 and sm_90 when libnvrtc loads (`scripts/get_nvrtc.sh DIR` fetches it from PyPI; point
+//!   `BACKBURNER_CUDA_LIB_DIRS` at the directory it prints), else one `skipped:` line.
+//! - `tests/gpu_ops.rs` (every op against the CPU backend) and `tests/gpu_model.rs` (whole models through
+//!   `Model::place_layers`) need a device and print one `skipped:` line per test without one.
+//! - `scripts/gpu/emulate.sh` runs the kernels on a CPU emulation (`emu/`: each CUDA thread a `std::thread`) against
+//!   plain references, and, given an NVRTC directory, the test binaries above on stand-in `libcuda.so` and
+//!   `libcublas.so` that execute the emulated kernels: the whole crate, cudarc included, without a GPU (not its
+//!   speed, nor the real driver's or cuBLAS's behaviour).
+//! - On a GPU machine without Rust: `scripts/gpu/build.sh` here (stripped test and `cuda_bench` binaries in
+//!   `target/gpu-carry/`), then `scripts/gpu/check.sh` there (tests, benchmark, PyTorch's reference rates into
+//!   `$OUT`).
+
 pub mod backend;
 pub mod compile;
 pub mod loader;

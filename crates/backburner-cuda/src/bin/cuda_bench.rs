@@ -9,8 +9,9 @@
 //!    Gated DeltaNet, two attention; vocabulary 1024): a 512-token prefill and decode steps, milliseconds per layer.
 //!
 //! Prints one JSON object on stdout (progress on stderr). Usage:
-//! `cuda_bench [--layers N] [--dir DIR] [--quick] [--probe]` (`--dir`: where the GGUF is written, default the
-//! system's temp dir; `--quick`: fewer repetitions; `--probe`: open the device, print what it is, stop).
+//! `cuda_bench [--layers N] [--dir DIR] [--quick] [--probe] [--small]` (`--dir`: where the GGUF is written, default
+//! the system's temp dir; `--quick`: fewer repetitions; `--probe`: open the device, print what it is, stop;
+//! `--small`: every width shrunk and a 16-token prefill, a dry run of the code paths, e.g. on the CPU emulation of scripts/gpu/emulate.sh).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,11 +57,26 @@ fn copy_bandwidth(be: &CudaBackend, reps: usize) -> Res<f64> {
     Ok(2.0 * bytes as f64 / t / 1e9)
 }
 
-/// The 27B config with `layers` layers and a small vocabulary.
-fn config(layers: usize) -> Res<ModelConfig> {
+/// The 27B config with `layers` layers and a small vocabulary (`small`: every width shrunk, for a dry run).
+fn config(layers: usize, small: bool) -> Res<ModelConfig> {
     let mut v: Value = serde_json::from_str(CONFIG_27B).map_err(s)?;
     v["num_hidden_layers"] = layers.into();
     v["vocab_size"] = 1024.into();
+    if small {
+        for (k, n) in [
+            ("hidden_size", 256),
+            ("intermediate_size", 512),
+            ("num_attention_heads", 4),
+            ("num_key_value_heads", 2),
+            ("head_dim", 64),
+            ("linear_num_key_heads", 2),
+            ("linear_num_value_heads", 4),
+            ("linear_key_head_dim", 32),
+            ("linear_value_head_dim", 64),
+        ] {
+            v[k] = n.into();
+        }
+    }
     if let Some(o) = v.as_object_mut() {
         o.remove("layer_types");
     }
@@ -141,7 +157,7 @@ fn bf16_matrix(be: &CudaBackend, n: usize, k: usize) -> Res<DeviceMatrix> {
 }
 
 /// Prefill and decode milliseconds per layer through DeviceLayers.
-fn whole_layers(be: Arc<CudaBackend>, m: &Model, reps: usize) -> Res<Value> {
+fn whole_layers(be: Arc<CudaBackend>, m: &Model, reps: usize, tokens: usize) -> Res<Value> {
     let n = m.config().num_hidden_layers;
     let h = m.config().hidden_size;
     let dl = DeviceLayers::new(m, 0..n, be.clone()).map_err(s)?;
@@ -153,24 +169,26 @@ fn whole_layers(be: Arc<CudaBackend>, m: &Model, reps: usize) -> Res<Value> {
     let mut decode = f64::INFINITY;
     for _ in 0..reps.max(1) {
         let mut st = dl.new_state(kv).map_err(s)?;
-        let mut x: Vec<f32> = (0..512 * h)
+        let mut x: Vec<f32> = (0..tokens * h)
             .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
             .collect();
         let t = Instant::now();
-        dl.forward_host(0..n, &mut x, 512, 0, &mut st).map_err(s)?;
+        dl.forward_host(0..n, &mut x, tokens, 0, &mut st)
+            .map_err(s)?;
         prefill = prefill.min(t.elapsed().as_secs_f64());
         for p in 0..8 {
             let mut x1: Vec<f32> = x[..h].to_vec();
             let t = Instant::now();
-            dl.forward_host(0..n, &mut x1, 1, 512 + p, &mut st)
+            dl.forward_host(0..n, &mut x1, 1, tokens + p, &mut st)
                 .map_err(s)?;
             decode = decode.min(t.elapsed().as_secs_f64());
         }
     }
     Ok(json!({
         "layers": n, "weight_bytes": dl.weight_bytes(),
-        "prefill512_ms_per_layer": prefill * 1e3 / n as f64,
-        "prefill512_tokens_per_s": 512.0 / prefill,
+        "prefill_tokens": tokens,
+        "prefill_ms_per_layer": prefill * 1e3 / n as f64,
+        "prefill_tokens_per_s": tokens as f64 / prefill,
         "decode_ms_per_layer": decode * 1e3 / n as f64,
         "note": "forward_host: one upload and one download of the residual stream per call (included)",
     }))
@@ -199,7 +217,8 @@ fn run() -> Res<Value> {
     }
     let copy = copy_bandwidth(&be, reps)?;
     eprintln!("copy {copy:.0} GB/s");
-    let c = config(layers)?;
+    let small = args.iter().any(|a| a == "--small");
+    let c = config(layers, small)?;
     let m = q4k_model(&c, &dir)?;
     let mut q4 = serde_json::Map::new();
     let mut bf = serde_json::Map::new();
@@ -211,7 +230,8 @@ fn run() -> Res<Value> {
         bf.insert(name.clone(), products(&be, &db, copy, reps)?);
         eprintln!("{name} done");
     }
-    let layers_v = whole_layers(be.clone(), &m, reps.min(3))?;
+    let tokens = if small { 16 } else { 512 };
+    let layers_v = whole_layers(be.clone(), &m, reps.min(3), tokens)?;
     Ok(json!({
         "device": info.name, "backend": info.backend, "memory_bytes": info.memory_bytes,
         "copy_dtod_gbs": copy,
