@@ -79,7 +79,16 @@ fn buffers_round_trip_and_row_ops_match_the_cpu() {
         1e-5,
         1e-6,
     );
+}
 
+#[test]
+fn element_ops_and_columns_match_the_cpu() {
+    let Some(g) = gpu("element ops") else { return };
+    let c = CpuBackend;
+    let (rows, dim) = (37, 320);
+    let xv = rand_vec(rows * dim, 1, 3.0);
+    let (x, xc) = both(&g, &xv);
+    let (zz, zc) = both(&g, &rand_vec(rows * dim, 3, 4.0));
     let (mut s, mut sc) = both(&g, &xv);
     g.sigmoid_mul(&mut s, &zz).unwrap();
     c.sigmoid_mul(&mut sc, &zc).unwrap();
