@@ -268,7 +268,7 @@ static void test_gdn() {
         auto st = rnd((size_t)hv * dk * dv, 0.2f);
         std::vector<double> s(st.begin(), st.end());
         std::vector<float> o((size_t)t * vd);
-        launch(dim3{(dv + 31) / 32, hv, 1}, 32, [&] {
+        launch(dim3{(dv + 15) / 16, hv, 1}, 32, [&] {
             delta_rule(q.data(), k.data(), v.data(), qk, vd, g.data(), beta.data(), st.data(), o.data(), t, hk, hv, dk, dv, tiled);
         });
         std::vector<double> wo((size_t)t * vd);

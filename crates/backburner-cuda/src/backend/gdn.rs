@@ -1,8 +1,8 @@
 //! The Gated DeltaNet ops (kernels/gdn.cu): the causal conv, the delta rule over a prompt and the decode step.
 //!
-//! The prompt's delta rule runs the recurrent form token by token (`delta_rule`: each value column's state in
-//! registers): the chunked form of the CPU computes the same function in exact arithmetic, in another order of
-//! floating-point operations.
+//! The prompt's delta rule runs the recurrent form token by token (`delta_rule`: each value column's state in the
+//! registers of two lanes): the chunked form of the CPU computes the same function in exact arithmetic, in another
+//! order of floating-point operations.
 
 use backburner_kernels::gdn::GdnDims;
 use backburner_model::device::{Buf, DecodeStep, DeviceError, DeviceResult};
@@ -143,7 +143,7 @@ impl CudaBackend {
         ];
         self.run(
             "delta_rule",
-            (d.d_v.div_ceil(32) as u32, d.n_v_heads as u32),
+            (d.d_v.div_ceil(16) as u32, d.n_v_heads as u32),
             32,
             &args,
         )

@@ -36,23 +36,24 @@ extern "C" __global__ void conv_state(const float* x, int x_stride, float* state
     for (int s = 0; s < h; s++) state[(u64)c * h + s] = tmp[s];
 }
 
-// The gated delta rule token by token (the recurrent form; equal in exact arithmetic to the chunked one). Per v
-// head j (grid.y) and value column c (grid.x·32 + lane), the state column S[:, c] lives in registers:
+// The gated delta rule token by token (the recurrent form; equal in exact arithmetic to the chunked one):
 //   S ← exp(g)·S;  u = Sᵀk;  δ = β·(v − u);  S ← S + k ⊗ δ;  o = Sᵀq
-// q, k rows of token t at q + t·qk_stride (head kh at kh·dk); v at v + t·v_stride; g, beta [T, hv]; state
-// [hv, dk, dv]; o [T, hv·dv]. One warp per block. dk ≤ MAX_DK.
+// Per v head j (grid.y) and value column c (grid.x·16 + lane % 16), the state column S[:, c] lives in the registers
+// of two lanes, lane / 16 holding rows (lane / 16)·MAX_DK/2 onwards (64 registers each, none spilled); the two
+// halves of u and o meet by one shuffle. q, k rows of token t at q + t·qk_stride (head kh at kh·dk); v at
+// v + t·v_stride; g, beta [T, hv]; state [hv, dk, dv]; o [T, hv·dv]. One warp per block. dk ≤ MAX_DK.
 extern "C" __global__ void delta_rule(const float* q, const float* k, const float* v, int qk_stride, int v_stride,
                                       const float* g, const float* beta, float* state, float* o, int n_tokens,
                                       int hk, int hv, int dk, int dv, int tiled) {
     __shared__ float ks[MAX_DK];
     __shared__ float qs[MAX_DK];
-    const int j = blockIdx.y, c = blockIdx.x * 32 + threadIdx.x;
+    const int j = blockIdx.y, c = blockIdx.x * 16 + (threadIdx.x & 15), i0 = (threadIdx.x >> 4) * (MAX_DK / 2);
     const int kh = tiled ? j % hk : j / (hv / hk);
     const bool act = c < dv;
     float* S = state + (u64)j * dk * dv;
-    float s[MAX_DK];
+    float s[MAX_DK / 2];
 #pragma unroll
-    for (int i = 0; i < MAX_DK; i++) s[i] = (act && i < dk) ? S[(u64)i * dv + c] : 0.0f;
+    for (int i = 0; i < MAX_DK / 2; i++) s[i] = (act && i0 + i < dk) ? S[(u64)(i0 + i) * dv + c] : 0.0f;
     for (int t = 0; t < n_tokens; t++) {
         __syncwarp();
         for (int i = threadIdx.x; i < dk; i += 32) {
@@ -63,27 +64,29 @@ extern "C" __global__ void delta_rule(const float* q, const float* k, const floa
         const float decay = expf(g[(u64)t * hv + j]), b = beta[(u64)t * hv + j];
         float u = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MAX_DK; i++) {
-            if (i < dk) {
+        for (int i = 0; i < MAX_DK / 2; i++) {
+            if (i0 + i < dk) {
                 s[i] *= decay;
-                u += s[i] * ks[i];
+                u += s[i] * ks[i0 + i];
             }
         }
+        u += __shfl_xor_sync(FULL_MASK, u, 16);
         const float vc = act ? v[(u64)t * v_stride + (u64)j * dv + c] : 0.0f;
         const float delta = b * (vc - u);
         float oc = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MAX_DK; i++) {
-            if (i < dk) {
-                s[i] += ks[i] * delta;
-                oc += s[i] * qs[i];
+        for (int i = 0; i < MAX_DK / 2; i++) {
+            if (i0 + i < dk) {
+                s[i] += ks[i0 + i] * delta;
+                oc += s[i] * qs[i0 + i];
             }
         }
-        if (act) o[(u64)t * hv * dv + (u64)j * dv + c] = oc;
+        oc += __shfl_xor_sync(FULL_MASK, oc, 16);
+        if (act && i0 == 0) o[(u64)t * hv * dv + (u64)j * dv + c] = oc;
     }
     if (act) {
 #pragma unroll
-        for (int i = 0; i < MAX_DK; i++)
-            if (i < dk) S[(u64)i * dv + c] = s[i];
+        for (int i = 0; i < MAX_DK / 2; i++)
+            if (i0 + i < dk) S[(u64)(i0 + i) * dv + c] = s[i];
     }
 }
