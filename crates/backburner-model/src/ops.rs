@@ -52,6 +52,16 @@ impl Rope {
         }
     }
 
+    /// The inverse frequencies `θ^(-2j/R)`, `[R/2]` (for a compute backend that applies the rotation itself).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// The head dimension the table is for (the rotation applies to the first `2·inv_freq().len()` of each head).
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     /// Rotates the first R dims of every head in place: `x_rot' = x_rot·cos + rotate_half(x_rot)·sin`,
     /// `rotate_half([a, b]) = [−b, a]`. x: `[n_tokens, n_heads, head_dim]`, token t at absolute position `pos0 + t`.
     pub fn apply(&self, x: &mut [f32], n_tokens: usize, n_heads: usize, pos0: usize) {

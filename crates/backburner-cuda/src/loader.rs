@@ -1,0 +1,111 @@
+//! Finding the CUDA libraries at run time: the driver (`libcuda.so.1`), NVRTC and cuBLAS.
+//!
+//! cudarc (built with `dynamic-loading` and the CUDA 13.0 bindings) opens each library on first use by the names
+//! `lib{name}.so`, `lib{name}.so.13`, `lib{name}.so.12`, …, `lib{name}.so.1` through the dynamic loader, so the
+//! directories of `LD_LIBRARY_PATH` and the system's are searched, and CUDA 12 and 13 libraries are both found. It
+//! panics when none opens; this module checks first ([`driver_present`], [`nvrtc_present`], [`cublas_present`]) so
+//! that a missing library is a message, never a panic.
+//!
+//! `BACKBURNER_CUDA_LIB_DIRS` (directories separated by `:`) adds places to look without touching
+//! `LD_LIBRARY_PATH` (which the loader reads once, at process start): every `libnvrtc*.so*`, `libcublasLt.so*` and
+//! `libcublas.so*` found there is opened by its full path first; a later open by soname (cudarc's) then finds the
+//! library already loaded. `scripts/get_nvrtc.sh` prints such a directory for NVRTC from PyPI.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The environment variable naming extra library directories.
+pub const LIB_DIRS_ENV: &str = "BACKBURNER_CUDA_LIB_DIRS";
+
+/// Opens, once per process, the CUDA libraries found in the directories of [`LIB_DIRS_ENV`]; returns the paths
+/// opened (for messages).
+pub fn preload() -> &'static [PathBuf] {
+    static DONE: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let Some(dirs) = std::env::var_os(LIB_DIRS_ENV) else {
+            return Vec::new();
+        };
+        let mut opened = Vec::new();
+        for dir in std::env::split_paths(&dirs) {
+            // dependencies first: NVRTC's builtins, cuBLASLt before cuBLAS
+            for prefix in [
+                "libnvrtc-builtins",
+                "libnvrtc.",
+                "libcublasLt.",
+                "libcublas.",
+            ] {
+                for p in libs_in(&dir, prefix) {
+                    // SAFETY: opening a shared library runs its initializers; these are NVIDIA's CUDA libraries,
+                    // the same ones cudarc would open by name. The handle is kept for the process's life.
+                    if let Ok(lib) = unsafe { libloading::Library::new(&p) } {
+                        std::mem::forget(lib);
+                        opened.push(p);
+                    }
+                }
+            }
+        }
+        opened
+    })
+}
+
+/// The files `dir/{prefix}*.so*` (regular files and links), sorted.
+fn libs_in(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.contains(".so") && !n.contains(".alt."))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Why a library cannot be used, or `None` when it opens.
+fn check(name: &str, present: unsafe fn() -> bool) -> Option<String> {
+    preload();
+    // SAFETY: `is_culib_present` only tries `dlopen` on the candidate names.
+    let ok = std::panic::catch_unwind(|| unsafe { present() }).unwrap_or(false);
+    if ok {
+        None
+    } else {
+        Some(format!(
+            "cannot load lib{name} (searched lib{name}.so, .so.13, .so.12, .so.1 … on the loader's path; set \
+             LD_LIBRARY_PATH or {LIB_DIRS_ENV})"
+        ))
+    }
+}
+
+/// `None` when the CUDA driver library loads, else why not.
+pub fn driver_present() -> Option<String> {
+    check("cuda", cudarc::driver::sys::is_culib_present)
+}
+
+/// `None` when NVRTC loads, else why not.
+pub fn nvrtc_present() -> Option<String> {
+    check("nvrtc", cudarc::nvrtc::sys::is_culib_present)
+}
+
+/// `None` when cuBLAS loads, else why not.
+pub fn cublas_present() -> Option<String> {
+    check("cublas", cudarc::cublas::sys::is_culib_present)
+}
+
+/// Runs `f`, turning a panic (cudarc panics on a missing symbol) into an error message.
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            Err(format!("{what}: {msg}"))
+        }
+    }
+}

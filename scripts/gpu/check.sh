@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU machine's one script (run from the repository root after scripts/gpu/build.sh's binaries were carried):
+# the no-GPU and GPU tests of backburner-cuda, the cuda_bench figures and PyTorch's reference rates, each output in
+# $OUT (default ./gpu-out), a summary on stdout. About 5 minutes on an H100/H200; every step has its own timeout.
+set -u
+OUT=${OUT:-gpu-out}
+C=target/gpu-carry
+mkdir -p "$OUT"
+log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
+
+# CUDA libraries: the toolkit's first, then those of the PyTorch wheels (an NVRTC newer than the driver makes PTX
+# the driver cannot load: the probe below falls back to the other set).
+toolkit=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -e "$d/libnvrtc.so" ] || ls "$d"/libnvrtc.so.* >/dev/null 2>&1 && { toolkit="$d"; break; }
+done
+wheels=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib")))))' 2>/dev/null || true)
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+log "toolkit libs: ${toolkit:-none}; wheel libs: ${wheels:-none}"
+
+chosen=""
+for dirs in "$toolkit" "$wheels"; do
+    [ -n "$dirs" ] || continue
+    if BACKBURNER_CUDA_LIB_DIRS="$dirs" timeout 120 "$C/cuda_bench" --probe >"$OUT/probe.json" 2>"$OUT/probe.err"; then
+        chosen="$dirs"
+        break
+    fi
+    log "probe failed with $dirs: $(tail -n 3 "$OUT/probe.err")"
+done
+[ -n "$chosen" ] || { chosen="$toolkit"; log "no probe succeeded; running with ${chosen:-the default loader path}"; }
+export BACKBURNER_CUDA_LIB_DIRS="$chosen"
+export LD_LIBRARY_PATH="${chosen}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+log "using $chosen; device: $(cat "$OUT/probe.json" 2>/dev/null | tr -d '\n')"
+
+run_test() { # name timeout
+    timeout "$2" "$C/$1" --nocapture --test-threads=1 >"$OUT/$1.txt" 2>&1
+    local rc=$?
+    log "$1: rc $rc; $(grep -E '^test result' "$OUT/$1.txt" | tail -n1)"
+    grep -E 'FAILED|panicked|skipped' "$OUT/$1.txt" | head -n 20 | tee -a "$OUT/summary.txt"
+}
+run_test no_gpu 90
+run_test gpu_ops 150
+run_test gpu_model 180
+
+timeout 240 "$C/cuda_bench" --layers 8 --dir "${TMPDIR:-/tmp}" >"$OUT/bench.json" 2>"$OUT/bench.err"
+log "cuda_bench: rc $?; $(tail -n 2 "$OUT/bench.err" | tr '\n' ' ')"
+timeout 90 python3 scripts/gpu/torch_bf16_rate.py >"$OUT/torch.json" 2>"$OUT/torch.err"
+log "torch: rc $?; $(tr -d '\n' <"$OUT/torch.json")"
+python3 - "$OUT" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+o = sys.argv[1]
+try:
+    b = json.load(open(f"{o}/bench.json"))
+except Exception as e:
+    sys.exit(f"no bench.json: {e}")
+print(f"copy {b['copy_dtod_gbs']:.0f} GB/s")
+for fmt in ("q4_k", "bf16"):
+    for name, r in b[fmt].items():
+        print(f"{fmt:5} {name:13} decode {r['decode_us']:8.1f} us {r['decode_pct_of_copy']:5.1f} % of copy; "
+              f"prefill512 {r['prefill512_tflops']:6.1f} TFLOP/s")
+print("layers:", json.dumps(b["layers_q4_k"]))
+PY
