@@ -99,7 +99,7 @@ pub fn parse_device(s: &str) -> Result<DeviceId, String> {
 pub fn registry() -> Registry {
     #[cfg(feature = "cuda")]
     {
-        Registry::cpu_only().with(Box::new(backburner_cuda::CudaProvider::new()))
+        Registry::cpu_only().with(Box::new(backburner_cuda::CudaProvider))
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -174,6 +174,12 @@ impl Backend for CudaBackend {
         self.kv_append_op(kv, k, v, n_rows)
     }
 
+    fn kv_truncate(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
+        // the rows are contiguous and none is held elsewhere: those past `len` are overwritten by later appends
+        kv.len = kv.len.min(len);
+        Ok(())
+    }
+
     fn attend(
         &self,
         kv: &DeviceKv,
