@@ -466,6 +466,18 @@ impl ModelConfig {
             + self.linear_num_value_heads * self.linear_value_head_dim
     }
 
+    /// The Gated DeltaNet's dimensions for a call of `n_tokens` tokens.
+    pub fn gdn_dims(&self, n_tokens: usize) -> backburner_kernels::gdn::GdnDims {
+        backburner_kernels::gdn::GdnDims {
+            n_tokens,
+            n_k_heads: self.linear_num_key_heads,
+            n_v_heads: self.linear_num_value_heads,
+            d_k: self.linear_key_head_dim,
+            d_v: self.linear_value_head_dim,
+            tiled_v_heads: self.linear_v_head_order == VHeadOrder::Tiled,
+        }
+    }
+
     /// R: rotary dims per head (`head_dim · partial_rotary_factor`).
     pub fn rotary_dim(&self) -> usize {
         (self.head_dim as f64 * self.rope.partial_rotary_factor) as usize

@@ -6,7 +6,6 @@ use backburner_kernels::gdn::GdnDims;
 use super::backend::{Buf, DecodeStep, DeviceResult};
 use super::layer::{DMixer, DeviceLayers, Pass};
 use super::state::Scratch;
-use crate::config::VHeadOrder;
 use crate::model::{conv_window, Capture, GDN_CHUNK};
 use crate::state::LinearState;
 
@@ -36,23 +35,11 @@ impl DeviceLayers {
         };
         let be = self.backend.as_ref();
         let c = &self.cfg;
-        let (hk, hv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
+        let dims = c.gdn_dims(t);
+        let (hk, hv, dk, dv) = (dims.n_k_heads, dims.n_v_heads, dims.d_k, dims.d_v);
         let conv_dim = c.conv_dim();
         let width = conv_dim + hv * dv + 2 * hv;
         let eps = c.rms_norm_eps as f32;
-        let dims = GdnDims {
-            n_tokens: t,
-            n_k_heads: hk,
-            n_v_heads: hv,
-            d_k: dk,
-            d_v: dv,
-            tiled_v_heads: c.linear_v_head_order == VHeadOrder::Tiled,
-        };
         let kernel = c.linear_conv_kernel_dim;
         be.matmul(&s.h, t, in_proj, &mut s.proj)?;
         be.gdn_gates(

@@ -71,15 +71,7 @@ impl Model {
 
     /// The Gated DeltaNet's dimensions for a call of `t` tokens.
     pub(super) fn gdn_dims(&self, t: usize) -> GdnDims {
-        let c = &self.config;
-        GdnDims {
-            n_tokens: t,
-            n_k_heads: c.linear_num_key_heads,
-            n_v_heads: c.linear_num_value_heads,
-            d_k: c.linear_key_head_dim,
-            d_v: c.linear_value_head_dim,
-            tiled_v_heads: c.linear_v_head_order == crate::config::VHeadOrder::Tiled,
-        }
+        self.config.gdn_dims(t)
     }
 
     /// [`Model::gdn_core`] taking exact checkpoints at `at.rows` (each a multiple of [`GDN_CHUNK`] or `t`, increasing,
