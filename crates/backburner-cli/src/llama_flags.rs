@@ -64,7 +64,7 @@ fn meaning(flag: &str, sub: &str) -> Option<Meaning> {
         "-ngld" | "--n-gpu-layers-draft" => Gpu(false),
         "--reasoning-budget" => Budget,
         "--repeat-last-n" => RepeatLastN,
-        "-ts" | "-sm" | "-mg" => No("there is no GPU to split across; a model splits across machines with --layer-split"),
+        "-ts" | "-sm" | "-mg" => No("a model runs on one device at a time here (--device, --device-layers); it splits across machines with --layer-split"),
         "-cnv" | "--conversation" => No("the interactive conversation is `backburner chat`, or `backburner run -cnv`"),
         "-b" => No("prompts are ingested in --ubatch chunks with no logical batch above them; set -ub / --ubatch"),
         "-tb" => No("prefill and decode share one thread pool: set -t / --threads"),
@@ -226,8 +226,9 @@ pub fn translate(args: Vec<String>) -> Result<Vec<String>, String> {
                 "0" => {}
                 n => {
                     return Err(format!(
-                        "{flag} {n}: `{path}` puts no layers on a device (layers on a GPU: `backburner run --device \
-                         cuda:0 --device-layers N`, docs/DEVICES.md); -ngl 0 is accepted"
+                        "{flag} {n}: `{path}` has no --device-layers (-ngld: there is no separate draft model here; \
+                         layers on a GPU: `run`, `chat`, `serve`, `perplexity` with --device cuda:0 --device-layers N, \
+                         docs/DEVICES.md); -ngl 0 is accepted"
                     ))
                 }
             },

@@ -54,7 +54,7 @@ pub use tokenizer_load::{load_tokenizer, need_tok};
 #[command(
     name = "backburner",
     version,
-    about = "Exact CPU inference of Qwen3.5-family hybrid models"
+    about = "Exact inference of Qwen3.5-family hybrid models on CPUs and GPUs, with borrowed devices"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -145,8 +145,8 @@ pub fn read_secret(file: Option<&PathBuf>) -> Result<Option<Vec<u8>>> {
 /// Runs the daemon until SIGINT/SIGTERM.
 pub fn run(a: WorkerArgs) -> Result<()> {
     a.device.refuse(
-        "a worker (the layers and KV pages it serves run on the CPU path; the host's own layers can go on a device \
-         in a later version)",
+        "a worker (the layers and KV pages it serves run on the CPU path; a host's own layers go on a device with \
+         the host's --device)",
     )?;
     let threads = thread_count(a.threads)?;
     let addr: SocketAddr = a

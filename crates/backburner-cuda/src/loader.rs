@@ -7,8 +7,8 @@
 //! that a missing library is a message, never a panic.
 //!
 //! `BACKBURNER_CUDA_LIB_DIRS` (directories separated by `:`) adds places to look without touching
-//! `LD_LIBRARY_PATH` (which the loader reads once, at process start): every `libnvrtc*.so*`, `libcublasLt.so*` and
-//! `libcublas.so*` found there is opened by its full path first; a later open by soname (cudarc's) then finds the
+//! `LD_LIBRARY_PATH` (which the loader reads once, at process start): every `libcuda.so*`, `libnvrtc*.so*`,
+//! `libcublasLt.so*` and `libcublas.so*` found there is opened by its full path first; a later open by soname (cudarc's) then finds the
 //! library already loaded. `scripts/get_nvrtc.sh` prints such a directory for NVRTC from PyPI.
 
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ pub fn preload() -> &'static [PathBuf] {
         for dir in std::env::split_paths(&dirs) {
             // dependencies first: NVRTC's builtins, cuBLASLt before cuBLAS
             for prefix in [
+                "libcuda.",
                 "libnvrtc-builtins",
                 "libnvrtc.",
                 "libcublasLt.",

@@ -42,10 +42,10 @@ fn flags_with_a_meaning_become_long_ones_and_the_rest_are_named() {
     );
     assert!(t(&["run", "-ngld", "99"])
         .unwrap_err()
-        .starts_with("-ngld 99: `backburner run` puts no layers on a device"));
+        .starts_with("-ngld 99: `backburner run` has no --device-layers"));
     assert!(t(&["plan", "-ngl", "8"])
         .unwrap_err()
-        .contains("puts no layers on a device"));
+        .contains("has no --device-layers"));
     assert_eq!(
         t(&["run", "-ngl", "0", "-no-cnv", "--jinja"]).unwrap()[1..],
         ["run", "--device-layers", "0"]

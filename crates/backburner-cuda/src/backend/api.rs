@@ -1,7 +1,8 @@
 //! [`Backend`] for [`CudaBackend`]: each op's implementation is in the module of its kind.
 
+use backburner_kernels::attention::Partial;
 use backburner_kernels::gdn::GdnDims;
-use backburner_kernels::kv::KvDtype;
+use backburner_kernels::kv::{KvDtype, KvPage};
 use backburner_model::device::{
     top_k_row, Backend, Buf, DecodeStep, DeviceInfo, DeviceKv, DeviceMatrix, DeviceResult,
 };
@@ -175,9 +176,42 @@ impl Backend for CudaBackend {
     }
 
     fn kv_truncate(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
-        // the rows are contiguous and none is held elsewhere: those past `len` are overwritten by later appends
-        kv.len = kv.len.min(len);
-        Ok(())
+        self.kv_truncate_op(kv, len)
+    }
+
+    fn kv_offloaded(&self, kv: &DeviceKv) -> usize {
+        super::attn::kv_of(kv).offloaded
+    }
+
+    fn kv_movable_pages(&self, kv: &DeviceKv) -> usize {
+        super::offload::movable(kv)
+    }
+
+    fn kv_copy_oldest(&self, kv: &DeviceKv, n: usize) -> DeviceResult<Vec<KvPage>> {
+        self.kv_copy_oldest_op(kv, n)
+    }
+
+    fn kv_take_oldest(&self, kv: &mut DeviceKv, n: usize) -> DeviceResult<Vec<KvPage>> {
+        self.kv_take_oldest_op(kv, n)
+    }
+
+    fn kv_truncate_offloaded(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
+        self.kv_truncate_offloaded_op(kv, len)
+    }
+
+    fn attend_after(
+        &self,
+        kv: &DeviceKv,
+        prefix: Partial,
+        q: &Buf,
+        n_tokens: usize,
+        n_heads: usize,
+        pos0: usize,
+        scale: f32,
+        o: &mut Buf,
+        lse: &mut Buf,
+    ) -> DeviceResult<()> {
+        self.attend_after_op(kv, prefix, q, n_tokens, n_heads, pos0, scale, o, lse)
     }
 
     fn attend(

@@ -20,14 +20,16 @@ const MAX_GRID_Y: usize = 65_535;
 
 /// A KV cache on the device.
 pub(super) struct CudaKv {
-    page_size: usize,
-    n_kv: usize,
-    head_dim: usize,
-    dtype: KvDtype,
+    pub(super) page_size: usize,
+    pub(super) n_kv: usize,
+    pub(super) head_dim: usize,
+    pub(super) dtype: KvDtype,
     /// Positions the allocations hold.
     cap: usize,
-    k: Option<DevMem>,
-    v: Option<DevMem>,
+    pub(super) k: Option<DevMem>,
+    pub(super) v: Option<DevMem>,
+    /// Positions `[0, offloaded)` held elsewhere (KV offload): their rows stay allocated but are not attended.
+    pub(super) offloaded: usize,
 }
 
 impl CudaKv {
@@ -40,12 +42,12 @@ impl CudaKv {
     }
 
     /// Bytes of one position (all heads).
-    fn row_bytes(&self) -> usize {
+    pub(super) fn row_bytes(&self) -> usize {
         self.n_kv * self.head_dim * self.dtype.size_of()
     }
 }
 
-fn kv_of(kv: &DeviceKv) -> &CudaKv {
+pub(super) fn kv_of(kv: &DeviceKv) -> &CudaKv {
     kv.inner.downcast_ref().expect("a CUDA KV cache")
 }
 
@@ -75,6 +77,7 @@ impl CudaBackend {
             cap: 0,
             k: None,
             v: None,
+            offloaded: 0,
         };
         Ok(DeviceKv {
             len: 0,
@@ -188,6 +191,7 @@ impl CudaBackend {
                 int(c.n_kv),
                 int(d),
                 int(pos0 + t0),
+                int(c.offloaded),
                 int(kv.len),
                 Arg::F(scale),
             ];

@@ -7,6 +7,7 @@ mod gdn;
 mod matrix;
 pub use matrix::{fallback_formats, GEMV_MAX_ROWS};
 pub mod mem;
+mod offload;
 mod ops;
 
 use std::collections::HashMap;

@@ -26,11 +26,11 @@ template <int DT> __device__ void kv_store(const float* k, const float* v, void*
 }
 
 // One block of ATT_WARPS warps per (head h = blockIdx.x, token t = blockIdx.y). Token t sees the cache's positions
-// 0 ..= pos0 + t (at most kv_len). GQA: head h reads kv head h / (n_heads / n_kv). Each warp runs an online softmax
+// kv_start ..= pos0 + t (at most kv_len; those below kv_start are held elsewhere: KV offload). GQA: head h reads kv head h / (n_heads / n_kv). Each warp runs an online softmax
 // over every ATT_WARPS-th key; the warps' states merge at the end.
 template <int DT>
 __device__ void attend(const float* q, const void* kc, const void* vc, float* o, float* lse, int n_heads, int n_kv,
-                       int head_dim, int pos0, int kv_len, float scale) {
+                       int head_dim, int pos0, int kv_start, int kv_len, float scale) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][MAX_HEAD_DIM];
     const int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -45,7 +45,7 @@ __device__ void attend(const float* q, const void* kc, const void* vc, float* o,
     }
     const int n_keys = min(pos0 + t + 1, kv_len);
     float m = NEG_INF, l = 0.0f;
-    for (int j = warp; j < n_keys; j += ATT_WARPS) {
+    for (int j = kv_start + warp; j < n_keys; j += ATT_WARPS) {
         const u64 base = ((u64)j * n_kv + kvh) * head_dim;
         float dot = 0.0f;
 #pragma unroll
@@ -94,9 +94,9 @@ __device__ void attend(const float* q, const void* kc, const void* vc, float* o,
         kv_store<DT>(k, v, kc, vc, at, n);                                                                         \
     }                                                                                                              \
     extern "C" __global__ void attend_##SUF(const float* q, const void* kc, const void* vc, float* o, float* lse,   \
-                                            int n_heads, int n_kv, int head_dim, int pos0, int kv_len,             \
-                                            float scale) {                                                         \
-        attend<DT>(q, kc, vc, o, lse, n_heads, n_kv, head_dim, pos0, kv_len, scale);                               \
+                                            int n_heads, int n_kv, int head_dim, int pos0, int kv_start,           \
+                                            int kv_len, float scale) {                                             \
+        attend<DT>(q, kc, vc, o, lse, n_heads, n_kv, head_dim, pos0, kv_start, kv_len, scale);                     \
     }
 
 KV_KERNELS(f32, 0)
