@@ -124,6 +124,11 @@ fn device_budget(a: &PlanArgs) -> Result<Option<plan::DeviceBudget>> {
     let Some(id) = a.device.filter(|d| !d.is_cpu()) else {
         return Ok(None);
     };
+    if id.kind == backburner_model::device::BackendKind::Vulkan {
+        anyhow::bail!(
+            "--device {id}: no build has a Vulkan backend yet (docs/DEVICES.md): plan for cuda:N"
+        );
+    }
     let memory = match a.device_memory {
         Some(m) => m,
         None => {
@@ -152,9 +157,19 @@ fn run_command(a: &PlanArgs, p: &Plan, d: &plan::DevicePlacement) -> String {
         .model
         .as_ref()
         .map_or(String::new(), |m| format!(" --model {}", m.display()));
+    let mut extra = String::new();
+    if a.ubatch != 512 {
+        extra.push_str(&format!(" --ubatch {}", a.ubatch));
+    }
+    if a.kv_page_size != 4096 {
+        extra.push_str(&format!(" --kv-page-size {}", a.kv_page_size));
+    }
+    if !d.layers.is_empty() {
+        extra.push_str(&format!(" {}", d.flags));
+    }
     format!(
-        "backburner run{model} --ctx-size {} --kv-dtype {} {}",
-        p.ctx, a.kv_dtype, d.flags
+        "backburner run{model} --ctx-size {} --kv-dtype {}{extra}",
+        p.ctx, a.kv_dtype
     )
 }
 

@@ -378,4 +378,27 @@ fn plan_with_a_device_budget_puts_the_layers_that_fit_on_it_and_says_how_to_run_
     assert_eq!(cpu.stdout, plain.stdout);
     let v: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
     assert!(v.get("device").is_none());
+    // no layer fits: the command places none; a ubatch other than the default is carried over
+    let o = with(&[
+        "--device",
+        "cuda:0",
+        "--device-memory",
+        "1",
+        "--ubatch",
+        "256",
+    ]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &stderr(&o);
+    assert!(text.contains("no layer fits on cuda:0"), "{text}");
+    assert!(
+        text.contains("--ubatch 256\n") && !text.contains("--device-layers 0"),
+        "{text}"
+    );
+    // no build has a Vulkan backend: no plan for one
+    let o = with(&["--device", "vulkan:0", "--device-memory", "8G"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no build has a Vulkan backend"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -128,6 +128,12 @@ pub fn place_on_device(
         ));
     }
     let layers = held.start..end;
+    if layers.is_empty() {
+        notes.push(format!(
+            "no layer fits on {}: every layer runs on the CPU (no --device flags)",
+            dev.id
+        ));
+    }
     let placement = DevicePlacement {
         device: dev.id.clone(),
         memory: dev.memory,
