@@ -231,7 +231,7 @@ static void test_attention() {
         launch(dim3{4, 1, 1}, 256, [&] { kv_store_f16(k.data() + first, v.data() + first, kc.data(), vc.data(), first, k.size() - first); });
         std::vector<float> o((size_t)t * hq * hd), lse((size_t)t * hq);
         const float scale = 1.0f / std::sqrt((float)hd);
-        launch(dim3{hq, t, 1}, 128, [&] { attend_f16(q.data(), kc.data(), vc.data(), o.data(), lse.data(), hq, hkv, hd, pos0, len, scale); });
+        launch(dim3{hq, t, 1}, 128, [&] { attend_f16(q.data(), kc.data(), vc.data(), o.data(), lse.data(), hq, hkv, hd, pos0, 0, len, scale); });
         std::vector<double> wo, wl;
         for (int tt = 0; tt < t; tt++)
             for (int h = 0; h < hq; h++) {
