@@ -53,6 +53,9 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 extern "C" {
 CUresult cuInit(unsigned) { return 0; }
+// NVRTC opens libcuda.so.1 itself and asks for the driver's private export tables; a real driver answers, the
+// stand-in says it has none (NVRTC then compiles without them). Missing, NVRTC would call a null pointer.
+CUresult cuGetExportTable(const void** table, const void*) { *table = nullptr; return 801; }  // NOT_SUPPORTED
 CUresult cuDriverGetVersion(int* v) { *v = 13000; return 0; }
 CUresult cuDeviceGetCount(int* n) { *n = 1; return 0; }
 CUresult cuDeviceGet(int* d, int i) { if (i != 0) return 101; *d = 0; return 0; }
