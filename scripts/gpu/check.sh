@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The GPU machine's one script (run from the repository root after scripts/gpu/build.sh's binaries were carried):
-# the no-GPU and GPU tests of backburner-cuda, the cuda_bench figures and PyTorch's reference rates, each output in
-# $OUT (default ./gpu-out), a summary on stdout. About 5 minutes on an H100/H200; every step has its own timeout.
+# The GPU machine's one script (run from the repository root after scripts/gpu/build.sh's archive was carried):
+# the no-GPU and GPU tests of backburner-cuda, the cuda_bench figures, PyTorch's reference rates, then the CLI's
+# greedy text on cuda:0 against its CPU path on the fixtures; each output in $OUT (default ./gpu-out), a summary
+# on stdout. About 6 minutes on an H100/H200; every step has its own timeout.
 set -u
 OUT=${OUT:-gpu-out}
-C=target/gpu-carry
-mkdir -p "$OUT"
+C=target/gpu-bin
+mkdir -p "$OUT" "$C"
+A=target/gpu-carry/bins.tar.xz
+[ -f "$A" ] && { tar -C "$C" -xJf "$A" 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$A" "$C"; }
 log() { echo "[$(date +%T)] $*" | tee -a "$OUT/summary.txt"; }
 
 # CUDA libraries: the toolkit's first, then those of the PyTorch wheels (an NVRTC newer than the driver makes PTX
@@ -41,6 +45,7 @@ run_test() { # name timeout
 run_test no_gpu 90
 run_test gpu_ops 150
 run_test gpu_model 180
+run_test gpu_offload 120
 
 timeout 240 "$C/cuda_bench" --layers 8 --dir "${TMPDIR:-/tmp}" >"$OUT/bench.json" 2>"$OUT/bench.err"
 log "cuda_bench: rc $?; $(tail -n 2 "$OUT/bench.err" | tr '\n' ' ')"
@@ -60,3 +65,16 @@ for fmt in ("q4_k", "bf16"):
               f"prefill512 {r['prefill512_tflops']:6.1f} TFLOP/s")
 print("layers:", json.dumps(b["layers_q4_k"]))
 PY
+
+# The CLI: what `devices` lists, then greedy text with every layer on cuda:0 against the CPU path (equal where the
+# fixtures' margins are clear; a difference is reported, with both texts).
+timeout 60 "$C/backburner" devices >"$OUT/devices.txt" 2>&1
+log "devices: rc $?; $(grep -E 'cuda|not built|cannot' "$OUT/devices.txt" | head -n 3 | tr '\n' ' ')"
+for m in fixtures/tiny-f32 fixtures/tiny-bf16 fixtures/gguf/tiny-q-mix.gguf fixtures/gguf/tiny-q-iq4_xs.gguf; do
+    p="The capital of France is"
+    want=$(timeout 60 "$C/backburner" run -m "$m" -p "$p" -n 16 --temp 0 2>/dev/null)
+    got=$(timeout 120 "$C/backburner" run -m "$m" -p "$p" -n 16 --temp 0 --device cuda:0 2>"$OUT/cli.err")
+    rc=$?
+    if [ "$want" = "$got" ]; then same="text equal"; else same="DIFFERENT: cpu '$want' cuda:0 '$got'"; fi
+    log "cli $m: rc $rc; $same; $(grep -E 'on cuda|prompt' "$OUT/cli.err" | tr '\n' ' ')"
+done

@@ -48,12 +48,12 @@
 //! - `tests/gpu_ops.rs` (every op against the CPU backend) and `tests/gpu_model.rs` (whole models through
 //!   `Model::place_layers`) need a device and print one `skipped:` line per test without one.
 //! - `scripts/gpu/emulate.sh` runs the kernels on a CPU emulation (`emu/`: each CUDA thread a `std::thread`) against
-//!   plain references, and, given an NVRTC directory, the test binaries above on stand-in `libcuda.so` and
-//!   `libcublas.so` that execute the emulated kernels: the whole crate, cudarc included, without a GPU (not its
+//!   plain references, and, given an NVRTC directory, the test binaries above on stand-in `libcuda.so.1` and
+//!   `libcublas.so.13` that execute the emulated kernels: the whole crate, cudarc included, without a GPU (not its
 //!   speed, nor the real driver's or cuBLAS's behaviour).
-//! - On a GPU machine without Rust: `scripts/gpu/build.sh` here (stripped test and `cuda_bench` binaries in
-//!   `target/gpu-carry/`), then `scripts/gpu/check.sh` there (tests, benchmark, PyTorch's reference rates into
-//!   `$OUT`).
+//! - On a GPU machine without Rust: `scripts/gpu/build.sh` here (stripped test, `cuda_bench` and CLI binaries packed
+//!   into `target/gpu-carry/bins.tar.xz`), then `scripts/gpu/check.sh` there (tests, benchmark, PyTorch's reference
+//!   rates, the CLI's text on the GPU against its CPU path, into `$OUT`).
 
 pub mod backend;
 pub mod compile;
