@@ -17,7 +17,7 @@ pub const SOURCES: [(&str, &str); 4] = [
 
 /// Compiles source `name` (`src` without the common header) to PTX for compute capability `major.minor`.
 ///
-/// Errors: NVRTC's message and log (a missing library is checked by [`crate::loader::nvrtc_present`] first; this
+/// Errors: NVRTC's message and log (a missing library is checked by [`crate::loader::nvrtc_usable`] first; this
 /// turns a panic of the loader into an error too).
 pub fn compile(name: &str, src: &str, major: i32, minor: i32) -> Result<Ptx, String> {
     let full = format!("{COMMON}\n{src}");

@@ -96,6 +96,105 @@ pub fn cublas_present() -> Option<String> {
     check("cublas", cudarc::cublas::sys::is_culib_present)
 }
 
+/// The driver functions the backend reaches through cudarc (those the stand-in driver of `emu/fake_cuda.cpp`
+/// defines, less NVRTC's own `cuGetExportTable`): cudarc looks each up on first call and panics when it is missing.
+pub const DRIVER_SYMBOLS: [&str; 28] = [
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDeviceTotalMem_v2",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuInit",
+    "cuLaunchKernel",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemGetInfo_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemsetD8Async",
+    "cuModuleGetFunction",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+];
+
+/// NVRTC's functions that the kernels' compilation calls.
+pub const NVRTC_SYMBOLS: [&str; 7] = [
+    "nvrtcCreateProgram",
+    "nvrtcCompileProgram",
+    "nvrtcGetPTXSize",
+    "nvrtcGetPTX",
+    "nvrtcGetProgramLogSize",
+    "nvrtcGetProgramLog",
+    "nvrtcDestroyProgram",
+];
+
+/// cuBLAS's functions the dense products call.
+pub const CUBLAS_SYMBOLS: [&str; 4] = [
+    "cublasCreate_v2",
+    "cublasDestroy_v2",
+    "cublasGemmEx",
+    "cublasSetStream_v2",
+];
+
+/// The names of `names` that `lib` does not define.
+fn lacking(lib: &libloading::Library, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        // SAFETY: only looks a symbol up; it is not called.
+        .filter(|n| unsafe { lib.get::<*const ()>(n.as_bytes()) }.is_err())
+        .map(|n| n.to_string())
+        .collect()
+}
+
+/// Why a library that opened cannot serve: the functions of `names` it lacks (an install older than CUDA 12, or a
+/// partial one), or `None` when it has them all. Call after the `*_present` check of the same library.
+fn symbols_check(
+    lib_name: &str,
+    culib: unsafe fn() -> &'static libloading::Library,
+    names: &[&str],
+) -> Option<String> {
+    // SAFETY: the library was found by the presence check; `culib` opens it once (and panics, caught, if it cannot).
+    let missing = std::panic::catch_unwind(|| lacking(unsafe { culib() }, names))
+        .unwrap_or_else(|_| vec!["(the library did not open)".into()]);
+    (!missing.is_empty()).then(|| {
+        format!(
+            "lib{lib_name} lacks {} (an install older than CUDA 12, or a partial one: the backend needs CUDA 12 or \
+             13)",
+            missing.join(", ")
+        )
+    })
+}
+
+/// `None` when the driver library loads and has every function of [`DRIVER_SYMBOLS`], else why not.
+pub fn driver_usable() -> Option<String> {
+    driver_present().or_else(|| symbols_check("cuda", cudarc::driver::sys::culib, &DRIVER_SYMBOLS))
+}
+
+/// `None` when NVRTC loads and has every function of [`NVRTC_SYMBOLS`], else why not.
+pub fn nvrtc_usable() -> Option<String> {
+    nvrtc_present().or_else(|| symbols_check("nvrtc", cudarc::nvrtc::sys::culib, &NVRTC_SYMBOLS))
+}
+
+/// `None` when NVRTC and cuBLAS load with every function the backend calls, else why not (the driver checked
+/// apart: [`driver_usable`]).
+pub fn compute_libs_usable() -> Option<String> {
+    nvrtc_usable()
+        .or_else(cublas_present)
+        .or_else(|| symbols_check("cublas", cudarc::cublas::sys::culib, &CUBLAS_SYMBOLS))
+}
+
 /// Runs `f`, turning a panic (cudarc panics on a missing symbol) into an error message.
 pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -108,5 +207,21 @@ pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T
                 .unwrap_or_else(|| "a panic".into());
             Err(format!("{what}: {msg}"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lacking_names_the_functions_a_library_does_not_define() {
+        // SAFETY: the C library is loaded in every process already.
+        let libc = unsafe { libloading::Library::new("libc.so.6") }.unwrap();
+        assert_eq!(
+            lacking(&libc, &["malloc", "cuInit", "free", "cublasGemmEx"]),
+            ["cuInit", "cublasGemmEx"]
+        );
+        assert!(lacking(&libc, &["malloc", "free"]).is_empty());
     }
 }

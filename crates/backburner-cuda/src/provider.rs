@@ -6,7 +6,7 @@ use backburner_model::device::{Backend, BackendKind, DeviceError, DeviceId, Devi
 use cudarc::driver::{result, sys, CudaContext};
 
 use crate::backend::CudaBackend;
-use crate::loader::{driver_present, guarded};
+use crate::loader::{compute_libs_usable, driver_usable, guarded};
 
 /// The CUDA backend's provider: lists the GPUs the driver sees and opens one as a [`CudaBackend`]. Never panics,
 /// whether or not the driver library exists.
@@ -33,8 +33,9 @@ fn device_count() -> Result<usize, String> {
 }
 
 /// What device `index` is: name, memory (total, free through its primary context), compute capability, driver.
+/// Errors: a driver library missing or lacking functions, an index the driver does not see, the driver's errors.
 pub(crate) fn device_info(index: usize) -> Result<DeviceInfo, String> {
-    if let Some(why) = driver_present() {
+    if let Some(why) = driver_usable() {
         return Err(why);
     }
     let n = device_count()?;
@@ -64,16 +65,27 @@ impl Provider for CudaProvider {
         BackendKind::Cuda
     }
 
+    /// The GPUs the driver sees; when NVRTC or cuBLAS cannot serve, each one's backend line says so (the device
+    /// exists, but opening it will fail with that reason).
     fn devices(&self) -> Vec<DeviceInfo> {
-        if driver_present().is_some() {
+        if driver_usable().is_some() {
             return Vec::new();
         }
         let n = device_count().unwrap_or(0);
-        (0..n).filter_map(|i| device_info(i).ok()).collect()
+        let unusable = compute_libs_usable();
+        (0..n)
+            .filter_map(|i| device_info(i).ok())
+            .map(|mut d| {
+                if let Some(why) = &unusable {
+                    d.backend = format!("{}; cannot compute: {why}", d.backend);
+                }
+                d
+            })
+            .collect()
     }
 
     fn unavailable(&self) -> Option<String> {
-        if let Some(why) = driver_present() {
+        if let Some(why) = driver_usable() {
             return Some(why);
         }
         match device_count() {

@@ -58,13 +58,11 @@ impl CudaBackend {
             kind: BackendKind::Cuda,
             index,
         };
-        let missing = crate::loader::driver_present()
-            .or_else(crate::loader::nvrtc_present)
-            .or_else(crate::loader::cublas_present);
-        if let Some(why) = missing {
+        // the driver and the index first (a wrong index is named as such), then the compiler and cuBLAS
+        let info = crate::provider::device_info(index).map_err(|e| DeviceError::NotFound(id, e))?;
+        if let Some(why) = crate::loader::compute_libs_usable() {
             return Err(DeviceError::NotFound(id, why));
         }
-        let info = crate::provider::device_info(index).map_err(|e| DeviceError::NotFound(id, e))?;
         crate::loader::guarded("opening the device", || {
             Self::open_inner(id, info).map_err(|e| e.to_string())
         })
