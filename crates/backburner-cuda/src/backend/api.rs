@@ -25,6 +25,12 @@ impl Backend for CudaBackend {
         Ok(b)
     }
 
+    fn upload_into(&self, host: &[f32], dst: &mut Buf) -> DeviceResult<()> {
+        self.bind()?;
+        let p = self.ensure(dst, host.len())?;
+        self.htod(p, host)
+    }
+
     fn download(&self, b: &Buf, out: &mut [f32]) -> DeviceResult<()> {
         assert_eq!(out.len(), b.len(), "download: lengths differ");
         self.bind()?;

@@ -114,6 +114,12 @@ pub trait Backend: Send + Sync {
 
     /// A new buffer holding `host` (`[len]` f32).
     fn upload(&self, host: &[f32]) -> DeviceResult<Buf>;
+    /// Copies `host` (`[len]` f32) into `dst`, set to `len`, reusing its memory where it holds enough (the
+    /// residual stream crosses into the device each pass: no allocation per pass). Default: a new buffer.
+    fn upload_into(&self, host: &[f32], dst: &mut Buf) -> DeviceResult<()> {
+        *dst = self.upload(host)?;
+        Ok(())
+    }
     /// Copies `b` into `out` (`out.len() == b.len()`).
     fn download(&self, b: &Buf, out: &mut [f32]) -> DeviceResult<()>;
     /// A new buffer of `len` zeros.

@@ -59,6 +59,11 @@ impl Backend for CpuBackend {
         Ok(host(h.to_vec()))
     }
 
+    fn upload_into(&self, h: &[f32], dst: &mut Buf) -> DeviceResult<()> {
+        sized(dst, h.len()).copy_from_slice(h);
+        Ok(())
+    }
+
     fn download(&self, b: &Buf, out: &mut [f32]) -> DeviceResult<()> {
         out.copy_from_slice(v(b));
         Ok(())

@@ -241,7 +241,7 @@ impl DeviceLayers {
         }
         let mut xd = std::mem::replace(&mut st.s.x, be.zeros(0)?);
         let r = (|| {
-            xd = be.upload(x)?;
+            be.upload_into(x, &mut xd)?;
             for (j, (l, ls)) in self.layers[a..b]
                 .iter()
                 .zip(st.layers[a..b].iter_mut())

@@ -81,8 +81,8 @@ impl DeviceState {
                                 ),
                             )
                         })?;
-                    *conv = be.upload(&s.conv)?;
-                    *recurrent = be.upload(&s.recurrent)?;
+                    be.upload_into(&s.conv, conv)?;
+                    be.upload_into(&s.recurrent, recurrent)?;
                 }
             }
         }

@@ -191,7 +191,7 @@ impl DeviceHead {
         };
         let (mut xd, mut h, mut y) = (xd, h, y);
         let r = (|| {
-            xd = be.upload(x)?;
+            be.upload_into(x, &mut xd)?;
             be.rms_norm(&xd, &self.norm, self.eps, &mut h)?;
             be.matmul(&h, n_rows, &self.head, &mut y)?;
             let mut out = vec![0.0f32; y.len()];
