@@ -166,6 +166,16 @@ fn device_cpu_gives_the_same_text_as_no_device_flag_and_layers_on_the_cpu_backen
             assert!(e.lines().next().unwrap().ends_with("), 5..8 on cpu"), "{e}");
         }
     }
+    // several sampled choices rewind to the prompt's snapshot, which holds the device's state: the same choices
+    let choices = ["--n-choices", "3", "--temp", "0.9", "--seed", "3"];
+    let want = run_tiny(&choices);
+    assert!(want.status.success(), "{}", stderr(&want));
+    let text = String::from_utf8_lossy(&want.stdout).to_string();
+    assert!(text.contains("[choice 2]"), "{text}");
+    let placed = [&choices[..], &["--device-cpu-backend", "-ngl", "5"]].concat();
+    let got = run_tiny(&placed);
+    assert!(got.status.success(), "{}", stderr(&got));
+    assert_eq!(got.stdout, want.stdout);
     // perplexity with placed layers: the same figure
     let m = tiny();
     let f = fixture("tiny-f32").join("ppl.txt");
@@ -230,10 +240,6 @@ fn commands_and_modes_without_device_support_refuse_a_device_and_accept_the_cpu(
         (
             vec!["run", "-m", &m, "-p", "hi", "--spec", "ngram"],
             "speculative decoding",
-        ),
-        (
-            vec!["run", "-m", &m, "-p", "hi", "--n-choices", "2"],
-            "--n-choices",
         ),
         (
             vec![

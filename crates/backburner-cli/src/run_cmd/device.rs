@@ -19,8 +19,6 @@ pub(super) fn check(a: &RunArgs) -> Result<Option<Arc<dyn Backend>>> {
         Some("a run whose workers compute layers (--split-layer, --layer-split, --expert-split)")
     } else if a.spec.spec != SpecKind::None {
         Some("speculative decoding (--spec: its verify steps and MTP drafts)")
-    } else if a.n_choices > 1 {
-        Some("--n-choices (it rewinds to a snapshot of the prompt's state, which holds no device state)")
     } else {
         None
     };
