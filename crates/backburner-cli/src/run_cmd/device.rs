@@ -11,8 +11,11 @@ use backburner_model::device::Backend;
 use super::RunArgs;
 use crate::spec_args::SpecKind;
 
-/// Refuses what `run` cannot do with layers on a device (workers that compute layers, speculative decoding, several
-/// choices; workers holding KV pages are fine: split prefill is not used with placed layers), then opens the device: `None` for `--device cpu`. Errors: [`crate::device_args::DeviceFlagError`].
+/// Refuses what `run` cannot do with layers on a device (workers that compute layers, speculative decoding; workers
+/// holding KV pages are fine: split prefill is not used with placed layers; `--n-choices` rewinds to a snapshot,
+/// which covers the device's state), then opens the device: `None` for `--device cpu`.
+///
+/// Errors: [`crate::device_args::DeviceFlagError`].
 pub(super) fn check(a: &RunArgs) -> Result<Option<Arc<dyn Backend>>> {
     let d = &a.model.device;
     let refused = if a.link.splits_layers() {
