@@ -167,9 +167,22 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
             &bench_config(),
         )?);
     }
+    // the device first (a build or machine without it fails before the load), the layers placed after it
+    let backend = margs.device.open()?;
     let load_pool = compute_pool(Some(*a.thread_counts.iter().max().expect("non-empty")))?;
-    let loaded = load(&margs, &load_pool)?;
+    let mut loaded = load(&margs, &load_pool)?;
     drop(load_pool);
+    let placement = match backend {
+        Some(b) => Some(crate::device_args::place(
+            &mut loaded.model,
+            b,
+            margs.device.device_layers,
+        )?),
+        None => None,
+    };
+    if let (Some(line), false) = (&placement, a.json) {
+        eprintln!("{line}");
+    }
     let peak_rss_after_load = bench_report::peak_rss();
     let weight_bytes = loaded.model.weight_bytes();
     let file_bytes = checkpoint_file_bytes(&loaded.dir);
@@ -197,7 +210,9 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
     let mut results = Vec::new();
     for &threads in &a.thread_counts {
         let pool = ComputePool::new(threads)?;
-        let bw = (!a.no_bandwidth).then(|| bench_report::read_bandwidth(&pool) / 1e9);
+        // the host's read bandwidth says nothing of layers on a device
+        let bw = (!a.no_bandwidth && placement.is_none())
+            .then(|| bench_report::read_bandwidth(&pool) / 1e9);
         if let (Some(bw), false) = (bw, a.json) {
             eprintln!("threads {threads}: read bandwidth {bw:.1} GB/s");
         }
@@ -241,6 +256,7 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
             "params": param_count(&cfg),
         },
         "weight_bytes": weight_bytes,
+        "placement": placement,
         "checkpoint_bytes": file_bytes,
         "peak_rss_after_load_bytes": peak_rss_after_load,
         "ubatch": margs.ubatch,
@@ -449,7 +465,8 @@ pub fn bench_model_dir() -> Result<std::path::PathBuf> {
     )
 }
 
-/// Runs a benchmark (each on the CPU path: `--device` other than cpu is refused).
+/// Runs a benchmark (each on the CPU path but `bench local`, which places `--device-layers` on `--device`; the
+/// others refuse a device other than cpu).
 pub fn run(a: BenchArgs) -> Result<()> {
     use BenchKind as K;
     let model = match &a.kind {
@@ -462,9 +479,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         K::Spec(a) => Some(&a.model),
         K::GenGguf(_) | K::SeedTable(_) => None,
     };
-    if let Some(m) = model {
+    if let (Some(m), false) = (model, matches!(a.kind, K::Local(_))) {
         m.device.refuse(
-            "the benchmarks (they rewind to state snapshots, which hold no device state)",
+            "the benchmarks other than `bench local` (their workers, slots and speculative steps run the CPU path)",
         )?;
     }
     match a.kind {

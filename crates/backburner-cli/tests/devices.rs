@@ -176,8 +176,31 @@ fn device_cpu_gives_the_same_text_as_no_device_flag_and_layers_on_the_cpu_backen
     let got = run_tiny(&placed);
     assert!(got.status.success(), "{}", stderr(&got));
     assert_eq!(got.stdout, want.stdout);
-    // perplexity with placed layers: the same figure
+    // bench local places the layers and says so in its report
     let m = tiny();
+    let o = bb(&[
+        "bench",
+        "local",
+        "-m",
+        &m,
+        "--depths",
+        "16",
+        "--decode-tokens",
+        "2",
+        "--json",
+        "--device-cpu-backend",
+        "-ngl",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let placement = v["placement"].as_str().unwrap_or_default();
+    assert!(
+        placement.starts_with("layers 0..4 on cpu (") && placement.ends_with("), 4..8 on cpu"),
+        "{v}"
+    );
+    assert!(v["results"][0]["read_bandwidth_gb_s"].is_null(), "{v}");
+    // perplexity with placed layers: the same figure
     let f = fixture("tiny-f32").join("ppl.txt");
     let ppl = |extra: &[&str]| {
         let mut a = vec![
@@ -230,12 +253,8 @@ fn commands_and_modes_without_device_support_refuse_a_device_and_accept_the_cpu(
             "calibrate (it times",
         ),
         (
-            vec!["bench", "local", "-m", &m],
-            "the benchmarks (they rewind",
-        ),
-        (
             vec!["bench", "slots", "-m", &m],
-            "the benchmarks (they rewind",
+            "the benchmarks other than `bench local`",
         ),
         (
             vec!["run", "-m", &m, "-p", "hi", "--spec", "ngram"],
