@@ -92,3 +92,41 @@ fn pages_moved_off_the_gpu_and_the_folded_partial_match_the_cpu() {
         assert_eq!((kv.len, g.kv_offloaded(&kv)), (ps, ps));
     }
 }
+
+/// A fork's copy of a cache (`kv_clone`): the same positions and offloaded count, attention over it equal to the
+/// source's bit for bit (the same kernel on a copy of the same rows), and the source's later appends not in it.
+#[test]
+fn a_cloned_cache_attends_as_its_source_and_stays_apart() {
+    let Some(g) = gpu("a_cloned_cache_attends_as_its_source_and_stays_apart") else {
+        return;
+    };
+    let (hq, hkv, hd, ps) = (4, 2, 64, 16);
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let mut kv = g.kv_new(ps, hkv, hd, dtype).unwrap();
+        let t = 2 * ps + 3;
+        let (k, _) = both(&g, &rand_vec(t * hkv * hd, 300, 1.0));
+        let (v, _) = both(&g, &rand_vec(t * hkv * hd, 301, 1.0));
+        g.kv_append(&mut kv, &k, &v, t).unwrap();
+        let clone = g.kv_clone(&kv).unwrap();
+        assert_eq!((clone.len, g.kv_offloaded(&clone)), (t, 0));
+        let attend = |kv: &backburner_model::device::DeviceKv| {
+            let (q, _) = both(&g, &rand_vec(hq * hd, 302, 1.0));
+            let (mut o, mut l) = (g.zeros(0).unwrap(), g.zeros(0).unwrap());
+            g.attend(kv, &q, 1, hq, t - 1, 0.125, &mut o, &mut l)
+                .unwrap();
+            (host(g.as_ref(), &o), host(g.as_ref(), &l))
+        };
+        let want = attend(&kv);
+        // the source grows past the clone: the clone keeps its t positions
+        let (k1, _) = both(&g, &rand_vec(hkv * hd, 303, 1.0));
+        g.kv_append(&mut kv, &k1, &k1, 1).unwrap();
+        assert_eq!((kv.len, clone.len), (t + 1, t));
+        let got = attend(&clone);
+        let b = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            (b(&got.0), b(&got.1)),
+            (b(&want.0), b(&want.1)),
+            "{dtype:?}"
+        );
+    }
+}

@@ -232,3 +232,40 @@ fn cancelling_the_request_cancels_every_choice() {
     let rx = submit_n(&e, &p, sampled(2, 1), 1);
     assert!(collect(&rx[0]).1.is_ok());
 }
+
+/// Choices on a model with layers and the head on a device (the CPU backend here): the prompt is still prefilled
+/// once, its state (the device's KV caches and Gated DeltaNet states included) forked into the other slots, and
+/// each choice has the plain model's single-request bits.
+#[test]
+fn choices_fork_the_state_of_layers_on_a_device() {
+    let plain = load_model("tiny-f32");
+    let mut placed = Model::load(&fixture("tiny-f32")).unwrap();
+    let n = placed.config().num_hidden_layers;
+    let cpu = Arc::new(backburner_model::device::CpuBackend);
+    placed.place_layers(1..n, cpu.clone()).unwrap();
+    placed.place_head(cpu).unwrap();
+    let placed = Arc::new(placed);
+    let p = prompt(70, plain.config().vocab_size);
+    let base = sampled(10, 77);
+    for slots in [3, 1] {
+        let e = engine(&placed, slots);
+        let rxs = submit_n(&e, &p, base.clone(), 3);
+        for (i, rx) in rxs.iter().enumerate() {
+            let want = alone(&plain, &p, &choice_params(&base, i));
+            let (tokens, g) = collect(rx);
+            let g = g.unwrap_or_else(|e| panic!("{slots} slots, choice {i}: {e}"));
+            assert_eq!(tokens, want.tokens, "{slots} slots, choice {i}");
+            assert_eq!(
+                bits(&g.step_logits),
+                bits(&want.step_logits),
+                "{slots} slots, choice {i}: logits"
+            );
+        }
+        // forked (3 slots) or resumed in place (1 slot): the prompt was prefilled once
+        assert_eq!(
+            Metrics::get(&e.metrics().prefill_tokens),
+            70,
+            "{slots} slots"
+        );
+    }
+}

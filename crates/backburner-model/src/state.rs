@@ -408,13 +408,12 @@ impl ModelState {
 
     /// Makes this state an exact copy of `src` (another sequence's state on the same layers and KV settings): its KV
     /// pages and linear states are copied, its position taken; the activation buffers and the remote store stay.
+    /// The state of layers placed on a device is copied on that device ([`crate::device::DeviceState::duplicate`]).
     /// How a prompt prefilled once is forked into other sequences (`n` > 1). Returns false, changing nothing, when
-    /// the layers or KV settings differ or either state has pages held elsewhere (KV offload), a remote failure, or
-    /// the state of layers placed on a device.
+    /// the layers, KV settings or device placement differ, either state has pages held elsewhere (KV offload) or a
+    /// remote failure, or the device cannot make the copy (its memory).
     pub fn copy_from(&mut self, src: &ModelState) -> bool {
-        let movable = |s: &ModelState| {
-            s.offloaded() == 0 && s.remote.error.is_none() && s.device.iter().all(Option::is_none)
-        };
+        let movable = |s: &ModelState| s.offloaded() == 0 && s.remote.error.is_none();
         let same_kinds = self.layers.len() == src.layers.len()
             && self.layers.iter().zip(&src.layers).all(|(d, s)| {
                 matches!(
@@ -435,6 +434,11 @@ impl ModelState {
         {
             return false;
         }
+        // the device's copies first: a failure there leaves this state as it was
+        let Some(device) = self.device_copies(src) else {
+            return false;
+        };
+        self.device = device;
         self.scratch.close_verify();
         for (d, s) in self.layers.iter_mut().zip(&src.layers) {
             match (d, s) {

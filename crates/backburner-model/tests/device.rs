@@ -218,9 +218,10 @@ fn snapshots_restore_and_clear_cover_the_layers_on_a_device() {
         backburner_model::state::Back::Checkpoint
     );
     assert_eq!(decode(&placed, &mut s, &steps), want, "after go_back");
-    // a fork refuses device state rather than copying half of it
+    // a fork copies the device's state too (tests/device_fork.rs): the copy is at the state's position
     let mut other = ModelState::new(&c, 0..4, KV);
-    assert!(!other.copy_from(&s));
+    assert!(other.copy_from(&s));
+    assert_eq!(other.n_tokens(), s.n_tokens());
     // a cleared state starts over on the device too
     s.clear();
     placed.forward_tokens(&prompt, &mut s, None);

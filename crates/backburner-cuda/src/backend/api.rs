@@ -185,6 +185,10 @@ impl Backend for CudaBackend {
         self.kv_truncate_op(kv, len)
     }
 
+    fn kv_clone(&self, kv: &DeviceKv) -> DeviceResult<DeviceKv> {
+        self.kv_clone_op(kv)
+    }
+
     fn kv_offloaded(&self, kv: &DeviceKv) -> usize {
         super::attn::kv_of(kv).offloaded
     }

@@ -106,6 +106,31 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// A new cache with `src`'s positions copied (device to device) and its offloaded count.
+    pub(super) fn kv_clone_op(&self, src: &DeviceKv) -> DeviceResult<DeviceKv> {
+        let s = kv_of(src);
+        let mut out = self.kv_new_op(s.page_size, s.n_kv, s.head_dim, s.dtype)?;
+        self.bind()?;
+        let c: &mut CudaKv = out.inner.downcast_mut().expect("a CUDA KV cache");
+        if src.len > 0 {
+            self.kv_grow(c, 0, src.len)?;
+            let bytes = src.len * s.row_bytes();
+            let (dk, dv) = (
+                c.k.as_ref().map_or(0, |m| m.ptr),
+                c.v.as_ref().map_or(0, |m| m.ptr),
+            );
+            let (sk, sv) = (
+                s.k.as_ref().map_or(0, |m| m.ptr),
+                s.v.as_ref().map_or(0, |m| m.ptr),
+            );
+            self.dtod(dk, sk, bytes)?;
+            self.dtod(dv, sv, bytes)?;
+        }
+        c.offloaded = s.offloaded;
+        out.len = src.len;
+        Ok(out)
+    }
+
     pub(super) fn kv_append_op(
         &self,
         kv: &mut DeviceKv,

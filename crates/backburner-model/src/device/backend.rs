@@ -286,6 +286,17 @@ pub trait Backend: Send + Sync {
             "truncating a KV cache".into(),
         ))
     }
+    /// A new cache holding a copy of `kv`'s positions (and its count of positions held elsewhere), on the same device
+    /// with the same shape and dtype: a sequence forked from another (`ModelState::copy_from`).
+    ///
+    /// Errors: out of memory; [`DeviceError::Unsupported`] for a backend that cannot copy a cache (the default).
+    fn kv_clone(&self, kv: &DeviceKv) -> DeviceResult<DeviceKv> {
+        let _ = kv;
+        Err(DeviceError::Unsupported(
+            self.info().id,
+            "copying a KV cache".into(),
+        ))
+    }
     /// Positions `[0, n)` of `kv` held elsewhere (KV offload: their pages moved by [`Backend::kv_take_oldest`]).
     /// Default: none (a backend without offload).
     fn kv_offloaded(&self, _kv: &DeviceKv) -> usize {

@@ -305,6 +305,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn kv_clone(&self, kv: &DeviceKv) -> DeviceResult<DeviceKv> {
+        let c = kv
+            .inner
+            .downcast_ref::<PagedKvCache>()
+            .expect("a CPU cache");
+        Ok(DeviceKv {
+            len: kv.len,
+            inner: Box::new(c.clone()),
+        })
+    }
+
     fn kv_truncate(&self, kv: &mut DeviceKv, len: usize) -> DeviceResult<()> {
         let c = kv
             .inner

@@ -90,6 +90,45 @@ impl DeviceState {
         Ok(())
     }
 
+    /// A copy of this state on the same device: every layer's conv and recurrent state and KV cache copied there
+    /// ([`Backend::copy`], [`Backend::kv_clone`]), the positions taken, fresh activation buffers. How a sequence is
+    /// forked from another (`ModelState::copy_from`).
+    ///
+    /// Errors: out of memory; a backend that cannot copy a KV cache.
+    pub fn duplicate(&self) -> DeviceResult<DeviceState> {
+        let be = self.backend.as_ref();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                DState::Gdn { conv, recurrent } => {
+                    let (mut c, mut r) = (be.zeros(0)?, be.zeros(0)?);
+                    be.copy(conv, &mut c)?;
+                    be.copy(recurrent, &mut r)?;
+                    Ok(DState::Gdn {
+                        conv: c,
+                        recurrent: r,
+                    })
+                }
+                DState::Attn(kv) => Ok(DState::Attn(be.kv_clone(kv)?)),
+            })
+            .collect::<DeviceResult<Vec<_>>>()?;
+        Ok(DeviceState {
+            backend: self.backend.clone(),
+            first: self.first,
+            layers,
+            pos: self.pos.clone(),
+            s: Scratch::empty(be)?,
+        })
+    }
+
+    /// Whether `other` holds the same layers as this state, on the same device (states of one placed range).
+    pub fn same_layers(&self, other: &DeviceState) -> bool {
+        Arc::ptr_eq(&self.backend, &other.backend)
+            && self.first == other.first
+            && self.layers.len() == other.layers.len()
+    }
+
     /// Positions of attention layer `i`'s cache held elsewhere (KV offload), if this state holds the layer.
     pub fn kv_offloaded(&self, i: usize) -> Option<usize> {
         self.kv(i).map(|kv| self.backend.kv_offloaded(kv))
@@ -164,4 +203,29 @@ pub(super) struct Scratch {
     pub(super) beta: Buf,
     pub(super) o: Buf,
     pub(super) lse: Buf,
+}
+
+impl Scratch {
+    /// Empty buffers (each grows on first use).
+    pub(super) fn empty(be: &dyn Backend) -> DeviceResult<Scratch> {
+        let z = || be.zeros(0);
+        Ok(Scratch {
+            x: z()?,
+            h: z()?,
+            proj: z()?,
+            out: z()?,
+            gu: z()?,
+            act: z()?,
+            a: z()?,
+            b: z()?,
+            q: z()?,
+            k: z()?,
+            v: z()?,
+            z: z()?,
+            g: z()?,
+            beta: z()?,
+            o: z()?,
+            lse: z()?,
+        })
+    }
 }

@@ -20,6 +20,33 @@ impl ModelState {
         )
     }
 
+    /// Copies of `src`'s device states for this state ([`ModelState::copy_from`]), or `None` when this state already
+    /// holds device states of other layers or devices, or a copy fails (the device's memory).
+    pub(super) fn device_copies(
+        &self,
+        src: &ModelState,
+    ) -> Option<Vec<Option<crate::device::DeviceState>>> {
+        let compatible = self.device.is_empty()
+            || (self.device.len() == src.device.len()
+                && self
+                    .device
+                    .iter()
+                    .zip(&src.device)
+                    .all(|(d, s)| match (d, s) {
+                        (Some(d), Some(s)) => d.same_layers(s),
+                        _ => true,
+                    }));
+        if !compatible {
+            return None;
+        }
+        src.device
+            .iter()
+            .map(|d| d.as_ref().map(|d| d.duplicate()).transpose())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tracing::warn!("a fork could not copy the device's state: {e}"))
+            .ok()
+    }
+
     /// The device state holding layer `i`, if it is placed on a device and the sequence has run it.
     fn device_of(&self, i: usize) -> Option<&crate::device::DeviceState> {
         self.device
