@@ -8,6 +8,7 @@ mod chat_request;
 mod chat_template;
 mod checkpoints;
 mod device;
+mod device_host;
 mod gguf_mix;
 mod load_bytes;
 mod loading;
