@@ -64,8 +64,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
-    let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
-    crate::device_args::place_loaded(&mut placed.host, backend, a.model.device.device_layers)?;
+    let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool, backend)?;
     crate::need_tok(&placed.tokenizer, &placed.dir, "chat", "")?;
     let tok = Arc::new(placed.tokenizer.take().context("a tokenizer")?);
     tok.chat_template()

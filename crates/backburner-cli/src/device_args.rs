@@ -5,8 +5,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use backburner_model::device::{Backend, DeviceError, DeviceId, Registry};
-use backburner_model::Model;
+use backburner_model::device::{Backend, DeviceError, DeviceId, LayerPlacement, Registry};
+use backburner_model::{Model, ModelConfig};
 use clap::Args;
 
 /// The device flags of every command that computes.
@@ -149,8 +149,7 @@ impl DeviceArgs {
     /// For a serving command (`what`: serve, chat): refuses the modes whose steps cannot run placed layers yet,
     /// workers that compute layers (`worker_layers`: split prefill at a layer, a layer split, routed experts;
     /// workers holding KV pages are fine) and speculative decoding (`spec`: its verify steps and MTP drafts), then
-    /// opens the device (`None` for the CPU), before anything loads. Place the layers with [`place_loaded`] once
-    /// the model is loaded.
+    /// opens the device (`None` for the CPU), before anything loads. The load places the layers ([`place`]).
     ///
     /// Errors: [`DeviceFlagError`] (a refusal, the device's).
     pub fn open_for_serving(
@@ -193,55 +192,39 @@ pub fn device_range(held: Range<usize>, n: Option<usize>) -> Range<usize> {
     held.start..held.start + n
 }
 
-/// Places the first `n` (see [`device_range`]) of the layers `model` holds on `backend` and returns the line that
-/// says where each layer runs (`layers 0..48 on cuda:0 (40.2 GiB), 48..64 on cpu`). `model` must not be shared yet
-/// (a freshly loaded model, before any session).
-///
-/// Errors: [`DeviceFlagError::Device`] with the placement's error (a mixture-of-experts layer, the device's memory);
-/// [`DeviceFlagError::NotSupported`] for a model already shared.
+/// The layers `--device-layers n` puts on `backend` for a model with `config`: the first `n` (see [`device_range`])
+/// of its layers, for a load to place as it reads them ([`backburner_engine::open::load_placed`]: the host never
+/// holds their weights); `None` for no layer (`--device-layers 0`).
 pub fn place(
-    model: &mut Arc<Model>,
-    backend: Arc<dyn Backend>,
+    config: &ModelConfig,
+    backend: &Arc<dyn Backend>,
     n: Option<usize>,
-) -> Result<String, DeviceFlagError> {
-    let device = backend.info().id;
-    let m = Arc::get_mut(model).ok_or_else(|| DeviceFlagError::NotSupported {
-        device,
-        what: "a model shared before its layers are placed".into(),
-    })?;
-    let held = m.layer_range();
-    if held != (0..m.config().num_hidden_layers) || m.has_remote_experts() {
-        return Err(DeviceFlagError::NotSupported {
-            device,
-            what: "a model whose layers or experts are split across workers".into(),
-        });
-    }
-    let on = device_range(held.clone(), n);
-    if !on.is_empty() {
-        m.place_layers(on.clone(), backend)
-            .map_err(|cause| DeviceFlagError::Device { device, cause })?;
-    }
-    Ok(placement_line(
-        device,
-        on.clone(),
-        on.end..held.end,
-        m.device_weight_bytes(),
-    ))
+) -> Option<LayerPlacement> {
+    let layers = device_range(0..config.num_hidden_layers, n);
+    (!layers.is_empty()).then(|| LayerPlacement {
+        layers,
+        backend: backend.clone(),
+    })
 }
 
-/// Places the first `n` (see [`device_range`]) of the layers a freshly loaded `host` holds on `backend`, when given,
-/// and prints where each layer runs; before any session is opened.
-///
-/// Errors: as [`place`].
-pub fn place_loaded(
-    host: &mut backburner_engine::open::Host,
-    backend: Option<Arc<dyn Backend>>,
-    n: Option<usize>,
-) -> Result<(), DeviceFlagError> {
-    if let Some(b) = backend {
-        eprintln!("{}", place(&mut host.model, b, n)?);
-    }
-    Ok(())
+/// For a command that opened `backend` (none: the CPU path, nothing printed), prints where each layer of the
+/// loaded `model` runs (`layers 0..48 on cuda:0 (40.25 GiB), 48..64 on cpu`).
+pub fn place_loaded(model: &Model, backend: Option<&Arc<dyn Backend>>) {
+    let Some(b) = backend else {
+        return;
+    };
+    let held = model.layer_range();
+    let on = model
+        .placement()
+        .first()
+        .map_or(held.start..held.start, |(r, _)| r.clone());
+    let line = placement_line(
+        b.info().id,
+        on.clone(),
+        on.end..held.end,
+        model.device_weight_bytes(),
+    );
+    eprintln!("{line}");
 }
 
 /// `layers 0..48 on cuda:0 (40.25 GiB), 48..64 on cpu` (a side without layers left out).

@@ -326,6 +326,19 @@ pub fn load_host_without(
     held: Option<usize>,
     away: &[(std::ops::Range<usize>, Vec<usize>)],
 ) -> Result<Loaded> {
+    load_host_placed(args, pool, held, away, None)
+}
+
+/// As [`load_host_without`], placing the layers `--device-layers` names on `backend` (when given) as they load
+/// ([`backburner_engine::open::load_weights_placed`]: the host never holds their weights). Errors: as
+/// [`load_host_without`], and the device's refusals of the placement.
+pub fn load_host_placed(
+    args: &ModelArgs,
+    pool: &ComputePool,
+    held: Option<usize>,
+    away: &[(std::ops::Range<usize>, Vec<usize>)],
+    backend: Option<&std::sync::Arc<dyn backburner_model::device::Backend>>,
+) -> Result<Loaded> {
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => default_model::ensure()?,
@@ -339,11 +352,13 @@ pub fn load_host_without(
         }
         args.check_kv(&config)?;
         let mut printer = placement::Printer::new(true);
-        let model = backburner_engine::open::load_weights(
+        let place = backend.and_then(|b| device_args::place(&config, b, args.device.device_layers));
+        let model = backburner_engine::open::load_weights_placed(
             &dir,
             config,
             held,
             away,
+            place.as_ref(),
             args.max_memory,
             &mut printer,
         )?;
@@ -386,11 +401,8 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     }
     let backend = a.model.device.open()?;
     let pool = compute_pool(a.model.threads)?;
-    let mut loaded = load(&a.model, &pool)?;
-    if let Some(b) = backend {
-        let line = device_args::place(&mut loaded.model, b, a.model.device.device_layers)?;
-        eprintln!("{line}");
-    }
+    let loaded = load_host_placed(&a.model, &pool, None, &[], backend.as_ref())?;
+    device_args::place_loaded(&loaded.model, backend.as_ref());
     let (path, ids) = ppl_tokens(&a, &loaded)?;
     let path = path.display();
     if ids.len() < 2 {

@@ -3,11 +3,13 @@
 //! what it decides (the plan line, the loading bar, warnings).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Result;
 use backburner_engine::open::{self, OpenObserver, RunNeed, SessionRequest};
 use backburner_engine::plan::Plan;
 use backburner_engine::ComputePool;
+use backburner_model::device::Backend;
 use backburner_model::{ModelConfig, TextTokenizer};
 use indicatif::ProgressBar;
 
@@ -90,9 +92,15 @@ pub struct Placed {
 }
 
 /// Loads `--model` (or the bundled default) as the placement flags ask: only the host's layers with
-/// `--layer-split`, without the routed experts on workers with `--expert-split` (which are connected). Shared by
-/// `serve` and `chat`. Errors: the tokenizer's, and every refusal of [`open::load`].
-pub fn load_placed(model: &ModelArgs, link: &LinkArgs, pool: &ComputePool) -> Result<Placed> {
+/// `--layer-split`, without the routed experts on workers with `--expert-split` (which are connected), the layers
+/// `--device-layers` names placed on `backend` as they load (when given; the line saying where each layer runs is
+/// printed). Shared by `serve` and `chat`. Errors: the tokenizer's, and every refusal of [`open::load_placed`].
+pub fn load_placed(
+    model: &ModelArgs,
+    link: &LinkArgs,
+    pool: &ComputePool,
+    backend: Option<Arc<dyn Backend>>,
+) -> Result<Placed> {
     let dir = match &model.model {
         Some(d) => d.clone(),
         None => crate::default_model::ensure()?,
@@ -103,8 +111,12 @@ pub fn load_placed(model: &ModelArgs, link: &LinkArgs, pool: &ComputePool) -> Re
         // the MTP block drafts only for --spec mtp: otherwise its weights stay on disk
         config.mtp_num_hidden_layers = 0;
     }
+    let place = backend
+        .as_ref()
+        .and_then(|b| crate::device_args::place(&config, b, model.device.device_layers));
     let req = request(model, link, dir.clone(), config, pool, None)?;
-    let host = open::load(req, &mut Printer::new(true))?;
+    let host = open::load_placed(req, place, &mut Printer::new(true))?;
+    crate::device_args::place_loaded(&host.model, backend.as_ref());
     Ok(Placed {
         host,
         tokenizer,

@@ -422,9 +422,12 @@ fn report(
         // before the stats line, which stays the last line; decimal units, as --max-memory and its errors
         let m = session.memory();
         let h = memory::human;
+        // the host's weights, and those of the layers on devices beside them
+        let d = (m.device_weights > 0).then(|| format!(" (+ {} on devices)", h(m.device_weights)));
         eprintln!(
-            "memory: weights {}, kv {}, state {}, scratch {} (peak RSS {})",
+            "memory: weights {}{}, kv {}, state {}, scratch {} (peak RSS {})",
             h(m.weights),
+            d.unwrap_or_default(),
             h(m.kv_pages),
             h(m.recurrent_state),
             h(m.scratch),

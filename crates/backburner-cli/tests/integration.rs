@@ -12,6 +12,7 @@ mod chat;
 mod choices;
 mod cli;
 mod devices;
+mod devices_host;
 mod experts;
 mod gen_gguf;
 mod gguf_modes;

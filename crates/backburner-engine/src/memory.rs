@@ -11,11 +11,15 @@ use std::path::{Path, PathBuf};
 use backburner_model::{KvOptions, ModelConfig};
 use serde::Serialize;
 
-/// What a session (or a worker) holds, in bytes.
+/// What a session (or a worker) holds, in bytes: in host memory, but for `device_weights`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct MemoryReport {
-    /// Weights held ([`backburner_model::Model::weight_bytes`]): packed projections, embedding and head, f32 vectors.
+    /// Weights held in host memory ([`backburner_model::Model::host_weight_bytes`]): packed projections, embedding
+    /// and head, f32 vectors; layers placed on a device not included.
     pub weights: u64,
+    /// Weights of the layers placed on devices, as the devices hold them
+    /// ([`backburner_model::Model::device_weight_bytes`]); 0 without devices. Not part of [`MemoryReport::total`].
+    pub device_weights: u64,
     /// KV cache pages held here (offloaded pages not included).
     pub kv_pages: u64,
     /// Gated DeltaNet conv and recurrent states.
@@ -25,7 +29,7 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
-    /// The sum of the four parts (saturating: it is a report, not a budget).
+    /// The sum of the four parts held in host memory (saturating: it is a report, not a budget).
     pub fn total(&self) -> u64 {
         self.weights
             .saturating_add(self.kv_pages)

@@ -9,6 +9,7 @@ mod chat_template;
 mod checkpoints;
 mod device;
 mod device_fork;
+mod device_host;
 mod gguf_mix;
 mod load_bytes;
 mod loading;

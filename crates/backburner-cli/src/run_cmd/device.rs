@@ -31,8 +31,9 @@ pub(super) fn check(a: &RunArgs) -> Result<Option<Arc<dyn Backend>>> {
     Ok(d.open()?)
 }
 
-/// Loads the model as `req` asks ([`open::load`]), places its layers on `backend` (when given) and opens the
-/// session: with no backend, exactly [`open::open`]. `printer` hears the load.
+/// Loads the model as `req` asks, placing the layers `--device-layers` names on `backend` (when given) as they
+/// load ([`open::load_placed`]: the host never holds their weights), and opens the session: with no backend,
+/// exactly [`open::open`]. `printer` hears the load.
 pub(super) fn open_session(
     req: SessionRequest,
     a: &RunArgs,
@@ -42,9 +43,9 @@ pub(super) fn open_session(
     let Some(b) = backend else {
         return Ok(open::open(req, &mut printer)?);
     };
-    let mut host = open::load(req, &mut printer)?;
-    let line = crate::device_args::place(&mut host.model, b, a.model.device.device_layers)?;
-    eprintln!("{line}");
+    let place = crate::device_args::place(&req.config, &b, a.model.device.device_layers);
+    let host = open::load_placed(req, place, &mut printer)?;
+    crate::device_args::place_loaded(&host.model, Some(&b));
     let session = host.session()?;
     Ok((host, session))
 }

@@ -173,6 +173,15 @@ pub enum OpenError {
     /// A memory sum overflows u64.
     #[error("the session's memory overflows u64")]
     Overflow,
+    /// Layers on a device with workers that hold layers or routed experts (placed by the flags or the plan).
+    #[error(
+        "layers on {device} cannot run with the model's layers or experts split across workers (--layer-split, \
+         --expert-split, or the plan's): use the device without them, or no device"
+    )]
+    DeviceWithSplit {
+        /// The device asked for.
+        device: backburner_model::device::DeviceId,
+    },
     /// Loading the weights failed.
     #[error(transparent)]
     Model(#[from] ModelError),

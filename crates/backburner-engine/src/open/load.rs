@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+use backburner_model::device::LayerPlacement;
 use backburner_model::{Checkpoint, LoadOptions, Model, ModelConfig, RemoteExperts};
 
 use super::checks::is_away;
@@ -29,6 +30,24 @@ pub fn load_weights(
     max_memory: Option<u64>,
     obs: &mut dyn OpenObserver,
 ) -> Result<Arc<Model>, OpenError> {
+    load_weights_placed(dir, config, held, away, None, max_memory, obs)
+}
+
+/// As [`load_weights`], placing the layers of `place` on its device as they load
+/// ([`Model::from_checkpoint_placed`]): the host never holds their weights, and only the weights it keeps are
+/// checked against `max_memory` and the OS's limits.
+///
+/// Errors: as [`load_weights`]; [`OpenError::Model`] with the device's error for a placement it refuses (layers
+/// outside `[0, held)`, a mixture-of-experts layer, the device's memory).
+pub fn load_weights_placed(
+    dir: &Path,
+    config: ModelConfig,
+    held: Option<usize>,
+    away: &[(Range<usize>, Vec<usize>)],
+    place: Option<&LayerPlacement>,
+    max_memory: Option<u64>,
+    obs: &mut dyn OpenObserver,
+) -> Result<Arc<Model>, OpenError> {
     let n = config.num_hidden_layers;
     let held = held.unwrap_or(n);
     if held > n {
@@ -40,16 +59,26 @@ pub fn load_weights(
         ends: true,
     };
     let elsewhere = |l: usize, e: usize| is_away(away, l, e);
-    let weights = backburner_model::load_bytes_without(&ckpt, &config, &opts, &elsewhere)?;
-    let what = match away.is_empty() {
+    let mut weights = backburner_model::load_bytes_without(&ckpt, &config, &opts, &elsewhere)?;
+    let mut what = match away.is_empty() {
         true => format!("weights of layers 0..{held} and the ends"),
         false => format!("weights of layers 0..{held} and the ends without the experts on workers"),
     };
+    if let Some(p) = place.filter(|p| p.layers.end <= held) {
+        let on_device = LoadOptions {
+            layers: p.layers.clone(),
+            ends: false,
+        };
+        let placed = backburner_model::load_bytes_without(&ckpt, &config, &on_device, &elsewhere)?;
+        weights = weights.saturating_sub(placed);
+        what += &format!(" less layers {:?} (on {})", p.layers, p.backend.info().id);
+    }
     check_fits(&[MemoryNeed::new(what, weights)], &host_limits(max_memory))?;
     obs.loading(0, held);
-    let model = Model::from_checkpoint_without(config, &ckpt, &opts, &elsewhere, |done, total| {
-        obs.loading(done, total)
-    })?;
+    let model =
+        Model::from_checkpoint_placed(config, &ckpt, &opts, &elsewhere, place, |done, total| {
+            obs.loading(done, total)
+        })?;
     Ok(Arc::new(model))
 }
 

@@ -26,13 +26,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backburner_model::device::LayerPlacement;
 use backburner_model::{Model, ModelConfig};
 
 pub use checks::{
     check_split_layer, experts_away, is_away, layer_ranges, parse_expert_ids, worker_settings, Away,
 };
 pub use error::OpenError;
-pub use load::load_weights;
+pub use load::{load_weights, load_weights_placed};
 
 use crate::connection::{Connection, SessionShape};
 use crate::experts::LinkExperts;
@@ -168,7 +169,18 @@ pub struct Host {
 
 /// Plans (for a run), checks and loads what `req` asks: see the module docs. `obs` hears the plan, the loading and
 /// any warnings. Errors: every [`OpenError`] but [`OpenError::Engine`] and the session memory checks.
-pub fn load(mut req: SessionRequest, obs: &mut dyn OpenObserver) -> Result<Host, OpenError> {
+pub fn load(req: SessionRequest, obs: &mut dyn OpenObserver) -> Result<Host, OpenError> {
+    load_placed(req, None, obs)
+}
+
+/// As [`load`], placing the layers of `place` on its device as they load ([`load_weights_placed`]: the host never
+/// holds their weights). Errors: as [`load`]; [`OpenError::DeviceWithSplit`] if the placement (the flags' or the
+/// plan's) splits the layers or the experts across workers; the device's refusals as [`OpenError::Model`].
+pub fn load_placed(
+    mut req: SessionRequest,
+    place: Option<LayerPlacement>,
+    obs: &mut dyn OpenObserver,
+) -> Result<Host, OpenError> {
     req.options
         .kv
         .check(&req.config)
@@ -189,13 +201,22 @@ pub fn load(mut req: SessionRequest, obs: &mut dyn OpenObserver) -> Result<Host,
         n_workers,
         &req.config,
     )?;
+    if let Some(p) = place
+        .as_ref()
+        .filter(|_| held.is_some() || !away.is_empty())
+    {
+        return Err(OpenError::DeviceWithSplit {
+            device: p.backend.info().id,
+        });
+    }
     let pool = req.options.pool.clone();
     let model = pool.install(|| {
-        load_weights(
+        load_weights_placed(
             &req.dir,
             req.config.clone(),
             held,
             &away,
+            place.as_ref(),
             req.max_memory,
             obs,
         )
@@ -350,13 +371,13 @@ impl Host {
             ),
         ];
         // the weights are allocated already: they count against the flag's limit, and the OS's limits count them
-        // as used
+        // as used (those on a device not: the host holds none of them)
         let weights = MemoryNeed::new(
             format!(
                 "weights of layers {}..{} and the ends",
                 held.start, held.end
             ),
-            self.model.weight_bytes() as u64,
+            self.model.host_weight_bytes() as u64,
         );
         if let Some(m) = req.max_memory {
             let all: Vec<MemoryNeed> = std::iter::once(weights).chain(needs.clone()).collect();

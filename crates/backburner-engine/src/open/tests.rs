@@ -293,3 +293,39 @@ fn expert_id_lists_parse_and_place() {
     let away = vec![(2..4, vec![1, 5])];
     assert!(is_away(&away, 3, 5) && !is_away(&away, 1, 5) && !is_away(&away, 3, 2));
 }
+
+#[test]
+fn layers_placed_at_load_leave_the_host_and_its_memory_limit() {
+    let place = |layers| LayerPlacement {
+        layers,
+        backend: Arc::new(backburner_model::device::CpuBackend),
+    };
+    let mut r = request("tiny-f32", &[]);
+    r.run = Some(RUN);
+    let (plain, s) = open(r.clone(), &mut ()).unwrap();
+    let all = plain.model.weight_bytes();
+    assert_eq!(s.memory().weights, all as u64);
+    assert_eq!(s.memory().device_weights, 0);
+    // a limit below the model's weights: refused on the CPU, room enough with every layer on the device
+    r.max_memory = Some(all as u64 - 1);
+    assert!(matches!(
+        open(r.clone(), &mut ()),
+        Err(OpenError::Memory(_))
+    ));
+    let host = load_placed(r.clone(), Some(place(0..8)), &mut ()).unwrap();
+    let m = &host.model;
+    assert_eq!(m.placement()[0].0, 0..8);
+    assert_eq!(m.weight_bytes(), all);
+    let layers: usize = (0..8)
+        .map(|i| plain.model.layer(i).unwrap().weight_bytes())
+        .sum();
+    assert_eq!(m.host_weight_bytes(), all - layers);
+    let mem = host.session().unwrap().memory();
+    assert_eq!(mem.weights, (all - layers) as u64);
+    assert_eq!(mem.device_weights, m.device_weight_bytes());
+    // the layers split across workers: refused before anything loads
+    let mut r = request("tiny-f32", &["127.0.0.1:1"]);
+    r.placement.layer_split = vec![4];
+    let e = load_placed(r, Some(place(0..2)), &mut ()).err().unwrap();
+    assert!(matches!(e, OpenError::DeviceWithSplit { .. }), "{e}");
+}

@@ -219,7 +219,8 @@ impl SessionCore {
     pub fn memory(&self) -> crate::memory::MemoryReport {
         let m = &self.mirror;
         crate::memory::MemoryReport {
-            weights: self.model.weight_bytes() as u64,
+            weights: self.model.host_weight_bytes() as u64,
+            device_weights: 0,
             kv_pages: (m.kv_bytes() as u64).saturating_add(self.pages.bytes()),
             recurrent_state: m.linear_bytes() as u64,
             scratch: m.scratch_bytes() as u64,

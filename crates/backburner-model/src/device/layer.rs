@@ -41,6 +41,21 @@ pub(super) enum DMixer {
     },
 }
 
+/// Layers to place on a device as a load reads them ([`Model::from_checkpoint_placed`]).
+#[derive(Clone)]
+pub struct LayerPlacement {
+    /// The layers (model indices; inside the layers the load holds).
+    pub layers: Range<usize>,
+    /// The device that holds and runs them.
+    pub backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for LayerPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "layers {:?} on {}", self.layers, self.backend.info().id)
+    }
+}
+
 /// Layers `range` of a model held on one backend: their weights uploaded once, run on a [`DeviceState`].
 pub struct DeviceLayers {
     pub(super) backend: Arc<dyn Backend>,
@@ -62,32 +77,51 @@ impl std::fmt::Debug for DeviceLayers {
 }
 
 impl DeviceLayers {
-    /// Uploads the weights of layers `range` of `model` (which must hold them) to `backend`.
+    /// Uploads the weights of layers `range` of `model` (which must hold them on the host) to `backend`.
     ///
-    /// Errors: [`DeviceError::Unsupported`] for a mixture-of-experts layer (they run on the CPU) or a weight format
-    /// the backend lacks; the backend's out-of-memory and driver errors.
+    /// Errors: [`DeviceError::Unsupported`] for a layer the host does not hold, a mixture-of-experts layer (they run
+    /// on the CPU) or a weight format the backend lacks; the backend's out-of-memory and driver errors.
     pub fn new(
         model: &Model,
         range: Range<usize>,
         backend: Arc<dyn Backend>,
     ) -> Result<Self, DeviceError> {
         let id = backend.info().id;
-        let mut layers = Vec::with_capacity(range.len());
-        for i in range.clone() {
-            let l = model
-                .layer(i)
-                .ok_or_else(|| DeviceError::Unsupported(id, format!("layer {i}: not loaded")))?;
-            layers.push(upload_layer(backend.as_ref(), l, i)?);
+        let mut d = Self::empty(model.config(), range.start, backend);
+        for i in range {
+            let l = model.layer(i).ok_or_else(|| {
+                DeviceError::Unsupported(id, format!("layer {i}: not held on the host"))
+            })?;
+            d.push(l)?;
         }
-        let cfg = model.config().clone();
+        Ok(d)
+    }
+
+    /// No layers yet on `backend`, of a model with `config`, the first to be pushed being its layer `first`: a load
+    /// that places layers as it reads them builds them with [`DeviceLayers::push`].
+    pub fn empty(config: &ModelConfig, first: usize, backend: Arc<dyn Backend>) -> Self {
+        let cfg = config.clone();
         let rope = Rope::new(cfg.rotary_dim(), cfg.head_dim, cfg.rope.rope_theta);
-        Ok(DeviceLayers {
+        DeviceLayers {
             backend,
-            range,
-            layers,
+            range: first..first,
+            layers: Vec::new(),
             cfg,
             rope,
-        })
+        }
+    }
+
+    /// Uploads `layer`'s weights as the next layer held (model index [`DeviceLayers::range`]`.end`, which the range
+    /// then includes); the caller may drop its copy after.
+    ///
+    /// Errors: [`DeviceError::Unsupported`] for a mixture-of-experts layer or a weight format the backend lacks; the
+    /// backend's out-of-memory and driver errors. Nothing is added on an error.
+    pub fn push(&mut self, layer: &Layer) -> Result<(), DeviceError> {
+        let i = self.range.end;
+        self.layers
+            .push(upload_layer(self.backend.as_ref(), layer, i)?);
+        self.range.end += 1;
+        Ok(())
     }
 
     /// The layers held.

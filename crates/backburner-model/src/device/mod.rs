@@ -23,6 +23,6 @@ mod state;
 pub use backend::{Backend, Buf, DecodeStep, DeviceKv, DeviceMatrix, DeviceResult};
 pub use cpu::{top_k_row, CpuBackend};
 pub use id::{BackendKind, DeviceError, DeviceId, DeviceInfo};
-pub use layer::DeviceLayers;
+pub use layer::{DeviceLayers, LayerPlacement};
 pub use registry::{cpu_info, Provider, Registry};
 pub use state::DeviceState;

@@ -32,9 +32,9 @@ mod place;
 mod scratch;
 pub mod verify;
 pub use experts::ExpertStore;
+use load::load_ends;
 pub(crate) use load::read_names;
 pub use load::{experts_bytes, load_bytes, load_bytes_without};
-use load::{load_ends, load_layer};
 pub(crate) use mtp::mtp_loads;
 pub use mtp::{Mtp, MtpState};
 pub use scratch::Scratch;
@@ -175,8 +175,11 @@ pub struct Model {
     experts_elsewhere: bool,
     /// The MTP block (loaded with the ends when the config asks for it and the file has it).
     mtp: Option<Mtp>,
-    /// Layer ranges placed on a device ([`Model::place_layers`]), in layer order, disjoint.
+    /// Layer ranges placed on a device ([`Model::place_layers`]), in layer order, disjoint. The host holds none of
+    /// their weights (their entries in `layers` are `None`).
     devices: Vec<crate::device::DeviceLayers>,
+    /// Bytes the placed layers' weights took on the host ([`Layer::weight_bytes`]), before they left it.
+    placed_bytes: usize,
     /// The final norm and output head on a device ([`Model::place_head`]).
     head_device: Option<place::DeviceHead>,
 }
@@ -215,6 +218,27 @@ impl Model {
         ckpt: &Checkpoint,
         opts: &LoadOptions,
         elsewhere: &dyn Fn(usize, usize) -> bool,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::from_checkpoint_placed(config, ckpt, opts, elsewhere, None, progress)
+    }
+
+    /// As [`Model::from_checkpoint_without`], placing layers `place.layers` on `place.backend` as they load (as
+    /// [`Model::place_layers`] would after the load): each of them is uploaded as soon as it is read and its host
+    /// copy dropped, so the host's peak is the layers it keeps, the ends and about one layer, never the whole model.
+    /// The model runs as one loaded whole and then placed does, to the bit.
+    ///
+    /// Errors: as [`Model::from_checkpoint_without`]; [`ModelError::Device`] with [`DeviceError::Unsupported`] if
+    /// `place.layers` is empty or not inside `opts.layers`, or holds a layer the backend cannot run (a
+    /// mixture-of-experts layer), and the backend's memory and driver errors.
+    ///
+    /// [`DeviceError::Unsupported`]: crate::device::DeviceError::Unsupported
+    pub fn from_checkpoint_placed(
+        config: ModelConfig,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        elsewhere: &dyn Fn(usize, usize) -> bool,
+        place: Option<&crate::device::LayerPlacement>,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self> {
         if opts.layers.end > config.num_hidden_layers || opts.layers.start > opts.layers.end {
@@ -222,6 +246,9 @@ impl Model {
                 "layer range {:?} is outside 0..{}",
                 opts.layers, config.num_hidden_layers
             )));
+        }
+        if let Some(p) = place {
+            place::check_placement(&config, p, &opts.layers)?;
         }
         if opts.ends {
             crate::checkpoint::log_unused_tensors(ckpt, &config);
@@ -237,12 +264,18 @@ impl Model {
         } else {
             None
         };
-        let total = opts.layers.len();
-        let mut layers: Vec<Option<Layer>> = (0..config.num_hidden_layers).map(|_| None).collect();
-        for (n, i) in opts.layers.clone().enumerate() {
-            layers[i] = Some(load_layer(&config, ckpt, i, elsewhere)?);
-            progress(n + 1, total);
-        }
+        let place::LoadedLayers {
+            host: layers,
+            device,
+            placed_bytes,
+        } = place::load_layers(
+            &config,
+            ckpt,
+            opts.layers.clone(),
+            elsewhere,
+            place,
+            &mut progress,
+        )?;
         let rope = Rope::new(config.rotary_dim(), config.head_dim, config.rope.rope_theta);
         let experts_elsewhere = layers.iter().flatten().any(|l| match &l.ffn {
             Ffn::Moe(m) => m.experts.iter().any(Option::is_none),
@@ -260,7 +293,8 @@ impl Model {
             expert_reads: std::sync::atomic::AtomicU64::new(0),
             remote_experts: Default::default(),
             mtp,
-            devices: Vec::new(),
+            devices: device.into_iter().collect(),
+            placed_bytes,
             head_device: None,
         })
     }
@@ -321,7 +355,8 @@ impl Model {
         self.range.clone()
     }
 
-    /// Layer `i`, if loaded.
+    /// Layer `i`, if loaded and held on the host: `None` for a layer placed on a device ([`Model::placement`]),
+    /// whose weights left the host.
     pub fn layer(&self, i: usize) -> Option<&Layer> {
         self.layers.get(i).and_then(|l| l.as_ref())
     }
@@ -415,66 +450,6 @@ impl Model {
             .or(self.embed.as_ref())
             .expect("ends loaded");
         Ok(head.forward_as(Op::Head, &h, n_rows))
-    }
-
-    /// Bytes of weights held by this node: every loaded projection, the embedding and head as packed (their
-    /// checkpoint dtype plus panel padding), and the f32 vectors (norms, conv kernels, `dt_bias`, `A`), the MTP
-    /// block's included. Equals
-    /// [`load_bytes`] of the same checkpoint and [`LoadOptions`].
-    pub fn weight_bytes(&self) -> usize {
-        let f = |v: &Vec<f32>| 4 * v.len();
-        let layers: usize = self
-            .layers
-            .iter()
-            .flatten()
-            .map(|l| {
-                let mixer = match &l.mixer {
-                    Mixer::Linear(w) => {
-                        w.in_proj.bytes()
-                            + w.out_proj.bytes()
-                            + f(&w.conv_weight)
-                            + f(&w.dt_bias)
-                            + f(&w.neg_a)
-                            + f(&w.norm)
-                    }
-                    Mixer::Attention(w) => {
-                        w.qkv.bytes() + w.o_proj.bytes() + f(&w.q_norm) + f(&w.k_norm)
-                    }
-                };
-                mixer
-                    + l.ffn.linears().iter().map(|m| m.bytes()).sum::<usize>()
-                    + f(&l.input_norm)
-                    + f(&l.post_norm)
-            })
-            .sum();
-        let ends = self.embed.as_ref().map_or(0, Linear::bytes)
-            + self.lm_head.as_ref().map_or(0, Linear::bytes)
-            + self.final_norm.as_ref().map_or(0, f);
-        layers + ends + self.mtp.as_ref().map_or(0, Mtp::bytes)
-    }
-
-    /// The storage of every weight matrix this model holds, in the order a decode step reads them (layers, then the
-    /// head: the tied embedding or `lm_head`; an untied embedding table, of which decode reads one row, comes first),
-    /// as byte slices: what [`Model::weight_bytes`] counts less the f32 vectors and the MTP block (which drafting
-    /// reads, not a decode step: [`Mtp::linears`]). For a plain read of the very memory the products stream
-    /// (`bench local`'s read passes).
-    pub fn weight_storage(&self) -> Vec<&[u8]> {
-        let mut out: Vec<&[u8]> = Vec::new();
-        if self.lm_head.is_some() {
-            out.extend(self.embed.iter().flat_map(Linear::storage));
-        }
-        for l in self.layers.iter().flatten() {
-            let mixer: [&Linear; 2] = match &l.mixer {
-                Mixer::Linear(w) => [&w.in_proj, &w.out_proj],
-                Mixer::Attention(w) => [&w.qkv, &w.o_proj],
-            };
-            for m in mixer.into_iter().chain(l.ffn.linears()) {
-                out.extend(m.storage());
-            }
-        }
-        let head = self.lm_head.as_ref().or(self.embed.as_ref());
-        out.extend(head.into_iter().flat_map(Linear::storage));
-        out
     }
 
     /// Runs layers `layers` on the residual stream x `[n_tokens, hidden]` (in place) for tokens at positions

@@ -2,52 +2,48 @@
 //! pass ([`Model::forward_layers_at`]) hands those layers to it, keeping the sequence's state of them on the device
 //! ([`crate::device::DeviceState`] in the [`ModelState`]). The rest of the layers stay on the CPU path; the residual
 //! stream crosses at the range's ends (one upload, one download per pass), as it crosses the link in a layer split.
+//! The host holds no copy of the placed layers' weights: [`Model::place_layers`] drops it once they are uploaded, and
+//! a load with a placement ([`Model::from_checkpoint_placed`]) uploads each layer as it reads it.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use super::Model;
+use super::load::load_layer;
+use super::{Layer, Model};
+use crate::checkpoint::Checkpoint;
+use crate::config::{FfnKind, ModelConfig};
 use crate::device::{
-    Backend, Buf, DeviceError, DeviceId, DeviceLayers, DeviceMatrix, DeviceResult,
+    Backend, Buf, DeviceError, DeviceId, DeviceLayers, DeviceMatrix, DeviceResult, LayerPlacement,
 };
+use crate::error::ModelError;
 use crate::remote::RemoteError;
 use crate::state::ModelState;
 
 impl Model {
-    /// Places layers `range` on `backend`: their weights are uploaded now, and every pass of
-    /// [`Model::forward_layers`] and [`Model::forward_tokens`] runs them there. The host keeps its copy of the
-    /// weights (the CPU path's other entry points still read them).
+    /// Places layers `range` on `backend`: their weights are uploaded now, the host's copy of them is dropped (the
+    /// host then holds none of their weights, norms included: [`Model::layer`] is `None` for them and
+    /// [`Model::host_weight_bytes`] no longer counts them), and every pass of [`Model::forward_layers`] and
+    /// [`Model::forward_tokens`] runs them there. To place layers without ever holding the whole model on the host,
+    /// load with [`Model::from_checkpoint_placed`].
     ///
-    /// Only the single-sequence pass runs placed layers, KV offload included (move pages with
-    /// [`ModelState::take_oldest_pages`]): batched decode, verify, MTP drafting and the interleaved pass panic on a
-    /// model with placed layers (`Model::check_cpu_only`), and a [`ModelState`]'s snapshots and checkpoints do not
-    /// hold the device state.
+    /// The single-sequence pass (KV offload included: move pages with [`ModelState::take_oldest_pages`]), batched
+    /// decode and a [`ModelState`]'s snapshots and checkpoints run placed layers; verify, MTP drafting and the
+    /// interleaved pass panic on a model with placed layers (`Model::check_cpu_only`: callers refuse first).
     ///
     /// Errors: [`DeviceError::Unsupported`] if `range` is empty, not loaded here, overlaps a range already placed, or
     /// holds a layer the backend cannot run (a mixture-of-experts layer); the backend's memory and driver errors.
+    /// Nothing changes on an error.
     pub fn place_layers(
         &mut self,
         range: Range<usize>,
         backend: Arc<dyn Backend>,
     ) -> Result<(), DeviceError> {
-        let id = backend.info().id;
-        let bad = |why: String| Err(DeviceError::Unsupported(id, why));
-        if range.is_empty() || range.start < self.range.start || range.end > self.range.end {
-            return bad(format!(
-                "layers {range:?}: this node holds {:?}",
-                self.range
-            ));
+        let placed: Vec<Range<usize>> = self.devices.iter().map(DeviceLayers::range).collect();
+        check_range(&range, &self.range, &placed, backend.as_ref())?;
+        let part = DeviceLayers::new(self, range.clone(), backend)?;
+        for l in &mut self.layers[range] {
+            self.placed_bytes += l.take().map_or(0, |l| l.weight_bytes());
         }
-        if let Some(p) = self.devices.iter().find(|p| {
-            let r = p.range();
-            r.start < range.end && range.start < r.end
-        }) {
-            return bad(format!(
-                "layers {range:?} overlap {:?}, placed already",
-                p.range()
-            ));
-        }
-        let part = DeviceLayers::new(self, range, backend)?;
         self.devices.push(part);
         self.devices.sort_by_key(|p| p.range().start);
         Ok(())
@@ -201,4 +197,90 @@ impl DeviceHead {
         *guard = Some([xd, h, y]);
         r
     }
+}
+
+/// Checks that layers `range` can be placed on `backend`: not empty, inside `held` (the layers the node loads) and
+/// clear of the ranges `placed` already. Errors: [`DeviceError::Unsupported`] naming what is wrong.
+pub(super) fn check_range(
+    range: &Range<usize>,
+    held: &Range<usize>,
+    placed: &[Range<usize>],
+    backend: &dyn Backend,
+) -> Result<(), DeviceError> {
+    let bad = |why: String| Err(DeviceError::Unsupported(backend.info().id, why));
+    if range.is_empty() || range.start < held.start || range.end > held.end {
+        return bad(format!("layers {range:?}: this node holds {held:?}"));
+    }
+    match placed
+        .iter()
+        .find(|r| r.start < range.end && range.start < r.end)
+    {
+        Some(r) => bad(format!("layers {range:?} overlap {r:?}, placed already")),
+        None => Ok(()),
+    }
+}
+
+/// The layers a load read ([`load_layers`]).
+pub(super) struct LoadedLayers {
+    /// Every layer of the model, `Some` where held on the host.
+    pub(super) host: Vec<Option<Layer>>,
+    /// The layers placed on a device as they were read.
+    pub(super) device: Option<DeviceLayers>,
+    /// Bytes the placed layers took on the host before they left it ([`Layer::weight_bytes`]).
+    pub(super) placed_bytes: usize,
+}
+
+/// Checks, before a load reads anything, that `p` can be placed as the load of `held` reads it: [`check_range`],
+/// and no mixture-of-experts layer in it (they run on the CPU). Errors: [`DeviceError::Unsupported`].
+pub(super) fn check_placement(
+    c: &ModelConfig,
+    p: &LayerPlacement,
+    held: &Range<usize>,
+) -> Result<(), DeviceError> {
+    check_range(&p.layers, held, &[], p.backend.as_ref())?;
+    match p.layers.clone().find(|&i| c.ffn_types[i] == FfnKind::Moe) {
+        Some(i) => Err(DeviceError::Unsupported(
+            p.backend.info().id,
+            format!("layer {i}: mixture-of-experts layers (they run on the CPU)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The layers of a load (`layers`, without the routed experts `elsewhere` names), each read in turn: those of
+/// `place.layers` (checked with [`check_range`]) uploaded to `place.backend` and dropped, the others kept.
+/// `progress(done, total)` hears each layer.
+///
+/// Errors: the layer's load ([`ModelError`]); the upload's as [`ModelError::Device`].
+pub(super) fn load_layers(
+    c: &ModelConfig,
+    ckpt: &Checkpoint,
+    layers: Range<usize>,
+    elsewhere: &dyn Fn(usize, usize) -> bool,
+    place: Option<&LayerPlacement>,
+    progress: &mut impl FnMut(usize, usize),
+) -> Result<LoadedLayers, ModelError> {
+    let total = layers.len();
+    let mut host: Vec<Option<Layer>> = (0..c.num_hidden_layers).map(|_| None).collect();
+    let mut device = place.map(|p| DeviceLayers::empty(c, p.layers.start, p.backend.clone()));
+    let mut placed_bytes = 0;
+    for (n, i) in layers.enumerate() {
+        let layer = load_layer(c, ckpt, i, elsewhere)?;
+        match device
+            .as_mut()
+            .filter(|_| place.is_some_and(|p| p.layers.contains(&i)))
+        {
+            Some(d) => {
+                d.push(&layer)?;
+                placed_bytes += layer.weight_bytes();
+            }
+            None => host[i] = Some(layer),
+        }
+        progress(n + 1, total);
+    }
+    Ok(LoadedLayers {
+        host,
+        device,
+        placed_bytes,
+    })
 }
