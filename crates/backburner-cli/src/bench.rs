@@ -170,16 +170,9 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
     // the device first (a build or machine without it fails before the load), the layers placed after it
     let backend = margs.device.open()?;
     let load_pool = compute_pool(Some(*a.thread_counts.iter().max().expect("non-empty")))?;
-    let mut loaded = load(&margs, &load_pool)?;
+    let loaded = crate::load_host_placed(&margs, &load_pool, None, &[], backend.as_ref())?;
     drop(load_pool);
-    let placement = match backend {
-        Some(b) => Some(crate::device_args::place(
-            &mut loaded.model,
-            b,
-            margs.device.device_layers,
-        )?),
-        None => None,
-    };
+    let placement = crate::device_args::placement_of(&loaded.model, backend.as_ref());
     if let (Some(line), false) = (&placement, a.json) {
         eprintln!("{line}");
     }

@@ -210,9 +210,15 @@ pub fn place(
 /// For a command that opened `backend` (none: the CPU path, nothing printed), prints where each layer of the
 /// loaded `model` runs (`layers 0..48 on cuda:0 (40.25 GiB), 48..64 on cpu`).
 pub fn place_loaded(model: &Model, backend: Option<&Arc<dyn Backend>>) {
-    let Some(b) = backend else {
-        return;
-    };
+    if let Some(line) = placement_of(model, backend) {
+        eprintln!("{line}");
+    }
+}
+
+/// Where each layer of the loaded `model` runs, for a command that opened `backend` (`None` without one): the line
+/// [`place_loaded`] prints.
+pub fn placement_of(model: &Model, backend: Option<&Arc<dyn Backend>>) -> Option<String> {
+    let b = backend?;
     let held = model.layer_range();
     let on = model
         .placement()
@@ -224,7 +230,7 @@ pub fn place_loaded(model: &Model, backend: Option<&Arc<dyn Backend>>) {
         on.end..held.end,
         model.device_weight_bytes(),
     );
-    eprintln!("{line}");
+    Some(line)
 }
 
 /// `layers 0..48 on cuda:0 (40.25 GiB), 48..64 on cpu` (a side without layers left out).

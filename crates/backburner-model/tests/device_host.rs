@@ -170,7 +170,13 @@ fn a_load_that_places_layers_as_it_reads_them_gives_the_placed_model() {
         for r in [0..n, 0..3, 2..n - 1] {
             let mut then = Model::load(&path).unwrap();
             then.place_layers(r.clone(), cpu()).unwrap();
+            if r == (0..n) {
+                then.place_head(cpu()).unwrap();
+            }
             let (streamed, calls) = load_placed(&path, Some(r.clone()));
+            // every layer placed: the head goes too
+            let head = (r == (0..n)).then_some(backburner_model::device::DeviceId::CPU);
+            assert_eq!(streamed.head_placement(), head, "{name} {r:?}");
             assert_eq!(calls.len(), n, "{name}: every layer reported");
             assert_eq!(streamed.placement(), then.placement(), "{name} {r:?}");
             assert_eq!(streamed.host_weight_bytes(), then.host_weight_bytes());

@@ -226,7 +226,9 @@ impl Model {
     /// As [`Model::from_checkpoint_without`], placing layers `place.layers` on `place.backend` as they load (as
     /// [`Model::place_layers`] would after the load): each of them is uploaded as soon as it is read and its host
     /// copy dropped, so the host's peak is the layers it keeps, the ends and about one layer, never the whole model.
-    /// The model runs as one loaded whole and then placed does, to the bit.
+    /// The model runs as one loaded whole and then placed does, to the bit. A placement of every layer of the model
+    /// on a load that holds the ends places the final norm and the output head there too ([`Model::place_head`]),
+    /// as llama.cpp's `-ngl` past the last layer does.
     ///
     /// Errors: as [`Model::from_checkpoint_without`]; [`ModelError::Device`] with [`DeviceError::Unsupported`] if
     /// `place.layers` is empty or not inside `opts.layers`, or holds a layer the backend cannot run (a
@@ -281,7 +283,7 @@ impl Model {
             Ffn::Moe(m) => m.experts.iter().any(Option::is_none),
             Ffn::Dense { .. } => false,
         });
-        Ok(Model {
+        let mut model = Model {
             experts_elsewhere,
             config,
             layers,
@@ -296,7 +298,14 @@ impl Model {
             devices: device.into_iter().collect(),
             placed_bytes,
             head_device: None,
-        })
+        };
+        // every layer on the device: the final norm and the head go there too (as llama.cpp's -ngl past the layers)
+        if let Some(p) =
+            place.filter(|p| opts.ends && p.layers == (0..model.config.num_hidden_layers))
+        {
+            model.place_head(p.backend.clone())?;
+        }
+        Ok(model)
     }
 
     /// Attaches the holders of the routed experts this model was loaded without

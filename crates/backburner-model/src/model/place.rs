@@ -90,9 +90,11 @@ impl Model {
             .collect()
     }
 
-    /// Bytes of weights placed on devices.
+    /// Bytes of weights placed on devices: the placed layers' and the output head's (its matrix; the host keeps its
+    /// own copy of the head, which the embedding or MTP may share).
     pub fn device_weight_bytes(&self) -> u64 {
-        self.devices.iter().map(DeviceLayers::weight_bytes).sum()
+        let head = self.head_device.as_ref().map_or(0, |h| h.head.bytes);
+        self.devices.iter().map(DeviceLayers::weight_bytes).sum::<u64>() + head
     }
 
     /// Panics (a caller bug) if layers are placed on a device: `what` runs on the CPU path only.
