@@ -65,7 +65,10 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
     let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
-    crate::device_args::place_loaded(&mut placed.host, backend, a.model.device.device_layers)?;
+    let n = a
+        .model
+        .device_layer_count(backend.as_ref(), &placed.dir, a.model.ctx_limit(), 1)?;
+    crate::device_args::place_loaded(&mut placed.host, backend, n)?;
     crate::need_tok(&placed.tokenizer, &placed.dir, "chat", "")?;
     let tok = Arc::new(placed.tokenizer.take().context("a tokenizer")?);
     tok.chat_template()

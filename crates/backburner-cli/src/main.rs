@@ -21,6 +21,7 @@ mod chat_repl;
 mod constraint_args;
 mod default_model;
 mod device_args;
+mod device_layers;
 mod devices_cmd;
 mod experts_args;
 mod link_args;
@@ -387,8 +388,11 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     let backend = a.model.device.open()?;
     let pool = compute_pool(a.model.threads)?;
     let mut loaded = load(&a.model, &pool)?;
+    let n = a
+        .model
+        .device_layer_count(backend.as_ref(), &loaded.dir, a.ctx, 1)?;
     if let Some(b) = backend {
-        let line = device_args::place(&mut loaded.model, b, a.model.device.device_layers)?;
+        let line = device_args::place(&mut loaded.model, b, n)?;
         eprintln!("{line}");
     }
     let (path, ids) = ppl_tokens(&a, &loaded)?;

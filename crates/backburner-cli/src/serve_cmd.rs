@@ -105,7 +105,13 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
     let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool)?;
-    crate::device_args::place_loaded(&mut placed.host, backend, a.model.device.device_layers)?;
+    let n = a.model.device_layer_count(
+        backend.as_ref(),
+        &placed.dir,
+        a.model.ctx_limit(),
+        a.parallel,
+    )?;
+    crate::device_args::place_loaded(&mut placed.host, backend, n)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         placed
             .dir

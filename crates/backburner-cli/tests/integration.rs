@@ -11,6 +11,7 @@ mod bench_spec;
 mod chat;
 mod choices;
 mod cli;
+mod device_layers;
 mod devices;
 mod experts;
 mod gen_gguf;

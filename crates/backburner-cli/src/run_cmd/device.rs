@@ -41,8 +41,12 @@ pub(super) fn open_session(
     let Some(b) = backend else {
         return Ok(open::open(req, &mut printer)?);
     };
+    let dir = req.dir.clone();
     let mut host = open::load(req, &mut printer)?;
-    let line = crate::device_args::place(&mut host.model, b, a.model.device.device_layers)?;
+    let n = a
+        .model
+        .device_layer_count(Some(&b), &dir, a.model.ctx_limit(), 1)?;
+    let line = crate::device_args::place(&mut host.model, b, n)?;
     eprintln!("{line}");
     let session = host.session()?;
     Ok((host, session))
