@@ -93,7 +93,11 @@ fn all_and_minus_one_place_every_layer_and_other_negatives_are_parse_errors() {
 /// 16,384 at 64; a Gated DeltaNet layer's state is 4 bytes · (conv (2·2·16 + 4·24 = 160 channels) · 3 + 4 heads ·
 /// 16 · 24) = 4 · (480 + 1536) = 8,064 bytes; plus the layer's stored weights.
 fn tiny_layer_bytes(costs: &ModelCosts, l: usize) -> u64 {
-    let held = if (l + 1) % 4 == 0 { 256 * 64 } else { 8_064 };
+    let held = if (l + 1).is_multiple_of(4) {
+        256 * 64
+    } else {
+        8_064
+    };
     costs.layer_weight_bytes[l] + held
 }
 

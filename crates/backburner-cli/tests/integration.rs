@@ -21,6 +21,7 @@ mod link_faults;
 mod memory_limit;
 mod offload;
 mod plan;
+mod plan_device;
 mod qwen35_tokenizer;
 mod serve;
 mod serve_choices;

@@ -254,6 +254,34 @@ fn nothing_fits_and_the_suggestions_are_what_a_device_accepts_more_device_memory
     );
     assert!(plan_with_device(&r, &cuda0(49_000_000_000)).is_ok());
     assert!(plan_with_device(&r, &cuda0(48_000_000_000)).is_err());
+    // the weights fit but not the KV of the whole context: more device memory, or one worker holding KV pages (the
+    // least in whole GB: 14 GB fits, 13 GB does not)
+    let long = request(32 * GIB, &[], Some(262_144));
+    let Err(PlanError::DoesNotFit {
+        explanation,
+        extra_worker_bytes,
+    }) = plan_with_device(&long, &cuda0(24 * GIB))
+    else {
+        panic!("the context's KV does not fit")
+    };
+    assert!(
+        explanation.contains("; with 40 GB on cuda:0 (--device-memory) it fits as local: "),
+        "{explanation}"
+    );
+    assert!(
+        explanation.contains(
+            "; or with a first worker of 14 GB holding KV pages (`run --worker ADDR --kv-budget N`: beside a device, \
+             workers do not compute layers) it fits as KV offload: cuda:0 holds layers 0.."
+        ),
+        "{explanation}"
+    );
+    assert_eq!(extra_worker_bytes, Some(14_000_000_000));
+    let with = |w: u64| plan_with_device(&request(32 * GIB, &[w], Some(262_144)), &cuda0(24 * GIB));
+    assert!(matches!(
+        with(14_000_000_000).unwrap().mode,
+        Mode::KvOffload { .. }
+    ));
+    assert!(with(13_000_000_000).is_err());
     // a host that cannot hold the ends: said, nothing suggested
     let tiny = request(4 * GIB, &[], Some(8192));
     let e = plan_with_device(&tiny, &cuda0(80 * GIB))
