@@ -24,9 +24,9 @@ pub struct DeviceArgs {
     pub device: DeviceId,
     /// With a --device other than cpu: the first N of the layers this command holds go on the device, the rest stay
     /// on the CPU (llama.cpp's -ngl; more than the model has: all). `all` or -1: every layer (the default). `auto`:
-    /// as many as fit the device's free memory with their KV or state at the command's context (--ctx-size; serve:
-    /// for each --parallel slot) and a 1 GiB reserve, as `backburner plan --device D --device-memory M` computes it;
-    /// a line says what it chose. With --device cpu, `all` and `auto` place nothing.
+    /// as many as fit the device's free memory with their KV or state at the command's context (serve: for each
+    /// --parallel slot) and a 1 GiB reserve, as `backburner plan --device D --device-memory M` computes it; a line
+    /// says what it chose. With --device cpu, `all` and `auto` place nothing.
     #[arg(long, value_name = "N|all|auto", allow_hyphen_values = true, value_parser = crate::device_layers::parse_device_layers)]
     pub device_layers: Option<DeviceLayers>,
     /// Tests: place the layers on the device layer's CPU backend (`--device cpu` only), which gives the CPU path's

@@ -170,7 +170,7 @@ pub fn auto_layers(
             line.push_str("; the reserve alone takes all of it)")
         }
         FitStop::Memory { layer, need, left } => line.push_str(&format!(
-            "; layer {layer} needs {}, {} left; a smaller --ctx-size leaves room for more)",
+            "; layer {layer} needs {}, {} left; a shorter context leaves room for more)",
             gib(need),
             gib(left)
         )),
