@@ -170,7 +170,8 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
     // the device first (a build or machine without it fails before the load), the layers placed after it
     let backend = margs.device.open()?;
     let load_pool = compute_pool(Some(*a.thread_counts.iter().max().expect("non-empty")))?;
-    let loaded = crate::load_host_placed(&margs, &load_pool, None, &[], backend.as_ref())?;
+    let ctx = Some(max_depth + a.decode_tokens);
+    let loaded = crate::load_host_placed(&margs, &load_pool, None, &[], backend.as_ref(), ctx)?;
     drop(load_pool);
     let placement = crate::device_args::placement_of(&loaded.model, backend.as_ref());
     if let (Some(line), false) = (&placement, a.json) {

@@ -64,7 +64,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
-    let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool, backend)?;
+    let mut placed = crate::placement::load_placed(&model_args, &a.link, &pool, backend, 1)?;
     crate::need_tok(&placed.tokenizer, &placed.dir, "chat", "")?;
     let tok = Arc::new(placed.tokenizer.take().context("a tokenizer")?);
     tok.chat_template()

@@ -9,6 +9,8 @@ use backburner_model::device::{Backend, DeviceError, DeviceId, LayerPlacement, R
 use backburner_model::{Model, ModelConfig};
 use clap::Args;
 
+pub use crate::device_layers::DeviceLayers;
+
 /// The device flags of every command that computes.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {
@@ -21,14 +23,20 @@ pub struct DeviceArgs {
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub device: DeviceId,
     /// With a --device other than cpu: the first N of the layers this command holds go on the device, the rest stay
-    /// on the CPU (llama.cpp's -ngl; more than the model has: all). Default: every layer. `backburner plan --device
-    /// D --device-memory M` says how many fit.
-    #[arg(long, value_name = "N")]
-    pub device_layers: Option<usize>,
+    /// on the CPU (llama.cpp's -ngl; more than the model has: all). `all` or -1: every layer (the default). `auto`:
+    /// as many as fit the device's free memory with their KV or state at the command's context (serve: for each
+    /// --parallel slot) and a 1 GiB reserve, as `backburner plan --device D --device-memory M` computes it; a line
+    /// says what it chose. With --device cpu, `all` and `auto` place nothing.
+    #[arg(long, value_name = "N|all|auto", allow_hyphen_values = true, value_parser = crate::device_layers::parse_device_layers)]
+    pub device_layers: Option<DeviceLayers>,
     /// Tests: place the layers on the device layer's CPU backend (`--device cpu` only), which gives the CPU path's
     /// bits, so that the placement path of a command runs without a GPU.
     #[arg(long, hide = true)]
     pub device_cpu_backend: bool,
+    /// The free memory `--device-layers auto` sizes for, in place of what the device reports (tests: the CPU
+    /// backend reports the host's).
+    #[arg(long, hide = true, value_name = "BYTES", value_parser = crate::device_layers::parse_device_memory)]
+    pub device_free_memory: Option<u64>,
 }
 
 impl Default for DeviceArgs {
@@ -37,6 +45,7 @@ impl Default for DeviceArgs {
             device: DeviceId::CPU,
             device_layers: None,
             device_cpu_backend: false,
+            device_free_memory: None,
         }
     }
 }
@@ -64,6 +73,14 @@ pub enum DeviceFlagError {
     LayersWithoutDevice {
         /// The layers asked for.
         n: usize,
+    },
+    /// `--device-layers auto` could not size the model.
+    #[error("--device-layers auto on {device}: {why}")]
+    Auto {
+        /// The device asked for.
+        device: DeviceId,
+        /// Why.
+        why: String,
     },
     /// The device layer refused: a backend this build lacks, a device the machine lacks, layers it cannot hold.
     #[error("--device {device}: {cause}")]
@@ -171,10 +188,12 @@ impl DeviceArgs {
         self.open()
     }
 
-    /// `--device-layers N` with N > 0 needs a device.
+    /// `--device-layers N` with N > 0 needs a device (`all` and `auto` with `--device cpu` place nothing).
     fn check_layers(&self) -> Result<(), DeviceFlagError> {
         match self.device_layers {
-            Some(n) if n > 0 && self.is_cpu() => Err(DeviceFlagError::LayersWithoutDevice { n }),
+            Some(DeviceLayers::Count(n)) if n > 0 && self.is_cpu() => {
+                Err(DeviceFlagError::LayersWithoutDevice { n })
+            }
             _ if self.device_cpu_backend && !self.device.is_cpu() => {
                 Err(DeviceFlagError::NotSupported {
                     device: self.device,
@@ -313,9 +332,15 @@ mod tests {
         let mut a = DeviceArgs::default();
         a.refuse("serve").unwrap();
         assert!(a.open().unwrap().is_none());
-        a.device_layers = Some(0);
+        a.device_layers = Some(DeviceLayers::Count(0));
         a.refuse("serve").unwrap();
-        a.device_layers = Some(4);
+        // every layer, or as many as fit: none without a device, not an error
+        for l in [DeviceLayers::All, DeviceLayers::Auto] {
+            a.device_layers = Some(l);
+            a.refuse("serve").unwrap();
+            assert!(a.open().unwrap().is_none());
+        }
+        a.device_layers = Some(DeviceLayers::Count(4));
         let e = a.refuse("serve").unwrap_err().to_string();
         assert!(
             e.starts_with("--device-layers 4 puts layers on a device"),

@@ -21,6 +21,7 @@ mod chat_repl;
 mod constraint_args;
 mod default_model;
 mod device_args;
+mod device_layers;
 mod devices_cmd;
 mod experts_args;
 mod link_args;
@@ -326,23 +327,26 @@ pub fn load_host_without(
     held: Option<usize>,
     away: &[(std::ops::Range<usize>, Vec<usize>)],
 ) -> Result<Loaded> {
-    load_host_placed(args, pool, held, away, None)
+    load_host_placed(args, pool, held, away, None, None)
 }
 
 /// As [`load_host_without`], placing the layers `--device-layers` names on `backend` (when given) as they load
-/// ([`backburner_engine::open::load_weights_placed`]: the host never holds their weights). Errors: as
-/// [`load_host_without`], and the device's refusals of the placement.
+/// ([`backburner_engine::open::load_weights_placed`]: the host never holds their weights); `auto` sizes them for
+/// `ctx` positions (`None`: the model's context) of one sequence. Errors: as [`load_host_without`], and the
+/// device's refusals of the placement.
 pub fn load_host_placed(
     args: &ModelArgs,
     pool: &ComputePool,
     held: Option<usize>,
     away: &[(std::ops::Range<usize>, Vec<usize>)],
     backend: Option<&std::sync::Arc<dyn backburner_model::device::Backend>>,
+    ctx: Option<usize>,
 ) -> Result<Loaded> {
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => default_model::ensure()?,
     };
+    let n = args.device_layer_count(backend, &dir, ctx, 1)?;
     pool.install(|| {
         let (mut config, tokenizer) = load_tokenizer(&dir)?;
         config.precision = args.precision;
@@ -352,7 +356,7 @@ pub fn load_host_placed(
         }
         args.check_kv(&config)?;
         let mut printer = placement::Printer::new(true);
-        let place = backend.and_then(|b| device_args::place(&config, b, args.device.device_layers));
+        let place = backend.and_then(|b| device_args::place(&config, b, n));
         let model = backburner_engine::open::load_weights_placed(
             &dir,
             config,
@@ -401,7 +405,7 @@ fn run_perplexity(a: PplArgs) -> Result<()> {
     }
     let backend = a.model.device.open()?;
     let pool = compute_pool(a.model.threads)?;
-    let loaded = load_host_placed(&a.model, &pool, None, &[], backend.as_ref())?;
+    let loaded = load_host_placed(&a.model, &pool, None, &[], backend.as_ref(), a.ctx)?;
     device_args::place_loaded(&loaded.model, backend.as_ref());
     let (path, ids) = ppl_tokens(&a, &loaded)?;
     let path = path.display();

@@ -94,17 +94,20 @@ pub struct Placed {
 /// Loads `--model` (or the bundled default) as the placement flags ask: only the host's layers with
 /// `--layer-split`, without the routed experts on workers with `--expert-split` (which are connected), the layers
 /// `--device-layers` names placed on `backend` as they load (when given; the line saying where each layer runs is
-/// printed). Shared by `serve` and `chat`. Errors: the tokenizer's, and every refusal of [`open::load_placed`].
+/// printed; `auto` sizes them for `sequences` sequences of the context). Shared by `serve` and `chat`. Errors: the
+/// tokenizer's, `auto`'s, and every refusal of [`open::load_placed`].
 pub fn load_placed(
     model: &ModelArgs,
     link: &LinkArgs,
     pool: &ComputePool,
     backend: Option<Arc<dyn Backend>>,
+    sequences: usize,
 ) -> Result<Placed> {
     let dir = match &model.model {
         Some(d) => d.clone(),
         None => crate::default_model::ensure()?,
     };
+    let n = model.device_layer_count(backend.as_ref(), &dir, model.ctx_limit(), sequences)?;
     let (mut config, tokenizer) = crate::load_tokenizer(&dir)?;
     config.precision = model.precision;
     if !model.mtp {
@@ -113,7 +116,7 @@ pub fn load_placed(
     }
     let place = backend
         .as_ref()
-        .and_then(|b| crate::device_args::place(&config, b, model.device.device_layers));
+        .and_then(|b| crate::device_args::place(&config, b, n));
     let req = request(model, link, dir.clone(), config, pool, None)?;
     let host = open::load_placed(req, place, &mut Printer::new(true))?;
     crate::device_args::place_loaded(&host.model, backend.as_ref());

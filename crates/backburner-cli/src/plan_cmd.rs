@@ -49,14 +49,16 @@ pub struct PlanArgs {
     /// Positions per KV page.
     #[arg(long, default_value_t = 4096)]
     kv_page_size: usize,
-    /// A device for the host's first layers (`cuda:0`, as `run --device` takes it): the plan says how many fit its
+    /// A device for the model's first layers (`cuda:0`, as `run --device` takes it): the plan says how many fit its
     /// memory (weights, their KV at the plan's context or their state, and a reserve for the runtime and a ubatch's
-    /// activations), the rest staying on the CPU, and the `run` flags that place them. `cpu` places none.
+    /// activations), the rest staying on the CPU (the host then holds only their weights and the embedding and
+    /// head), and the `run` command that places them. Workers then hold KV pages only. `cpu` places none.
     #[arg(long, value_parser = crate::device_args::parse_device)]
     device: Option<DeviceId>,
-    /// Memory of --device (same units: `80G`), so that a plan needs no device; default: its total memory as this
-    /// build reads it (the device must be present).
-    #[arg(long, value_parser = parse_bytes, requires = "device")]
+    /// Memory of --device with a unit (`80G` = 80 GiB, `141GB` = 141·10^9 bytes; a bare number under 1 MiB is
+    /// refused as a forgotten unit), so that a plan needs no device; default: its total memory as this build reads
+    /// it (the device must be present).
+    #[arg(long, value_parser = crate::device_layers::parse_device_memory, requires = "device")]
     device_memory: Option<u64>,
 }
 
@@ -151,7 +153,9 @@ fn device_budget(a: &PlanArgs) -> Result<Option<plan::DeviceBudget>> {
     }))
 }
 
-/// The `run` command line that carries out a plan with layers on a device.
+/// The `run` command line that carries out a plan with layers on a device: its context, KV dtype, ubatch and page
+/// size, the device flags, and with KV offload a `--worker HOST:PORT` per worker holding pages and the
+/// `--kv-budget` (workers that compute layers are never part of it: the command line refuses them beside a device).
 fn run_command(a: &PlanArgs, p: &Plan, d: &plan::DevicePlacement) -> String {
     let model = a
         .model
@@ -166,6 +170,18 @@ fn run_command(a: &PlanArgs, p: &Plan, d: &plan::DevicePlacement) -> String {
     }
     if !d.layers.is_empty() {
         extra.push_str(&format!(" {}", d.flags));
+    }
+    if let plan::Mode::KvOffload { host_kv_positions } = p.mode {
+        let holding: Vec<usize> = (0..p.workers.len())
+            .filter(|&i| p.workers[i].kv_positions > 0)
+            .collect();
+        for &i in &holding {
+            match holding.len() {
+                1 => extra.push_str(" --worker HOST:PORT"),
+                _ => extra.push_str(&format!(" --worker HOST{}:PORT", i + 1)),
+            }
+        }
+        extra.push_str(&format!(" --kv-budget {host_kv_positions}"));
     }
     format!(
         "backburner run{model} --ctx-size {} --kv-dtype {}{extra}",

@@ -104,7 +104,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let pool = compute_pool(a.model.threads)?;
     let mut model_args = a.model.clone();
     model_args.mtp = a.spec.wants_mtp();
-    let placed = crate::placement::load_placed(&model_args, &a.link, &pool, backend)?;
+    let placed = crate::placement::load_placed(&model_args, &a.link, &pool, backend, a.parallel)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         placed
             .dir

@@ -377,7 +377,9 @@ fn plan_with_a_device_budget_puts_the_layers_that_fit_on_it_and_says_how_to_run_
     let o = with(&["--device", "cuda:0", "--device-memory", "80GB"]);
     let text = String::from_utf8(o.stdout).unwrap();
     assert!(
-        text.starts_with("plan: local: the host holds all 64 layers; layers 0..64 on cuda:0;"),
+        text.starts_with(
+            "plan: local: cuda:0 holds all 64 layers, the host the embedding and head; context up to 262144 tokens\n"
+        ),
         "{text}"
     );
     assert!(
@@ -408,7 +410,7 @@ fn plan_with_a_device_budget_puts_the_layers_that_fit_on_it_and_says_how_to_run_
         "--device",
         "cuda:0",
         "--device-memory",
-        "1",
+        "1MiB",
         "--ubatch",
         "256",
     ]);

@@ -43,7 +43,10 @@ pub(super) fn open_session(
     let Some(b) = backend else {
         return Ok(open::open(req, &mut printer)?);
     };
-    let place = crate::device_args::place(&req.config, &b, a.model.device.device_layers);
+    let n = a
+        .model
+        .device_layer_count(Some(&b), &req.dir, a.model.ctx_limit(), 1)?;
+    let place = crate::device_args::place(&req.config, &b, n);
     let host = open::load_placed(req, place, &mut printer)?;
     crate::device_args::place_loaded(&host.model, Some(&b));
     let session = host.session()?;

@@ -1,6 +1,6 @@
 //! Human words for plans: a one-line summary, and the explanation of a plan that does not fit.
 
-use super::{min_context, search, Mode, Plan, PlanError, PlanRequest};
+use super::{min_context, search, DeviceBudget, Mode, Plan, PlanError, PlanRequest};
 use crate::memory::human;
 
 const GB: u64 = 1_000_000_000;
@@ -47,15 +47,33 @@ pub fn summary(p: &Plan) -> String {
             format!("layer split: {}", parts.join(", "))
         }
     };
-    let on_device = match &p.device {
-        Some(d) if !d.layers.is_empty() => format!(
-            "; layers {}..{} on {}",
-            d.layers.start, d.layers.end, d.device
-        ),
-        Some(d) => format!("; no layer fits {}", d.device),
-        None => String::new(),
+    let what = match &p.device {
+        Some(d) if !d.layers.is_empty() => with_device(p, d, n),
+        Some(d) => format!("{what}; no layer fits {}", d.device),
+        None => what,
     };
-    format!("{what}{on_device}; context up to {} tokens", p.max_ctx)
+    format!("{what}; context up to {} tokens", p.max_ctx)
+}
+
+/// The summary's words for a plan with layers on a device: `local: cuda:0 holds layers 0..31, the host 31..64 and
+/// the embedding and head` (KV offload: and which positions each keeps).
+fn with_device(p: &Plan, d: &super::DevicePlacement, n: usize) -> String {
+    let dev = if d.layers.len() == n {
+        format!("{} holds all {n} layers", d.device)
+    } else {
+        format!("{} holds layers {:?}", d.device, d.layers)
+    };
+    let host = if d.cpu_layers.is_empty() {
+        "the host the embedding and head".to_string()
+    } else {
+        format!("the host {:?} and the embedding and head", d.cpu_layers)
+    };
+    match &p.mode {
+        Mode::KvOffload { host_kv_positions } => format!(
+            "KV offload: {dev}, {host}, each the newest {host_kv_positions} positions, the workers the oldest pages"
+        ),
+        _ => format!("local: {dev}, {host}"),
+    }
 }
 
 fn ordinal(k: usize) -> String {
@@ -150,24 +168,114 @@ pub(super) fn does_not_fit(req: &PlanRequest) -> PlanError {
     }
 }
 
-/// The least memory of one more worker that makes `req` fit, and the plan it gives: a whole number of
-/// [`suggestion_step`]s (whole GB for a model of 10 GB or more, 100 MB from 1 GB, …).
-fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
+/// The [`PlanError::DoesNotFit`] for a request with a device that nothing fits: what is needed against what is
+/// there, and what would fit that the command line accepts beside a device (workers that compute layers do not):
+/// the least memory of the device, and the least memory of one more worker holding KV pages, each with its plan.
+pub(super) fn does_not_fit_with_device(req: &PlanRequest, dev: &DeviceBudget) -> PlanError {
     let c = &req.costs;
     let n = c.n_layers();
     let ctx = req.ctx.unwrap_or_else(|| min_context(req));
-    let everything = c
-        .total_weight_bytes()
-        .saturating_add(c.state_bytes(0..n))
-        .saturating_add(c.kv_bytes(0..n, ctx))
-        .saturating_add(c.scratch_bytes(req.ubatch, true, true));
-    let step = suggestion_step(everything);
-    let with = |units: u64| {
+    let weights = c.total_weight_bytes();
+    let reserve = super::device_reserve(c, req.ubatch);
+    let there = format!(
+        "{} {} (keeping back {} for its runtime) + {}",
+        dev.id,
+        human(dev.memory),
+        human(reserve),
+        devices(req)
+    );
+    let room = req
+        .worker_memory
+        .iter()
+        .fold(req.host_memory, |a, &b| a.saturating_add(b))
+        .saturating_add(dev.memory.saturating_sub(reserve));
+    let mut s = if weights > room {
+        format!("weights need {}; {there}: does not fit", human(weights))
+    } else {
+        format!(
+            "weights {} + recurrent state {} + KV for {ctx} tokens {} + scratch; {there}: no placement fits (the \
+             device takes the first layers that fit, the host the rest and the embedding and head)",
+            human(weights),
+            human(c.state_bytes(0..n)),
+            human(c.kv_bytes(0..n, ctx))
+        )
+    };
+    let host_min = search::host_minimum(req);
+    if req.host_memory < host_min {
+        s += &format!(
+            "; the host alone needs {} for the embedding, head and scratch (a device holds decoder layers only)",
+            human(host_min)
+        );
+        return PlanError::DoesNotFit {
+            explanation: s,
+            extra_worker_bytes: None,
+        };
+    }
+    let bigger = least_fitting(everything(req).saturating_add(reserve), |memory| {
+        let d = DeviceBudget {
+            id: dev.id.clone(),
+            memory,
+        };
+        super::device_plan::place(req, &d)
+    });
+    if let Some((bytes, plan)) = &bigger {
+        s += &format!(
+            "; with {} on {} (--device-memory) it fits as {}",
+            human(*bytes),
+            dev.id,
+            super::summary(plan)
+        );
+    }
+    let worker = least_fitting(everything(req), |bytes| {
         let mut r = req.clone();
         r.calibration = None;
-        r.worker_memory.push(units.saturating_mul(step));
+        r.worker_memory.push(bytes);
+        super::device_plan::place(&r, dev)
+    });
+    if let Some((bytes, plan)) = &worker {
+        s += &format!(
+            "; {} a {} worker of {} holding KV pages (`run --worker ADDR --kv-budget N`: beside a device, workers \
+             do not compute layers) it fits as {}",
+            if bigger.is_some() { "or with" } else { "with" },
+            ordinal(req.worker_memory.len() + 1),
+            human(*bytes),
+            super::summary(plan)
+        );
+    }
+    PlanError::DoesNotFit {
+        explanation: s,
+        extra_worker_bytes: worker.map(|e| e.0),
+    }
+}
+
+/// Bytes of everything `req` asks for at its context (or the least one): weights, state, KV and scratch.
+fn everything(req: &PlanRequest) -> u64 {
+    let c = &req.costs;
+    let n = c.n_layers();
+    let ctx = req.ctx.unwrap_or_else(|| min_context(req));
+    c.total_weight_bytes()
+        .saturating_add(c.state_bytes(0..n))
+        .saturating_add(c.kv_bytes(0..n, ctx))
+        .saturating_add(c.scratch_bytes(req.ubatch, true, true))
+}
+
+/// The least memory of one more worker that makes `req` fit, and the plan it gives: a whole number of
+/// [`suggestion_step`]s (whole GB for a model of 10 GB or more, 100 MB from 1 GB, …).
+fn extra_worker(req: &PlanRequest) -> Option<(u64, Plan)> {
+    least_fitting(everything(req), |bytes| {
+        let mut r = req.clone();
+        r.calibration = None;
+        r.worker_memory.push(bytes);
         search::place(&r).ok().flatten()
-    };
+    })
+}
+
+/// The least whole number of [`suggestion_step`]s of `everything` bytes for which `with` gives a plan (at most
+/// `everything` and a step), with that plan; `None` when even that does not fit. `with` must be monotone (a plan
+/// for some bytes, then for every larger amount).
+fn least_fitting(everything: u64, with: impl Fn(u64) -> Option<Plan>) -> Option<(u64, Plan)> {
+    let step = suggestion_step(everything);
+    let with = |units: u64| with(units.saturating_mul(step));
     let hi = everything.div_ceil(step).saturating_add(1);
     with(hi)?;
     let (mut lo, mut hi) = (1u64, hi);

@@ -21,6 +21,7 @@
 
 mod calib;
 mod device;
+mod device_plan;
 mod experts;
 mod explain;
 pub(crate) mod memory;
@@ -40,9 +41,10 @@ use serde::Serialize;
 
 pub use calib::{Calibration, DecodeBreakdown, DeviceTimes, LinkTimes, Rates};
 pub use device::{
-    device_reserve, layer_device_bytes, place_on_device, plan_with_device, DeviceBudget,
-    DevicePlacement, DEVICE_RUNTIME_RESERVE,
+    device_reserve, fit_layers, head_device_bytes, layer_device_bytes, DeviceBudget, DeviceFit,
+    DeviceLoad, DevicePlacement, FitStop, DEVICE_RUNTIME_RESERVE,
 };
+pub use device_plan::plan_with_device;
 pub use explain::summary;
 pub use memory::{
     config_dtype_bytes, EndsBytes, ModelCosts, StoredType, WeightSource, WeightsFormat,
@@ -232,7 +234,8 @@ pub struct Plan {
     pub notes: Vec<String>,
     /// The weights placed: their format and per-layer bytes.
     pub weights: PlanWeights,
-    /// The host's layers on a device (`plan --device`, [`plan_with_device`]); absent from the JSON when none.
+    /// The first layers on a device (`plan --device`, [`plan_with_device`]; the host's row then holds the other
+    /// layers and the ends only); absent from the JSON when none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DevicePlacement>,
 }

@@ -131,11 +131,11 @@ fn device(
     }
 }
 
-fn worker_name(i: usize) -> String {
+pub(super) fn worker_name(i: usize) -> String {
     format!("worker {}", i + 1)
 }
 
-fn capped_note(req: &PlanRequest, max_ctx: usize, notes: &mut Vec<String>) {
+pub(super) fn capped_note(req: &PlanRequest, max_ctx: usize, notes: &mut Vec<String>) {
     let max = req.costs.max_position_embeddings;
     if req.ctx.is_none() && max_ctx < max {
         notes.push(format!(
@@ -243,16 +243,7 @@ fn kv_offload(req: &PlanRequest, need: usize) -> Option<Plan> {
     if host_budget < req.ubatch.saturating_add(2 * req.page_size) {
         return None;
     }
-    let caps: Vec<usize> = req
-        .worker_memory
-        .iter()
-        .map(|&m| {
-            let pages = m.saturating_sub(c.offload_scratch_bytes(req.ubatch)) / page_bytes;
-            usize::try_from(pages)
-                .unwrap_or(usize::MAX)
-                .saturating_mul(req.page_size)
-        })
-        .collect();
+    let caps = offload_caps(req);
     let total = caps.iter().fold(host_budget, |a, &b| a.saturating_add(b));
     let max_ctx = total.min(c.max_position_embeddings);
     if max_ctx < need {
@@ -260,22 +251,7 @@ fn kv_offload(req: &PlanRequest, need: usize) -> Option<Plan> {
     }
     let on_host = host_budget.min(max_ctx);
     let host = device(req, "host".into(), req.host_memory, 0..n, true, on_host);
-    let mut left = max_ctx - on_host;
-    let workers = caps
-        .iter()
-        .enumerate()
-        .map(|(i, &cap)| {
-            let take = cap.min(left);
-            left -= take;
-            let mut d = DevicePlan::idle(worker_name(i), req.worker_memory[i], n);
-            if take > 0 {
-                d.kv_positions = take;
-                d.kv_bytes = c.kv_bytes(0..n, take);
-                d.scratch_bytes = c.offload_scratch_bytes(req.ubatch);
-            }
-            d
-        })
-        .collect();
+    let workers = offload_workers(req, &caps, max_ctx - on_host);
     let mode = Mode::KvOffload {
         host_kv_positions: host_budget,
     };
@@ -288,6 +264,45 @@ fn kv_offload(req: &PlanRequest, need: usize) -> Option<Plan> {
     ));
     capped_note(req, max_ctx, &mut p.notes);
     Some(p)
+}
+
+/// The positions of KV pages (of every attention layer, whole pages) each worker holds in KV offload, in order.
+pub(super) fn offload_caps(req: &PlanRequest) -> Vec<usize> {
+    let c = &req.costs;
+    let page_bytes = c.kv_bytes(0..c.n_layers(), req.page_size).max(1);
+    req.worker_memory
+        .iter()
+        .map(|&m| {
+            let pages = m.saturating_sub(c.offload_scratch_bytes(req.ubatch)) / page_bytes;
+            usize::try_from(pages)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(req.page_size)
+        })
+        .collect()
+}
+
+/// The workers of KV offload holding the `left` oldest positions, each up to its cap ([`offload_caps`]) in order.
+pub(super) fn offload_workers(
+    req: &PlanRequest,
+    caps: &[usize],
+    mut left: usize,
+) -> Vec<DevicePlan> {
+    let c = &req.costs;
+    let n = c.n_layers();
+    caps.iter()
+        .enumerate()
+        .map(|(i, &cap)| {
+            let take = cap.min(left);
+            left -= take;
+            let mut d = DevicePlan::idle(worker_name(i), req.worker_memory[i], n);
+            if take > 0 {
+                d.kv_positions = take;
+                d.kv_bytes = c.kv_bytes(0..n, take);
+                d.scratch_bytes = c.offload_scratch_bytes(req.ubatch);
+            }
+            d
+        })
+        .collect()
 }
 
 /// Stage `i`'s end for a chain whose earlier stages end at `start`: fixed, the rest of the model (last stage), or
@@ -427,7 +442,7 @@ fn build_layer_split(req: &PlanRequest, mems: &[u64], bounds: &[usize], seams: b
 }
 
 /// The largest `x` in `[lo, hi]` with `ok(x)`, given `ok(lo)` and `ok` monotone (true, then false).
-fn largest(lo: usize, hi: usize, ok: impl Fn(usize) -> bool) -> usize {
+pub(super) fn largest(lo: usize, hi: usize, ok: impl Fn(usize) -> bool) -> usize {
     let (mut lo, mut hi) = (lo, hi.max(lo));
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);

@@ -94,7 +94,11 @@ impl Model {
     /// own copy of the head, which the embedding or MTP may share).
     pub fn device_weight_bytes(&self) -> u64 {
         let head = self.head_device.as_ref().map_or(0, |h| h.head.bytes);
-        self.devices.iter().map(DeviceLayers::weight_bytes).sum::<u64>() + head
+        self.devices
+            .iter()
+            .map(DeviceLayers::weight_bytes)
+            .sum::<u64>()
+            + head
     }
 
     /// Panics (a caller bug) if layers are placed on a device: `what` runs on the CPU path only.
