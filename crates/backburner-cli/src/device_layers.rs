@@ -154,9 +154,8 @@ pub fn auto_layers(
         format!("{k} of {n} layers fit")
     };
     let mut line = format!(
-        "--device-layers auto: {how} {device}'s {} free at {positions} positions{slots} (weights {} with the head when \
-         every layer fits, KV and state {}, \
-         reserve {} for the runtime and a ubatch's activations",
+        "--device-layers auto: {how} {device}'s {} free at {positions} positions{slots} (weights {}, the head \
+         included when every layer fits, KV and state {}, reserve {} for the runtime and a ubatch's activations",
         gib(free),
         gib(f.weight_bytes.saturating_add(f.head_bytes)),
         gib(f.kv_bytes.saturating_add(f.state_bytes)),
