@@ -2,28 +2,12 @@
 //! `--device-cpu-backend`), `auto` choosing the count worked out here from the tiny fixture's sizes, and
 //! `--device-memory` refusing a bare small number.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use backburner_engine::plan::{head_device_bytes, ModelCosts};
 use backburner_kernels::kv::KvDtype;
 
-use crate::common::{self, fixture};
-
-fn bb(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .env(
-            "BACKBURNER_CACHE",
-            std::env::temp_dir().join("backburner-cli-test-cache"),
-        )
-        .stdin(Stdio::null())
-        .output()
-        .expect("run backburner")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use crate::common::{bb, fixture, stderr};
 
 /// `run` on the tiny fixture (8 layers: 3 Gated DeltaNet + 1 attention, twice), 6 greedy tokens, `--ctx-size 64`.
 fn run_tiny(extra: &[&str]) -> Output {

@@ -5,27 +5,11 @@
 //! `run` and `perplexity` on the device layer's CPU backend (the hidden `--device-cpu-backend`), bit for bit the
 //! CPU path's.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use backburner_model::device::{DeviceId, Registry};
 
-use crate::common::{self, fixture};
-
-fn bb(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .env(
-            "BACKBURNER_CACHE",
-            std::env::temp_dir().join("backburner-cli-test-cache"),
-        )
-        .stdin(Stdio::null())
-        .output()
-        .expect("run backburner")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use crate::common::{bb, fixture, stderr};
 
 fn tiny() -> String {
     fixture("tiny-f32").to_str().unwrap().to_string()

@@ -3,27 +3,11 @@
 //! bytes, the device's beside them, with the same text; and `--max-memory` counts only the host's weights, so a
 //! limit below the whole model's weights runs once the layers are on the device.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use backburner_model::Model;
 
-use crate::common::{self, fixture};
-
-fn bb(args: &[&str]) -> Output {
-    Command::new(common::bin())
-        .args(args)
-        .env(
-            "BACKBURNER_CACHE",
-            std::env::temp_dir().join("backburner-cli-test-cache"),
-        )
-        .stdin(Stdio::null())
-        .output()
-        .expect("run backburner")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use crate::common::{bb, fixture, stderr};
 
 /// `run` on the tiny fixture: a text prompt, 8 tokens, greedy, plus `extra`.
 fn run_tiny(extra: &[&str]) -> Output {

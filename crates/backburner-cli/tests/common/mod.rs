@@ -127,3 +127,21 @@ pub fn host(extra: &[&str], dump: &std::path::Path) -> serde_json::Value {
     );
     serde_json::from_slice(&o.stdout).unwrap()
 }
+
+/// Runs the binary with `args`, stdin closed, the tests' model cache.
+pub fn bb(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env(
+            "BACKBURNER_CACHE",
+            std::env::temp_dir().join("backburner-cli-test-cache"),
+        )
+        .stdin(Stdio::null())
+        .output()
+        .expect("run backburner")
+}
+
+/// A run's stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

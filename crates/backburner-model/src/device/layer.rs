@@ -191,25 +191,7 @@ impl DeviceLayers {
                 )?)),
             })
             .collect::<DeviceResult<Vec<_>>>()?;
-        let z = || be.zeros(0);
-        let s = Scratch {
-            x: z()?,
-            h: z()?,
-            proj: z()?,
-            out: z()?,
-            gu: z()?,
-            act: z()?,
-            a: z()?,
-            b: z()?,
-            q: z()?,
-            k: z()?,
-            v: z()?,
-            z: z()?,
-            g: z()?,
-            beta: z()?,
-            o: z()?,
-            lse: z()?,
-        };
+        let s = Scratch::empty(be)?;
         let pos = vec![0; layers.len()];
         Ok(DeviceState {
             backend: self.backend.clone(),
