@@ -176,7 +176,8 @@ pub enum OpenError {
     /// Layers on a device with workers that hold layers or routed experts (placed by the flags or the plan).
     #[error(
         "layers on {device} cannot run with the model's layers or experts split across workers (--layer-split, \
-         --expert-split, or the plan's): use the device without them, or no device"
+         --expert-split, or the plan's for a host memory limit): let the workers hold KV pages instead \
+         (--kv-budget B), or run without workers or without the device (`backburner plan --device` sizes it)"
     )]
     DeviceWithSplit {
         /// The device asked for.

@@ -356,10 +356,21 @@ impl Host {
         }
         let held = self.model.layer_range();
         let over = || OpenError::Overflow;
+        // the KV of layers placed on a device is held there (the host's caches of them stay empty); their
+        // recurrent states on the host are allocated all the same, so they count
+        let placed = self.model.placement();
+        let on_host = held
+            .clone()
+            .filter(|i| !placed.iter().any(|(r, _)| r.contains(i)));
+        let mut host_kv = 0u64;
+        for i in on_host {
+            let b = memory::kv_bytes(cfg, i..i + 1, kv, positions).ok_or_else(over)?;
+            host_kv = host_kv.checked_add(b).ok_or_else(over)?;
+        }
         let needs = [
             MemoryNeed::new(
                 format!("the KV cache of {positions} positions"),
-                memory::kv_bytes(cfg, held.clone(), kv, positions).ok_or_else(over)?,
+                host_kv,
             ),
             MemoryNeed::new(
                 "the recurrent states",

@@ -323,6 +323,33 @@ fn layers_placed_at_load_leave_the_host_and_its_memory_limit() {
     let mem = host.session().unwrap().memory();
     assert_eq!(mem.weights, (all - layers) as u64);
     assert_eq!(mem.device_weights, m.device_weight_bytes());
+    // the session's check counts the KV of the layers the host computes only: a limit that holds the host's
+    // weights, the recurrent states and the buffers, but not the 4096 positions' KV of the attention layers
+    let need = RunNeed {
+        positions: 4096,
+        ubatch: 64,
+    };
+    let cfg = plain.model.config();
+    let fixed = |placed: usize| -> u64 {
+        let on_device: usize = (0..placed)
+            .map(|i| plain.model.layer(i).unwrap().weight_bytes())
+            .sum();
+        (all - on_device) as u64
+            + crate::memory::recurrent_bytes(cfg, 0..8).unwrap()
+            + crate::memory::scratch_estimate(cfg, need.ubatch).unwrap()
+    };
+    let kv = r.options.kv;
+    assert!(crate::memory::kv_bytes(cfg, 7..8, kv, 4096).unwrap() > 0);
+    let mut r4k = r.clone();
+    r4k.run = Some(need);
+    r4k.max_memory = Some(fixed(8) + 1);
+    let every = load_placed(r4k.clone(), Some(place(0..8)), &mut ()).unwrap();
+    every.session().unwrap();
+    // six layers placed: layer 7 (attention) runs on the CPU, and its KV counts
+    r4k.max_memory = Some(fixed(6) + 1);
+    let six = load_placed(r4k, Some(place(0..6)), &mut ()).unwrap();
+    let e = six.session().err().expect("the CPU layers' KV counted");
+    assert!(e.to_string().contains("the KV cache of 4096 positions"), "{e}");
     // the layers split across workers: refused before anything loads
     let mut r = request("tiny-f32", &["127.0.0.1:1"]);
     r.placement.layer_split = vec![4];
