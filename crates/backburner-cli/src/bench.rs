@@ -194,9 +194,13 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
             margs.kv_dtype,
             margs.kv_page_size
         );
+        let device = match loaded.model.device_weight_bytes() {
+            0 => String::new(),
+            d => format!(" on the host, {:.1} MB on devices", d as f64 / 1e6),
+        };
         eprintln!(
-            "weights held {:.1} MB (checkpoint files {:.1} MB); peak resident memory after load {}",
-            weight_bytes as f64 / 1e6,
+            "weights held {:.1} MB{device} (checkpoint files {:.1} MB); peak resident memory after load {}",
+            loaded.model.host_weight_bytes() as f64 / 1e6,
             file_bytes as f64 / 1e6,
             peak_rss_after_load.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6)),
         );
@@ -250,6 +254,8 @@ fn run_local(mut a: LocalArgs) -> Result<()> {
             "params": param_count(&cfg),
         },
         "weight_bytes": weight_bytes,
+        "host_weight_bytes": loaded.model.host_weight_bytes(),
+        "device_weight_bytes": loaded.model.device_weight_bytes(),
         "placement": placement,
         "checkpoint_bytes": file_bytes,
         "peak_rss_after_load_bytes": peak_rss_after_load,

@@ -59,6 +59,7 @@ pub(crate) fn run(a: ChatArgs) -> Result<()> {
         .model
         .device
         .open_for_serving("chat", a.link.splits_layers(), spec)?;
+    crate::device_args::note_idle_workers(&a.model, &a.link);
     a.sampling.check()?;
     let max_tokens = crate::run_cmd::max_tokens(a.max_tokens, false)?;
     let pool = compute_pool(a.model.threads)?;

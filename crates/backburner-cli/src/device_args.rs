@@ -205,6 +205,20 @@ impl DeviceArgs {
     }
 }
 
+/// With layers on a device, workers hold KV pages only, and only with a KV budget (`--kv-budget`, or the plan's for
+/// `--max-memory`): says so on stderr when `--worker` is given without either, as those workers will not be used.
+pub fn note_idle_workers(model: &crate::ModelArgs, link: &crate::link_args::LinkArgs) {
+    let device = !model.device.is_cpu();
+    if device && !link.worker.is_empty() && link.kv_budget.is_none() && model.max_memory.is_none() {
+        eprintln!(
+            "note: with layers on {}, workers hold KV pages only, with --kv-budget B (or --max-memory for the plan to \
+             set one); without either, --worker {} is not used",
+            model.device.device,
+            link.worker.join(",")
+        );
+    }
+}
+
 /// The layers `--device-layers` puts on the device: the first `n` (all when `None`; at most all) of `held`.
 pub fn device_range(held: Range<usize>, n: Option<usize>) -> Range<usize> {
     let n = n.unwrap_or(held.len()).min(held.len());
@@ -213,13 +227,27 @@ pub fn device_range(held: Range<usize>, n: Option<usize>) -> Range<usize> {
 
 /// The layers `--device-layers n` puts on `backend` for a model with `config`: the first `n` (see [`device_range`])
 /// of its layers, for a load to place as it reads them ([`backburner_engine::open::load_placed`]: the host never
-/// holds their weights); `None` for no layer (`--device-layers 0`).
+/// holds their weights), ending before the first mixture-of-experts layer (they run on the CPU: a line on stderr
+/// says so when that shortens the placement); `None` for no layer (`--device-layers 0`, or a first layer that is
+/// one).
 pub fn place(
     config: &ModelConfig,
     backend: &Arc<dyn Backend>,
     n: Option<usize>,
 ) -> Option<LayerPlacement> {
-    let layers = device_range(0..config.num_hidden_layers, n);
+    let mut layers = device_range(0..config.num_hidden_layers, n);
+    if let Some(moe) = layers
+        .clone()
+        .find(|&i| config.ffn_types.get(i) == Some(&backburner_model::FfnKind::Moe))
+    {
+        eprintln!(
+            "layers {moe}..{} are mixture-of-experts layers, which run on the CPU: {} takes layers {}..{moe}",
+            layers.end,
+            backend.info().id,
+            layers.start
+        );
+        layers.end = moe;
+    }
     (!layers.is_empty()).then(|| LayerPlacement {
         layers,
         backend: backend.clone(),

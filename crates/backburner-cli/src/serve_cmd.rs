@@ -80,6 +80,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         .model
         .device
         .open_for_serving("serve", a.link.splits_layers(), spec)?;
+    crate::device_args::note_idle_workers(&a.model, &a.link);
     if a.parallel == 0 || a.parallel > 256 {
         bail!("--parallel must be in 1..=256");
     }

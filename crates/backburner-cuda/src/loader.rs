@@ -17,16 +17,31 @@ use std::sync::OnceLock;
 /// The environment variable naming extra library directories.
 pub const LIB_DIRS_ENV: &str = "BACKBURNER_CUDA_LIB_DIRS";
 
-/// Opens, once per process, the CUDA libraries found in the directories of [`LIB_DIRS_ENV`]; returns the paths
-/// opened (for messages).
-pub fn preload() -> &'static [PathBuf] {
-    static DONE: OnceLock<Vec<PathBuf>> = OnceLock::new();
+/// What [`preload`] did with the directories of [`LIB_DIRS_ENV`].
+#[derive(Debug, Default)]
+pub struct Preloaded {
+    /// The libraries opened, by full path.
+    pub opened: Vec<PathBuf>,
+    /// The libraries found that did not open, with the loader's error.
+    pub failed: Vec<(PathBuf, String)>,
+    /// The directories named that could not be read (missing, not a directory).
+    pub unreadable: Vec<PathBuf>,
+}
+
+/// Opens, once per process, the CUDA libraries found in the directories of [`LIB_DIRS_ENV`]: what it opened, what
+/// failed and why (for messages).
+pub fn preload() -> &'static Preloaded {
+    static DONE: OnceLock<Preloaded> = OnceLock::new();
     DONE.get_or_init(|| {
+        let mut out = Preloaded::default();
         let Some(dirs) = std::env::var_os(LIB_DIRS_ENV) else {
-            return Vec::new();
+            return out;
         };
-        let mut opened = Vec::new();
         for dir in std::env::split_paths(&dirs) {
+            if !dir.is_dir() {
+                out.unreadable.push(dir);
+                continue;
+            }
             // dependencies first: NVRTC's builtins, cuBLASLt before cuBLAS
             for prefix in [
                 "libcuda.",
@@ -38,15 +53,51 @@ pub fn preload() -> &'static [PathBuf] {
                 for p in libs_in(&dir, prefix) {
                     // SAFETY: opening a shared library runs its initializers; these are NVIDIA's CUDA libraries,
                     // the same ones cudarc would open by name. The handle is kept for the process's life.
-                    if let Ok(lib) = unsafe { libloading::Library::new(&p) } {
-                        std::mem::forget(lib);
-                        opened.push(p);
+                    match unsafe { libloading::Library::new(&p) } {
+                        Ok(lib) => {
+                            std::mem::forget(lib);
+                            out.opened.push(p);
+                        }
+                        Err(e) => {
+                            // the loader's own words (libloading keeps them as the error's source)
+                            let why = match std::error::Error::source(&e) {
+                                Some(s) => format!("{e}: {s}"),
+                                None => e.to_string(),
+                            };
+                            out.failed.push((p, why));
+                        }
                     }
                 }
             }
         }
-        opened
+        out
     })
+}
+
+/// What [`preload`] could not do, for a message about library `lib{name}` (empty when nothing failed).
+fn preload_problems(name: &str) -> String {
+    let p = preload();
+    let mut v: Vec<String> = p
+        .unreadable
+        .iter()
+        .map(|d| format!("{} is not a directory", d.display()))
+        .collect();
+    let prefix = format!("lib{name}.");
+    v.extend(
+        p.failed
+            .iter()
+            .filter(|(f, _)| {
+                f.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .map(|(f, e)| format!("{} did not open: {e}", f.display())),
+    );
+    if v.is_empty() {
+        String::new()
+    } else {
+        format!("; {LIB_DIRS_ENV}: {}", v.join("; "))
+    }
 }
 
 /// The files `dir/{prefix}*.so*` (regular files and links), sorted.
@@ -76,7 +127,8 @@ fn check(name: &str, present: unsafe fn() -> bool) -> Option<String> {
     } else {
         Some(format!(
             "cannot load lib{name} (searched lib{name}.so, .so.13, .so.12, .so.1 … on the loader's path; set \
-             LD_LIBRARY_PATH or {LIB_DIRS_ENV})"
+             LD_LIBRARY_PATH or {LIB_DIRS_ENV}){}",
+            preload_problems(name)
         ))
     }
 }

@@ -28,6 +28,7 @@ pub(super) fn check(a: &RunArgs) -> Result<Option<Arc<dyn Backend>>> {
     if let Some(what) = refused {
         d.refuse(what)?;
     }
+    crate::device_args::note_idle_workers(&a.model, &a.link);
     Ok(d.open()?)
 }
 

@@ -368,10 +368,7 @@ impl Host {
             host_kv = host_kv.checked_add(b).ok_or_else(over)?;
         }
         let needs = [
-            MemoryNeed::new(
-                format!("the KV cache of {positions} positions"),
-                host_kv,
-            ),
+            MemoryNeed::new(format!("the KV cache of {positions} positions"), host_kv),
             MemoryNeed::new(
                 "the recurrent states",
                 memory::recurrent_bytes(cfg, held.clone()).ok_or_else(over)?,

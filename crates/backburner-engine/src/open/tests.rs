@@ -348,8 +348,13 @@ fn layers_placed_at_load_leave_the_host_and_its_memory_limit() {
     // six layers placed: layer 7 (attention) runs on the CPU, and its KV counts
     r4k.max_memory = Some(fixed(6) + 1);
     let six = load_placed(r4k, Some(place(0..6)), &mut ()).unwrap();
-    let e = six.session().err().expect("the CPU layers' KV counted");
-    assert!(e.to_string().contains("the KV cache of 4096 positions"), "{e}");
+    let Err(e) = six.session() else {
+        panic!("the CPU layers' KV was not counted")
+    };
+    assert!(
+        e.to_string().contains("the KV cache of 4096 positions"),
+        "{e}"
+    );
     // the layers split across workers: refused before anything loads
     let mut r = request("tiny-f32", &["127.0.0.1:1"]);
     r.placement.layer_split = vec![4];

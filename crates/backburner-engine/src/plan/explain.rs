@@ -203,7 +203,7 @@ pub(super) fn does_not_fit_with_device(req: &PlanRequest, dev: &DeviceBudget) ->
     let host_min = search::host_minimum(req);
     if req.host_memory < host_min {
         s += &format!(
-            "; the host alone needs {} for the embedding, head and scratch (a device holds decoder layers only)",
+            "; the host alone needs {} for the embedding, head and scratch (the host keeps them with layers on a device)",
             human(host_min)
         );
         return PlanError::DoesNotFit {

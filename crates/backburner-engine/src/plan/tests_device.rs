@@ -290,7 +290,7 @@ fn nothing_fits_and_the_suggestions_are_what_a_device_accepts_more_device_memory
     let e = plan_with_device(&tiny, &cuda0(80 * GIB))
         .unwrap_err()
         .to_string();
-    assert!(e.ends_with("; the host alone needs 5.5 GB for the embedding, head and scratch (a device holds decoder layers only)"), "{e}");
+    assert!(e.ends_with("; the host alone needs 5.5 GB for the embedding, head and scratch (the host keeps them with layers on a device)"), "{e}");
 }
 
 #[test]
