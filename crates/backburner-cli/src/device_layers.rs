@@ -153,9 +153,14 @@ pub fn auto_layers(
     } else {
         format!("{k} of {n} layers fit")
     };
+    let head = if f.head_bytes > 0 {
+        format!(" with the head's {}", gib(f.head_bytes))
+    } else {
+        String::new()
+    };
     let mut line = format!(
-        "--device-layers auto: {how} {device}'s {} free at {positions} positions{slots} (weights {}, the head \
-         included when every layer fits, KV and state {}, reserve {} for the runtime and a ubatch's activations",
+        "--device-layers auto: {how} {device}'s {} free at {positions} positions{slots} (weights {}{head}, KV and \
+         state {}, reserve {} for the runtime and a ubatch's activations",
         gib(free),
         gib(f.weight_bytes.saturating_add(f.head_bytes)),
         gib(f.kv_bytes.saturating_add(f.state_bytes)),
@@ -175,11 +180,24 @@ pub fn auto_layers(
         FitStop::Memory { .. } if f.reserve_bytes >= free => {
             line.push_str("; the reserve alone takes all of it)")
         }
-        FitStop::Memory { layer, need, left } => line.push_str(&format!(
-            "; layer {layer} needs {}, {} left; a shorter context leaves room for more)",
-            gib(need),
-            gib(left)
-        )),
+        FitStop::Memory { layer, need, left } => {
+            // a shorter context frees KV only where an attention layer is among those placed or the next
+            let kv = config
+                .layer_types
+                .iter()
+                .take(layer.saturating_add(1))
+                .any(|k| *k == backburner_model::LayerKind::FullAttention);
+            let hint = if kv {
+                "; a shorter context leaves room for more"
+            } else {
+                ""
+            };
+            line.push_str(&format!(
+                "; layer {layer} needs {}, {} left{hint})",
+                gib(need),
+                gib(left)
+            ))
+        }
     }
     if k == 0 {
         line.push_str(": every layer runs on the CPU");
