@@ -11,17 +11,8 @@ out=target/gpu-carry
 rm -rf "$bin" "$out" && mkdir -p "$bin" "$out"
 # the test executables, by target name, from cargo's JSON messages
 cargo test --release -p backburner-cuda --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, shutil, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    t = m.get("target", {})
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in t.get("kind", []):
-        shutil.copy(m["executable"], sys.argv[1] + "/" + t["name"])
-' "$bin"
+    python3 scripts/cargo_exe.py test |
+    while read -r name path; do cp "$path" "$bin/$name"; done
 cargo build --release -p backburner-cuda --bin cuda_bench 2>/dev/null
 cp target/release/cuda_bench "$bin/"
 cargo build --release -p backburner-cli --features cuda 2>/dev/null
